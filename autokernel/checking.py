@@ -1,0 +1,91 @@
+"""One checked call of a kernel: guards on, output compared with a float64 oracle.
+
+The oracle is the reference run on float64 copies of the inputs, never on the low-precision inputs
+themselves (an fp16 reference overflows where a careful kernel does not). The kernel's output must
+have the reference's shape and the input's dtype, hold no NaN or Inf where the oracle has none, and
+satisfy |out - oracle| <= atol + rtol * |oracle| everywhere.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from autokernel import guards
+from autokernel.registry import KernelSpec, dtype_name, shape_label
+
+
+class CheckFailed(Exception):
+    """A check failed; the message is the reason shown to the user."""
+
+
+def upcast(inputs) -> tuple:
+    return tuple(x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs)
+
+
+def oracle(spec: KernelSpec, inputs) -> torch.Tensor:
+    return spec.reference(*upcast(inputs))
+
+
+def out_dtype(inputs) -> torch.dtype:
+    return next(x.dtype for x in inputs if isinstance(x, torch.Tensor) and x.is_floating_point())
+
+
+def compare(out, expected: torch.Tensor, dtype: torch.dtype, atol: float, rtol: float) -> str | None:
+    """None when out matches, else the reason: shape, dtype, non-finite values or error sizes."""
+    if not isinstance(out, torch.Tensor):
+        return f"kernel_fn returned {type(out).__name__}, not a tensor"
+    if tuple(out.shape) != tuple(expected.shape):
+        return f"output shape {tuple(out.shape)}, expected {tuple(expected.shape)}"
+    if out.dtype != dtype:
+        return f"output dtype {out.dtype}, expected {dtype}"
+    got = out.detach().double()
+    want = expected.to(got.device)
+    bad_nan = ~torch.isfinite(got) & torch.isfinite(want)
+    if bad_nan.any():
+        n = int(bad_nan.sum())
+        kind = "NaN" if torch.isnan(got[bad_nan]).any() else "Inf"
+        return f"{n}/{got.numel()} elements are {kind} where the reference is finite (unwritten or overflowed)"
+    finite = torch.isfinite(want)
+    err = torch.where(finite, (got - want).abs(), torch.zeros_like(got))
+    mismatched_inf = (~finite) & (got != want)
+    off = (err > atol + rtol * want.abs().nan_to_num(0.0)) | mismatched_inf
+    if not off.any():
+        return None
+    rel = err / want.abs().clamp_min(1e-12)
+    worst = tuple(int(i) for i in torch.unravel_index(err.argmax(), err.shape)) if err.dim() else ()
+    return (f"max_abs {err.max().item():.3e} max_rel {rel[finite].max().item():.3e}, "
+            f"{int(off.sum())}/{off.numel()} elements off (atol {atol:g}, rtol {rtol:g}); "
+            f"worst at {worst}: got {got[worst].item():.6g}, want {want[worst].item():.6g}")
+
+
+def checked_call(kernel_fn, spec: KernelSpec, inputs, what: str):
+    """Run kernel_fn once under every guard and check its output. Returns the output.
+
+    `what` names the check (shape and dtype) for the failure message.
+    """
+    watch = guards.AtenWatch()
+    with guards.poisoned_allocations(), watch:
+        out = kernel_fn(*inputs)
+    if watch.forbidden:
+        ops = ", ".join(f"aten.{op}" for op in watch.forbidden[:5])
+        raise CheckFailed(f"{what}: the kernel hands the work to PyTorch ({ops}); "
+                          "kernel_fn may allocate, view and copy tensors, the computing is the kernel's")
+    verify_output(out, spec, inputs, what)
+    return out
+
+
+def verify_output(out, spec: KernelSpec, inputs, what: str) -> None:
+    if isinstance(out, torch.Tensor):
+        aliased = guards.aliased_input(out, inputs)
+        if aliased is not None:
+            raise CheckFailed(f"{what}: the output shares memory with input {aliased}; "
+                              "a kernel must write a fresh output")
+    dtype = out_dtype(inputs)
+    atol, rtol = spec.tolerance(dtype)
+    reason = compare(out, oracle(spec, inputs), dtype, atol, rtol)
+    if reason:
+        raise CheckFailed(f"{what}: {reason}")
+
+
+def describe(shape, dtype) -> str:
+    return f"{shape_label(shape)} {dtype_name(dtype)}"

@@ -1,0 +1,74 @@
+"""Reading a kernel file: its declarations without running it, and the module itself.
+
+A kernel file declares `KERNEL_TYPE`, its tunables as CAPS constants with a `TUNABLES` dict of
+the values worth trying, optionally `MODEL_SHAPES` (the shapes of the model it came from, put
+there by extract.py), and `kernel_fn` with its reference's signature. The declarations are read
+with `ast` so that the loop and extract.py can inspect and edit a kernel without importing it.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import inspect
+import sys
+from pathlib import Path
+
+
+class KernelFileError(Exception):
+    """The kernel file cannot be used: missing, unparsable, or lacking its declarations."""
+
+
+def read_source(path: str | Path) -> str:
+    path = Path(path)
+    if not path.is_file():
+        raise KernelFileError(f"kernel file not found: {path}")
+    return path.read_text()
+
+
+def declarations(source: str, filename: str = "kernel.py") -> dict:
+    """The module-level `NAME = <literal>` assignments of a kernel file (CAPS names only)."""
+    try:
+        tree = ast.parse(source, filename=filename)
+    except SyntaxError as e:
+        raise KernelFileError(f"syntax error in {filename} line {e.lineno}: {e.msg}") from None
+    found = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            name = node.targets[0].id
+            if name.isupper():
+                try:
+                    found[name] = ast.literal_eval(node.value)
+                except ValueError:
+                    pass  # computed constants are the kernel's business, not ours
+    return found
+
+
+def kernel_type(source: str, filename: str = "kernel.py") -> str:
+    decl = declarations(source, filename)
+    if "KERNEL_TYPE" not in decl or not isinstance(decl["KERNEL_TYPE"], str):
+        raise KernelFileError(f"{filename} does not declare KERNEL_TYPE = \"<type>\"")
+    return decl["KERNEL_TYPE"]
+
+
+def import_kernel(path: str | Path):
+    """Import a kernel file as a fresh module (never cached under a shared name)."""
+    path = Path(path).resolve()
+    name = f"_autokernel_candidate_{abs(hash(str(path)))}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # Triton's jit looks functions up through their module
+    spec.loader.exec_module(module)
+    if not callable(getattr(module, "kernel_fn", None)):
+        raise KernelFileError(f"{path.name} defines no kernel_fn")
+    return module
+
+
+def check_signature(kernel_fn, reference) -> None:
+    """kernel_fn must take the reference's parameters, by the same names and in the same order."""
+    want = [p.name for p in inspect.signature(reference).parameters.values()]
+    got = [p.name for p in inspect.signature(kernel_fn).parameters.values()]
+    if got != want:
+        raise KernelFileError(
+            f"kernel_fn({', '.join(got)}) does not match {reference.__name__}({', '.join(want)})"
+        )

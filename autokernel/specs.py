@@ -1,0 +1,407 @@
+"""The nine built-in kernel types, one registry entry each.
+
+Inputs are scaled so that outputs are O(1) (weights by 1/sqrt(fan_in), as a model initialises
+them): an absolute tolerance of 1e-2 then means what it says. Adversarial inputs are the ones a
+careless kernel gets wrong: overflow without max-subtraction, catastrophic cancellation in
+E[x^2] - E[x]^2, fp16 accumulation, naive exp in attention.
+"""
+
+import math
+
+import torch
+
+import reference
+from autokernel.registry import KernelSpec, register
+
+
+def _randn(shape, dtype, device, gen, scale=1.0):
+    return (torch.randn(shape, device=device, generator=gen, dtype=torch.float32) * scale).to(dtype)
+
+
+def _uniform(shape, device, gen, lo, hi):
+    return torch.rand(shape, device=device, generator=gen) * (hi - lo) + lo
+
+
+def _rows(shape):
+    """[B, M, N] when the shape names a batch B, else [M, N]."""
+    return ((shape["B"],) if "B" in shape else ()) + (shape["M"], shape["N"])
+
+
+def _padded_rows(t: torch.Tensor) -> torch.Tensor:
+    """The same values in a buffer whose rows are 16 elements longer: a non-contiguous view."""
+    wide = torch.empty(*t.shape[:-1], t.shape[-1] + 16, dtype=t.dtype, device=t.device)
+    wide[..., : t.shape[-1]] = t
+    return wide[..., : t.shape[-1]]
+
+
+def _numel(shape, *keys):
+    return math.prod(shape.get(k, 1) for k in keys)
+
+
+def _esize(dtype):
+    return torch.empty((), dtype=dtype).element_size()
+
+
+# Row-wise ops over [M, N] (softmax, norms, reduce) share their shapes.
+ROW_SHAPES = [
+    {"M": 1024, "N": 1024}, {"M": 4096, "N": 4096}, {"M": 8192, "N": 8192}, {"M": 2048, "N": 32000},
+    {"M": 16384, "N": 512}, {"M": 4096, "N": 128}, {"M": 32, "N": 65536}, {"M": 4096, "N": 2048},
+    {"B": 4, "M": 1024, "N": 4096},
+]
+SMALL_ROW_SHAPES = [
+    {"M": 4, "N": 64}, {"M": 1, "N": 8}, {"M": 16, "N": 128}, {"M": 8, "N": 1000},
+    {"M": 32, "N": 256}, {"M": 3, "N": 2048}, {"B": 2, "M": 3, "N": 256},
+]
+ROW_EDGES = [{"M": 1023, "N": 1023}, {"M": 1537, "N": 4097}, {"M": 4097, "N": 1537}, {"M": 7, "N": 50257}]
+SMALL_ROW_EDGES = [{"M": 7, "N": 1023}, {"M": 3, "N": 1537}, {"M": 5, "N": 4097}, {"M": 33, "N": 97}]
+
+
+def _row_bytes(reads: int, writes: int, params: int = 0):
+    """Bytes of a row-wise op: `reads` and `writes` full [M, N] tensors plus `params` N-vectors."""
+    def bytes_moved(shape, dtype):
+        rows, n = _numel(shape, "B", "M"), shape["N"]
+        return ((reads + writes) * rows * n + params * n) * _esize(dtype)
+    return bytes_moved
+
+
+def _row_flops(per_element: int):
+    return lambda shape: per_element * _numel(shape, "B", "M", "N")
+
+
+# ---------------------------------------------------------------------------------- softmax
+def _softmax_inputs(shape, dtype, device, gen):
+    return (_randn(_rows(shape), dtype, device, gen, scale=3.0),)
+
+
+def _softmax_huge_equal(shape, dtype, device, gen):
+    # Every logit the same huge value: exp() without subtracting the row max overflows to inf/inf.
+    big = min(torch.finfo(dtype).max / 4, 1e30)
+    return (torch.full(_rows(shape), big, dtype=dtype, device=device),)
+
+
+def _softmax_large_spread(shape, dtype, device, gen):
+    limit = min(torch.finfo(dtype).max / 4, 1e4)
+    return ((_randn(_rows(shape), torch.float32, device, gen, 1e4).clamp(-limit, limit)).to(dtype),)
+
+
+def _softmax_masked(shape, dtype, device, gen):
+    # Causal-mask style -inf entries; column 0 stays finite so every row has a valid answer.
+    x = _randn(_rows(shape), dtype, device, gen)
+    mask = torch.rand(_rows(shape), device=device, generator=gen) < 0.5
+    mask[..., 0] = False
+    return (x.masked_fill(mask, float("-inf")),)
+
+
+register(KernelSpec(
+    name="softmax",
+    reference=reference.softmax_ref,
+    make_inputs=_softmax_inputs,
+    shapes=ROW_SHAPES, small_shapes=SMALL_ROW_SHAPES,
+    edge_shapes=ROW_EDGES, small_edge_shapes=SMALL_ROW_EDGES,
+    bench_shape={"M": 8192, "N": 8192}, small_bench_shape={"M": 64, "N": 1024},
+    bytes_moved=_row_bytes(1, 1), flops=_row_flops(5),
+    adversarial={"huge_equal_logits": _softmax_huge_equal, "large_spread": _softmax_large_spread,
+                 "masked_minus_inf": _softmax_masked},
+    noncontiguous=lambda inputs: (_padded_rows(inputs[0]),),
+    description="softmax over the last dimension",
+))
+
+
+# -------------------------------------------------------------------------- layernorm, rmsnorm
+def _norm_inputs(with_bias: bool, scale: float = 1.0, offset: float = 0.0):
+    def make(shape, dtype, device, gen):
+        x = (_randn(_rows(shape), torch.float32, device, gen, scale) + offset).to(dtype)
+        weight = _randn((shape["N"],), dtype, device, gen, 0.5) + 1
+        if not with_bias:
+            return x, weight
+        return x, weight, _randn((shape["N"],), dtype, device, gen, 0.5)
+    return make
+
+
+def _norm_noncontiguous(inputs):
+    return (_padded_rows(inputs[0]),) + tuple(inputs[1:])
+
+
+register(KernelSpec(
+    name="layernorm",
+    reference=reference.layernorm_ref,
+    make_inputs=_norm_inputs(with_bias=True),
+    shapes=ROW_SHAPES, small_shapes=SMALL_ROW_SHAPES,
+    edge_shapes=ROW_EDGES, small_edge_shapes=SMALL_ROW_EDGES,
+    bench_shape={"M": 8192, "N": 8192}, small_bench_shape={"M": 64, "N": 1024},
+    bytes_moved=_row_bytes(1, 1, params=2), flops=_row_flops(8),
+    adversarial={
+        # var = E[x^2] - E[x]^2 cancels catastrophically around a large mean
+        "large_mean": _norm_inputs(with_bias=True, scale=1.0, offset=1000.0),
+        "near_zero_variance": _norm_inputs(with_bias=True, scale=1e-3, offset=1.0),
+    },
+    noncontiguous=_norm_noncontiguous,
+    description="LayerNorm over the last dimension, affine",
+))
+
+register(KernelSpec(
+    name="rmsnorm",
+    reference=reference.rmsnorm_ref,
+    make_inputs=_norm_inputs(with_bias=False),
+    shapes=ROW_SHAPES, small_shapes=SMALL_ROW_SHAPES,
+    edge_shapes=ROW_EDGES, small_edge_shapes=SMALL_ROW_EDGES,
+    bench_shape={"M": 8192, "N": 8192}, small_bench_shape={"M": 64, "N": 1024},
+    bytes_moved=_row_bytes(1, 1, params=1), flops=_row_flops(4),
+    adversarial={
+        # mean(x^2) ~ 1e-8, below eps: eps must be added inside the rsqrt, in fp32
+        "near_zero": _norm_inputs(with_bias=False, scale=1e-4),
+        # x^2 summed over a row overflows fp16 unless accumulated in fp32
+        "large_values": _norm_inputs(with_bias=False, scale=200.0),
+    },
+    noncontiguous=_norm_noncontiguous,
+    description="RMSNorm (LLaMA) over the last dimension",
+))
+
+
+# ---------------------------------------------------------------------------------- reduce
+def _reduce_inputs(shape, dtype, device, gen):
+    return (_randn(_rows(shape), dtype, device, gen),)
+
+
+def _reduce_cancellation(shape, dtype, device, gen):
+    # Pairs of +-100 around small noise: the exact sum is small, an fp16 accumulator loses it.
+    x = _randn(_rows(shape), torch.float32, device, gen, 0.1)
+    sign = torch.ones(shape["N"], device=device)
+    sign[1::2] = -1
+    return ((x + 100.0 * sign).to(dtype),)
+
+
+def _reduce_positive(shape, dtype, device, gen):
+    return (_uniform(_rows(shape), device, gen, 0.0, 2.0).to(dtype),)
+
+
+register(KernelSpec(
+    name="reduce",
+    reference=reference.reduce_ref,
+    make_inputs=_reduce_inputs,
+    shapes=ROW_SHAPES[:8] + [{"M": 16384, "N": 4096}], small_shapes=SMALL_ROW_SHAPES,
+    edge_shapes=ROW_EDGES, small_edge_shapes=SMALL_ROW_EDGES,
+    bench_shape={"M": 16384, "N": 4096}, small_bench_shape={"M": 64, "N": 1024},
+    bytes_moved=lambda s, dt: (_numel(s, "B", "M", "N") + _numel(s, "B", "M")) * _esize(dt),
+    flops=_row_flops(1),
+    adversarial={"cancellation": _reduce_cancellation, "all_positive": _reduce_positive},
+    noncontiguous=lambda inputs: (_padded_rows(inputs[0]),),
+    description="sum over the last dimension",
+))
+
+
+# --------------------------------------------------------------------------- cross_entropy
+def _ce_inputs(logit_scale: float = 2.0, confident: bool = False, extreme_targets: bool = False):
+    def make(shape, dtype, device, gen):
+        lead = ((shape["B"],) if "B" in shape else ()) + (shape["N"],)
+        logits = _randn(lead + (shape["V"],), torch.float32, device, gen, logit_scale)
+        targets = torch.randint(0, shape["V"], lead, device=device, generator=gen)
+        if extreme_targets:
+            targets = torch.where(torch.rand(lead, device=device, generator=gen) < 0.5, 0, shape["V"] - 1)
+        if confident:  # the target logit towers over the rest: loss near 0, exp() of the rest underflows
+            logits.scatter_(-1, targets.unsqueeze(-1), 60.0)
+        return logits.to(dtype), targets
+    return make
+
+
+register(KernelSpec(
+    name="cross_entropy",
+    reference=reference.cross_entropy_ref,
+    make_inputs=_ce_inputs(),
+    shapes=[{"N": 8192, "V": 32000}, {"N": 4096, "V": 32000}, {"N": 1024, "V": 50257},
+            {"N": 2048, "V": 128256}, {"N": 4096, "V": 4096}, {"N": 512, "V": 1000},
+            {"N": 16384, "V": 8192}, {"B": 4, "N": 512, "V": 32000}],
+    small_shapes=[{"N": 4, "V": 16}, {"N": 8, "V": 100}, {"N": 16, "V": 1000}, {"N": 3, "V": 257},
+                  {"N": 32, "V": 512}, {"B": 2, "N": 5, "V": 64}],
+    edge_shapes=[{"N": 1023, "V": 1023}, {"N": 1537, "V": 4097}, {"N": 4097, "V": 1537},
+                 {"N": 7, "V": 50257}],
+    small_edge_shapes=[{"N": 7, "V": 1023}, {"N": 3, "V": 1537}, {"N": 5, "V": 4097}],
+    bench_shape={"N": 8192, "V": 32000}, small_bench_shape={"N": 64, "V": 1024},
+    # logits read once, int64 targets read once, the scalar loss written
+    bytes_moved=lambda s, dt: _numel(s, "B", "N", "V") * _esize(dt) + _numel(s, "B", "N") * 8 + 4,
+    flops=lambda s: 4 * _numel(s, "B", "N", "V"),
+    adversarial={
+        "huge_logits": _ce_inputs(logit_scale=3000.0),
+        "confident": _ce_inputs(confident=True),
+        "first_and_last_class": _ce_inputs(extreme_targets=True),
+    },
+    noncontiguous=lambda inputs: (_padded_rows(inputs[0]), inputs[1]),
+    description="mean cross-entropy over [..., V] logits and integer targets",
+))
+
+
+# ------------------------------------------------------------------------ rotary_embedding
+def _rope_tables(seq, dim, device, dtype, offset=0):
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, dim, 2, dtype=torch.float64, device=device) / dim))
+    angles = torch.outer(torch.arange(offset, offset + seq, dtype=torch.float64, device=device), inv_freq)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def _rope_inputs(scale: float = 1.0, offset: int = 0):
+    def make(shape, dtype, device, gen):
+        x = _randn((shape["B"], shape["H"], shape["S"], shape["D"]), dtype, device, gen, scale)
+        return (x,) + _rope_tables(shape["S"], shape["D"], device, dtype, offset)
+    return make
+
+
+def _rope_noncontiguous(inputs):
+    # Models produce q as [B, S, H, D] and transpose it to [B, H, S, D]: a strided view.
+    x = inputs[0]
+    return (x.transpose(1, 2).contiguous().transpose(1, 2),) + tuple(inputs[1:])
+
+
+register(KernelSpec(
+    name="rotary_embedding",
+    reference=reference.rotary_embedding_ref,
+    make_inputs=_rope_inputs(),
+    shapes=[{"B": 2, "H": 32, "S": 4096, "D": 128}, {"B": 2, "H": 8, "S": 4096, "D": 128},
+            {"B": 1, "H": 32, "S": 2048, "D": 128}, {"B": 4, "H": 16, "S": 1024, "D": 64},
+            {"B": 1, "H": 1, "S": 8192, "D": 128}, {"B": 8, "H": 32, "S": 512, "D": 128},
+            {"B": 2, "H": 12, "S": 1024, "D": 64}, {"B": 1, "H": 40, "S": 2048, "D": 128}],
+    small_shapes=[{"B": 1, "H": 2, "S": 8, "D": 16}, {"B": 2, "H": 4, "S": 32, "D": 64},
+                  {"B": 1, "H": 3, "S": 17, "D": 32}, {"B": 2, "H": 2, "S": 64, "D": 128}],
+    edge_shapes=[{"B": 1, "H": 4, "S": 1023, "D": 128}, {"B": 1, "H": 2, "S": 1537, "D": 96},
+                 {"B": 1, "H": 1, "S": 4097, "D": 80}],
+    small_edge_shapes=[{"B": 1, "H": 1, "S": 1023, "D": 16}, {"B": 1, "H": 2, "S": 37, "D": 96},
+                       {"B": 1, "H": 1, "S": 129, "D": 80}],
+    bench_shape={"B": 2, "H": 32, "S": 4096, "D": 128}, small_bench_shape={"B": 1, "H": 4, "S": 128, "D": 64},
+    # x read and written once; the cos and sin tables read once
+    bytes_moved=lambda s, dt: (2 * _numel(s, "B", "H", "S", "D") + _numel(s, "S", "D")) * _esize(dt),
+    flops=lambda s: 3 * _numel(s, "B", "H", "S", "D"),
+    adversarial={"long_positions": _rope_inputs(offset=100_000), "large_values": _rope_inputs(scale=300.0)},
+    noncontiguous=_rope_noncontiguous,
+    description="rotary position embedding, rotate-half convention",
+))
+
+
+# ----------------------------------------------------------------------------------- matmul
+def _matmul_inputs(wide_range: bool = False):
+    def make(shape, dtype, device, gen):
+        lead = (shape["B"],) if "B" in shape else ()
+        a = _randn(lead + (shape["M"], shape["K"]), torch.float32, device, gen)
+        b = _randn((shape["K"], shape["N"]), torch.float32, device, gen, 1 / math.sqrt(shape["K"]))
+        if wide_range:  # rows and columns spread over 10^-3 .. 10^3
+            a = a * 10 ** _uniform(lead + (shape["M"], 1), device, gen, -3, 3)
+            b = b * 10 ** _uniform((1, shape["N"]), device, gen, -3, 3)
+        return a.to(dtype), b.to(dtype)
+    return make
+
+
+def _matmul_noncontiguous(inputs):
+    # B as the transpose of an nn.Linear weight: x @ W.T
+    a, b = inputs
+    return a, b.t().contiguous().t()
+
+
+register(KernelSpec(
+    name="matmul",
+    reference=reference.matmul_ref,
+    make_inputs=_matmul_inputs(),
+    shapes=[{"M": 4096, "N": 4096, "K": 4096}, {"M": 2048, "N": 2048, "K": 2048},
+            {"M": 1024, "N": 1024, "K": 1024}, {"M": 512, "N": 512, "K": 512},
+            {"M": 8192, "N": 8192, "K": 1024}, {"M": 2048, "N": 5632, "K": 2048},
+            {"M": 2048, "N": 2048, "K": 5632}, {"M": 128, "N": 4096, "K": 4096},
+            {"B": 4, "M": 512, "N": 1024, "K": 512}],
+    small_shapes=[{"M": 16, "N": 16, "K": 16}, {"M": 64, "N": 64, "K": 64}, {"M": 128, "N": 64, "K": 96},
+                  {"M": 32, "N": 128, "K": 64}, {"B": 2, "M": 32, "N": 32, "K": 32}],
+    edge_shapes=[{"M": 1023, "N": 1023, "K": 1023}, {"M": 1537, "N": 4097, "K": 1023},
+                 {"M": 4097, "N": 1537, "K": 511}, {"M": 1, "N": 4096, "K": 4096}],
+    small_edge_shapes=[{"M": 1023, "N": 17, "K": 33}, {"M": 31, "N": 1537, "K": 19},
+                       {"M": 9, "N": 13, "K": 4097}],
+    bench_shape={"M": 4096, "N": 4096, "K": 4096}, small_bench_shape={"M": 128, "N": 128, "K": 128},
+    bytes_moved=lambda s, dt: (_numel(s, "B", "M", "K") + s["K"] * s["N"] + _numel(s, "B", "M", "N")) * _esize(dt),
+    flops=lambda s: 2 * _numel(s, "B", "M", "N", "K"),
+    adversarial={"wide_dynamic_range": _matmul_inputs(wide_range=True)},
+    noncontiguous=_matmul_noncontiguous,
+    description="A [..., M, K] @ B [K, N]",
+))
+
+
+# -------------------------------------------------------------------------- flash_attention
+def _attention_inputs(scale: float = 1.0):
+    def make(shape, dtype, device, gen):
+        dims = (shape["B"], shape["H"], shape["S"], shape["D"])
+        q, k, v = (_randn(dims, dtype, device, gen, scale if i < 2 else 1.0) for i in range(3))
+        return q, k, v, shape["causal"], shape.get("sm_scale")
+    return make
+
+
+def _attention_noncontiguous(inputs):
+    # Q, K, V sliced out of one packed [B, S, 3, H, D] projection, as models produce them.
+    q, k, v = inputs[:3]
+    packed = torch.stack([t.transpose(1, 2) for t in (q, k, v)], dim=2).contiguous()
+    return tuple(packed[:, :, i].transpose(1, 2) for i in range(3)) + tuple(inputs[3:])
+
+
+def _attention_flops(s):
+    full = 4 * s["B"] * s["H"] * s["S"] * s["S"] * s["D"]
+    return full // 2 if s["causal"] else full
+
+
+register(KernelSpec(
+    name="flash_attention",
+    reference=reference.flash_attention_ref,
+    make_inputs=_attention_inputs(),
+    shapes=[{"B": 2, "H": 32, "S": 2048, "D": 128, "causal": True},
+            {"B": 2, "H": 32, "S": 2048, "D": 128, "causal": False},
+            {"B": 1, "H": 16, "S": 4096, "D": 64, "causal": True},
+            {"B": 4, "H": 8, "S": 1024, "D": 64, "causal": False},
+            {"B": 1, "H": 32, "S": 512, "D": 128, "causal": True},
+            {"B": 2, "H": 12, "S": 1024, "D": 64, "causal": True, "sm_scale": 0.1},
+            {"B": 8, "H": 16, "S": 256, "D": 64, "causal": False},
+            {"B": 1, "H": 8, "S": 8192, "D": 128, "causal": True}],
+    small_shapes=[{"B": 1, "H": 1, "S": 16, "D": 16, "causal": True},
+                  {"B": 1, "H": 2, "S": 32, "D": 32, "causal": False},
+                  {"B": 2, "H": 2, "S": 64, "D": 16, "causal": True},
+                  {"B": 1, "H": 1, "S": 48, "D": 64, "causal": False, "sm_scale": 0.2}],
+    edge_shapes=[{"B": 1, "H": 4, "S": 1023, "D": 64, "causal": True},
+                 {"B": 1, "H": 2, "S": 1537, "D": 128, "causal": False},
+                 {"B": 1, "H": 2, "S": 4097, "D": 64, "causal": True},
+                 {"B": 1, "H": 4, "S": 1000, "D": 80, "causal": True}],
+    small_edge_shapes=[{"B": 1, "H": 1, "S": 1023, "D": 16, "causal": True},
+                       {"B": 1, "H": 1, "S": 97, "D": 80, "causal": False}],
+    bench_shape={"B": 2, "H": 32, "S": 2048, "D": 128, "causal": True},
+    small_bench_shape={"B": 1, "H": 2, "S": 128, "D": 64, "causal": True},
+    bytes_moved=lambda s, dt: 4 * _numel(s, "B", "H", "S", "D") * _esize(dt),
+    flops=_attention_flops,
+    # scores of +-64 sigma: exp() without a running max overflows even in fp32
+    adversarial={"large_scores": _attention_inputs(scale=8.0)},
+    noncontiguous=_attention_noncontiguous,
+    description="scaled dot-product attention, causal or not, [batch, heads, seq, head_dim]",
+))
+
+
+# -------------------------------------------------------------------------------- fused_mlp
+def _mlp_inputs(scale: float = 1.0):
+    def make(shape, dtype, device, gen):
+        t, h, i = shape["T"], shape["H"], shape["I"]
+        lead = (shape["B"],) if "B" in shape else ()
+        x = _randn(lead + (t, h), dtype, device, gen, scale)
+        w_gate = _randn((i, h), dtype, device, gen, 1 / math.sqrt(h))
+        w_up = _randn((i, h), dtype, device, gen, 1 / math.sqrt(h))
+        w_down = _randn((h, i), dtype, device, gen, 1 / math.sqrt(i))
+        return x, w_gate, w_up, w_down
+    return make
+
+
+register(KernelSpec(
+    name="fused_mlp",
+    reference=reference.fused_mlp_ref,
+    make_inputs=_mlp_inputs(),
+    shapes=[{"T": 4096, "H": 2048, "I": 5632}, {"T": 2048, "H": 4096, "I": 11008},
+            {"T": 512, "H": 768, "I": 3072}, {"T": 1024, "H": 1024, "I": 2816},
+            {"T": 8192, "H": 2048, "I": 5632}, {"T": 128, "H": 4096, "I": 11008},
+            {"T": 2048, "H": 512, "I": 1536}, {"B": 2, "T": 512, "H": 1024, "I": 2816}],
+    small_shapes=[{"T": 16, "H": 32, "I": 64}, {"T": 8, "H": 64, "I": 96}, {"T": 32, "H": 48, "I": 80},
+                  {"B": 2, "T": 8, "H": 32, "I": 64}],
+    edge_shapes=[{"T": 1023, "H": 1024, "I": 2816}, {"T": 1537, "H": 768, "I": 4097},
+                 {"T": 4097, "H": 1000, "I": 1537}],
+    small_edge_shapes=[{"T": 1023, "H": 16, "I": 32}, {"T": 37, "H": 24, "I": 1537}],
+    bench_shape={"T": 4096, "H": 2048, "I": 5632}, small_bench_shape={"T": 64, "H": 64, "I": 128},
+    # x read, three weight matrices read, the output written; the [T, I] intermediate never leaves chip
+    bytes_moved=lambda s, dt: (2 * _numel(s, "B", "T", "H") + 3 * s["H"] * s["I"]) * _esize(dt),
+    flops=lambda s: 6 * _numel(s, "B", "T", "H", "I"),
+    adversarial={"large_activations": _mlp_inputs(scale=8.0)},
+    noncontiguous=lambda inputs: (_padded_rows(inputs[0]),) + tuple(inputs[1:]),
+    description="SwiGLU MLP: down(silu(x @ w_gate.T) * (x @ w_up.T))",
+))

@@ -1,0 +1,72 @@
+"""PyTorch ground truth for every kernel type. Agents never edit this file.
+
+Each function is written the way a user writes the op in plain PyTorch. bench.py uses it twice:
+on the kernel's own dtype it is the "PyTorch eager" baseline that gets timed, and on float64
+copies of the inputs it is the correctness oracle. So every function must stay dtype-generic:
+low-precision inputs are computed in float32 (as eager PyTorch does), float64 stays float64.
+A kernel file's `kernel_fn` has exactly the signature of its reference.
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    # fp16/bf16 -> fp32 (what eager code does by hand); fp32 and fp64 are kept as they are.
+    return torch.promote_types(x.dtype, torch.float32)
+
+
+def matmul_ref(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
+    """A [..., M, K] @ B [K, N] -> [..., M, N]."""
+    return A @ B
+
+
+def softmax_ref(x: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last dimension."""
+    return torch.softmax(x, dim=-1)
+
+
+def layernorm_ref(x, weight, bias, eps: float = 1e-5):
+    """LayerNorm over the last dimension with affine weight and bias."""
+    return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+
+
+def rmsnorm_ref(x, weight, eps: float = 1e-6):
+    """LLaMA's RMSNorm, written out as users write it: x * rsqrt(mean(x^2) + eps) * weight."""
+    xf = x.to(_compute_dtype(x))
+    normed = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
+    return normed.to(x.dtype) * weight
+
+
+def flash_attention_ref(Q, K, V, causal: bool = True, sm_scale: float | None = None):
+    """Scaled dot-product attention; Q, K, V are [batch, heads, seq, head_dim]."""
+    scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(Q.shape[-1])
+    return F.scaled_dot_product_attention(Q, K, V, is_causal=causal, scale=scale)
+
+
+def fused_mlp_ref(x, w_gate, w_up, w_down):
+    """SwiGLU MLP: down(silu(x @ w_gate.T) * (x @ w_up.T)); weights are nn.Linear-shaped."""
+    return F.linear(F.silu(F.linear(x, w_gate)) * F.linear(x, w_up), w_down)
+
+
+def cross_entropy_ref(logits, targets):
+    """Mean cross-entropy of logits [..., V] against integer targets [...]."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def rotary_embedding_ref(x, cos, sin):
+    """Rotary embedding, rotate-half convention (LLaMA, GPT-NeoX).
+
+    x is [..., seq, head_dim]; cos and sin are [seq, head_dim // 2]. The first half of each head
+    is rotated against the second: out = cat(x1*cos - x2*sin, x2*cos + x1*sin).
+    """
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+def reduce_ref(x, dim: int = -1):
+    """Sum over one dimension (the last by default)."""
+    return x.sum(dim=dim)
