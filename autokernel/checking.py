@@ -44,7 +44,8 @@ def compare(out, expected: torch.Tensor, dtype: torch.dtype, atol: float, rtol: 
     if bad_nan.any():
         n = int(bad_nan.sum())
         kind = "NaN" if torch.isnan(got[bad_nan]).any() else "Inf"
-        return f"{n}/{got.numel()} elements are {kind} where the reference is finite (unwritten or overflowed)"
+        return (f"{n}/{got.numel()} elements are {kind} where the reference is finite "
+                "(unwritten or overflowed)")
     finite = torch.isfinite(want)
     err = torch.where(finite, (got - want).abs(), torch.zeros_like(got))
     mismatched_inf = (~finite) & (got != want)

@@ -1,0 +1,19 @@
+# The everyday commands. `make test` is what CI runs (through .ci/run).
+PYTHON ?= python3
+
+.PHONY: install test test-gpu lint bench suite
+
+install:
+	$(PYTHON) -m pip install -e ".[dev]"
+
+test:
+	$(PYTHON) -m pytest -q
+
+test-gpu:  # on a machine with a CUDA GPU: the GPU-marked tests only
+	$(PYTHON) -m pytest -q -m gpu
+
+lint:
+	ruff check .
+
+bench:  # the shipped kernel.py through the five stages and timing
+	$(PYTHON) bench.py kernel.py

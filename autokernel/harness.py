@@ -1,0 +1,267 @@
+"""The five correctness stages and the timing of one kernel file, run inside the child process.
+
+Never imported by the parent: `autokernel.runner` starts `python -m autokernel.harness ...` with a time
+limit, so a kernel that hangs, segfaults or corrupts the CUDA context takes only this process down.
+The result goes to a JSON file; the readable report goes to stdout as it happens.
+
+Stages (DESIGN.md): 1 smoke (+ the caching guard), 2 shape sweep x fp16/bf16/fp32 (+ the model's own
+shapes), 3 numerical stability on adversarial inputs, 4 determinism (three runs, bitwise equal),
+5 edge cases (non-power-of-two sizes, non-contiguous inputs). The first failing stage ends the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass
+
+import torch
+
+from autokernel import checking, compat, guards, kernelfile
+from autokernel.registry import DTYPES, KernelSpec, dtype_name, get_spec, parse_dtype, shape_label
+
+STAGES = ("smoke", "shape_sweep", "stability", "determinism", "edge_cases")
+QUICK_LIMIT = 3  # shapes per stage under --quick
+CPU_MODEL_SHAPE_MAX_BYTES = 32 * 1024 * 1024  # larger model shapes are left to the GPU in CPU mode
+
+
+class KernelCrashed(Exception):
+    """kernel_fn raised: a compile error, an illegal address, a Python error in the launcher."""
+
+
+@dataclass
+class StageResult:
+    name: str
+    passed: bool
+    checks: int = 0
+    reason: str = ""
+    seconds: float = 0.0
+
+
+class Harness:
+    def __init__(self, module, spec: KernelSpec, device: str, quick: bool, seed: int):
+        self.fn = module.kernel_fn
+        self.spec = spec
+        self.device = device
+        self.small = device == "cpu"
+        self.quick = quick
+        self.seed = seed
+        self.calls = 0
+        self.model_shapes = self._model_shapes(getattr(module, "MODEL_SHAPES", None) or [])
+
+    def _model_shapes(self, shapes):
+        if not self.small:
+            return list(shapes)
+        keep = [s for s in shapes if self.spec.bytes_moved(s, torch.float32) <= CPU_MODEL_SHAPE_MAX_BYTES]
+        if len(keep) < len(shapes):
+            print(f"  note: {len(shapes) - len(keep)} model shape(s) too large for the interpreter; "
+                  "they are checked on a GPU")
+        return keep
+
+    # -- inputs and calls ------------------------------------------------------------------------
+    def generator(self) -> torch.Generator:
+        self.calls += 1  # a fresh stream for every check: no two checks see the same values
+        return torch.Generator(device=self.device).manual_seed(self.seed * 1_000_003 + self.calls)
+
+    def inputs(self, shape, dtype, maker=None):
+        return (maker or self.spec.make_inputs)(shape, dtype, self.device, self.generator())
+
+    def call(self, inputs, what: str):
+        try:
+            out = checking.checked_call(self.fn, self.spec, inputs, what)
+        except checking.CheckFailed:
+            raise
+        except Exception as e:
+            raise KernelCrashed(f"{what}: kernel_fn raised {type(e).__name__}: {e}") from e
+        self.sync()
+        return out
+
+    def sync(self):
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+
+    def limit(self, items):
+        return items[:QUICK_LIMIT] if self.quick else items
+
+    # -- the five stages -------------------------------------------------------------------------
+    def smoke(self) -> int:
+        shape = self.spec.smoke_shape()
+        inputs = self.inputs(shape, torch.float32)
+        self.call(inputs, f"smoke {checking.describe(shape, torch.float32)}")
+        # Caching guard: the same buffers refilled with new values must give the new answer.
+        for old, new in zip(inputs, self.inputs(shape, torch.float32)):
+            if isinstance(old, torch.Tensor):
+                old.copy_(new)
+        self.call(inputs, "same input buffers refilled with new values (is the output cached?)")
+        return 2
+
+    def shape_sweep(self) -> int:
+        shapes = self.limit(self.spec.sweep(self.small)) + self.model_shapes
+        for shape in shapes:
+            for dtype in DTYPES:
+                self.call(self.inputs(shape, dtype), checking.describe(shape, dtype))
+        return len(shapes) * len(DTYPES)
+
+    def stability(self) -> int:
+        sweep = self.spec.sweep(self.small)
+        shape = sweep[min(2, len(sweep) - 1)]
+        for name, maker in self.spec.adversarial.items():
+            for dtype in DTYPES:
+                self.call(self.inputs(shape, dtype, maker), f"{name} {checking.describe(shape, dtype)}")
+        return len(self.spec.adversarial) * len(DTYPES)
+
+    def determinism(self) -> int:
+        shape = self.model_shapes[0] if self.model_shapes else self.spec.timing_shape(self.small)
+        for dtype in (torch.float16, torch.float32):
+            inputs = self.inputs(shape, dtype)
+            first = self.call(inputs, f"determinism {checking.describe(shape, dtype)}")
+            for run in (2, 3):
+                again = self.call(inputs, f"determinism run {run}")
+                if not _bitwise_equal(first, again):
+                    raise checking.CheckFailed(
+                        f"{checking.describe(shape, dtype)}: run {run} differs bitwise from run 1 on the same "
+                        "input (a race or an order-dependent reduction such as float atomics)")
+        return 6
+
+    def edge_cases(self) -> int:
+        edges = self.limit(self.spec.edges(self.small))
+        for shape in edges:
+            for dtype in DTYPES:
+                self.call(self.inputs(shape, dtype), f"edge {checking.describe(shape, dtype)}")
+        checks = len(edges) * len(DTYPES)
+        if self.spec.noncontiguous is not None:
+            shapes = [self.spec.sweep(self.small)[0], edges[0]]
+            for shape in shapes:
+                for dtype in DTYPES:
+                    inputs = self.spec.noncontiguous(self.inputs(shape, dtype))
+                    self.call(inputs, f"non-contiguous {checking.describe(shape, dtype)}")
+            checks += len(shapes) * len(DTYPES)
+        return checks
+
+    def run_stages(self) -> list[StageResult]:
+        results = []
+        for i, name in enumerate(STAGES, 1):
+            start = time.perf_counter()
+            try:
+                checks = getattr(self, name)()
+                results.append(StageResult(name, True, checks, seconds=time.perf_counter() - start))
+                print(f"stage {i}/5 {name:<12} PASS  {checks} checks, {time.perf_counter() - start:.1f} s")
+            except checking.CheckFailed as e:
+                results.append(StageResult(name, False, reason=str(e), seconds=time.perf_counter() - start))
+                print(f"stage {i}/5 {name:<12} FAIL  {e}")
+                break
+            sys.stdout.flush()
+        return results
+
+
+def _bitwise_equal(a, b) -> bool:
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.shape != b.shape:
+        return False
+    return torch.equal(a.reshape(-1).contiguous().view(torch.uint8), b.reshape(-1).contiguous().view(torch.uint8))
+
+
+def _timing(harness: Harness, module, dtype) -> dict:
+    from autokernel import perf
+
+    spec, device = harness.spec, harness.device
+    shape = harness.model_shapes[0] if harness.model_shapes else spec.timing_shape(harness.small)
+    result = perf.measure(module.kernel_fn, spec, lambda: harness.inputs(shape, dtype), shape, dtype, device)
+    label = "" if device == "cuda" else "  [CPU interpreter: not a performance figure]"
+    print(f"timing {shape_label(shape)} {dtype_name(dtype)}{label}")
+    print(f"  kernel         {result.latency_us:12.1f} us  (noise +-{result.noise_pct:.1f}%)")
+    print(f"  pytorch eager  {result.eager_us:12.1f} us  speedup {result.speedup_vs_pytorch:.2f}x")
+    if result.compile_us:
+        print(f"  torch.compile  {result.compile_us:12.1f} us  speedup {result.speedup_vs_compile:.2f}x")
+    else:
+        print(f"  torch.compile  {'-':>12}     ({result.compile_note})")
+    if result.pct_peak is not None:
+        c = result.ceilings
+        print(f"  roofline       {result.bandwidth_gb_s:.0f} GB/s, {result.throughput_tflops:.1f} TFLOP/s, "
+              f"{result.pct_peak:.1f}% of peak ({c['bandwidth_gb_s']} GB/s, {c['fp16_tflops']} TFLOP/s, "
+              f"{c['source']})")
+    out = {k: v for k, v in result.__dict__.items() if k != "ceilings"}
+    out.update(speedup_vs_pytorch=result.speedup_vs_pytorch, speedup_vs_compile=result.speedup_vs_compile,
+               shape=shape_label(shape), dtype=dtype_name(dtype))
+    return out
+
+
+def _load(path: str):
+    """The kernel module and its spec; KernelFileError or KeyError says what is wrong."""
+    source = kernelfile.read_source(path)
+    ktype = kernelfile.kernel_type(source, os.path.basename(path))
+    violations = guards.source_violations(source)
+    module = kernelfile.import_kernel(path)  # a user's own type may register its spec on import
+    spec = get_spec(ktype)
+    kernelfile.check_signature(module.kernel_fn, spec.reference)
+    return module, spec, violations
+
+
+def run(path: str, device: str, quick: bool, seed: int, dtype: str, timed: bool = True) -> dict:
+    result = {"status": "crash", "correctness": "FAIL", "failed_stage": None, "reason": "", "stages": [],
+              "seed": seed}
+    try:
+        module, spec, violations = _load(path)
+    except (kernelfile.KernelFileError, KeyError) as e:
+        result["reason"] = str(e).strip('"')
+        return result
+    except Exception as e:
+        result["reason"] = f"importing {os.path.basename(path)} failed: {type(e).__name__}: {e}"
+        return result
+    result["kernel_type"] = spec.name
+    print(f"kernel {path}: {spec.name} on {device}{' (quick)' if quick else ''}, seed {seed}")
+    if violations:
+        result.update(status="fail", failed_stage="source", reason="the kernel " + "; ".join(violations))
+        print(f"guard: FAIL  {result['reason']}")
+        return result
+    harness = Harness(module, spec, device, quick, seed)
+    try:
+        stages = harness.run_stages()
+        result["stages"] = [asdict(s) for s in stages]
+        failed = next((s for s in stages if not s.passed), None)
+        if failed:
+            result.update(status="fail", failed_stage=failed.name, reason=failed.reason)
+            return result
+        if timed:
+            result.update(_timing(harness, module, parse_dtype(dtype)))
+        result.update(status="pass", correctness="PASS")
+    except checking.CheckFailed as e:
+        result.update(status="fail", failed_stage="timing", reason=str(e))
+        print(f"timing FAIL  {e}")
+    except KernelCrashed as e:
+        result.update(status="crash", failed_stage=_current_stage(result), reason=str(e))
+        print(f"CRASH  {e}")
+        traceback.print_exc(file=sys.stderr)
+    return result
+
+
+def _current_stage(result) -> str:
+    done = len(result["stages"])
+    return STAGES[done] if done < len(STAGES) else "timing"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description="Run the five stages and timing on one kernel (child of bench.py)")
+    p.add_argument("kernel")
+    p.add_argument("--device", required=True, choices=["cpu", "cuda"])
+    p.add_argument("--out", required=True, help="where to write the JSON result")
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--dtype", default="fp16", help="dtype of the timing run")
+    p.add_argument("--no-timing", action="store_true")
+    args = p.parse_args(argv)
+    if compat.interpreting():
+        compat.prepare_interpreter()
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
+    result = run(args.kernel, args.device, args.quick, seed, args.dtype, timed=not args.no_timing)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

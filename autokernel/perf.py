@@ -1,0 +1,113 @@
+"""Timing a correct kernel against PyTorch eager and torch.compile, and placing it on the roofline.
+
+All three run on the same shape and dtype, in the same process, through autokernel.timing. The
+kernel's outputs from its timed runs are checked against the oracle afterwards, and once more after
+its input buffers are refilled, so a kernel that is fast only on inputs it has seen fails here.
+A time under the physical floor (datasheet bandwidth and FLOP rate) is a FAIL, not a record.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from autokernel import checking, gpu, timing
+from autokernel.registry import KernelSpec
+
+INPUT_SETS = 3  # rotated during timing
+ROOFLINE_SLACK = 0.8  # a time below 80% of the physical floor cannot be real
+COMPILE_MODE = "max-autotune-no-cudagraphs"
+
+
+@dataclass
+class PerfResult:
+    shape: dict
+    dtype: str
+    latency_us: float
+    noise_pct: float
+    eager_us: float | None
+    compile_us: float | None
+    compile_note: str
+    throughput_tflops: float
+    bandwidth_gb_s: float
+    pct_peak: float | None
+    peak_vram_mb: float | None
+    ceilings: dict | None
+
+    @property
+    def speedup_vs_pytorch(self):
+        return self.eager_us / self.latency_us if self.eager_us else None
+
+    @property
+    def speedup_vs_compile(self):
+        return self.compile_us / self.latency_us if self.compile_us else None
+
+
+def _compiled_reference(spec: KernelSpec):
+    import torch._dynamo
+
+    torch._dynamo.config.cache_size_limit = 64
+    return torch.compile(spec.reference, mode=COMPILE_MODE, dynamic=False)
+
+
+def _time_compile(spec, input_sets, device) -> tuple[float | None, str]:
+    if device != "cuda":
+        return None, "not timed in CPU mode"
+    try:
+        return timing.time_fn(_compiled_reference(spec), input_sets, device).median_us, COMPILE_MODE
+    except Exception as e:  # a compiler failure is the baseline's problem, not the kernel's
+        return None, f"torch.compile failed: {type(e).__name__}: {str(e)[:200]}"
+
+
+def _check_timed_outputs(fn, spec, input_sets, timed):
+    for k, out in timed.last_outputs.items():
+        checking.verify_output(out, spec, input_sets[k], f"output of timed run on input set {k}")
+    for old, new in zip(input_sets[0], input_sets[1]):
+        if isinstance(old, torch.Tensor):
+            old.copy_(new.flip(0) if new.dim() else new)
+    checking.checked_call(fn, spec, input_sets[0], "after timing, input buffers refilled with new values")
+
+
+def measure(fn, spec: KernelSpec, make_inputs, shape, dtype, device) -> PerfResult:
+    """Time fn on `shape`; make_inputs() gives a fresh input set each call."""
+    input_sets = [make_inputs() for _ in range(INPUT_SETS)]
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base_mb = torch.cuda.memory_allocated() / 2**20
+    timed = timing.time_fn(fn, input_sets, device, keep_outputs=True)
+    peak_mb = torch.cuda.max_memory_allocated() / 2**20 - base_mb if device == "cuda" else None
+    _check_timed_outputs(fn, spec, input_sets, timed)
+    eager_us = timing.time_fn(spec.reference, input_sets, device).median_us
+    compile_us, compile_note = _time_compile(spec, input_sets, device)
+
+    nbytes, nflops = spec.bytes_moved(shape, dtype), spec.flops(shape)
+    seconds = timed.median_us * 1e-6
+    pct, ceil = None, None
+    if device == "cuda":
+        ceil = gpu.ceilings()
+        _roofline_guard(seconds, nbytes, nflops)
+        floor = max(nbytes / (ceil.bandwidth_gb_s * 1e9), nflops / (_flops_ceiling(ceil, dtype) * 1e12))
+        pct = 100.0 * floor / seconds
+    return PerfResult(
+        shape=shape, dtype=str(dtype).replace("torch.", ""), latency_us=timed.median_us,
+        noise_pct=timed.spread_pct, eager_us=eager_us, compile_us=compile_us, compile_note=compile_note,
+        throughput_tflops=nflops / seconds / 1e12, bandwidth_gb_s=nbytes / seconds / 1e9,
+        pct_peak=pct, peak_vram_mb=peak_mb, ceilings=ceil.__dict__ if ceil else None,
+    )
+
+
+def _flops_ceiling(ceil: gpu.Ceilings, dtype) -> float:
+    return ceil.fp32_tflops if dtype == torch.float32 else ceil.fp16_tflops
+
+
+def _roofline_guard(seconds, nbytes, nflops):
+    # The tensor-core rate bounds every dtype: an fp32 kernel may legitimately use split-TF32 tricks.
+    limit = gpu.physical_limit(gpu.device_name())
+    floor = max(nbytes / (limit.bandwidth_gb_s * 1e9), nflops / (limit.fp16_tflops * 1e12))
+    if seconds < ROOFLINE_SLACK * floor:
+        raise checking.CheckFailed(
+            f"timed at {seconds * 1e6:.1f} us, under the physical floor of {floor * 1e6:.1f} us for "
+            f"{nbytes / 1e6:.1f} MB and {nflops / 1e9:.1f} GFLOP on {limit.name}: "
+            "faster than the roofline allows, so the kernel is not doing the work")

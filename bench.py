@@ -1,0 +1,102 @@
+"""bench.py: the fixed harness. Checks one kernel file in five stages, times it, logs one row.
+
+    python bench.py                      # kernel.py, on the GPU if there is one
+    python bench.py kernels/softmax.py --device cpu --quick
+
+Stages: smoke, shape sweep (fp16/bf16/fp32), numerical stability, determinism, edge cases. Then
+timing against PyTorch eager and torch.compile with the roofline. The kernel runs in a child process
+with a time limit. The report ends with greppable `key: value` lines after `---`, and one row is
+appended to results.tsv. The exit code is 0 only for a correct kernel.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from autokernel import kernelfile, results, runner
+
+SUMMARY_KEYS = ["correctness", "status", "kernel_type", "failed_stage", "latency_us", "throughput_tflops",
+                "bandwidth_gb_s", "pct_peak", "speedup_vs_pytorch", "speedup_vs_compile", "eager_us",
+                "compile_us", "noise_pct", "peak_vram_mb", "shape", "dtype", "device", "gpu", "wall_s"]
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(
+        description="Check a kernel file in five correctness stages, time it against PyTorch, log the result.",
+        epilog="Exit code 0 only for a correct kernel. Without a GPU it runs through Triton's CPU "
+               "interpreter on small shapes: those timings are not performance figures.")
+    p.add_argument("kernel", nargs="?", default="kernel.py", help="kernel file (default: kernel.py)")
+    p.add_argument("--quick", action="store_true", help="fewer shapes per stage (all five stages still run)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                   help="cuda, or cpu for Triton's interpreter (default: cuda when a GPU is visible)")
+    p.add_argument("--dtype", default="fp16", help="dtype of the timing run: fp16, bf16 or fp32 (default fp16)")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="seconds before the run counts as a hang (default 300 on a GPU, 600 on the CPU)")
+    p.add_argument("--seed", type=int, default=None, help="input seed (default: fresh each run)")
+    p.add_argument("--json", metavar="PATH", help="also write the full result as JSON")
+    p.add_argument("--results", default="results.tsv", help="the experiment log (default results.tsv)")
+    p.add_argument("--tag", default="", help="tag recorded in the results row")
+    p.add_argument("--no-log", action="store_true", help="do not append a row to results.tsv")
+    return p.parse_args(argv)
+
+
+def summary_lines(result: dict) -> list[str]:
+    lines = []
+    for key in SUMMARY_KEYS:
+        value = result.get(key)
+        if key == "correctness" and value == "FAIL":
+            value = f"FAIL ({result.get('failed_stage') or result['status']}: {first_line(result.get('reason'))})"
+        if isinstance(value, float):
+            value = f"{value:.4g}"
+        lines.append(f"{key}: {'' if value is None else value}")
+    return lines
+
+
+def first_line(text) -> str:
+    return (text or "").strip().splitlines()[0] if (text or "").strip() else ""
+
+
+def results_row(result: dict, tag: str) -> dict:
+    return {
+        "tag": tag, "kernel_type": result.get("kernel_type", ""), "kernel_file": result.get("kernel_file", ""),
+        "status": result["status"], "correctness": result["correctness"],
+        "latency_us": result.get("latency_us"), "throughput_tflops": result.get("throughput_tflops"),
+        "bandwidth_gb_s": result.get("bandwidth_gb_s"), "pct_peak": result.get("pct_peak"),
+        "speedup_vs_pytorch": result.get("speedup_vs_pytorch"),
+        "speedup_vs_compile": result.get("speedup_vs_compile"), "peak_vram_mb": result.get("peak_vram_mb"),
+        "device": result.get("gpu", ""), "agent": "manual",
+        "description": first_line(result.get("reason")) or "bench.py",
+    }
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    path = Path(args.kernel)
+    try:
+        kernelfile.read_source(path)  # a missing file is no experiment: no row
+    except kernelfile.KernelFileError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        result = runner.run_bench(path, device=args.device, quick=args.quick, timeout=args.timeout,
+                                  dtype=args.dtype, seed=args.seed, echo=True)
+    except (RuntimeError, ValueError) as e:  # e.g. --device cuda without a GPU
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if result["status"] in ("crash", "timeout"):
+        print(f"{result['status'].upper()}: {result['reason']}")
+    print("---")
+    print("\n".join(summary_lines(result)))
+    if result.get("cpu_mode"):
+        print("note: CPU mode (Triton interpreter): timings are not performance figures")
+    if not args.no_log:
+        row = results.append_row(results_row(result, args.tag), args.results)
+        print(f"logged: experiment {row['experiment']} in {args.results}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1, default=str))
+    return 0 if result["correctness"] == "PASS" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""bench.py as a user runs it: exit codes, the summary block, results.tsv rows, clear errors on bad input."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autokernel import results
+
+ROOT = Path(__file__).resolve().parent.parent
+STARTER = (ROOT / "kernels" / "rmsnorm.py").read_text()
+
+
+def run_bench_py(cwd, *args):
+    return subprocess.run([sys.executable, str(ROOT / "bench.py"), *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_a_correct_kernel_exits_0_prints_key_values_and_logs_one_row(tmp_path):
+    (tmp_path / "kernel.py").write_text(STARTER)
+    first = run_bench_py(tmp_path, "--device", "cpu", "--quick", "--json", "out.json", "--tag", "t1")
+    assert first.returncode == 0, first.stdout + first.stderr
+    summary = first.stdout.split("\n---\n", 1)[1]
+    values = dict(line.split(": ", 1) for line in summary.splitlines() if ": " in line)
+    assert values["correctness"] == "PASS" and values["kernel_type"] == "rmsnorm"
+    for key in ("latency_us", "throughput_tflops", "bandwidth_gb_s", "pct_peak", "speedup_vs_pytorch",
+                "speedup_vs_compile"):
+        assert key in values
+    assert json.loads((tmp_path / "out.json").read_text())["status"] == "pass"
+
+    second = run_bench_py(tmp_path, "--device", "cpu", "--quick")
+    assert second.returncode == 0
+    text = (tmp_path / "results.tsv").read_text()
+    assert text.count("experiment\ttimestamp") == 1  # header once
+    assert all(len(line.split("\t")) == len(results.COLUMNS) for line in text.splitlines())
+    rows = results.read_rows(tmp_path / "results.tsv")
+    assert [r["experiment"] for r in rows] == ["1", "2"]
+    assert rows[0]["status"] == "pass" and rows[0]["correctness"] == "PASS" and rows[0]["tag"] == "t1"
+    assert float(rows[0]["latency_us"]) > 0
+
+
+def test_a_missing_kernel_file_is_one_clear_error_and_no_row(tmp_path):
+    proc = run_bench_py(tmp_path, "nowhere.py", "--device", "cpu")
+    assert proc.returncode == 2
+    assert "kernel file not found: nowhere.py" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "results.tsv").exists()
+
+
+@pytest.mark.parametrize("source, message", [
+    (STARTER.replace("def kernel_fn(x, weight, eps=1e-6):", "def kernel_fn(x, weight, eps=1e-6)"),
+     "syntax error in candidate.py line"),
+    (STARTER.replace('KERNEL_TYPE = "rmsnorm"', ""), "does not declare KERNEL_TYPE"),
+    (STARTER.replace('KERNEL_TYPE = "rmsnorm"', 'KERNEL_TYPE = "rmsnrom"'), "unknown kernel type 'rmsnrom'"),
+    (STARTER.replace("def kernel_fn(x, weight, eps=1e-6):", "def kernel_fn(x, w, eps=1e-6):"),
+     "kernel_fn(x, w, eps) does not match rmsnorm_ref(x, weight, eps)"),
+    (STARTER.replace("import torch\n", "import torch\nimport not_a_module\n", 1),
+     "ModuleNotFoundError"),
+])
+def test_bad_kernel_files_are_a_crash_row_with_the_reason(tmp_path, source, message):
+    (tmp_path / "candidate.py").write_text(source)
+    proc = run_bench_py(tmp_path, "candidate.py", "--device", "cpu")
+    assert proc.returncode == 1
+    assert message in proc.stdout
+    assert "correctness: FAIL (crash:" in proc.stdout
+    (row,) = results.read_rows(tmp_path / "results.tsv")
+    assert row["status"] == "crash" and row["correctness"] == "FAIL"
+
+
+def test_asking_for_a_gpu_that_is_not_there_is_a_clear_error(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    (tmp_path / "kernel.py").write_text(STARTER)
+    proc = run_bench_py(tmp_path, "--device", "cuda")
+    assert proc.returncode == 2 and "no CUDA GPU is visible" in proc.stderr
+
+
+def test_help_explains_the_command():
+    proc = subprocess.run([sys.executable, str(ROOT / "bench.py"), "--help"], capture_output=True, text=True)
+    assert proc.returncode == 0
+    for flag in ("--quick", "--device", "--json", "--timeout", "--no-log"):
+        assert flag in proc.stdout
