@@ -34,10 +34,16 @@ def parse_args(argv=None):
     p.add_argument("--timeout", type=float, default=None,
                    help="seconds before the run counts as a hang (default 300 on a GPU, 600 on the CPU)")
     p.add_argument("--seed", type=int, default=None, help="input seed (default: fresh each run)")
+    p.add_argument("--reuse-baselines", action="store_true",
+                   help="take torch.compile's time from an earlier run on this GPU and shape (saves seconds)")
     p.add_argument("--json", metavar="PATH", help="also write the full result as JSON")
     p.add_argument("--results", default="results.tsv", help="the experiment log (default results.tsv)")
     p.add_argument("--tag", default="", help="tag recorded in the results row")
     p.add_argument("--no-log", action="store_true", help="do not append a row to results.tsv")
+    p.add_argument("--suite", action="store_true",
+                   help="benchmark every starter in kernels/ against eager, torch.compile and Liger on the GPU, "
+                        "and write BENCHMARKS.md and benchmarks/starters.json")
+    p.add_argument("--types", default="", help="with --suite: comma-separated kernel types (default: all)")
     return p.parse_args(argv)
 
 
@@ -70,8 +76,20 @@ def results_row(result: dict, tag: str) -> dict:
     }
 
 
+def run_suite(args) -> int:
+    from autokernel import gpu, suite
+
+    if not gpu.has_cuda():
+        print("error: --suite measures performance and needs a CUDA GPU", file=sys.stderr)
+        return 2
+    command = "python bench.py --suite" + (f" --types {args.types}" if args.types else "")
+    return suite.run_suite([t for t in args.types.split(",") if t], command)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.suite:
+        return run_suite(args)
     path = Path(args.kernel)
     try:
         kernelfile.read_source(path)  # a missing file is no experiment: no row
@@ -80,7 +98,8 @@ def main(argv=None) -> int:
         return 2
     try:
         result = runner.run_bench(path, device=args.device, quick=args.quick, timeout=args.timeout,
-                                  dtype=args.dtype, seed=args.seed, echo=True)
+                                  dtype=args.dtype, seed=args.seed, echo=True,
+                                  reuse_baselines=args.reuse_baselines)
     except (RuntimeError, ValueError) as e:  # e.g. --device cuda without a GPU
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -165,18 +165,21 @@ def _bitwise_equal(a, b) -> bool:
     return torch.equal(a.reshape(-1).contiguous().view(torch.uint8), b.reshape(-1).contiguous().view(torch.uint8))
 
 
-def _timing(harness: Harness, module, dtype) -> dict:
+def _timing(harness: Harness, module, dtype, reuse_baselines: bool) -> dict:
     from autokernel import perf
 
     spec, device = harness.spec, harness.device
     shape = harness.model_shapes[0] if harness.model_shapes else spec.timing_shape(harness.small)
-    result = perf.measure(module.kernel_fn, spec, lambda: harness.inputs(shape, dtype), shape, dtype, device)
+    start = time.perf_counter()
+    result = perf.measure(module.kernel_fn, spec, lambda: harness.inputs(shape, dtype), shape, dtype, device,
+                          reuse_baselines)
     label = "" if device == "cuda" else "  [CPU interpreter: not a performance figure]"
     print(f"timing {shape_label(shape)} {dtype_name(dtype)}{label}")
     print(f"  kernel         {result.latency_us:12.1f} us  (noise +-{result.noise_pct:.1f}%)")
     print(f"  pytorch eager  {result.eager_us:12.1f} us  speedup {result.speedup_vs_pytorch:.2f}x")
     if result.compile_us:
-        print(f"  torch.compile  {result.compile_us:12.1f} us  speedup {result.speedup_vs_compile:.2f}x")
+        print(f"  torch.compile  {result.compile_us:12.1f} us  speedup {result.speedup_vs_compile:.2f}x"
+              f"  ({result.compile_note})")
     else:
         print(f"  torch.compile  {'-':>12}     ({result.compile_note})")
     if result.pct_peak is not None:
@@ -184,6 +187,7 @@ def _timing(harness: Harness, module, dtype) -> dict:
         print(f"  roofline       {result.bandwidth_gb_s:.0f} GB/s, {result.throughput_tflops:.1f} TFLOP/s, "
               f"{result.pct_peak:.1f}% of peak ({c['bandwidth_gb_s']} GB/s, {c['fp16_tflops']} TFLOP/s, "
               f"{c['source']})")
+    print(f"  timing took {time.perf_counter() - start:.1f} s")
     out = {k: v for k, v in result.__dict__.items() if k != "ceilings"}
     out.update(speedup_vs_pytorch=result.speedup_vs_pytorch, speedup_vs_compile=result.speedup_vs_compile,
                shape=shape_label(shape), dtype=dtype_name(dtype))
@@ -201,7 +205,8 @@ def _load(path: str):
     return module, spec, violations
 
 
-def run(path: str, device: str, quick: bool, seed: int, dtype: str, timed: bool = True) -> dict:
+def run(path: str, device: str, quick: bool, seed: int, dtype: str, timed: bool = True,
+        reuse_baselines: bool = False) -> dict:
     result = {"status": "crash", "correctness": "FAIL", "failed_stage": None, "reason": "", "stages": [],
               "seed": seed}
     try:
@@ -227,7 +232,7 @@ def run(path: str, device: str, quick: bool, seed: int, dtype: str, timed: bool 
             result.update(status="fail", failed_stage=failed.name, reason=failed.reason)
             return result
         if timed:
-            result.update(_timing(harness, module, parse_dtype(dtype)))
+            result.update(_timing(harness, module, parse_dtype(dtype), reuse_baselines))
         result.update(status="pass", correctness="PASS")
     except checking.CheckFailed as e:
         result.update(status="fail", failed_stage="timing", reason=str(e))
@@ -253,11 +258,13 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--dtype", default="fp16", help="dtype of the timing run")
     p.add_argument("--no-timing", action="store_true")
+    p.add_argument("--reuse-baselines", action="store_true")
     args = p.parse_args(argv)
     if compat.interpreting():
         compat.prepare_interpreter()
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
-    result = run(args.kernel, args.device, args.quick, seed, args.dtype, timed=not args.no_timing)
+    result = run(args.kernel, args.device, args.quick, seed, args.dtype, timed=not args.no_timing,
+                 reuse_baselines=args.reuse_baselines)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1, default=str)
     return 0

@@ -8,16 +8,23 @@ A time under the physical floor (datasheet bandwidth and FLOP rate) is a FAIL, n
 
 from __future__ import annotations
 
+import hashlib
+import inspect
+import json
+import os
 from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
 
 import torch
 
 from autokernel import checking, gpu, timing
-from autokernel.registry import KernelSpec
+from autokernel.registry import KernelSpec, shape_label
 
 INPUT_SETS = 3  # rotated during timing
 ROOFLINE_SLACK = 0.8  # a time below 80% of the physical floor cannot be real
 COMPILE_MODE = "max-autotune-no-cudagraphs"
+BASELINE_CACHE = Path(__file__).resolve().parent.parent / "workspace" / "baseline_cache.json"
 
 
 @dataclass
@@ -51,13 +58,29 @@ def _compiled_reference(spec: KernelSpec):
     return torch.compile(spec.reference, mode=COMPILE_MODE, dynamic=False)
 
 
-def _time_compile(spec, input_sets, device) -> tuple[float | None, str]:
+def _baseline_key(spec, shape, dtype) -> str:
+    source = hashlib.sha1(inspect.getsource(spec.reference).encode()).hexdigest()[:12]
+    return f"{gpu.device_name()}|torch {torch.__version__}|{spec.name}|{shape_label(shape)}|{dtype}|{source}"
+
+
+def _time_compile(spec, input_sets, device, shape, dtype, reuse: bool) -> tuple[float | None, str]:
+    """torch.compile's time on this shape; with reuse, the one measured earlier on this GPU and torch."""
     if device != "cuda":
         return None, "not timed in CPU mode"
+    key = _baseline_key(spec, shape, dtype)
+    cache = json.loads(BASELINE_CACHE.read_text()) if BASELINE_CACHE.is_file() else {}
+    if reuse and key in cache:
+        return cache[key]["us"], f"{COMPILE_MODE}, reused from {cache[key]['date']}"
     try:
-        return timing.time_fn(_compiled_reference(spec), input_sets, device).median_us, COMPILE_MODE
+        us = timing.time_fn(_compiled_reference(spec), input_sets, device).median_us
     except Exception as e:  # a compiler failure is the baseline's problem, not the kernel's
         return None, f"torch.compile failed: {type(e).__name__}: {str(e)[:200]}"
+    cache[key] = {"us": us, "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    BASELINE_CACHE.parent.mkdir(exist_ok=True)
+    tmp = BASELINE_CACHE.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(cache, indent=1))
+    tmp.replace(BASELINE_CACHE)  # atomic: a reader never sees half a file
+    return us, COMPILE_MODE
 
 
 def _check_timed_outputs(fn, spec, input_sets, timed):
@@ -69,8 +92,12 @@ def _check_timed_outputs(fn, spec, input_sets, timed):
     checking.checked_call(fn, spec, input_sets[0], "after timing, input buffers refilled with new values")
 
 
-def measure(fn, spec: KernelSpec, make_inputs, shape, dtype, device) -> PerfResult:
-    """Time fn on `shape`; make_inputs() gives a fresh input set each call."""
+def measure(fn, spec: KernelSpec, make_inputs, shape, dtype, device, reuse_baselines=False) -> PerfResult:
+    """Time fn on `shape`; make_inputs() gives a fresh input set each call.
+
+    With reuse_baselines, torch.compile's time comes from an earlier run on the same GPU, torch, shape
+    and reference (the loop benches one shape hundreds of times; compiling it each time costs seconds).
+    """
     input_sets = [make_inputs() for _ in range(INPUT_SETS)]
     if device == "cuda":
         torch.cuda.synchronize()
@@ -80,7 +107,7 @@ def measure(fn, spec: KernelSpec, make_inputs, shape, dtype, device) -> PerfResu
     peak_mb = torch.cuda.max_memory_allocated() / 2**20 - base_mb if device == "cuda" else None
     _check_timed_outputs(fn, spec, input_sets, timed)
     eager_us = timing.time_fn(spec.reference, input_sets, device).median_us
-    compile_us, compile_note = _time_compile(spec, input_sets, device)
+    compile_us, compile_note = _time_compile(spec, input_sets, device, shape, dtype, reuse_baselines)
 
     nbytes, nflops = spec.bytes_moved(shape, dtype), spec.flops(shape)
     seconds = timed.median_us * 1e-6

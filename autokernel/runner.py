@@ -53,7 +53,8 @@ def _kill_group(proc: subprocess.Popen):
 
 
 def run_bench(kernel_path, device: str | None = None, quick: bool = False, timeout: float | None = None,
-              dtype: str = "fp16", seed: int | None = None, echo: bool = False, timed: bool = True) -> dict:
+              dtype: str = "fp16", seed: int | None = None, echo: bool = False, timed: bool = True,
+              reuse_baselines: bool = False) -> dict:
     """Correctness stages and timing of kernel_path, isolated. Returns the result dict (see module doc)."""
     device = gpu.pick_device(device)
     timeout = timeout or DEFAULT_TIMEOUT_S[device]
@@ -62,7 +63,7 @@ def run_bench(kernel_path, device: str | None = None, quick: bool = False, timeo
         out_json = os.path.join(tmp, "result.json")
         cmd = [sys.executable, "-m", "autokernel.harness", kernel_path, "--device", device, "--out", out_json,
                "--dtype", dtype]
-        cmd += ["--quick"] * quick + ["--no-timing"] * (not timed)
+        cmd += ["--quick"] * quick + ["--no-timing"] * (not timed) + ["--reuse-baselines"] * reuse_baselines
         cmd += ["--seed", str(seed)] if seed is not None else []
         start = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT,

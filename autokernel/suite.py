@@ -1,0 +1,125 @@
+"""The starter benchmark: every starter through the harness on a GPU, against every baseline, in one run.
+
+`python bench.py --suite` runs each kernels/<type>.py through the five stages and timing (eager and
+torch.compile), then the extra baselines (F.rms_norm, Liger-Kernel, rotary on q and k, the device's
+copy bandwidth) in one more child, and writes benchmarks/starters.json (raw numbers, read by
+profile.py for expected speedups) and the starter section of BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import sys
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+from autokernel import runner
+from autokernel.registry import kernel_types
+
+ROOT = Path(__file__).resolve().parent.parent
+JSON_PATH = ROOT / "benchmarks" / "starters.json"
+MD_PATH = ROOT / "BENCHMARKS.md"
+BEGIN, END = "<!-- starters:begin -->", "<!-- starters:end -->"
+MEMORY_BOUND_PCT_OF_COPY = 92.0
+
+# type -> (what the target is, the ratio that must reach 1.0 to meet it)
+TARGETS = {
+    "matmul": ("0.9x cuBLAS", lambda r, b: r["speedup_vs_pytorch"] / 0.9),
+    "flash_attention": ("0.9x SDPA", lambda r, b: r["speedup_vs_pytorch"] / 0.9),
+    "fused_mlp": ("1.0x eager", lambda r, b: r["speedup_vs_pytorch"]),
+}
+MEMORY_TARGET = (f">= {MEMORY_BOUND_PCT_OF_COPY:.0f}% of copy, faster than compile",
+                 lambda r, b: min(100 * r["bandwidth_gb_s"] / b["copy_gb_s"] / MEMORY_BOUND_PCT_OF_COPY,
+                                  r["speedup_vs_compile"] or 0))
+
+
+def run_suite(types: list[str] | None, command: str) -> int:
+    types = types or kernel_types()
+    runs = []
+    for ktype in types:
+        for dtype in ("fp16", "bf16") if ktype == "matmul" else ("fp16",):
+            print(f"[suite] {ktype} {dtype} ...", flush=True)
+            result = runner.run_bench(ROOT / "kernels" / f"{ktype}.py", device="cuda", dtype=dtype)
+            result.pop("log", None)
+            print(f"[suite] {ktype} {dtype}: {result['status']} {result.get('latency_us') or result['reason']}")
+            runs.append(result)
+    base = _baselines(types)
+    data = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "command": command,
+            "python": platform.python_version(), **base, "runs": runs}
+    JSON_PATH.parent.mkdir(exist_ok=True)
+    JSON_PATH.write_text(json.dumps(data, indent=1, default=str))
+    _write_markdown(data)
+    print(MD_PATH.read_text().split(BEGIN)[1].split(END)[0])
+    return 0 if all(r["status"] == "pass" for r in runs) else 1
+
+
+def _baselines(types) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "baselines.json"
+        cmd = [sys.executable, "-m", "autokernel.baselines", "--out", str(out), "--types", ",".join(types)]
+        proc = subprocess.run(cmd, cwd=ROOT, env=runner.child_env("cuda"), capture_output=True, text=True,
+                              timeout=1200)
+        if proc.returncode != 0:
+            raise RuntimeError(f"baselines failed:\n{proc.stderr[-3000:]}")
+        return json.loads(out.read_text())
+
+
+def _fmt(value, spec=".1f"):
+    return format(value, spec) if isinstance(value, (int, float)) else ("-" if value is None else str(value))
+
+
+def _table(data) -> list[str]:
+    extras = data.get("extras", {})
+    lines = ["| type | shape | dtype | kernel us | eager us | compile us | other us | GB/s | % of copy | "
+             "TFLOP/s | vs eager | vs compile | target | met |",
+             "|" + "---|" * 14]
+    for r in data["runs"]:
+        t = r.get("kernel_type") or Path(r["kernel_file"]).stem
+        if r["status"] != "pass":
+            lines.append(f"| {t} | | {r.get('dtype', '')} | {r['status'].upper()}: {r['reason'][:80]} |" + " |" * 10)
+            continue
+        goal, ratio = TARGETS.get(t, MEMORY_TARGET)
+        met = ratio(r, data) >= 1.0
+        other = ", ".join(f"{k} {_fmt(v)}" for k, v in extras.get(t, {}).items())
+        lines.append(
+            f"| {t} | {r['shape']} | {r['dtype']} | {_fmt(r['latency_us'])} | {_fmt(r['eager_us'])} | "
+            f"{_fmt(r['compile_us'])} | {other or '-'} | {_fmt(r['bandwidth_gb_s'], '.0f')} | "
+            f"{_fmt(100 * r['bandwidth_gb_s'] / data['copy_gb_s'])} | {_fmt(r['throughput_tflops'])} | "
+            f"{_fmt(r['speedup_vs_pytorch'], '.2f')}x | {_fmt(r['speedup_vs_compile'], '.2f')}x | {goal} | "
+            f"{'yes' if met else 'NO'} |")
+    return lines
+
+
+def _rope_line(data) -> list[str]:
+    rope = data.get("rope_qk")
+    if not rope:
+        return []
+    times = ", ".join(f"{k} {_fmt(rope[k])} us" for k in ("kernel", "eager", "compile", "liger") if k in rope)
+    gbs = rope["bytes"] / (rope["kernel"] * 1e-6) / 1e9 if isinstance(rope.get("kernel"), float) else None
+    return ["", f"Rotary on q {rope['shapes'][0]} and k {rope['shapes'][1]} together (fp16): {times}; "
+                f"kernel {_fmt(gbs, '.0f')} GB/s."]
+
+
+def _write_markdown(data):
+    header = [
+        BEGIN, "## Starter kernels", "",
+        f"- GPU: {data['gpu']}; torch {data['torch']}, triton {data['triton']}, "
+        f"Liger-Kernel {data.get('liger') or 'not installed'}, Python {data['python']}",
+        f"- Date: {data['date']}; command: `{data['command']}`",
+        f"- Measured ceilings: device-to-device copy {data['copy_gb_s']} GB/s (read + write), "
+        f"bf16 matmul {data['matmul_bf16_tflops']} TFLOP/s",
+        "- Each kernel passed the five correctness stages in the same run before it was timed. Times are "
+        "medians over CUDA events with L2 flushed and inputs rotated (autokernel/timing.py); compile is "
+        "torch.compile(mode='max-autotune-no-cudagraphs') of reference.py; eager is reference.py itself "
+        "(for matmul: cuBLAS, for flash_attention: F.scaled_dot_product_attention).", "",
+    ]
+    section = "\n".join(header + _table(data) + _rope_line(data) + ["", END])
+    text = MD_PATH.read_text() if MD_PATH.exists() else "# Benchmarks\n\n"
+    if BEGIN in text:
+        text = text.split(BEGIN)[0] + section + text.split(END, 1)[1]
+    else:
+        text = text.rstrip() + "\n\n" + section + "\n"
+    MD_PATH.write_text(text)

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# One GPU-machine session: install the carried wheels, run the GPU tests and the given benchmarks,
+# and keep every log under $OUT. Usage (on the device machine, from the repo root):
+#   bash scripts/gpu_session.sh "<pytest args>" "<extra shell commands>"
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+export PYTHONUNBUFFERED=1
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } 2>&1 | tee "$OUT/env.txt"
+if [ -n "${1:-}" ]; then
+  python3 -m pytest -q -x $1 2>&1 | tee "$OUT/pytest.txt" | tail -25
+fi
+if [ -n "${2:-}" ]; then
+  bash -c "$2" 2>&1 | tee "$OUT/bench.txt" | tail -60
+fi

@@ -1,0 +1,81 @@
+"""Developer tool (GPU): time a starter's declared tunables around its defaults, in one process.
+
+    python scripts/sweep_tunables.py kernels/rmsnorm.py kernels/softmax.py [--rounds 2]
+
+Coordinate search: from the defaults, each tunable is moved to each of its values one at a time; the
+best configuration becomes the start of the next round. Every configuration's output on the bench
+shape is checked against the float64 oracle before it is timed. This picks good starter defaults; the
+product's own search is the loop's builtin agent, which goes through the full harness.
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from autokernel import checking, timing  # noqa: E402
+from autokernel.kernelfile import declarations, import_kernel  # noqa: E402
+from autokernel.registry import get_spec  # noqa: E402
+
+REPS = 60  # timed runs per configuration: enough to rank, few enough to try many
+
+
+def time_config(module, spec, config, sets, expected):
+    for name, value in config.items():
+        setattr(module, name, value)
+    try:
+        out = module.kernel_fn(*sets[0])
+        torch.cuda.synchronize()
+    except Exception as e:
+        return None, f"{type(e).__name__}: {str(e).splitlines()[0][:80]}"
+    atol, rtol = spec.tolerance(torch.float16)
+    reason = checking.compare(out, expected, torch.float16, atol, rtol)
+    if reason:
+        return None, f"WRONG: {reason[:80]}"
+    return timing.time_gpu(module.kernel_fn, sets, reps=REPS).median_us, ""
+
+
+def sweep(path: Path, rounds: int):
+    decl = declarations(path.read_text())
+    module = import_kernel(path)
+    spec = get_spec(decl["KERNEL_TYPE"])
+    tunables = decl.get("TUNABLES", {})
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    sets = [spec.make_inputs(spec.bench_shape, torch.float16, "cuda", gen) for _ in range(3)]
+    expected = checking.oracle(spec, sets[0])
+    best = {name: decl[name] for name in tunables}
+    seen = {}
+    for _ in range(rounds):
+        configs = [dict(best)] + [{**best, name: v} for name, values in tunables.items() for v in values]
+        for config in configs:
+            key = tuple(sorted(config.items()))
+            if key not in seen:
+                seen[key] = time_config(module, spec, config, sets, expected)
+        timed = [(us, dict(k)) for k, (us, _) in seen.items() if us is not None]
+        best = min(timed, key=lambda t: t[0])[1] if timed else best
+    default_us = seen[tuple(sorted({n: decl[n] for n in tunables}.items()))][0]
+    print(f"\n== {path} ({spec.name}, {spec.bench_shape}, fp16): default {default_us} us")
+    for key, (us, note) in sorted(seen.items(), key=lambda kv: kv[1][0] or 1e12)[:12]:
+        print(f"  {us if us is None else round(us, 1):>8}  {dict(key)} {note}")
+    failures = [(dict(k), note) for k, (us, note) in seen.items() if us is None]
+    for config, note in failures[:5]:
+        print(f"  failed: {config} {note}")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("kernels", nargs="+", type=Path)
+    p.add_argument("--rounds", type=int, default=2)
+    args = p.parse_args()
+    for path in args.kernels:
+        try:
+            sweep(path, args.rounds)
+        except Exception as e:
+            print(f"\n== {path}: sweep failed: {type(e).__name__}: {e}")
+
+
+if __name__ == "__main__":
+    main()
