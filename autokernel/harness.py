@@ -218,7 +218,9 @@ def run(path: str, device: str, quick: bool, seed: int, dtype: str, timed: bool 
         result["reason"] = f"importing {os.path.basename(path)} failed: {type(e).__name__}: {e}"
         return result
     result["kernel_type"] = spec.name
-    print(f"kernel {path}: {spec.name} on {device}{' (quick)' if quick else ''}, seed {seed}")
+    launched = float(os.environ.get("AUTOKERNEL_LAUNCHED_AT", time.time()))
+    print(f"kernel {path}: {spec.name} on {device}{' (quick)' if quick else ''}, seed {seed} "
+          f"(started in {time.time() - launched:.1f} s)")
     if violations:
         result.update(status="fail", failed_stage="source", reason="the kernel " + "; ".join(violations))
         print(f"guard: FAIL  {result['reason']}")

@@ -66,8 +66,9 @@ def run_bench(kernel_path, device: str | None = None, quick: bool = False, timeo
         cmd += ["--quick"] * quick + ["--no-timing"] * (not timed) + ["--reuse-baselines"] * reuse_baselines
         cmd += ["--seed", str(seed)] if seed is not None else []
         start = time.perf_counter()
+        env = {**child_env(device), "AUTOKERNEL_LAUNCHED_AT": repr(time.time())}
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT,
-                                env=child_env(device), start_new_session=True)
+                                env=env, start_new_session=True)
         out_lines, err_lines = [], []
         pumps = [threading.Thread(target=_pump, args=(proc.stdout, out_lines, echo), daemon=True),
                  threading.Thread(target=_pump, args=(proc.stderr, err_lines, False), daemon=True)]

@@ -1,0 +1,111 @@
+"""The optimization plan: which kernel types are worth optimizing, by Amdahl's law.
+
+A type that takes a share f of the model's time and is made s times faster speeds the whole model
+up by gain = 1 / ((1 - f) + f / s). s comes from a measured benchmark of the starter kernel against
+PyTorch on that op (benchmarks/starters.json: {type: {"speedup_vs_pytorch": x}}) where one exists,
+else from DEFAULT_SPEEDUPS, and the plan says which. Types are ranked by gain. Two numbers sum the
+plan up: the combined gain if every planned type reaches its s, and the Amdahl ceiling, the gain if
+every planned type took no time at all (1 / (1 - sum f)); what no type covers ("other") bounds both.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+
+PLAN_VERSION = 1
+STARTERS_JSON = Path("benchmarks/starters.json")
+
+# Conservative speedups over PyTorch eager on a GPU, used until a starter has been measured.
+DEFAULT_SPEEDUPS = {
+    "matmul": 1.0,  # cuBLAS (nvjet on Hopper) is near the roofline; a Triton matmul ties it at best
+    "flash_attention": 1.05,  # PyTorch's SDPA already runs FlashAttention-2 or cuDNN
+    "fused_mlp": 1.1,  # three cuBLAS matmuls stay; the gain is the silu*up round trip through memory
+    "rmsnorm": 2.0,  # eager runs pow/mean/add+rsqrt/mul/mul as ~5 kernels; one pass moves 1/3 the bytes
+    "rotary_embedding": 2.0,  # eager: slices, 4 muls, 2 adds and a cat, each a trip through memory
+    "layernorm": 1.2,  # eager's layer_norm is already one fused kernel
+    "softmax": 1.2,  # eager's softmax is already one fused kernel
+    "cross_entropy": 1.5,  # eager materialises log_softmax over the whole vocabulary
+    "reduce": 1.1,
+}
+FALLBACK_SPEEDUP = 1.0  # for a type added later without a default
+
+
+class PlanError(Exception):
+    """The plan cannot be read or written; the message says why."""
+
+
+def amdahl_gain(f: float, s: float) -> float:
+    """End-to-end speedup when a share f of the time gets s times faster."""
+    return 1.0 / ((1.0 - f) + f / s)
+
+
+def load_speedups(path: str | Path = STARTERS_JSON) -> dict[str, float]:
+    """Measured speedups of the starters over PyTorch, {} when none were measured."""
+    path = Path(path)
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+        return {t: float(v["speedup_vs_pytorch"]) for t, v in data.items()
+                if isinstance(v, dict) and v.get("speedup_vs_pytorch") and float(v["speedup_vs_pytorch"]) > 0}
+    except (ValueError, TypeError, KeyError) as e:
+        raise PlanError(f"cannot read measured speedups from {path}: {e}") from None
+
+
+def build_plan(profile: dict, measured: dict[str, float] | None = None, source: str = str(STARTERS_JSON)) -> dict:
+    """Rank the profile's types by gain. `measured` maps a type to its starter's measured speedup."""
+    measured = measured or {}
+    entries = []
+    for type_, info in profile["types"].items():
+        f = info["share"]
+        if type_ in measured:
+            s, s_source = measured[type_], f"measured ({source})"
+        else:
+            s, s_source = DEFAULT_SPEEDUPS.get(type_, FALLBACK_SPEEDUP), "default"
+        entries.append({"type": type_, "f": f, "s": s, "s_source": s_source, "gain": amdahl_gain(f, s),
+                        "time_us": info["time_us"], "calls": info["calls"], "shapes": info["shapes"]})
+    entries.sort(key=lambda e: (-e["gain"], -e["f"]))
+    for rank, entry in enumerate(entries, start=1):
+        entry["rank"] = rank
+    covered = sum(e["f"] for e in entries)
+    return {
+        "version": PLAN_VERSION,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "time_kind": profile.get("time_kind", "device"),
+        "total_us": profile["total_us"],
+        "entries": entries,
+        "other": {"f": profile["other"]["share"], "time_us": profile["other"]["time_us"],
+                  "ops": profile["other"]["ops"]},
+        "covered_f": covered,
+        "combined_gain": 1.0 / ((1.0 - covered) + sum(e["f"] / e["s"] for e in entries)),
+        # None: the planned types are all the time there is, so no ceiling short of infinity
+        "amdahl_ceiling": 1.0 / (1.0 - covered) if covered < 1.0 - 1e-9 else None,
+    }
+
+
+def write_json(data: dict, path: str | Path) -> Path:
+    """Write whole or not at all: a temporary file renamed over the target."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, allow_nan=False) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def read_plan(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise PlanError(f"plan not found: {path} (run profile.py first, or pass --plan)")
+    try:
+        plan = json.loads(path.read_text())
+    except ValueError as e:
+        raise PlanError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(plan, dict) or not isinstance(plan.get("entries"), list):
+        raise PlanError(f"{path} is not a plan: it has no 'entries' list")
+    for entry in plan["entries"]:
+        if not isinstance(entry, dict) or "type" not in entry or "rank" not in entry:
+            raise PlanError(f"{path}: every entry needs a 'type' and a 'rank', got {entry!r}")
+    return plan

@@ -1,0 +1,90 @@
+"""extract.py: turn the plan's best-ranked kernel types into kernel files with the model's shapes.
+
+    python extract.py                          # workspace/plan.json, top 3, Triton starters
+    python extract.py --plan profiles/llama_compact_h100.json --top 5
+    python extract.py --backend cuda           # CUDA C++ starters from kernels/cuda/
+
+For each of the top N types of the plan (ranked by Amdahl gain), kernels/<type>.py is copied to
+workspace/kernels/NN_<type>.py with `MODEL_SHAPES = [...]` set to the shapes the profile recorded;
+bench.py adds them to its shape sweep and times the first as the primary shape:
+
+    python bench.py workspace/kernels/01_rmsnorm.py
+
+Exit status: 0 when every requested kernel was written, 1 when a starter is missing (the others are
+still written) or the plan cannot be read.
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+
+
+def build_parser() -> argparse.ArgumentParser:
+    doc = __doc__.split("\n\n")
+    p = argparse.ArgumentParser(prog="extract.py", description=doc[0].split(": ", 1)[1].capitalize(),
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="Examples:\n" + doc[1] + "\n\n" + "\n\n".join(doc[2:]))
+    p.add_argument("--plan", type=Path, default=ROOT / "workspace" / "plan.json",
+                   help="plan written by profile.py, or one shipped in profiles/ (default workspace/plan.json)")
+    p.add_argument("--top", type=int, default=3, help="how many types to extract, best gain first (default 3)")
+    p.add_argument("--backend", choices=["triton", "cuda"], default="triton",
+                   help="triton: kernels/<type>.py; cuda: kernels/cuda/<type>.py (default triton)")
+    p.add_argument("--output-dir", type=Path, default=ROOT / "workspace" / "kernels",
+                   help="where the kernel files go (default workspace/kernels)")
+    p.add_argument("--debug", action="store_true", help="show the full traceback on errors")
+    return p
+
+
+def run(args) -> int:
+    from autokernel.extraction import extract
+    from autokernel.plan import read_plan
+
+    if args.top < 1:
+        raise ValueError("--top must be at least 1")
+    plan = read_plan(args.plan)
+    results = extract(plan, args.top, args.backend, args.output_dir, ROOT)
+    where = "CPU time" if plan.get("cpu_mode") else f"device time on {plan.get('device', 'a GPU')}"
+    print(f"plan {args.plan}: {plan.get('model', '?')}, {where}")
+    for r in results:
+        share = next(e["f"] for e in plan["entries"] if e["type"] == r.type)
+        primary = " ".join(f"{k}={v}" for k, v in r.shapes[0].items()) if r.shapes else "no shapes recorded"
+        if r.path is None:
+            print(f"  #{r.rank} {r.type:<17} {share:6.1%}  MISSING: {r.problem}")
+        else:
+            print(f"  #{r.rank} {r.type:<17} {share:6.1%}  -> {_rel(r.path)}  "
+                  f"({len(r.shapes)} model shapes; primary {primary})")
+    written = [r for r in results if r.path is not None]
+    if written:
+        print(f"next: python bench.py {_rel(written[0].path)}")
+    missing = [r for r in results if r.path is None]
+    if missing:
+        print(f"extract.py: {len(missing)} of {len(results)} starters do not exist yet: "
+              f"{', '.join(r.type for r in missing)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _rel(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return run(args)
+    except Exception as e:  # one line naming the problem, unless --debug
+        if args.debug:
+            raise
+        known = ("PlanError", "ExtractError", "ValueError")
+        text = str(e) if type(e).__name__ in known else f"{type(e).__name__}: {e} (--debug shows where)"
+        print(f"extract.py: error: {text}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

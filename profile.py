@@ -1,0 +1,171 @@
+"""profile.py: profile a PyTorch model and rank its kernel types by Amdahl's law.
+
+    python profile.py --model models/llama.py --class-name LlamaModel --input-shape 1,512 --dtype float16
+    python profile.py --module transformers --class-name AutoModelForCausalLM --config gpt2 --input-shape 1,256
+
+Writes workspace/profile.json (time by kernel type, shape, module and op) and workspace/plan.json
+(each type's share f, expected speedup s and end-to-end gain, ranked), and prints the plan. On a
+machine without a GPU it profiles CPU time, and says so. extract.py turns the plan into kernels.
+
+About the name: this file shadows the standard library's `profile` module for any Python started in
+the repository root (the script's directory, or the current directory with -c, -m and pytest, comes
+first on sys.path), and cProfile does `import profile`; torch.compile imports cProfile. So when this
+file is imported under the name `profile` it does nothing of its own: it loads the standard library's
+profile.py in its place and replaces itself in sys.modules, and cProfile, torch.compile and everything
+else get exactly the module they expect. Only `python profile.py` (or loading this file under another
+name) runs the tool. (`python -m profile` from the repository root runs this tool, not the stdlib one.)
+"""
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+
+def _stdlib_profile():
+    """The standard library's profile module, loaded from the stdlib directory by path."""
+    import importlib.util
+    import os
+    import sysconfig
+
+    path = os.path.join(sysconfig.get_paths()["stdlib"], "profile.py")
+    spec = importlib.util.spec_from_file_location("profile", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["profile"] = module  # the import machinery returns this entry, not us
+    spec.loader.exec_module(module)
+    return module
+
+
+if __name__ == "profile":  # imported by cProfile & co. from the repository root: see the docstring
+    _stdlib_profile()
+
+
+ROOT = Path(__file__).resolve().parent
+DEFAULT_OUTPUT = ROOT / "workspace"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="profile.py", description=__doc__.split("\n\n")[0].split(": ", 1)[1].capitalize(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Examples:\n" + "\n".join(__doc__.split("\n\n")[1].splitlines()))
+    src = p.add_argument_group("the model (a file and class, or a package)")
+    src.add_argument("--model", metavar="FILE", help="Python file defining the model, e.g. models/llama.py")
+    src.add_argument("--module", metavar="PACKAGE", help="import the class from a package, e.g. transformers")
+    src.add_argument("--class-name", required=True, help="the model class, e.g. LlamaModel")
+    src.add_argument("--config", help="preset passed to the class (tiny, compact, 7b, ...), or for "
+                                      "transformers a model name or local directory")
+    src.add_argument("--pretrained", action="store_true",
+                     help="transformers: load weights from the local cache instead of random ones")
+    how = p.add_argument_group("how to run it")
+    how.add_argument("--input-shape", default="1,512", help="input shape, batch,seq for token models "
+                                                            "(default 1,512)")
+    how.add_argument("--dtype", default="float16", help="float16 | bfloat16 | float32 (default float16)")
+    how.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda when a GPU is visible")
+    how.add_argument("--steps", type=int, default=3, help="profiled forward passes (default 3)")
+    out = p.add_argument_group("output")
+    out.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT,
+                     help="where profile.json and plan.json go (default workspace/)")
+    out.add_argument("--starters", type=Path, default=ROOT / "benchmarks" / "starters.json",
+                     help="measured starter speedups (default benchmarks/starters.json)")
+    out.add_argument("--export-trace", metavar="FILE", help="also write a Chrome trace (chrome://tracing)")
+    out.add_argument("--debug", action="store_true", help="show the full traceback on errors")
+    return p
+
+
+def run(args) -> int:
+    import torch
+
+    from autokernel import gpu, plan, profiling
+    from autokernel.models import describe_model, example_inputs, load_model, parse_shape
+    from autokernel.registry import parse_dtype
+
+    dtype = parse_dtype(args.dtype)
+    shape = parse_shape(args.input_shape)
+    device = gpu.pick_device(args.device)
+    model = load_model(args.class_name, model_file=args.model, module=args.module, config=args.config,
+                       pretrained=args.pretrained, device=device, dtype=dtype)
+    inputs = example_inputs(model, shape, device, dtype)
+    if device == "cpu":
+        print("CPU mode: no GPU here, so this profiles CPU time. The shares show where a CPU spends "
+              "its time, not where a GPU would; use --device cuda on a GPU for a real plan.")
+    try:
+        prof = profiling.profile_model(model, inputs, device, steps=args.steps, trace_path=args.export_trace)
+    except (RuntimeError, ValueError, TypeError, IndexError) as e:
+        if _is_oom(e):
+            raise
+        raise ForwardError(f"{type(model).__name__}'s forward failed on an input of shape "
+                           f"{','.join(map(str, shape))}: {str(e).splitlines()[0]}") from e
+    meta = {"model": describe_model(model), "class_name": args.class_name, "source": args.model or args.module,
+            "config": args.config, "input_shape": list(shape), "dtype": str(dtype).replace("torch.", ""),
+            "device": gpu.device_name(device) if device == "cuda" else "cpu", "cpu_mode": device == "cpu",
+            "torch": torch.__version__, "command": "python " + shlex.join(sys.argv)}
+    measured = plan.load_speedups(args.starters)
+    the_plan = {**meta, **plan.build_plan(prof, measured, source=str(args.starters))}
+    profile_path = plan.write_json({**meta, **prof}, args.output_dir / "profile.json")
+    plan_path = plan.write_json(the_plan, args.output_dir / "plan.json")
+    show(the_plan)
+    print(f"wrote {profile_path} and {plan_path}" + (f" and {args.export_trace}" if args.export_trace else ""))
+    print(f"next: python extract.py --plan {plan_path} --top 3")
+    return 0
+
+
+class ForwardError(Exception):
+    """The model ran but its forward failed on the inputs made for --input-shape."""
+
+
+def _is_oom(e: BaseException) -> bool:
+    text = str(e).lower()
+    return type(e).__name__ == "OutOfMemoryError" or "out of memory" in text or "can't allocate" in text
+
+
+def show(the_plan: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    kind = "CPU time (not GPU time)" if the_plan["cpu_mode"] else f"device time on {the_plan['device']}"
+    title = (f"{the_plan['model']}, input {'x'.join(map(str, the_plan['input_shape']))} "
+             f"{the_plan['dtype']}: {kind}, {the_plan['total_us'] / 1e3:.2f} ms per forward")
+    table = Table(title=title)
+    for col in ("rank", "type", "share f", "time ms", "s", "gain", "top shape"):
+        table.add_column(col, justify="left" if col in ("type", "top shape") else "right")
+    for e in the_plan["entries"]:
+        top = e["shapes"][0]["shape"] if e["shapes"] else {}
+        s = f"{e['s']:.2f}" + ("" if e["s_source"] == "default" else " (measured)")
+        table.add_row(str(e["rank"]), e["type"], f"{e['f']:.1%}", f"{e['time_us'] / 1e3:.3f}", s,
+                      f"{e['gain']:.3f}x", " ".join(f"{k}={v}" for k, v in top.items()))
+    other = the_plan["other"]
+    ops = ", ".join(name.replace("aten::", "") for name in list(other["ops"])[:4])
+    table.add_row("", "other", f"{other['f']:.1%}", f"{other['time_us'] / 1e3:.3f}", "", "", ops, style="dim")
+    Console(width=None if sys.stdout.isatty() else 140).print(table)  # logs: no wrapping at 80 columns
+    ceiling = the_plan["amdahl_ceiling"]
+    print(f"named types cover {the_plan['covered_f']:.1%} of the time; all at their s: "
+                  f"{the_plan['combined_gain']:.3f}x end to end; Amdahl ceiling (named types at zero "
+                  f"time): {'unbounded' if ceiling is None else f'{ceiling:.2f}x'}")
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if (args.model is None) == (args.module is None):
+        build_parser().error("give either --model FILE or --module PACKAGE")
+    try:
+        return run(args)
+    except Exception as e:  # every failure becomes one line naming the problem
+        if args.debug:
+            raise
+        print(f"profile.py: error: {_explain(e, args)}", file=sys.stderr)
+        return 2 if _is_oom(e) else 1
+
+
+def _explain(e: Exception, args) -> str:
+    if _is_oom(e):
+        where = "the GPU" if "cuda" in str(e).lower() or type(e).__name__ == "OutOfMemoryError" else "the host"
+        return (f"out of memory on {where} with input shape {args.input_shape} in {args.dtype}: try a smaller "
+                "--input-shape, a smaller --config, or --dtype float16")
+    known = ("ModelError", "PlanError", "ForwardError", "ValueError")
+    text = str(e).splitlines()[0] if str(e) else type(e).__name__
+    return text if type(e).__name__ in known else f"{type(e).__name__}: {text} (--debug shows where)"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

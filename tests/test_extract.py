@@ -1,0 +1,104 @@
+"""extract.py: kernel files from a plan, carrying the model's shapes; bench.py accepts them."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autokernel.extraction import ExtractError, extract, set_model_shapes
+from autokernel.kernelfile import declarations
+
+STARTER = '''"""A starter."""
+
+KERNEL_TYPE = "rmsnorm"
+
+BLOCK = 128  # columns per program
+'''
+
+
+def test_model_shapes_are_inserted_after_kernel_type_then_replaced():
+    once = set_model_shapes(STARTER, [{"M": 128, "N": 768}], "shapes of a model")
+    assert declarations(once)["MODEL_SHAPES"] == [{"M": 128, "N": 768}]
+    assert once.index("KERNEL_TYPE") < once.index("MODEL_SHAPES") < once.index("BLOCK")
+    many = [{"M": m, "N": 4096} for m in range(1, 30)]  # long enough to span lines
+    twice = set_model_shapes(once, many, "shapes of a model")
+    assert declarations(twice)["MODEL_SHAPES"] == many
+    assert twice.count("MODEL_SHAPES") == 1 and twice.count("# shapes of a model") == 1
+    assert declarations(twice)["BLOCK"] == 128
+    with pytest.raises(ExtractError, match="KERNEL_TYPE"):
+        set_model_shapes('"""no type"""\n', many)
+
+
+def _plan(*types):
+    return {"model": "TinyModel", "input_shape": [2, 64], "dtype": "float32", "entries": [
+        {"type": t, "rank": i + 1, "f": 0.1, "shapes": [{"shape": {"M": 128, "N": 64 * (i + 1)}, "time_us": 1.0}]}
+        for i, t in enumerate(types)]}
+
+
+def test_extract_writes_ranked_files_and_reports_missing_starters(tmp_path):
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / "kernels" / "rmsnorm.py").write_text(STARTER)
+    results = extract(_plan("not_written_yet", "rmsnorm"), top=5, backend="triton", out_dir=tmp_path / "out",
+                      root=tmp_path)
+    missing, written = results
+    assert missing.path is None and "kernels/not_written_yet.py does not exist" in missing.problem
+    assert written.path == tmp_path / "out" / "02_rmsnorm.py"
+    assert declarations(written.path.read_text())["MODEL_SHAPES"] == [{"M": 128, "N": 128}]
+    cuda = extract(_plan("rmsnorm"), top=1, backend="cuda", out_dir=tmp_path / "out", root=tmp_path)
+    assert cuda[0].path is None and "kernels/cuda/rmsnorm.py does not exist" in cuda[0].problem
+
+
+def test_a_starter_of_the_wrong_type_is_refused(tmp_path):
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / "kernels" / "softmax.py").write_text(STARTER)  # declares rmsnorm
+    with pytest.raises(ExtractError, match="expected 'softmax'"):
+        extract(_plan("softmax"), top=1, backend="triton", out_dir=tmp_path / "out", root=tmp_path)
+
+
+def _run(repo_root, *args):
+    return subprocess.run([sys.executable, *args], cwd=repo_root, capture_output=True, text=True, timeout=600,
+                          env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "TRITON_INTERPRET": "1"})
+
+
+@pytest.fixture(scope="module")
+def llama_plan(tmp_path_factory):
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path_factory.mktemp("ws")
+    r = _run(root, "profile.py", "--model", "models/llama.py", "--class-name", "LlamaModel", "--config", "tiny",
+             "--input-shape", "2,64", "--dtype", "float32", "--device", "cpu", "--output-dir", str(out))
+    assert r.returncode == 0, r.stderr
+    return out / "plan.json"
+
+
+def test_extract_cli_embeds_the_profiled_shapes(repo_root, llama_plan, tmp_path):
+    r = _run(repo_root, "extract.py", "--plan", str(llama_plan), "--top", "9", "--output-dir", str(tmp_path))
+    plan = json.loads(llama_plan.read_text())
+    for entry in plan["entries"]:
+        out = tmp_path / f"{entry['rank']:02d}_{entry['type']}.py"
+        if (repo_root / "kernels" / f"{entry['type']}.py").is_file():
+            decl = declarations(out.read_text())
+            assert decl["KERNEL_TYPE"] == entry["type"]
+            assert decl["MODEL_SHAPES"] == [s["shape"] for s in entry["shapes"]]
+        else:
+            assert not out.exists() and f"kernels/{entry['type']}.py does not exist" in r.stdout
+    assert r.returncode == (0 if all((repo_root / "kernels" / f"{e['type']}.py").is_file()
+                                     for e in plan["entries"]) else 1)
+
+
+def test_extract_cli_errors_are_one_line(repo_root, tmp_path):
+    r = _run(repo_root, "extract.py", "--plan", str(tmp_path / "none.json"))
+    assert r.returncode == 1 and "plan not found" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.slow
+def test_extracted_rmsnorm_passes_bench(repo_root, llama_plan, tmp_path):
+    if not (repo_root / "bench.py").is_file():
+        pytest.skip("bench.py is not there yet")
+    r = _run(repo_root, "extract.py", "--plan", str(llama_plan), "--top", "9", "--output-dir", str(tmp_path))
+    kernel = next(tmp_path.glob("*_rmsnorm.py"), None)
+    assert kernel is not None, r.stdout + r.stderr
+    b = _run(repo_root, "bench.py", str(kernel), "--device", "cpu", "--no-log", "--quick")
+    assert b.returncode == 0, b.stdout[-2000:] + b.stderr[-2000:]
+    assert "correctness: PASS" in b.stdout and "shape: M=128 N=128" in b.stdout

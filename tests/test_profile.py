@@ -1,0 +1,202 @@
+"""profile.py end to end on the tiny models (CPU time), the attribution rules, the plan's arithmetic,
+and profile.py living beside the standard library's `profile` module."""
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from autokernel import attribution, plan
+from autokernel.attribution import Op
+from autokernel.models import example_inputs, load_model
+from autokernel.profiling import profile_model
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # On a shared CPU, two OpenMP threads fighting for a core turn a 50 us matmul into 15 ms.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _profile(repo_root, path, cls, **overrides):
+    model = load_model(cls, model_file=str(repo_root / path), config="tiny")
+    if overrides:
+        model = type(model)("tiny", **overrides).eval()
+    return profile_model(model, example_inputs(model, (2, 64), "cpu", torch.float32), "cpu")
+
+
+EXPECTED = {  # the types each model really runs, and those its time must mostly go to
+    "llama": ("models/llama.py", "LlamaModel",
+              {"matmul", "fused_mlp", "rmsnorm", "rotary_embedding", "flash_attention"}, {"matmul", "fused_mlp"}),
+    "gpt2": ("models/gpt2.py", "GPT2Model", {"matmul", "layernorm", "flash_attention"}, {"matmul"}),
+    "bert": ("models/bert.py", "BertModel", {"matmul", "layernorm", "flash_attention"}, {"matmul"}),
+}
+
+
+@pytest.mark.parametrize("name", EXPECTED)
+def test_tiny_model_plan_is_consistent(repo_root, name):
+    path, cls, types, heavy = EXPECTED[name]
+    prof = _profile(repo_root, path, cls)
+    the_plan = plan.build_plan(prof)
+    assert set(prof["types"]) == types
+    shares = sum(e["f"] for e in the_plan["entries"]) + the_plan["other"]["f"]
+    assert shares == pytest.approx(1.0, abs=1e-6) and the_plan["covered_f"] <= 1.0
+    by_time = sorted(the_plan["entries"], key=lambda e: -e["f"])
+    assert by_time[0]["type"] in heavy, by_time  # matmul work dominates these models
+    for e in the_plan["entries"]:
+        assert e["gain"] == pytest.approx(1 / ((1 - e["f"]) + e["f"] / e["s"]))
+        assert e["shapes"], f"{e['type']} recorded no shapes"
+    gains = [e["gain"] for e in the_plan["entries"]]
+    assert gains == sorted(gains, reverse=True) and [e["rank"] for e in the_plan["entries"]] == list(
+        range(1, len(gains) + 1))
+
+
+def test_llama_shapes_are_the_real_ones(repo_root):
+    prof = _profile(repo_root, "models/llama.py", "LlamaModel")
+    shapes = {t: [s["shape"] for s in e["shapes"]] for t, e in prof["types"].items()}
+    assert {"M": 128, "N": 128} in shapes["rmsnorm"]  # batch*seq rows of width dim
+    assert {"T": 128, "H": 128, "I": 352} in shapes["fused_mlp"]
+    assert {"B": 2, "H": 4, "S": 64, "D": 32, "causal": True} in shapes["flash_attention"]
+    assert {"B": 2, "H": 4, "S": 64, "D": 32} in shapes["rotary_embedding"]  # q heads
+    assert {"B": 2, "H": 2, "S": 64, "D": 32} in shapes["rotary_embedding"]  # grouped KV heads
+    assert {"M": 128, "N": 512, "K": 128} in shapes["matmul"]  # the LM head
+    assert prof["types"]["rmsnorm"]["calls"] == 5 and prof["types"]["fused_mlp"]["calls"] == 2
+
+
+def test_rmsnorm_as_module_and_as_plain_ops_are_both_found(repo_root):
+    prof = _profile(repo_root, "models/llama.py", "LlamaModel", rmsnorm_as_ops=True)
+    # 4 norms written as ops inside the blocks, the final one still an RMSNorm module
+    assert prof["types"]["rmsnorm"]["calls"] == 5
+    assert prof["types"]["rmsnorm"]["shapes"][0]["shape"] == {"M": 128, "N": 128}
+    leftover = set(prof["other"]["ops"])
+    assert not leftover & {"aten::pow", "aten::mean", "aten::rsqrt", "aten::mul"}, leftover
+
+
+def test_manual_attention_shows_softmax_and_batched_matmuls(repo_root):
+    prof = _profile(repo_root, "models/gpt2.py", "GPT2Model", sdpa=False)
+    assert "softmax" in prof["types"] and "flash_attention" not in prof["types"]
+    assert {"M": 512, "N": 64} in [s["shape"] for s in prof["types"]["softmax"]["shapes"]]
+    assert {"B": 8, "M": 64, "N": 64, "K": 32} in [s["shape"] for s in prof["types"]["matmul"]["shapes"]]
+
+
+def _gpu_like_ops():
+    """What a GPU profile looks like: kernels attached to the op that launched them."""
+    return [
+        Op("autokernel.step", "step"),
+        Op("autokernel.module#0", "module", parent=0, module={"name": "attn", "cls": "Attention",
+                                                               "input_shape": [1, 8, 64]}),
+        Op("aten::linear", "op", parent=1, shapes=[[1, 8, 64], [192, 64]]),
+        Op("aten::mm", "op", parent=2, self_us=30.0, shapes=[[8, 64], [64, 192]],
+           kernels=("nvjet_hsh_128x256_64x4_2x1_v_bz_coopA_NTN",)),
+        Op("aten::_scaled_dot_product_flash_attention", "op", parent=1, self_us=20.0,
+           shapes=[[1, 2, 8, 32], [1, 2, 8, 32], [1, 2, 8, 32]], args=[None, None, None, 0.0, True],
+           kernels=("pytorch_flash::flash_fwd_kernel",)),
+        Op("my_ext::fused", "op", parent=1, self_us=5.0, kernels=("sm90_xmma_gemm_f16f16_f32",)),
+        Op("aten::add", "op", parent=0, self_us=4.0, kernels=("vectorized_elementwise_kernel",)),
+    ]
+
+
+def test_gpu_kernels_are_counted_once_and_recognised():
+    ops = _gpu_like_ops()
+    groups = {g.anchor: g for g in attribution.attribute(ops)}
+    assert sum(g.time_us for g in groups.values()) == 59.0  # every kernel exactly once
+    linear, sdpa, ext, add = groups[2], groups[4], groups[5], groups[6]
+    assert (linear.type, linear.time_us) == ("matmul", 30.0)  # the nvjet kernel, under linear -> mm
+    assert attribution.group_shape(linear, ops) == {"M": 8, "N": 192, "K": 64}
+    assert (sdpa.type, sdpa.time_us) == ("flash_attention", 20.0)
+    assert attribution.group_shape(sdpa, ops) == {"B": 1, "H": 2, "S": 8, "D": 32, "causal": True}
+    assert ext.type == "matmul"  # an op nobody knows, whose kernel is a gemm
+    assert (add.type, add.label) == ("other", "aten::add")
+
+
+def test_gated_mlp_takes_its_matmuls_and_a_gelu_mlp_does_not():
+    def mlp(cls, act):
+        return [Op("autokernel.step", "step"),
+                Op("autokernel.module#0", "module", parent=0, module={"name": "mlp", "cls": cls,
+                                                                       "input_shape": [4, 16]}),
+                Op("aten::linear", "op", parent=1, self_us=10.0, shapes=[[4, 16], [40, 16]]),
+                Op(act, "op", parent=1, self_us=1.0, shapes=[[4, 40]]),
+                Op("aten::mul", "op", parent=1, self_us=1.0)]
+    def by_type(ops):
+        table = {}
+        for g in attribution.attribute(ops):
+            table[g.type] = table.get(g.type, 0.0) + g.time_us
+        return table
+    assert by_type(mlp("LlamaMLP", "aten::silu")) == {"fused_mlp": 12.0}
+    assert by_type(mlp("GPT2MLP", "aten::gelu")) == {"matmul": 10.0, "other": 2.0}
+
+
+def test_plan_uses_measured_speedups_when_there_are_some(tmp_path):
+    prof = {"total_us": 100.0, "types": {
+        "rmsnorm": {"time_us": 10.0, "share": 0.1, "calls": 1, "shapes": []},
+        "matmul": {"time_us": 60.0, "share": 0.6, "calls": 1, "shapes": []}},
+        "other": {"time_us": 30.0, "share": 0.3, "ops": {}}}
+    starters = tmp_path / "starters.json"
+    starters.write_text(json.dumps({"matmul": {"speedup_vs_pytorch": 1.25}}))
+    the_plan = plan.build_plan(prof, plan.load_speedups(starters), source=str(starters))
+    first, second = the_plan["entries"]
+    assert (first["type"], first["s"], first["s_source"].startswith("measured")) == ("matmul", 1.25, True)
+    assert (second["type"], second["s"], second["s_source"]) == ("rmsnorm", plan.DEFAULT_SPEEDUPS["rmsnorm"],
+                                                                 "default")
+    assert first["gain"] == pytest.approx(1 / (0.4 + 0.6 / 1.25))
+    assert the_plan["amdahl_ceiling"] == pytest.approx(1 / 0.3)
+    assert the_plan["combined_gain"] == pytest.approx(1 / (0.3 + 0.6 / 1.25 + 0.1 / 2.0))
+    assert math.isclose(plan.amdahl_gain(0.5, 2.0), 4 / 3)
+
+
+def _run(repo_root, *args, cwd=None):
+    return subprocess.run([sys.executable, *args], cwd=cwd or repo_root, capture_output=True, text=True,
+                          timeout=300, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+
+
+def test_profile_cli_writes_profile_and_plan(repo_root, tmp_path):
+    r = _run(repo_root, "profile.py", "--model", "models/bert.py", "--class-name", "BertModel", "--config", "tiny",
+             "--input-shape", "2,32", "--dtype", "float32", "--device", "cpu", "--output-dir", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert "CPU mode" in r.stdout and "Amdahl ceiling" in r.stdout
+    the_plan = json.loads((tmp_path / "plan.json").read_text())
+    assert the_plan["cpu_mode"] and the_plan["input_shape"] == [2, 32] and the_plan["entries"]
+    assert set(json.loads((tmp_path / "profile.json").read_text())["types"]) == {e["type"] for e in
+                                                                                 the_plan["entries"]}
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--model", "models/nope.py", "--class-name", "X"], "model file not found: models/nope.py"),
+    (["--model", "models/llama.py", "--class-name", "Llama"], "no class 'Llama'"),
+    (["--model", "models/llama.py", "--class-name", "LlamaModel", "--input-shape", "1,abc"], "bad input shape"),
+    (["--model", "models/llama.py", "--class-name", "LlamaModel", "--dtype", "float8"], "unknown dtype 'float8'"),
+    (["--model", "models/llama.py", "--class-name", "LlamaModel", "--config", "tiny", "--input-shape", "1,9999"],
+     "at most 512"),
+    (["--module", "transformers", "--class-name", "AutoModelForCausalLM", "--config", "gpt2"], "pip install"),
+])
+def test_profile_cli_bad_input_is_one_clear_line(repo_root, tmp_path, args, message):
+    r = _run(repo_root, "profile.py", *args, "--device", "cpu", "--output-dir", str(tmp_path))
+    assert r.returncode != 0 and message in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+SHADOW_CHECKS = {
+    "cprofile": "import cProfile, pstats, io; p = cProfile.Profile(); p.runcall(sum, [1, 2]); "
+                "pstats.Stats(p, stream=io.StringIO()); cProfile.run('1')",
+    "stdlib_api": "import profile, sysconfig; assert profile.__file__.startswith(sysconfig.get_paths()['stdlib']); "
+                  "profile.Profile; profile.run('1')",
+    "torch_compile": "import torch; f = torch.compile(lambda x: x * 2 + 1, backend='eager'); "
+                     "assert f(torch.ones(3)).tolist() == [3.0, 3.0, 3.0]",
+}
+
+
+@pytest.mark.parametrize("check", SHADOW_CHECKS)
+def test_profile_py_does_not_break_the_stdlib_profile_module(repo_root, check):
+    r = _run(repo_root, "-c", SHADOW_CHECKS[check])  # from the repository root, where profile.py shadows
+    assert r.returncode == 0, r.stderr
+
+
+def test_cprofile_can_profile_a_script_in_the_repo_root(repo_root):
+    r = _run(repo_root, "-m", "cProfile", "-s", "cumtime", "extract.py", "--help")
+    assert r.returncode == 0 and "function calls" in r.stdout, r.stderr
