@@ -10,7 +10,7 @@ import pytest
 from autokernel import results
 
 ROOT = Path(__file__).resolve().parent.parent
-STARTER = (ROOT / "kernels" / "rmsnorm.py").read_text()
+STARTER = (ROOT / "tests" / "fixtures" / "honest_rmsnorm.py").read_text()
 
 
 def run_bench_py(cwd, *args):

@@ -11,7 +11,7 @@ import pytest
 from autokernel.runner import run_bench
 
 ROOT = Path(__file__).resolve().parent.parent
-STARTER = (ROOT / "kernels" / "rmsnorm.py").read_text()
+STARTER = (ROOT / "tests" / "fixtures" / "honest_rmsnorm.py").read_text()
 
 
 def planted(tmp_path, old: str, new: str, count: int = 1) -> Path:
@@ -27,11 +27,16 @@ def bench(path, **kw):
     return run_bench(path, **kw)
 
 
+# The guards that depend on the device (NaN-filled allocations, the dispatcher watch, a hang, a crash)
+# run on the GPU too when there is one.
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
 LAUNCH = "    return out.view(x.shape)\n"
 
 
 def test_honest_starter_passes_all_five_stages_and_is_timed():
-    result = bench(ROOT / "kernels" / "rmsnorm.py", timed=True)
+    result = bench(ROOT / "tests" / "fixtures" / "honest_rmsnorm.py", timed=True)
     assert result["status"] == "pass", result["reason"] + result["stderr_tail"]
     assert [s["name"] for s in result["stages"]] == ["smoke", "shape_sweep", "stability", "determinism",
                                                      "edge_cases"]
@@ -40,10 +45,11 @@ def test_honest_starter_passes_all_five_stages_and_is_timed():
     assert "not a performance figure" in result["log"]
 
 
-def test_torch_compute_inside_kernel_fn_is_rejected(tmp_path):
+@pytest.mark.parametrize("device", DEVICES)
+def test_torch_compute_inside_kernel_fn_is_rejected(tmp_path, device):
     path = planted(tmp_path, LAUNCH, "    xf = x.float()\n"
                    "    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight\n")
-    result = bench(path)
+    result = bench(path, device=device)
     assert result["status"] == "fail" and result["failed_stage"] == "smoke"
     assert "hands the work to PyTorch" in result["reason"] and "aten.pow" in result["reason"]
 
@@ -54,29 +60,32 @@ def test_importing_the_reference_is_rejected(tmp_path):
     assert result["failed_stage"] == "source" and "imports reference.py" in result["reason"]
 
 
-def test_cached_output_is_rejected(tmp_path):
+@pytest.mark.parametrize("device", DEVICES)
+def test_cached_output_is_rejected(tmp_path, device):
     path = planted(tmp_path, "def kernel_fn(x, weight, eps=1e-6):\n",
                    "_CACHE = {}\n\n\ndef kernel_fn(x, weight, eps=1e-6):\n"
                    "    key = (x.data_ptr(), tuple(x.shape))\n"
                    "    if key in _CACHE:\n        return _CACHE[key].clone()\n")
     path.write_text(path.read_text().replace(LAUNCH, "    _CACHE[key] = out.view(x.shape)\n" + LAUNCH))
-    result = bench(path)
+    result = bench(path, device=device)
     assert result["failed_stage"] == "smoke"
     assert "refilled with new values" in result["reason"]
 
 
-def test_unwritten_output_elements_are_rejected(tmp_path):
+@pytest.mark.parametrize("device", DEVICES)
+def test_unwritten_output_elements_are_rejected(tmp_path, device):
     # the grid misses the last row: its elements keep whatever the allocator left there
     path = planted(tmp_path, "grid = (triton.cdiv(m, ROWS_PER_PROGRAM),)", "grid = (max(1, m - 1),)")
-    result = bench(path)
+    result = bench(path, device=device)
     assert result["status"] == "fail"
     assert "NaN where the reference is finite" in result["reason"]
 
 
-def test_output_aliasing_an_input_is_rejected(tmp_path):
+@pytest.mark.parametrize("device", DEVICES)
+def test_output_aliasing_an_input_is_rejected(tmp_path, device):
     path = planted(tmp_path, "out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)",
                    "out = x2 if x2.is_contiguous() else torch.empty(x2.shape, dtype=x.dtype, device=x.device)")
-    result = bench(path)
+    result = bench(path, device=device)
     assert result["failed_stage"] == "smoke" and "shares memory with input 0" in result["reason"]
 
 
@@ -104,13 +113,14 @@ def test_dropping_eps_fails_the_stability_stage(tmp_path):
     assert result["failed_stage"] == "stability" and "near_zero" in result["reason"]
 
 
-def test_order_dependent_results_fail_the_determinism_stage(tmp_path):
+@pytest.mark.parametrize("device", DEVICES)
+def test_order_dependent_results_fail_the_determinism_stage(tmp_path, device):
     # every other call takes the looped variant: another summation order, other rounding
     path = planted(tmp_path, "def kernel_fn(x, weight, eps=1e-6):\n",
                    "_CALLS = [0]\n\n\ndef kernel_fn(x, weight, eps=1e-6):\n"
                    "    _CALLS[0] += 1\n    global VARIANT, CHUNK\n"
                    "    VARIANT, CHUNK = ('looped', 256) if _CALLS[0] % 2 else ('single_pass', 4096)\n")
-    result = bench(path)
+    result = bench(path, device=device)
     assert result["failed_stage"] == "determinism" and "differs bitwise" in result["reason"]
 
 
@@ -136,21 +146,29 @@ def test_outputs_of_timed_runs_are_checked():
         perf._check_timed_outputs(None, spec, sets, timed)
 
 
-def test_a_hang_is_a_timeout_within_the_limit(tmp_path):
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_hang_is_a_timeout_within_the_limit(tmp_path, device):
     path = planted(tmp_path, "def kernel_fn(x, weight, eps=1e-6):\n",
                    "def kernel_fn(x, weight, eps=1e-6):\n    while True:\n        pass\n")
-    result = bench(path, timeout=20)
+    result = bench(path, device=device, timeout=20)
     assert result["status"] == "timeout" and result["wall_s"] < 40
 
 
 @pytest.mark.parametrize("defect, expected", [
     ("    import os, signal\n    os.kill(os.getpid(), signal.SIGSEGV)\n", "killed by signal 11"),
-    ("    raise RuntimeError('illegal memory access (simulated)')\n", "illegal memory access"),
+    ("    raise RuntimeError('launcher failed')\n", "kernel_fn raised RuntimeError: launcher failed"),
 ])
 def test_a_crash_is_reported_with_its_error(tmp_path, defect, expected):
     path = planted(tmp_path, "def kernel_fn(x, weight, eps=1e-6):\n", "def kernel_fn(x, weight, eps=1e-6):\n" + defect)
     result = bench(path)
     assert result["status"] == "crash" and expected in result["reason"]
+
+
+@pytest.mark.gpu
+def test_an_illegal_memory_access_on_the_gpu_is_a_crash_not_a_dead_harness(tmp_path):
+    path = planted(tmp_path, "out_row = out_ptr + row * stride_out", "out_row = out_ptr + row * stride_out + (1 << 40)")
+    result = bench(path, device="cuda")
+    assert result["status"] == "crash" and result["failed_stage"] == "smoke"
 
 
 def test_the_roofline_guard_rejects_impossible_speed(monkeypatch):
