@@ -46,7 +46,7 @@ DEFAULT_OUTPUT = ROOT / "workspace"
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="profile.py", description=__doc__.split("\n\n")[0].split(": ", 1)[1].capitalize(),
+        prog="profile.py", description="Profile a PyTorch model and rank its kernel types by Amdahl's law.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Examples:\n" + "\n".join(__doc__.split("\n\n")[1].splitlines()))
     src = p.add_argument_group("the model (a file and class, or a package)")
