@@ -7,7 +7,8 @@ add+rsqrt, mul, mul) and moves the row about five times; one pass here is the wh
 
 Variants: "single_pass" keeps a whole row in registers (one read of x); "looped" streams the row in
 CHUNK-wide pieces twice (two reads of x, but any N fits). "auto" picks single_pass up to
-MAX_SINGLE_PASS columns.
+MAX_SINGLE_PASS columns. Short rows are packed several to a program (a 2-D tile) so that each
+program still moves a few KB per load instead of one 256-byte row.
 """
 
 import torch
@@ -19,45 +20,65 @@ KERNEL_TYPE = "rmsnorm"
 VARIANT = "auto"  # "auto" | "single_pass" | "looped"
 MAX_SINGLE_PASS = 16384  # columns; wider rows would spill registers in one pass
 CHUNK = 4096  # columns per step of the looped variant
-NUM_WARPS = 0  # warps per program; 0 = scale with the row (one warp per 256 columns, 1..16)
-ROWS_PER_PROGRAM = 1  # rows one program handles, one after another
+ROWS_PER_PROGRAM = 0  # rows per program (a power of two); 0 = auto: pack short rows up to TILE elements
+TILE = 4096  # elements; the auto tile size for short rows (16 per thread at 8 warps)
+MIN_PROGRAMS = 512  # programs; auto packing stops before the grid gets smaller (~4 per SM on H100)
+ELEMENTS_PER_WARP = 512  # elements; auto warps = tile / this (16 per thread = two 16-byte fp16 loads)
+NUM_WARPS = 0  # warps per program; 0 = auto from ELEMENTS_PER_WARP, 1..16
 
 TUNABLES = {
     "VARIANT": ["auto", "single_pass", "looped"],
+    "MAX_SINGLE_PASS": [8192, 16384, 32768],
     "CHUNK": [512, 1024, 2048, 4096, 8192],
+    "ROWS_PER_PROGRAM": [0, 1, 2, 4, 8, 16],
+    "TILE": [2048, 4096, 8192],
+    "ELEMENTS_PER_WARP": [256, 512, 1024],
     "NUM_WARPS": [0, 1, 2, 4, 8, 16, 32],
-    "ROWS_PER_PROGRAM": [1, 2, 4, 8],
 }
 
 
 @triton.jit
 def _rmsnorm_kernel(x_ptr, w_ptr, out_ptr, M, N, stride_x, stride_out, eps,
-                    BLOCK_N: tl.constexpr, SINGLE_PASS: tl.constexpr, ROWS: tl.constexpr):
-    for r in range(ROWS):
-        row = tl.program_id(0).to(tl.int64) * ROWS + r
-        if row < M:
-            x_row = x_ptr + row * stride_x
-            out_row = out_ptr + row * stride_out
-            if SINGLE_PASS:
-                cols = tl.arange(0, BLOCK_N)
-                mask = cols < N
-                x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
-                rstd = tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)
-                w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-                tl.store(out_row + cols, (x * rstd * w).to(out_ptr.dtype.element_ty), mask=mask)
-            else:
-                acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-                for start in range(0, N, BLOCK_N):
-                    cols = start + tl.arange(0, BLOCK_N)
-                    x = tl.load(x_row + cols, mask=cols < N, other=0.0).to(tl.float32)
-                    acc += x * x
-                rstd = tl.rsqrt(tl.sum(acc, axis=0) / N + eps)
-                for start in range(0, N, BLOCK_N):
-                    cols = start + tl.arange(0, BLOCK_N)
-                    mask = cols < N
-                    x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
-                    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-                    tl.store(out_row + cols, (x * rstd * w).to(out_ptr.dtype.element_ty), mask=mask)
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    mask = (rows < M)[:, None] & col_mask[None, :]
+    x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
+    w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+    y = x * rstd[:, None] * w[None, :]
+    tl.store(out_ptr + rows[:, None] * stride_out + cols[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rmsnorm_looped_kernel(x_ptr, w_ptr, out_ptr, N, stride_x, stride_out, eps, BLOCK_N: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * stride_x
+    out_row = out_ptr + row * stride_out
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for start in range(0, N, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        x = tl.load(x_row + cols, mask=cols < N, other=0.0).to(tl.float32)
+        acc += x * x
+    rstd = tl.rsqrt(tl.sum(acc, axis=0) / N + eps)
+    for start in range(0, N, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        mask = cols < N
+        x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(out_row + cols, (x * rstd * w).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _pow2_floor(n: int) -> int:
+    return 1 << (max(1, n).bit_length() - 1)
+
+
+def _tile(m: int, block_n: int) -> tuple[int, int]:
+    """(rows per program, warps) for tiles BLOCK_N columns wide."""
+    rows = ROWS_PER_PROGRAM or max(1, min(TILE // block_n, _pow2_floor(m // MIN_PROGRAMS)))
+    warps = NUM_WARPS or min(16, max(1, rows * block_n // ELEMENTS_PER_WARP))
+    return rows, warps
 
 
 def kernel_fn(x, weight, eps=1e-6):
@@ -68,11 +89,17 @@ def kernel_fn(x, weight, eps=1e-6):
     weight = weight.contiguous()
     out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     m = x2.shape[0]
+    if m == 0 or n == 0:
+        return out.view(x.shape)
     full_row = triton.next_power_of_2(n)
     single = VARIANT == "single_pass" or (VARIANT == "auto" and full_row <= MAX_SINGLE_PASS)
-    block = full_row if single else min(CHUNK, full_row)
-    warps = NUM_WARPS or min(16, max(1, block // 256))
-    grid = (triton.cdiv(m, ROWS_PER_PROGRAM),)
-    _rmsnorm_kernel[grid](x2, weight, out, m, n, x2.stride(0), out.stride(0), eps,
-                          BLOCK_N=block, SINGLE_PASS=single, ROWS=ROWS_PER_PROGRAM, num_warps=warps)
+    if single:
+        rows, warps = _tile(m, full_row)
+        _rmsnorm_kernel[(triton.cdiv(m, rows),)](x2, weight, out, m, n, x2.stride(0), out.stride(0), eps,
+                                                 BLOCK_M=rows, BLOCK_N=full_row, num_warps=warps)
+    else:
+        block = min(CHUNK, full_row)
+        warps = NUM_WARPS or min(16, max(1, block // ELEMENTS_PER_WARP))
+        _rmsnorm_looped_kernel[(m,)](x2, weight, out, n, x2.stride(0), out.stride(0), eps,
+                                     BLOCK_N=block, num_warps=warps)
     return out.view(x.shape)
