@@ -384,6 +384,14 @@ def _mlp_inputs(scale: float = 1.0):
     return make
 
 
+def _mlp_large_activations(shape, dtype, device, gen):
+    # h = silu(x Wg^T) * (x Wu^T) grows as scale^2 (up to ~10^3, where fp16 accumulation of the GEMMs
+    # would fail); w_down / scale^2 keeps the output O(1), so the absolute tolerance still means something
+    # and eager's own 16-bit rounding of h stays within it.
+    x, w_gate, w_up, w_down = _mlp_inputs(scale=8.0)(shape, dtype, device, gen)
+    return x, w_gate, w_up, w_down / 64
+
+
 register(KernelSpec(
     name="fused_mlp",
     reference=reference.fused_mlp_ref,
@@ -401,7 +409,7 @@ register(KernelSpec(
     # x read, three weight matrices read, the output written; the [T, I] intermediate never leaves chip
     bytes_moved=lambda s, dt: (2 * _numel(s, "B", "T", "H") + 3 * s["H"] * s["I"]) * _esize(dt),
     flops=lambda s: 6 * _numel(s, "B", "T", "H", "I"),
-    adversarial={"large_activations": _mlp_inputs(scale=8.0)},
+    adversarial={"large_activations": _mlp_large_activations},
     noncontiguous=lambda inputs: (_padded_rows(inputs[0]),) + tuple(inputs[1:]),
     description="SwiGLU MLP: down(silu(x @ w_gate.T) * (x @ w_up.T))",
 ))

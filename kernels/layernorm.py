@@ -29,7 +29,7 @@ CHUNK = 4096  # columns per step of the looped variant
 ROWS_PER_PROGRAM = 0  # rows per program (a power of two); 0 = auto: pack short rows up to TILE elements
 TILE = 4096  # elements; the auto tile size for short rows (16 per thread at 8 warps)
 MIN_PROGRAMS = 512  # programs; auto packing stops before the grid gets smaller (~4 per SM on H100)
-ELEMENTS_PER_WARP = 512  # elements; auto warps = tile / this (16 per thread = two 16-byte fp16 loads)
+ELEMENTS_PER_WARP = 1024  # elements; auto warps = tile / this (32 per thread: 4 warps for a 4096 chunk; H200 sweep best)
 NUM_WARPS = 0  # warps per program; 0 = auto from ELEMENTS_PER_WARP, 1..16
 
 TUNABLES = {

@@ -1,0 +1,430 @@
+"""The kernels verify.py plugs into a model: which file per type, and each one as a torch.library op.
+
+Which file: for each kernel type the best kernel is the loop's winner, `*<type>*_optimized.py` in
+the kernels directory (workspace/kernels by default), else the extracted starter `NN_<type>.py`
+there, else the shipped starter `kernels/<type>.py`. A file counts for a type by the KERNEL_TYPE it
+declares (read with ast, not by name alone); among several files of one kind the lowest rank number
+(the type's biggest share of the profile) wins, and the others are reported as passed over.
+
+Why custom ops: a Triton launch is opaque to torch.compile, so calling kernel_fn from a model makes
+dynamo break the graph at every call. Registered as `autokernel::<type>` with a fake implementation
+that only computes the output's shape and dtype, a kernel becomes one node of the graph, and the
+optimized model compiles whole. The ops are defined once per process (torch.library cannot redefine
+a name); what each op runs is looked up at call time in `_IMPLS`, so verify.py can plug in other
+files (or a single type, to find the kernel behind a mismatch) without redefining anything.
+
+Drop-in replacements: for each torch function a kernel stands for (F.scaled_dot_product_attention,
+F.softmax and torch.softmax, F.layer_norm, F.rms_norm, F.linear, F.cross_entropy, and rotary helpers
+of the reference's conventions) a wrapper with the function's own signature runs the op when a call
+fits the kernel and the original function otherwise, and records each call site with the reason
+(CallSites). Where the wrappers are patched in, and for how long, is swap.py's business.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from autokernel import kernelfile
+from autokernel.registry import get_spec, kernel_types
+
+NAMESPACE = "autokernel"
+
+# One schema per kernel type: kernel_fn's parameters, optional ones (eps, causal, sm_scale, dim)
+# always passed explicitly so the op never depends on a kernel file's defaults.
+SCHEMAS = {
+    "matmul": "(Tensor A, Tensor B) -> Tensor",
+    "softmax": "(Tensor x) -> Tensor",
+    "layernorm": "(Tensor x, Tensor weight, Tensor bias, float eps) -> Tensor",
+    "rmsnorm": "(Tensor x, Tensor weight, float eps) -> Tensor",
+    "flash_attention": "(Tensor Q, Tensor K, Tensor V, bool causal, float? sm_scale) -> Tensor",
+    "fused_mlp": "(Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down) -> Tensor",
+    "cross_entropy": "(Tensor logits, Tensor targets) -> Tensor",
+    "rotary_embedding": "(Tensor x, Tensor cos, Tensor sin) -> Tensor",
+    "reduce": "(Tensor x, int dim) -> Tensor",
+}
+
+# The output shape of each op from its inputs' shapes: all a fake implementation needs. Written out
+# rather than taken from the reference run on fake tensors, because verify.py patches F.* functions
+# while the optimized model is traced, and the references call those very functions.
+OUTPUT_SHAPES = {
+    "matmul": lambda A, B: (*A.shape[:-1], B.shape[-1]),
+    "softmax": lambda x: x.shape,
+    "layernorm": lambda x, weight, bias, eps: x.shape,
+    "rmsnorm": lambda x, weight, eps: x.shape,
+    "flash_attention": lambda Q, K, V, causal, sm_scale: (*Q.shape[:-1], V.shape[-1]),
+    "fused_mlp": lambda x, w_gate, w_up, w_down: (*x.shape[:-1], w_down.shape[0]),
+    "cross_entropy": lambda logits, targets: (),
+    "rotary_embedding": lambda x, cos, sin: x.shape,
+    "reduce": lambda x, dim: tuple(s for i, s in enumerate(x.shape) if i != dim % x.dim()),
+}
+
+_IMPLS: dict[str, Callable] = {}  # kernel type -> the kernel_fn its op runs now
+_LABELS: dict[str, str] = {}  # kernel type -> the file it came from, for error messages
+_DEFINED: dict[str, object] = {}  # kernel type -> its CustomOpDef (kept alive)
+
+
+class KernelCallError(RuntimeError):
+    """A plugged-in kernel raised; the message names the type and the file."""
+
+    def __init__(self, kernel_type: str, message: str):
+        super().__init__(message)
+        self.kernel_type = kernel_type
+
+
+@dataclass
+class KernelChoice:
+    type: str
+    path: Path
+    source: str  # "optimized" | "extracted" | "starter"
+    passed_over: list[Path] = field(default_factory=list)
+
+
+def _rank(path: Path) -> tuple[int, str]:
+    match = re.match(r"(\d+)_", path.name)
+    return (int(match.group(1)) if match else 10**6, path.name)
+
+
+def _declared_type(path: Path) -> str | None:
+    try:
+        return kernelfile.kernel_type(kernelfile.read_source(path), path.name)
+    except kernelfile.KernelFileError:
+        return None
+
+
+def find_kernels(kernels_dir: Path, starters_dir: Path, types: list[str] | None = None) -> dict[str, KernelChoice]:
+    """The best kernel file of every requested type (every type with a custom-op schema by default)."""
+    wanted = list(types) if types else [t for t in kernel_types() if t in SCHEMAS]
+    unknown = [t for t in wanted if t not in SCHEMAS]
+    if unknown:
+        raise ValueError(f"no custom op for kernel type(s) {', '.join(unknown)}; known: {', '.join(SCHEMAS)}")
+    by_type: dict[str, dict[str, list[Path]]] = {}
+    for path in sorted(Path(kernels_dir).glob("*.py")) if Path(kernels_dir).is_dir() else []:
+        declared = _declared_type(path)
+        if declared in wanted:
+            kind = "optimized" if path.stem.endswith("_optimized") else "extracted"
+            by_type.setdefault(declared, {}).setdefault(kind, []).append(path)
+    chosen = {}
+    for t in wanted:
+        found = by_type.get(t, {})
+        for kind in ("optimized", "extracted"):
+            if found.get(kind):
+                best, *rest = sorted(found[kind], key=_rank)
+                others = rest + (found.get("extracted", []) if kind == "optimized" else [])
+                chosen[t] = KernelChoice(t, best, kind, others)
+                break
+        else:
+            starter = Path(starters_dir) / f"{t}.py"
+            if starter.is_file():
+                chosen[t] = KernelChoice(t, starter, "starter")
+            elif types:  # asked for by name: say so rather than verify without it
+                raise ValueError(f"no {t} kernel in {kernels_dir} and no starter {starter}")
+    return chosen
+
+
+def load(choice: KernelChoice) -> Callable:
+    """Import the file, check kernel_fn's signature against the reference, and plug it into its op."""
+    try:
+        module = kernelfile.import_kernel(choice.path)
+    except kernelfile.KernelFileError:
+        raise
+    except Exception as e:  # a syntax error, a Triton API this version lacks, ...
+        raise kernelfile.KernelFileError(f"cannot import {choice.path}: {type(e).__name__}: {e}") from e
+    kernelfile.check_signature(module.kernel_fn, get_spec(choice.type).reference)
+    install(choice.type, module.kernel_fn, str(choice.path))
+    return module.kernel_fn
+
+
+def install(kernel_type: str, kernel_fn: Callable, label: str) -> None:
+    """Make `autokernel::<type>` run kernel_fn from now on (defining the op on first use)."""
+    _define(kernel_type)
+    _IMPLS[kernel_type] = kernel_fn
+    _LABELS[kernel_type] = label
+
+
+def op(kernel_type: str):
+    """The op to call from a model, e.g. op("rmsnorm")(x, weight, eps)."""
+    return _op_of(kernel_type)
+
+
+def _op_of(kernel_type: str):
+    if kernel_type not in _IMPLS:
+        raise KeyError(f"no kernel installed for {kernel_type!r}")
+    return getattr(getattr(torch.ops, NAMESPACE), kernel_type).default
+
+
+def _define(kernel_type: str) -> None:
+    if kernel_type in _DEFINED:
+        return
+    if kernel_type not in SCHEMAS:
+        raise ValueError(f"no custom-op schema for kernel type {kernel_type!r}")
+
+    def run(*args):
+        try:
+            out = _IMPLS[kernel_type](*args)
+        except Exception as e:
+            raise KernelCallError(kernel_type, f"the {kernel_type} kernel ({_LABELS[kernel_type]}) raised "
+                                               f"{type(e).__name__}: {e}") from e
+        # The fake below promises a contiguous tensor; a strided result would break that promise.
+        return out if out.is_contiguous() else out.contiguous()
+
+    def fake(*args):
+        return _fake_output(kernel_type, args)
+
+    definition = torch.library.custom_op(f"{NAMESPACE}::{kernel_type}", run, mutates_args=(),
+                                         schema=SCHEMAS[kernel_type])
+    definition.register_fake(fake)
+    _DEFINED[kernel_type] = definition
+
+
+def _fake_output(kernel_type: str, args) -> torch.Tensor:
+    """An empty contiguous tensor of the output's shape, in the first floating input's dtype (the kernel contract)."""
+    dtype = next(a.dtype for a in args if isinstance(a, torch.Tensor) and a.is_floating_point())
+    return args[0].new_empty(OUTPUT_SHAPES[kernel_type](*args), dtype=dtype)
+
+
+# ------------------------------------------------- drop-in replacements of torch functions
+KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+# torch functions as they are before any patch, so wrappers never call each other.
+_ORIGINALS = {name: getattr(F, name) for name in
+              ("scaled_dot_product_attention", "softmax", "layer_norm", "rms_norm", "linear", "cross_entropy")
+              if hasattr(F, name)}
+_TORCH_SOFTMAX = torch.softmax
+
+
+@dataclass
+class Site:
+    where: str  # module path, or the call's file:line (function)
+    what: str  # e.g. "Linear 128->384", "F.scaled_dot_product_attention"
+    kernel_type: str | None
+    swapped: bool
+    reason: str = ""  # why it was left alone (or why some calls were)
+    calls: int = 0  # calls that ran the kernel (eager runs)
+    fallbacks: int = 0  # calls that did not fit the kernel and ran the original
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def in_eager() -> bool:
+    """False while dynamo traces: call counting stays out of compiled graphs."""
+    return not torch.compiler.is_compiling()
+
+
+class CallSites:
+    """Sites of patched function calls, keyed by what was called and from where (eager runs only)."""
+
+    def __init__(self):
+        self.sites: dict[tuple[str, str], Site] = {}
+
+    def hit(self, what: str, kernel_type: str, reason: str | None = None, depth: int = 2) -> None:
+        frame = sys._getframe(depth)  # 0 hit, 1 the wrapper, 2 the model code that called the function
+        code = frame.f_code
+        where = f"{code.co_filename.rsplit('/', 1)[-1]}:{frame.f_lineno} {getattr(code, 'co_qualname', code.co_name)}"
+        site = self.sites.setdefault((what, where), Site(where, what, kernel_type, False))
+        if reason is None:
+            site.calls += 1
+            site.swapped = True
+        else:
+            site.fallbacks += 1
+            site.reason = reason
+
+
+def _attention_unfit(q, k, v, attn_mask, dropout_p, enable_gqa) -> str | None:
+    if attn_mask is not None:
+        return "an attention mask is given (the kernel takes causal or none)"
+    if dropout_p:
+        return "attention dropout"
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        return "not [batch, heads, seq, head_dim] tensors"
+    if q.dtype not in KERNEL_DTYPES or not q.dtype == k.dtype == v.dtype:
+        return f"dtypes {q.dtype}, {k.dtype}, {v.dtype}"
+    if q.shape[2] != k.shape[2] or k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
+        return "queries and keys differ in length (cross-attention or a KV cache)"
+    if q.shape[1] != k.shape[1] and not (enable_gqa and q.shape[1] % k.shape[1] == 0):
+        return "different head counts for queries and keys"
+    return None
+
+
+def _sdpa_wrapper(sites: CallSites):
+    original = _ORIGINALS["scaled_dot_product_attention"]
+    op = _op_of("flash_attention")
+
+    def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                                     scale=None, enable_gqa=False):
+        reason = _attention_unfit(query, key, value, attn_mask, dropout_p, enable_gqa)
+        if in_eager():
+            sites.hit("F.scaled_dot_product_attention", "flash_attention", reason)
+        if reason:
+            extra = {"enable_gqa": True} if enable_gqa else {}
+            return original(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, **extra)
+        if key.shape[1] != query.shape[1]:  # grouped-query attention: expand K/V to every query head
+            groups = query.shape[1] // key.shape[1]
+            key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+        return op(query, key, value, bool(is_causal), scale)
+
+    return scaled_dot_product_attention
+
+
+def _softmax_unfit(x, dim) -> str | None:
+    if dim is None or x.dim() == 0 or dim % x.dim() != x.dim() - 1:
+        return "not over the last dimension"
+    if x.dtype not in KERNEL_DTYPES or x.numel() == 0:
+        return f"dtype {x.dtype}" if x.numel() else "empty input"
+    return None
+
+
+def _softmax_wrappers(sites: CallSites):
+    op = _op_of("softmax")
+
+    def run(name, x, dim, dtype, fallback):
+        if dtype is not None:  # softmax(x, dtype=float32) is the softmax of x cast first
+            x = x.to(dtype)
+        reason = _softmax_unfit(x, dim)
+        if in_eager():
+            sites.hit(name, "softmax", reason, depth=3)
+        return fallback(x) if reason else op(x)
+
+    def f_softmax(input, dim=None, _stacklevel=3, dtype=None):
+        return run("F.softmax", input, dim, dtype, lambda x: _ORIGINALS["softmax"](x, dim))
+
+    def torch_softmax(input, dim, dtype=None):
+        return run("torch.softmax", input, dim, dtype, lambda x: _TORCH_SOFTMAX(x, dim))
+
+    return f_softmax, torch_softmax
+
+
+def _norm_unfit(input, normalized_shape, *params) -> str | None:
+    shape = tuple(normalized_shape)
+    if len(shape) != 1 or input.dim() == 0 or shape[0] != input.shape[-1]:
+        return "normalizes over more than the last dimension"
+    if input.dtype not in KERNEL_DTYPES or any(t is not None and t.dtype != input.dtype for t in params):
+        return "mixed or unsupported dtypes"
+    return None
+
+
+def _layer_norm_wrapper(sites: CallSites):
+    original, op = _ORIGINALS["layer_norm"], _op_of("layernorm")
+
+    def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
+        reason = _norm_unfit(input, normalized_shape, weight, bias)
+        if in_eager():
+            sites.hit("F.layer_norm", "layernorm", reason)
+        if reason:
+            return original(input, normalized_shape, weight, bias, eps)
+        # no affine weight or bias: ones and zeros compute the same, and the kernel takes tensors
+        weight = weight if weight is not None else input.new_ones(input.shape[-1])
+        return op(input, weight, bias if bias is not None else input.new_zeros(input.shape[-1]), eps)
+
+    return layer_norm
+
+
+def _rms_norm_wrapper(sites: CallSites):
+    original, op = _ORIGINALS["rms_norm"], _op_of("rmsnorm")
+
+    def rms_norm(input, normalized_shape, weight=None, eps=None):
+        reason = _norm_unfit(input, normalized_shape, weight)
+        if in_eager():
+            sites.hit("F.rms_norm", "rmsnorm", reason)
+        if reason:
+            return original(input, normalized_shape, weight, eps)
+        weight = weight if weight is not None else input.new_ones(input.shape[-1])
+        return op(input, weight, torch.finfo(input.dtype).eps if eps is None else eps)  # F.rms_norm's default
+
+    return rms_norm
+
+
+def _linear_wrapper(sites: CallSites):
+    original, op = _ORIGINALS["linear"], _op_of("matmul")
+
+    def linear(input, weight, bias=None):
+        fits = weight.dim() == 2 and input.dtype == weight.dtype and input.dtype in KERNEL_DTYPES
+        if in_eager():
+            sites.hit("F.linear", "matmul", None if fits else "mixed dtypes or a non-2-D weight")
+        if not fits:
+            return original(input, weight, bias)
+        y = op(input, weight.t())
+        return y if bias is None else y + bias
+
+    return linear
+
+
+def _cross_entropy_wrapper(sites: CallSites):
+    original, op = _ORIGINALS["cross_entropy"], _op_of("cross_entropy")
+
+    def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
+                      reduction="mean", label_smoothing=0.0):
+        reason = None
+        if weight is not None or size_average is not None or reduce is not None or label_smoothing:
+            reason = "class weights, label smoothing or legacy reduction arguments"
+        elif reduction != "mean" or ignore_index != -100:  # -100 targets: the kernel must skip them too
+            reason = f"reduction={reduction!r}, ignore_index={ignore_index} (the kernel: mean, -100)"
+        elif input.dim() != 2 or target.dim() != 1 or target.dtype != torch.long or input.dtype not in KERNEL_DTYPES:
+            reason = "not [N, V] logits with [N] integer targets"
+        if in_eager():
+            sites.hit("F.cross_entropy", "cross_entropy", reason)
+        if reason:
+            return original(input, target, weight, size_average, ignore_index, reduce, reduction, label_smoothing)
+        return op(input, target)
+
+    return cross_entropy
+
+
+def function_replacements(types, sites: CallSites) -> dict:
+    """Original torch function -> a drop-in replacement that runs the kernel where the call fits."""
+    found = {}
+    if "flash_attention" in types:
+        found[_ORIGINALS["scaled_dot_product_attention"]] = _sdpa_wrapper(sites)
+    if "softmax" in types:
+        found[_ORIGINALS["softmax"]], found[_TORCH_SOFTMAX] = _softmax_wrappers(sites)
+    if "layernorm" in types:
+        found[_ORIGINALS["layer_norm"]] = _layer_norm_wrapper(sites)
+    if "rmsnorm" in types and "rms_norm" in _ORIGINALS:
+        found[_ORIGINALS["rms_norm"]] = _rms_norm_wrapper(sites)
+    if "matmul" in types:
+        found[_ORIGINALS["linear"]] = _linear_wrapper(sites)
+    if "cross_entropy" in types:
+        found[_ORIGINALS["cross_entropy"]] = _cross_entropy_wrapper(sites)
+    return found
+
+
+def rotary_x_cos_sin(fn, sites: CallSites, name: str):
+    """fn(x, cos, sin) with cos, sin [seq, head_dim / 2]: the reference's own convention."""
+    op = _op_of("rotary_embedding")
+
+    def rotary(x, cos, sin):
+        fits = (x.dim() >= 2 and x.dtype in KERNEL_DTYPES and cos.dtype == sin.dtype == x.dtype
+                and tuple(cos.shape) == tuple(sin.shape) == (x.shape[-2], x.shape[-1] // 2))
+        if in_eager():
+            sites.hit(name, "rotary_embedding", None if fits else "tables not [seq, head_dim/2] in x's dtype")
+        return op(x, cos, sin) if fits else fn(x, cos, sin)
+
+    return rotary
+
+
+def rotary_q_k_cos_sin(fn, sites: CallSites, name: str):
+    """transformers' fn(q, k, cos, sin, position_ids=None, unsqueeze_dim=1) with cos, sin [1, seq, head_dim]
+    built as cat(freqs, freqs): their first halves are the reference's tables."""
+    op = _op_of("rotary_embedding")
+
+    def rotary(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
+        d = q.shape[-1]
+        fits = (position_ids is None and unsqueeze_dim == 1 and q.dim() == 4 and k.dim() == 4
+                and cos.dim() == 3 and cos.shape[0] == 1 and tuple(cos.shape) == tuple(sin.shape)
+                and cos.shape[1:] == (q.shape[2], d) and q.dtype in KERNEL_DTYPES
+                and q.dtype == k.dtype == cos.dtype == sin.dtype)
+        if in_eager():
+            sites.hit(name, "rotary_embedding", None if fits else "tables not [1, seq, head_dim] in q's dtype")
+        if not fits:
+            return fn(q, k, cos, sin, position_ids, unsqueeze_dim)
+        c, s = cos[0, :, : d // 2], sin[0, :, : d // 2]
+        return op(q, c, s), op(k, c, s)
+
+    return rotary

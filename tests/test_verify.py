@@ -1,0 +1,220 @@
+"""verify.py end to end on the CPU: the shipped models with every starter plugged in, a planted bug
+caught and named, the torch.compile path without graph breaks, and the site decisions of swap.py.
+
+Kernels run through Triton's interpreter, so the models are the tiny presets on a few tokens.
+"""
+
+import importlib.util
+import json
+import shutil
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import verify
+from autokernel import customops, swap
+
+MODELS = {  # model file -> (class, input shape, the kernel types that must have run in it)
+    "llama": ("LlamaModel", "1,8", {"matmul", "rmsnorm", "fused_mlp", "rotary_embedding", "flash_attention",
+                                    "cross_entropy"}),
+    "gpt2": ("GPT2Model", "1,8", {"matmul", "layernorm", "flash_attention", "cross_entropy"}),
+    "bert": ("BertModel", "1,8", {"matmul", "layernorm", "flash_attention"}),
+    "custom": ("CustomModel", "2,64", {"matmul", "layernorm", "softmax"}),
+}
+
+
+@pytest.fixture
+def interpreter(monkeypatch):
+    """Triton's interpreter for kernel files imported during the test, switched off again after."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+def run_verify(repo_root, tmp_path, capsys, model, *extra, device="cpu"):
+    cls, shape, _ = MODELS[model]
+    out = tmp_path / "report.json"
+    argv = ["--model", str(repo_root / "models" / f"{model}.py"), "--class-name", cls, "--config", "tiny",
+            "--input-shape", shape, "--device", device, "--checks", "1", "--json", str(out), *extra]
+    code = verify.main(argv)
+    printed = capsys.readouterr()
+    report = json.loads(out.read_text()) if out.exists() else None
+    return code, report, printed
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+def test_every_shipped_model_verifies_with_all_starters(repo_root, tmp_path, capsys, interpreter, model):
+    empty = tmp_path / "no_kernels"
+    empty.mkdir()
+    code, report, printed = run_verify(repo_root, tmp_path, capsys, model, "--kernels", str(empty), "--no-timing")
+    assert code == 0, printed.out + printed.err
+    assert report["correctness"]["status"] == "PASS"
+    assert report["correctness"]["worst_rel_l2"] < swap.REL_L2_TOLERANCE[torch.float16]
+    assert {k["source"] for k in report["kernels"].values()} == {"starter"}
+    assert MODELS[model][2] <= set(report["swapped_types"])
+    assert "correctness: PASS" in printed.out.split("\n---\n", 1)[1]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("model", list(MODELS))
+def test_every_shipped_model_verifies_and_compiles_whole_on_the_gpu(repo_root, tmp_path, capsys, model):
+    code, report, printed = run_verify(repo_root, tmp_path, capsys, model, "--kernels", str(tmp_path), "--compile",
+                                       device="cuda")
+    assert code == 0, printed.out + printed.err
+    assert MODELS[model][2] <= set(report["swapped_types"])
+    assert report["graph"]["graph_breaks"] == 0 and not report["cpu_mode"]
+    assert set(report["timing"]) == {"eager", "compile", "optimized", "optimized_compile"}
+
+
+def test_a_wrong_kernel_is_caught_and_named(repo_root, tmp_path, capsys, interpreter):
+    source = (repo_root / "kernels" / "rmsnorm.py").read_text()
+    correct = "rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)"
+    assert correct in source, "the planted bug no longer fits the starter"
+    kernels = tmp_path / "kernels"
+    kernels.mkdir()
+    # 5% too large: every kernel-level check would catch it, and so must the end-to-end one
+    (kernels / "01_rmsnorm_optimized.py").write_text(source.replace(correct, correct + " * 1.05"))
+    shutil.copy(repo_root / "kernels" / "matmul.py", kernels / "02_matmul.py")
+    code, report, printed = run_verify(repo_root, tmp_path, capsys, "llama", "--kernels", str(kernels),
+                                       "--types", "rmsnorm,matmul,rotary_embedding")
+    assert code == 1, printed.out + printed.err
+    c = report["correctness"]
+    assert c["status"] == "FAIL" and c["blamed"] == ["rmsnorm"]
+    assert c["blame"]["matmul"]["ok"] and c["blame"]["rotary_embedding"]["ok"]
+    assert report["kernels"]["rmsnorm"]["source"] == "optimized"
+    assert report["kernels"]["matmul"]["source"] == "extracted"
+    assert report["timing"] == {}  # a wrong model is not timed
+    assert "blamed: rmsnorm" in printed.out
+
+
+def test_compile_path_times_all_four_and_has_no_graph_breaks(repo_root, tmp_path, capsys, interpreter):
+    code, report, printed = run_verify(repo_root, tmp_path, capsys, "llama", "--compile",
+                                       "--kernels", str(tmp_path))
+    assert code == 0, printed.out + printed.err
+    assert report["graph"]["graph_breaks"] == 0 and report["graph"]["graphs"] == 1
+    assert set(report["timing"]) == {"eager", "compile", "optimized", "optimized_compile"}
+    assert all(t["ms"] > 0 for t in report["timing"].values())
+    assert report["cpu_mode"] and "NOT performance figures" in printed.out
+
+
+def test_bad_input_is_one_clear_error(repo_root, tmp_path, capsys, interpreter):
+    code, _, printed = run_verify(repo_root, tmp_path, capsys, "llama", "--types", "rmsnorm,bogus")
+    assert code == 2 and "bogus" in printed.err and "Traceback" not in printed.err
+    code = verify.main(["--model", str(tmp_path / "nope.py"), "--class-name", "X", "--device", "cpu"])
+    assert code == 2 and "model file not found" in capsys.readouterr().err
+
+
+def test_the_best_kernel_of_each_type_is_chosen(repo_root, tmp_path):
+    starter = (repo_root / "kernels" / "rmsnorm.py").read_text()
+    for name in ("01_rmsnorm.py", "01_rmsnorm_optimized.py", "05_rmsnorm_optimized.py"):
+        (tmp_path / name).write_text(starter)
+    (tmp_path / "03_matmul.py").write_text((repo_root / "kernels" / "matmul.py").read_text())
+    (tmp_path / "notes_softmax.py").write_text("x = 1\n")  # no KERNEL_TYPE: not a kernel
+    chosen = customops.find_kernels(tmp_path, repo_root / "kernels", ["rmsnorm", "matmul", "softmax"])
+    assert chosen["rmsnorm"].path.name == "01_rmsnorm_optimized.py" and chosen["rmsnorm"].source == "optimized"
+    assert {p.name for p in chosen["rmsnorm"].passed_over} == {"05_rmsnorm_optimized.py", "01_rmsnorm.py"}
+    assert chosen["matmul"].source == "extracted"
+    assert chosen["softmax"].source == "starter" and chosen["softmax"].path.parent == repo_root / "kernels"
+
+
+class GemmaRMSNorm(nn.Module):  # (1 + w) * x_hat: named like an RMSNorm, not the reference's
+    def __init__(self, n):
+        super().__init__()
+        self.weight, self.eps = nn.Parameter(torch.zeros(n)), 1e-6
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * (1 + self.weight)
+
+
+class GeluMLP(nn.Module):  # three Linears shaped like SwiGLU, but GELU
+    def __init__(self, h, i):
+        super().__init__()
+        self.gate, self.up = nn.Linear(h, i, bias=False), nn.Linear(h, i, bias=False)
+        self.down = nn.Linear(i, h, bias=False)
+
+    def forward(self, x):
+        return self.down(F.gelu(self.gate(x)) * self.up(x))
+
+
+class Toy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm, self.mlp = GemmaRMSNorm(32), GeluMLP(32, 64)
+
+    def forward(self, x):
+        h = self.mlp(self.norm(x))
+        q = h.view(1, 2, -1, 16)
+        mask = torch.ones(q.shape[2], q.shape[2], dtype=torch.bool).tril()
+        return F.scaled_dot_product_attention(q, q, q, attn_mask=mask) + F.scaled_dot_product_attention(q, q, q)
+
+
+def test_sites_that_differ_from_the_reference_are_left_alone_with_the_reason(repo_root, interpreter):
+    for t in ("rmsnorm", "fused_mlp", "flash_attention"):
+        customops.load(customops.find_kernels(repo_root / "kernels", repo_root / "kernels", [t])[t])
+    toy = Toy().eval()
+    optimized = swap.build(toy, ["rmsnorm", "fused_mlp", "flash_attention"])
+    x = torch.randn(8, 32)
+    with torch.no_grad():
+        assert swap.rel_l2(optimized(x), toy(x)) < 1e-4
+    sites = {s.what.split("(")[0]: s for s in optimized.sites()}
+    assert not sites["GemmaRMSNorm"].swapped and "something else" in sites["GemmaRMSNorm"].reason
+    assert not sites["GeluMLP"].swapped and "something else" in sites["GeluMLP"].reason
+    sdpa = sites["F.scaled_dot_product_attention"]
+    assert sdpa.calls == 1 and sdpa.fallbacks == 1 and "mask" in sdpa.reason
+    assert F.scaled_dot_product_attention is swap.customops._ORIGINALS["scaled_dot_product_attention"]
+
+
+def test_a_norm_computed_inline_is_reported_unused_and_its_module_still_reads(repo_root, interpreter):
+    spec = importlib.util.spec_from_file_location("llama_for_verify", repo_root / "models" / "llama.py")
+    llama = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(llama)
+    model = llama.LlamaModel("tiny", rmsnorm_as_ops=True).eval()  # blocks read norm.weight, norm.eps inline
+    customops.load(customops.find_kernels(repo_root / "kernels", repo_root / "kernels", ["rmsnorm"])["rmsnorm"])
+    optimized = swap.build(model, ["rmsnorm"])
+    assert type(model.norm) is llama.RMSNorm and type(optimized.model.norm) is swap.KernelRMSNorm  # a copy
+    assert optimized.model.norm.weight is model.norm.weight  # over the same weights
+    ids = torch.randint(0, model.config.vocab_size, (1, 8))
+    with torch.no_grad():
+        assert swap.rel_l2(optimized(ids), model(ids)) < swap.REL_L2_TOLERANCE[torch.float32]
+    calls = {s.where: s.calls for s in optimized.sites()}
+    assert calls["norm"] == 1 and calls["layers.0.attn_norm"] == 0 and calls["layers.1.mlp_norm"] == 0
+
+
+def test_a_kernel_that_raises_is_a_fail_naming_it(repo_root, tmp_path, capsys, interpreter):
+    kernels = tmp_path / "kernels"
+    kernels.mkdir()
+    source = (repo_root / "kernels" / "softmax.py").read_text()
+    planted = source.replace("def kernel_fn(x):\n", "def kernel_fn(x):\n    raise IndexError('planted')\n")
+    assert planted != source
+    (kernels / "softmax_optimized.py").write_text(planted)
+    code, report, printed = run_verify(repo_root, tmp_path, capsys, "custom", "--kernels", str(kernels),
+                                       "--types", "softmax")
+    assert code == 1, printed.out + printed.err
+    assert report["correctness"]["blamed"] == ["softmax"]
+    assert "softmax_optimized.py" in report["correctness"]["reason"] and "planted" in report["correctness"]["reason"]
+    assert F.softmax is customops._ORIGINALS["softmax"] and torch.softmax is customops._TORCH_SOFTMAX  # undone
+
+
+class Functional(nn.Module):  # norms and softmax written as torch functions, some in forms the kernels do not take
+    def __init__(self):
+        super().__init__()
+        self.w, self.b = nn.Parameter(torch.randn(32)), nn.Parameter(torch.randn(32))
+
+    def forward(self, x):
+        norms = F.rms_norm(x, (32,), self.w, 1e-5) + F.layer_norm(x, (32,), self.w, self.b) + F.layer_norm(x, (32,))
+        whole = F.layer_norm(x, (8, 32))  # over two dims: left alone
+        return norms + whole + torch.softmax(x, dim=0) + F.softmax(x, -1, dtype=torch.float32)
+
+
+def test_functional_forms_are_swapped_where_they_fit(repo_root, interpreter):
+    for t in ("rmsnorm", "layernorm", "softmax"):
+        customops.load(customops.find_kernels(repo_root / "kernels", repo_root / "kernels", [t])[t])
+    model, x = Functional(), torch.randn(8, 32)
+    optimized = swap.build(model, ["rmsnorm", "layernorm", "softmax"])
+    with torch.no_grad():
+        assert swap.rel_l2(optimized(x), model(x)) < swap.REL_L2_TOLERANCE[torch.float32]
+    calls = {}
+    for s in optimized.sites():
+        calls.setdefault(s.what, []).append((s.calls, s.fallbacks))
+    assert sorted(calls["F.layer_norm"]) == [(0, 1), (2, 0)] and calls["F.rms_norm"] == [(1, 0)]
+    assert calls["torch.softmax"] == [(0, 1)] and calls["F.softmax"] == [(1, 0)]
