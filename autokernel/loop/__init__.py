@@ -1,0 +1,448 @@
+"""The keep-or-reset loop behind orchestrate.py.
+
+For the kernel with the most end-to-end gain left: copy it into kernel.py, commit and bench it (the
+baseline); then again and again ask the agent for one change, commit it ("exp N <kernel>: ..."),
+bench it in a child process, keep the commit if it is correct and faster than the best kept version
+by more than max(1%, the noise measured at the baseline), else reset the branch to the best. Every
+experiment is one results.tsv row carrying its commit (reverted commits stay reachable by sha for
+`git show` until git's garbage collection). Only kernel.py may change: whatever else the agent
+touched is put back and the experiment counts as reverted. A kernel ends after --max-reverts in a row,
+at the target speedup or fraction of peak, at its time budget, or when the agent has nothing left.
+
+Crash safety. workspace/loop_state.json (written atomically) holds the queue, each kernel's best
+commit, and the experiment in flight. An experiment's outcome is written there before its row goes
+to results.tsv and before the state moves on, so a restart after kill -9 at any moment either finds
+the outcome and finishes recording it, or finds none and resets the branch to the best commit and
+does the experiment again: no kept experiment is lost, no unrecorded commit stays on the branch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from autokernel import results
+from autokernel.agents import Agent, AgentError, Proposal, Task
+from autokernel.gitlog import KERNEL_PATH, GitError, GitLog
+from autokernel.loop.state import LoopError, StateFile, job_row_history, repo_lock
+from autokernel.report import format_duration, format_us, progress_line
+
+MIN_GAIN_PCT = 1.0  # a change must beat the best by more than this (or the baseline noise, if larger)
+LAST_LOG_CHARS = 8000  # of the harness output kept for the next prompt
+HARNESS_FILES = ("bench.py", "reference.py", "autokernel/*.py", "autokernel/**/*.py")
+
+
+@dataclass
+class LoopConfig:
+    tag: str
+    hours: float = 8.0  # wall-clock budget of this run
+    max_experiments: int | None = None  # benches in this run, baselines included
+    per_kernel_minutes: float | None = None  # default: hours spread evenly over the kernels left
+    max_reverts: int = 5
+    target_speedup: float = 2.0  # over the kernel's baseline
+    target_pct_peak: float = 90.0  # of the GPU's roofline ceiling (ignored in CPU mode)
+    min_gain_pct: float = MIN_GAIN_PCT
+    device: str | None = None
+    quick: bool = False
+    dtype: str = "fp16"
+    bench_timeout: float | None = None
+    seed: int = 0  # of the builtin agent's search order
+
+
+def decide(result: dict, best_us: float | None, threshold_pct: float) -> tuple[str, str]:
+    """(status, why) of a benched candidate: keep, revert, crash or timeout."""
+    status = result.get("status")
+    if status in ("crash", "timeout"):
+        return status, _first_line(result.get("reason")) or status
+    if status != "pass" or result.get("correctness") != "PASS":
+        return "revert", f"FAIL at {result.get('failed_stage') or 'harness'}: {_first_line(result.get('reason'))}"
+    latency = result["latency_us"]
+    if best_us is None:
+        return "keep", "first correct version"
+    gain = 100.0 * (best_us - latency) / best_us
+    if gain > threshold_pct:
+        return "keep", f"{gain:.1f}% faster than {format_us(best_us)}"
+    return "revert", f"{gain:+.1f}% vs {format_us(best_us)}, needs > {threshold_pct:.1f}%"
+
+
+def harness_hashes(root: Path) -> dict[str, str]:
+    found = {p for pattern in HARNESS_FILES for p in root.glob(pattern) if p.is_file()}
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(found)}
+
+
+def _first_line(text) -> str:
+    lines = (text or "").strip().splitlines()
+    return lines[0][:300] if lines else ""
+
+
+class Loop:
+    def __init__(self, root: str | Path, config: LoopConfig, agent: Agent, jobs: list[dict] | None = None,
+                 bench=None, ui=None):
+        self.root = Path(root).resolve()
+        self.cfg = config
+        self.agent = agent
+        self.new_jobs = jobs or []
+        self.bench = bench
+        self.ui = ui  # .print(text) for a line, .status(text) for the live line; None: quiet
+        self.results_path = self.root / "results.tsv"
+        self.state = StateFile(self.root, config.tag)
+        self.git: GitLog | None = None
+        self.started = time.time()
+        self.benched = 0  # benches in this run
+
+    # ---------------------------------------------------------------------- public
+    def run(self) -> str:
+        """Work until every kernel is done or a budget runs out. Returns why it stopped."""
+        with repo_lock(self.root):
+            self._start()
+            try:
+                return self._work()
+            except KeyboardInterrupt:
+                self._interrupted()
+                raise
+            except Exception:
+                self._abandon()
+                raise
+
+    # ---------------------------------------------------------------------- start and resume
+    def _start(self) -> None:
+        self.git = GitLog(self.root)
+        branch = f"autokernel/{self.cfg.tag}"
+        if not self.state.load():
+            if self.git.branch_exists(branch):
+                raise LoopError(f"branch {branch} exists but {self.state.path} holds no state for it: "
+                                f"choose another --tag, or delete the branch (git branch -D {branch})")
+            if not self.new_jobs:
+                raise LoopError("nothing to optimize: pass --plan or --kernel")
+            self.git.require_clean()
+            self.git.checkout_branch(branch)
+            self.state.create(branch, self.new_jobs, self.git.head())
+            self._say(f"started {branch} with {len(self.new_jobs)} kernel(s)")
+        else:
+            if self.git.branch() != branch:
+                self.git.require_clean()
+                self.git.checkout_branch(branch)
+            self._reconcile()
+            self.git.require_clean()
+            if self.git.head() != self.state.data["head"]:
+                raise LoopError(f"{branch} is at {self.git.head()[:10]} but the loop left it at "
+                                f"{self.state.data['head'][:10]}: put it back (git reset --hard "
+                                f"{self.state.data['head'][:10]}) or start a new --tag")
+            self._say(f"resumed {branch} at experiment {self.state.data['next_experiment']}")
+        self.state.data["seed"] = self.cfg.seed  # `orchestrate.py next` shows the same search order
+        self.harness = harness_hashes(self.root)
+        pending = [j for j in self.state.jobs if j["status"] != "done"]
+        minutes = self.cfg.per_kernel_minutes or self.cfg.hours * 60 / max(1, len(pending))
+        self.kernel_budget_s = minutes * 60
+
+    def _reconcile(self) -> None:
+        """Finish or undo the experiment a kill interrupted (see the module docstring)."""
+        inflight = self.state.data.get("inflight")
+        if not inflight:
+            return
+        keep_untracked = set(inflight["untracked"])
+        if inflight.get("outcome"):
+            row = inflight["row"]
+            if not any(r["tag"] == row["tag"] and r["experiment"] == str(row["experiment"])
+                       for r in results.read_rows(self.results_path)):
+                results.append_row(row, self.results_path)
+            kept = inflight["outcome"]["status"] in ("keep", "baseline")
+            self._reset_to(row["commit"] if kept else inflight["base"], keep_untracked,
+                           inflight["phase"] == "bench")
+            self._apply(self.state.job(inflight["kernel"]), inflight)
+            self._say(f"resume: recorded experiment {row['experiment']} that a kill interrupted")
+        else:
+            self._reset_to(inflight["base"], keep_untracked, inflight["phase"] == "bench")
+            self.state.data["inflight"] = None
+            self.state.save()
+            self._say(f"resume: experiment {inflight['experiment']} was interrupted; it is done again")
+
+    def _reset_to(self, sha: str, keep_untracked: set, kernel_only: bool = False) -> None:
+        head = self.git.head()
+        if head != sha and not self.git.is_ancestor(sha, head):
+            raise LoopError(f"cannot resume: {sha[:10]} is not an ancestor of HEAD {head[:10]}")
+        if kernel_only:
+            self.git.reset_kernel(sha)
+        else:
+            self.git.reset_hard(sha, keep_untracked)
+
+    def _undo(self, inflight: dict) -> None:
+        """Back to the best: all the agent touched while it worked, only kernel.py once it is done."""
+        if inflight["phase"] == "bench":
+            self.git.reset_kernel(inflight["base"])
+        else:
+            self.git.reset_hard(inflight["base"], set(inflight["untracked"]))
+
+    # ---------------------------------------------------------------------- the loop
+    def _work(self) -> str:
+        while True:
+            job = self.state.next_job()
+            if job is None:
+                return "every kernel is done"
+            reason = self._kernel_finished(job)
+            if reason:
+                self._finish(job, reason)
+                continue
+            stop = self._run_budget_left()
+            if stop:
+                return stop
+            self._check_harness()  # before the agent too: an edit made meanwhile is not the agent's
+            if job["baseline_sha"] is None:
+                self._baseline(job)
+            else:
+                self._experiment(job)
+
+    def _run_budget_left(self) -> str | None:
+        if time.time() - self.started >= self.cfg.hours * 3600:
+            return f"the {self.cfg.hours:g} h budget is used"
+        if self.cfg.max_experiments is not None and self.benched >= self.cfg.max_experiments:
+            return f"{self.benched} experiments run (--max-experiments)"
+        return None
+
+    def _kernel_finished(self, job: dict) -> str | None:
+        if job["baseline_sha"] is None:
+            return None
+        if job["reverts_in_row"] >= self.cfg.max_reverts:
+            return f"{job['reverts_in_row']} reverts in a row"
+        if job.get("best_pct_peak") is not None and job["best_pct_peak"] >= self.cfg.target_pct_peak:
+            return f"{job['best_pct_peak']:.0f}% of peak reached"
+        if job["baseline_us"] and job["best_us"] and job["baseline_us"] / job["best_us"] >= self.cfg.target_speedup:
+            return f"{job['baseline_us'] / job['best_us']:.2f}x over the baseline reached"
+        if job["seconds"] >= self.kernel_budget_s:
+            return f"its {self.kernel_budget_s / 60:.0f} min budget is used"
+        return None
+
+    def _finish(self, job: dict, reason: str) -> None:
+        job["status"], job["reason"] = "done", reason
+        self._save_optimized(job)
+        self.state.save()
+        self._say(f"[bold]{job['name']} done[/bold]: {reason}; best {format_us(job['best_us'])} "
+                  f"saved to {self._optimized_path(job).relative_to(self.root)}")
+
+    def _optimized_path(self, job: dict) -> Path:
+        return self.root / "workspace" / "kernels" / f"{job['name']}_optimized.py"
+
+    def _save_optimized(self, job: dict) -> None:
+        if job["best_sha"]:
+            path = self._optimized_path(job)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(self.git.file_at(job["best_sha"], KERNEL_PATH) + "\n")
+
+    # ---------------------------------------------------------------------- one experiment
+    def _begin(self, job: dict, kind: str) -> dict:
+        job["status"] = "active"
+        inflight = {"experiment": self.state.data["next_experiment"], "kernel": job["name"], "kind": kind,
+                    "phase": "edit", "base": self.git.head(), "untracked": sorted(self.git.untracked()),
+                    "started": time.time()}
+        self.state.data["inflight"] = inflight
+        self.state.save()
+        return inflight
+
+    def _baseline(self, job: dict) -> None:
+        inflight = self._begin(job, "baseline")
+        source = Path(job["source"]) if Path(job["source"]).is_absolute() else self.root / job["source"]
+        (self.root / KERNEL_PATH).write_text(source.read_text())
+        self._bench_commit(job, inflight, Proposal(f"baseline from {job['source']}"))
+
+    def _experiment(self, job: dict) -> None:
+        inflight = self._begin(job, "experiment")
+        task = self._task(job, inflight["experiment"])
+        log_before = self.results_path.read_bytes() if self.results_path.exists() else None
+        self._status(job, "agent at work")
+        try:
+            proposal = self.agent.propose(task)
+        except AgentError as e:
+            return self._discard(job, inflight, Proposal("(agent failed)"), str(e))
+        if proposal is None:
+            self._undo(inflight)
+            self.state.data["inflight"] = None
+            return self._finish(job, "the agent has nothing left to try")
+        others = self._touched(inflight, log_before)
+        if others:
+            return self._discard(job, inflight, proposal, f"touched other files: {', '.join(others[:5])}")
+        if KERNEL_PATH not in self.git.changes():
+            return self._discard(job, inflight, proposal, "kernel.py is unchanged")
+        self._bench_commit(job, inflight, proposal)
+
+    def _touched(self, inflight: dict, log_before: bytes | None) -> list[str]:
+        """Paths other than kernel.py the agent changed; undoes any commit or branch switch it made."""
+        branch = self.state.data["branch"]
+        if self.git.branch() != branch:
+            self.git.repo.git.checkout("-f", branch)
+            return [f"git branch (switched to {self.git.branch() or 'a detached HEAD'})"]
+        if self.git.head() != inflight["base"]:
+            self.git.reset_mixed(inflight["base"])  # the agent committed: keep its edit, drop its commit
+        before = set(inflight["untracked"])
+        others = [p for p, code in self.git.changes().items() if p != KERNEL_PATH and not
+                  (code == "??" and p in before)]
+        log_now = self.results_path.read_bytes() if self.results_path.exists() else None
+        if log_now != log_before:
+            if log_before is None:
+                self.results_path.unlink()
+            else:
+                self.results_path.write_bytes(log_before)
+            others.append("results.tsv")
+        return sorted(others)
+
+    def _discard(self, job: dict, inflight: dict, proposal: Proposal, why: str) -> None:
+        """An experiment that never reached the harness: tree back to the best, a revert row."""
+        self.git.reset_hard(inflight["base"], set(inflight["untracked"]))
+        self._record(job, inflight, proposal, "revert", None, None, why)
+
+    def _bench_commit(self, job: dict, inflight: dict, proposal: Proposal) -> None:
+        n = inflight["experiment"]
+        subject = f"exp {n} {job['name']}: {proposal.description}"
+        inflight.update(phase="bench", candidate=self.git.commit_kernel(subject),
+                        proposal={"description": proposal.description, "meta": proposal.meta})
+        self.state.save()
+        self._check_harness()
+        self._status(job, f"benching: {proposal.description}")
+        result = self._run_bench(reuse_baselines=inflight["kind"] != "baseline")
+        self.benched += 1
+        if inflight["kind"] == "baseline":
+            status, why = "baseline", _first_line(result.get("reason")) if result.get("status") != "pass" else ""
+        else:
+            threshold = max(self.cfg.min_gain_pct, job.get("noise_pct") or 0.0)
+            status, why = decide(result, job["best_us"], threshold)
+        sha = self.git.amend_message(self._message(subject, status, why, result, job))
+        if status not in ("keep", "baseline"):
+            self.git.reset_kernel(inflight["base"])
+        self._record(job, inflight, proposal, status, sha, result, why)
+
+    def _run_bench(self, reuse_baselines: bool) -> dict:
+        """The harness on kernel.py. torch.compile's time is measured at the baseline and reused after:
+        the shape does not change between experiments, and compiling it again costs seconds each."""
+        bench = self.bench
+        if bench is None:
+            from autokernel.runner import run_bench as bench  # imports torch: only when benching
+        return bench(str(self.root / KERNEL_PATH), device=self.cfg.device, quick=self.cfg.quick,
+                     timeout=self.cfg.bench_timeout, dtype=self.cfg.dtype, reuse_baselines=reuse_baselines)
+
+    def _check_harness(self) -> None:
+        now = harness_hashes(self.root)
+        changed = sorted(p for p in set(now) | set(self.harness) if now.get(p) != self.harness.get(p))
+        if changed:
+            raise LoopError(f"harness files changed while the loop ran ({', '.join(changed[:5])}); "
+                            "benchmarks would not be comparable, so the loop stops. Restore them "
+                            "(git checkout -- <file>) and start the loop again.")
+
+    def _message(self, subject: str, status: str, why: str, result: dict, job: dict) -> str:
+        latency = result.get("latency_us") if result.get("status") == "pass" else None
+        parts = [status] + ([format_us(latency)] if latency else [])
+        base = job["baseline_us"] or (latency if status == "baseline" else None)
+        if latency and base:
+            parts.append(f"{base / latency:.2f}x baseline")
+        body = [f"{k}: {result.get(k)}" for k in ("correctness", "latency_us", "speedup_vs_pytorch",
+                                                  "speedup_vs_compile", "pct_peak", "device", "gpu")]
+        return f"{subject} | {' '.join(parts)}\n\n{why}\n\n" + "\n".join(body)
+
+    # ---------------------------------------------------------------------- recording
+    def _record(self, job, inflight, proposal, status, sha, result, why) -> None:
+        """Outcome into the state first, then the row, then the state moves on (see the docstring)."""
+        result = result or {}
+        description = proposal.description + (f" ({why})" if why else "")
+        row = {
+            "experiment": inflight["experiment"], "tag": self.cfg.tag, "kernel_type": job["type"],
+            "kernel_file": job["source"], "commit": sha or "", "status": status,
+            "correctness": result.get("correctness", ""), "device": result.get("gpu", ""),
+            "worker": socket.gethostname(), "agent": self.agent.name, "description": description,
+            **{k: result.get(k) for k in ("latency_us", "throughput_tflops", "bandwidth_gb_s", "pct_peak",
+                                          "speedup_vs_pytorch", "speedup_vs_compile", "peak_vram_mb")},
+        }
+        passed = result.get("status") == "pass"
+        inflight["proposal"] = {"description": proposal.description, "meta": proposal.meta}
+        inflight["row"] = row
+        inflight["outcome"] = {
+            "status": status, "passed": passed, "seconds": time.time() - inflight["started"],
+            "log": (result.get("log") or "")[-LAST_LOG_CHARS:] or why,
+            **{k: result.get(k) for k in ("latency_us", "noise_pct", "pct_peak", "speedup_vs_pytorch")},
+        }
+        self.state.save()
+        results.append_row(row, self.results_path)
+        self._apply(job, inflight)
+        self._say(progress_line(row, job, self._time_left()))
+
+    def _apply(self, job: dict, inflight: dict) -> None:
+        """Move the state past a recorded experiment (also used when resuming)."""
+        out, row = inflight["outcome"], inflight["row"]
+        job["experiments"] += 1
+        job["seconds"] += out["seconds"]
+        status = out["status"]
+        if status == "baseline":
+            job["baseline_sha"] = job["best_sha"] = row["commit"]
+            job["noise_pct"] = out["noise_pct"]
+            if out["passed"]:
+                job["baseline_us"] = job["best_us"] = out["latency_us"]
+                job["best_pct_peak"], job["best_vs_pytorch"] = out["pct_peak"], out["speedup_vs_pytorch"]
+        elif status == "keep":
+            job["best_sha"], job["best_us"] = row["commit"], out["latency_us"]
+            job["best_pct_peak"], job["best_vs_pytorch"] = out["pct_peak"], out["speedup_vs_pytorch"]
+            job["kept"] += 1
+            job["reverts_in_row"] = 0
+        else:
+            job["reverts_in_row"] += 1
+        proposal = inflight.get("proposal") or {}
+        task = self._task(job, inflight["experiment"])
+        self.agent.observe(task, None if status == "baseline" else
+                           Proposal(proposal.get("description", ""), proposal.get("meta", {})), status)
+        if status in ("keep", "baseline"):
+            self._save_optimized(job)
+        self.state.data.update(head=self.git.head(), next_experiment=inflight["experiment"] + 1,
+                               last_log=out["log"], inflight=None)
+        self.state.save()
+
+    def _abandon(self) -> None:
+        """The loop stops on an error: the experiment in flight is undone, unless it was decided."""
+        inflight = self.state.data.get("inflight")
+        if not inflight or inflight.get("outcome"):
+            return
+        try:
+            self._undo(inflight)
+        except Exception:  # noqa: BLE001  (the error being raised matters more; a restart reconciles)
+            return
+        self.state.data["inflight"] = None
+        self.state.save()
+
+    def _interrupted(self) -> None:
+        """Ctrl-C: the experiment in flight is undone and logged as interrupted, then the loop exits."""
+        inflight = self.state.data.get("inflight")
+        if not inflight or inflight.get("outcome"):
+            return
+        self._undo(inflight)
+        row = {"experiment": inflight["experiment"], "tag": self.cfg.tag, "status": "revert",
+               "kernel_file": self.state.job(inflight["kernel"])["source"], "agent": self.agent.name,
+               "kernel_type": self.state.job(inflight["kernel"])["type"], "commit": inflight.get("candidate", ""),
+               "description": f"{(inflight.get('proposal') or {}).get('description', '')} (interrupted: Ctrl-C)"}
+        results.append_row(row, self.results_path)
+        self.state.data.update(inflight=None, next_experiment=inflight["experiment"] + 1)
+        self.state.save()
+        self._say(f"stopped: experiment {inflight['experiment']} interrupted and undone")
+
+    # ---------------------------------------------------------------------- helpers
+    def _task(self, job: dict, experiment: int) -> Task:
+        return Task(root=self.root, kernel_name=job["name"], kernel_type=job["type"], experiment=experiment,
+                    memory=job.setdefault("memory", {}), seed=self.cfg.seed, last_log=self.state.data["last_log"],
+                    history=job_row_history(self.results_path, self.cfg.tag, job["source"]))
+
+    def _time_left(self) -> float:
+        return max(0.0, self.cfg.hours * 3600 - (time.time() - self.started))
+
+    def _status(self, job: dict, what: str) -> None:
+        if self.ui is None:
+            return
+        best = (f"best {job['baseline_us'] / job['best_us']:.2f}x baseline"
+                if job["baseline_us"] and job["best_us"] else "no best yet")
+        reverted = max(0, job["experiments"] - job["kept"] - 1)
+        self.ui.status(f"{job['name']} exp {self.state.data['next_experiment']}: {what} | kept {job['kept']}, "
+                       f"reverted {reverted}, {best} | {format_duration(time.time() - self.started)} used, "
+                       f"{format_duration(self._time_left())} left")
+
+    def _say(self, text: str) -> None:
+        if self.ui is not None:
+            self.ui.print(text)
+
+
+__all__ = ["Loop", "LoopConfig", "LoopError", "GitError", "decide", "harness_hashes"]

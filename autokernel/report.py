@@ -1,0 +1,168 @@
+"""What the user sees of the loop: the live line, the per-kernel report, the Amdahl estimate, progress.png.
+
+Everything here is read from results.tsv (the rows of one tag) and, for each kernel's share of the
+model's time, from the loop's state; nothing is recomputed from git. The end-to-end estimate is
+Amdahl's law over the kernels the plan ranked: a kernel taking a fraction f of the model's time and
+now s times faster than PyTorch gives 1 / ((1 - sum f) + sum f / s).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.markup import escape
+
+PNG_DPI = 120  # progress.png resolution
+NON_TTY_WIDTH = 200  # characters per line when the output goes to a file
+
+
+def format_us(us) -> str:
+    if us is None:
+        return "-"
+    us = float(us)
+    return f"{us / 1000:.2f} ms" if us >= 10_000 else f"{us:.1f} us"
+
+
+def format_x(ratio) -> str:
+    """A speedup; three significant digits, so that 0.0005x in CPU mode does not read as 0.00x."""
+    return "-" if not ratio else f"{float(ratio):.3g}x"
+
+
+def format_duration(seconds: float) -> str:
+    seconds = int(max(0, seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def _float(value) -> float | None:
+    try:
+        return float(value) if value not in (None, "") else None
+    except ValueError:
+        return None
+
+
+STATUS_STYLE = {"keep": "green", "baseline": "cyan", "revert": "yellow", "crash": "red", "timeout": "red"}
+
+
+def progress_line(row: dict, job: dict, seconds_left: float) -> str:
+    """One line per experiment: what was tried, what came of it, where the kernel stands."""
+    status = row["status"]
+    speedup = (f"{job['baseline_us'] / job['best_us']:.2f}x baseline"
+               if job.get("baseline_us") and job.get("best_us") else "no correct version yet")
+    vs_torch = f", {format_x(job['best_vs_pytorch'])} pytorch" if job.get("best_vs_pytorch") else ""
+    return (f"exp {row['experiment']:>3} {escape(job['name'])} [{STATUS_STYLE.get(status, 'white')}]"
+            f"{status:<8}[/] {format_us(row.get('latency_us')):>10}  {escape(row['description'][:90])}"
+            f"  | best {speedup}{vs_torch}, kept {job['kept']}/{job['experiments']}"
+            f" | {format_duration(seconds_left)} left")
+
+
+class LiveLine:
+    """Experiment lines printed as they come, under one live status line (rich; silent off a terminal)."""
+
+    def __init__(self, console=None):
+        from rich.console import Console
+
+        if console is None:
+            console = Console(highlight=False)
+            if not console.is_terminal:  # a log file: one line per experiment, no wrapping at 80
+                console = Console(highlight=False, width=NON_TTY_WIDTH)
+        self.console = console
+        self._live = None
+
+    def __enter__(self):
+        self._live = self.console.status("starting")
+        self._live.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._live.stop()
+
+    def print(self, text: str) -> None:
+        self.console.print(text)
+
+    def status(self, text: str) -> None:
+        if self._live is not None:
+            self._live.update(escape(text))
+
+
+# ------------------------------------------------------------------------------ the report
+def kernel_summaries(rows: list[dict], jobs: list[dict]) -> list[dict]:
+    """Per kernel (in queue order, then any other kernel_file seen): baseline, best, runs and kept."""
+    names = [j["source"] for j in jobs] + sorted({r["kernel_file"] for r in rows} - {j["source"] for j in jobs})
+    by_source = {j["source"]: j for j in jobs}
+    out = []
+    for source in names:
+        mine = [r for r in rows if r["kernel_file"] == source]
+        base = next((r for r in mine if r["status"] == "baseline"), None)
+        good = [r for r in mine if r["status"] in ("baseline", "keep") and r["correctness"] == "PASS"]
+        best = good[-1] if good else None  # kept versions only ever get faster
+        job = by_source.get(source, {})
+        out.append({
+            "kernel": job.get("name", Path(source).stem), "source": source, "f": job.get("f"),
+            "status": job.get("status", ""), "reason": job.get("reason", ""),
+            "runs": len(mine), "kept": sum(r["status"] == "keep" for r in mine),
+            "baseline_us": _float(base["latency_us"]) if base else None,
+            "best_us": _float(best["latency_us"]) if best else None,
+            "best_vs_pytorch": _float(best["speedup_vs_pytorch"]) if best else None,
+            "series": _best_so_far(mine),
+        })
+    return out
+
+
+def _best_so_far(rows: list[dict]) -> list[float | None]:
+    """Speedup over the baseline of the best kept version after each experiment."""
+    base = best = None
+    series = []
+    for r in rows:
+        latency = _float(r["latency_us"])
+        if r["status"] in ("baseline", "keep") and r["correctness"] == "PASS" and latency:
+            base = base or latency
+            best = latency
+        series.append(base / best if base and best else None)
+    return series
+
+
+def amdahl(summaries: list[dict]) -> float | None:
+    """End-to-end speedup if every kernel with a plan share ran at its best speedup over PyTorch."""
+    ranked = [s for s in summaries if s["f"]]
+    if not ranked:
+        return None
+    rest = 1.0 - sum(s["f"] for s in ranked)
+    return 1.0 / (rest + sum(s["f"] / (s["best_vs_pytorch"] or 1.0) for s in ranked))
+
+
+def report_table(summaries: list[dict], tag: str):
+    from rich.table import Table
+
+    table = Table(title=f"AutoKernel report: tag {tag}")
+    for col in ("kernel", "share f", "baseline", "best", "vs baseline", "vs pytorch", "runs", "kept", "state"):
+        table.add_column(col, justify="left" if col in ("kernel", "state") else "right")
+    for s in summaries:
+        gain = f"{s['baseline_us'] / s['best_us']:.2f}x" if s["baseline_us"] and s["best_us"] else "-"
+        table.add_row(escape(s["kernel"]), f"{s['f']:.1%}" if s["f"] else "-", format_us(s["baseline_us"]),
+                      format_us(s["best_us"]), gain,
+                      format_x(s["best_vs_pytorch"]), str(s["runs"]),
+                      str(s["kept"]), escape(f"{s['status']} {s['reason']}".strip()))
+    return table
+
+
+def write_progress_png(summaries: list[dict], path: Path, tag: str) -> Path:
+    """Each kernel's best speedup over its baseline after each of its experiments."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(8, 4.5))
+    FigureCanvasAgg(fig)  # Agg, whatever backend the user's matplotlib is set to
+    ax = fig.add_subplot()
+    for s in summaries:
+        points = [(i + 1, y) for i, y in enumerate(s["series"]) if y is not None]
+        if points:
+            ax.step(*zip(*points), where="post", label=s["kernel"], marker="o", markersize=3)
+    ax.axhline(1.0, color="grey", linewidth=0.8, linestyle=":")
+    ax.set_xlabel("experiment (per kernel)")
+    ax.set_ylabel("best speedup over baseline")
+    ax.set_title(f"AutoKernel progress, tag {tag}")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="best", fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=PNG_DPI)
+    return path

@@ -1,0 +1,179 @@
+"""orchestrate.py: the autonomous keep-or-reset loop. Start it before bed; read the report in the morning.
+
+    python orchestrate.py run --plan workspace/plan.json          # the builtin agent, no LLM needed
+    python orchestrate.py run --kernel kernels/rmsnorm.py --hours 1 --quick
+    python orchestrate.py run --agent command --agent-cmd "claude -p --dangerously-skip-permissions"
+    python orchestrate.py run --agent openai --base-url http://localhost:8000/v1 --model qwen2.5-coder
+    python orchestrate.py status | next | report
+
+Experiments live on branch autokernel/<tag>: one commit per experiment, kept or reset. Every
+experiment is a row in results.tsv. Killed at any moment, `run` with the same tag resumes.
+"""
+
+import argparse
+import signal
+import sys
+from datetime import datetime
+from pathlib import Path
+
+from autokernel import results
+from autokernel.agents import AGENT_NAMES, AgentUnavailable, make_agent
+from autokernel.agents.builtin import next_move
+from autokernel.gitlog import KERNEL_PATH, GitError, GitLog
+from autokernel.loop import Loop, LoopConfig, LoopError
+from autokernel.loop.state import STATE_FILE, StateFile, load_jobs, lock_holder, next_job
+from autokernel.report import LiveLine, amdahl, format_us, kernel_summaries, report_table, write_progress_png
+
+
+def default_tag(root: Path) -> str:
+    """The tag of the state on disk (so that a bare `run` resumes), else today's date."""
+    import json
+
+    path = root / STATE_FILE
+    if path.is_file():
+        return json.loads(path.read_text()).get("tag") or datetime.now().strftime("%b%d").lower()
+    return datetime.now().strftime("%b%d").lower()
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("--repo", default=".", help="repository root (default: the current directory)")
+    sub = p.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="start or resume the loop")
+    what = run.add_mutually_exclusive_group()
+    what.add_argument("--plan", help="plan from profile.py (default workspace/plan.json)")
+    what.add_argument("--kernel", action="append", metavar="FILE", help="a kernel file (repeatable)")
+    run.add_argument("--agent", choices=AGENT_NAMES, default="builtin", help="who edits kernel.py")
+    run.add_argument("--agent-cmd", help="command agent: the CLI to run; {prompt_file} or stdin gets the prompt")
+    run.add_argument("--agent-timeout", type=float, default=1800, help="command agent: seconds per edit")
+    run.add_argument("--base-url", default="https://api.openai.com/v1", help="openai agent: endpoint")
+    run.add_argument("--model", help="openai agent: model name")
+    run.add_argument("--api-key-env", default="OPENAI_API_KEY", help="openai agent: env var with the key")
+    run.add_argument("--hours", type=float, default=8.0, help="wall-clock budget of this run (default 8)")
+    run.add_argument("--max-experiments", type=int, help="stop after this many benches in this run")
+    run.add_argument("--per-kernel-minutes", type=float, help="budget per kernel (default: hours / kernels)")
+    run.add_argument("--max-reverts", type=int, default=5, help="move on after this many reverts in a row")
+    run.add_argument("--target-speedup", type=float, default=2.0, help="move on at this speedup over baseline")
+    run.add_argument("--target-pct-peak", type=float, default=90.0, help="move on at this %% of the roofline")
+    run.add_argument("--min-gain", type=float, default=1.0, help="keep only if faster by more than this %%")
+    run.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when a GPU is visible")
+    run.add_argument("--quick", action="store_true", help="fewer shapes per harness stage")
+    run.add_argument("--dtype", default="fp16", help="dtype of the timing run (default fp16)")
+    run.add_argument("--bench-timeout", type=float, help="seconds before a bench counts as a hang")
+    run.add_argument("--seed", type=int, default=0, help="seed of the builtin agent's search order")
+    for name, text in (("status", "where the loop stands"), ("next", "what the loop will try next"),
+                       ("report", "per-kernel results, Amdahl estimate, progress.png")):
+        cmd = sub.add_parser(name, help=text)
+        if name != "status":
+            cmd.add_argument("--plan", help="plan to rank by when no loop has started")
+        if name == "report":
+            cmd.add_argument("--png", default="progress.png", help="where to write the plot")
+    for cmd in sub.choices.values():
+        cmd.add_argument("--tag", help="experiment tag; branch autokernel/<tag> (default: the last one)")
+    return p.parse_args(argv)
+
+
+def build_agent(args):
+    options = {}
+    if args.agent == "command":
+        options = {"command": args.agent_cmd or "", "timeout_s": args.agent_timeout}
+    elif args.agent == "openai":
+        options = {"model": args.model, "base_url": args.base_url, "api_key_env": args.api_key_env}
+    return make_agent(args.agent, **options)
+
+
+def cmd_run(args, root: Path) -> int:
+    config = LoopConfig(tag=args.tag, hours=args.hours, max_experiments=args.max_experiments,
+                        per_kernel_minutes=args.per_kernel_minutes, max_reverts=args.max_reverts,
+                        target_speedup=args.target_speedup, target_pct_peak=args.target_pct_peak,
+                        min_gain_pct=args.min_gain, device=args.device, quick=args.quick, dtype=args.dtype,
+                        bench_timeout=args.bench_timeout, seed=args.seed)
+    agent = build_agent(args)
+    with LiveLine() as ui:
+        jobs = None
+        if StateFile(root, args.tag).read() is None:
+            jobs = load_jobs(root, args.plan, args.kernel, warn=ui.print)
+        elif args.plan or args.kernel:
+            ui.print(f"tag {args.tag} exists: resuming its queue (--plan/--kernel apply to a new --tag)")
+        why = Loop(root, config, agent, jobs, ui=ui).run()
+        ui.print(f"[bold]loop stopped[/bold]: {why}")
+    return cmd_report(args, root)
+
+
+def cmd_status(args, root: Path) -> int:
+    state = StateFile(root, args.tag).read()
+    holder = lock_holder(root)
+    print(f"tag {args.tag}: " + (f"a loop is running (pid {holder})" if holder else "no loop running"))
+    if state is None:
+        print("no loop has run with this tag yet: start one with `python orchestrate.py run`")
+        return 0
+    print(f"branch {state['branch']} at {state['head'][:10]}; next experiment {state['next_experiment']}")
+    if state.get("inflight"):
+        f = state["inflight"]
+        print(f"in flight: experiment {f['experiment']} on {f['kernel']} ({f['phase']})")
+    rows = [r for r in results.read_rows(root / "results.tsv") if r["tag"] == args.tag]
+    LiveLine().print(report_table(kernel_summaries(rows, state["jobs"]), args.tag))
+    return 0
+
+
+def cmd_next(args, root: Path) -> int:
+    state = StateFile(root, args.tag).read()
+    jobs = state["jobs"] if state else load_jobs(root, args.plan, None)
+    job = next_job(jobs)
+    if job is None:
+        print(f"tag {args.tag}: every kernel is done")
+        return 0
+    share = f", {job['f']:.1%} of the model's time, gain {job['gain']:.3f}x" if job.get("f") else ""
+    print(f"next kernel: {job['name']} ({job['type']}, {job['source']}{share})")
+    if job["best_sha"] is None:
+        print("next experiment: its baseline")
+        return 0
+    source = GitLog(root).file_at(job["best_sha"], KERNEL_PATH)
+    move = next_move(source, job.get("memory", {}), state.get("seed", 0))
+    print(f"best so far {format_us(job['best_us'])}; {job['reverts_in_row']} reverts in a row")
+    print(f"builtin agent's next move: {move.description if move else 'none left (space exhausted)'}")
+    return 0
+
+
+def cmd_report(args, root: Path) -> int:
+    state = StateFile(root, args.tag).read()
+    jobs = state["jobs"] if state else (load_jobs(root, args.plan, None) if getattr(args, "plan", None) else [])
+    rows = [r for r in results.read_rows(root / "results.tsv") if r["tag"] == args.tag]
+    summaries = kernel_summaries(rows, jobs)
+    console = LiveLine()
+    console.print(report_table(summaries, args.tag))
+    estimate = amdahl(summaries)
+    if estimate:
+        console.print(f"end-to-end estimate (Amdahl over the plan's shares): {estimate:.3f}x over PyTorch")
+    png = Path(getattr(args, "png", "progress.png"))
+    png = write_progress_png(summaries, png if png.is_absolute() else root / png, args.tag)
+    console.print(f"progress plot: {png}")
+    return 0
+
+
+def _sigterm(signum, frame):
+    raise KeyboardInterrupt  # `kill` stops the loop the way Ctrl-C does: a last row, a clean tree
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    root = Path(args.repo).resolve()
+    args.tag = args.tag or default_tag(root)
+    commands = {"run": cmd_run, "status": cmd_status, "next": cmd_next, "report": cmd_report}
+    previous = signal.signal(signal.SIGTERM, _sigterm)
+    try:
+        return commands[args.command](args, root)
+    except (LoopError, GitError, AgentUnavailable) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted: the experiment in flight was undone and logged; run again to resume",
+              file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,282 @@
+"""The loop's logic on temporary git repositories, with a stand-in for the harness.
+
+`FakeBench` reads the LATENCY constant of kernel.py and reports a file that does not parse as a
+crash, so that these tests check keep/revert, git, results.tsv, resuming and the safety rules in
+seconds. The real harness runs in tests/test_orchestrate_harness.py.
+"""
+
+import ast
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import orchestrate
+from autokernel import results
+from autokernel.agents import make_agent
+from autokernel.gitlog import GitLog
+from autokernel.loop import Loop, LoopConfig, LoopError, decide
+from autokernel.loop.state import load_jobs, repo_lock
+
+ROOT = Path(__file__).resolve().parent.parent
+FAKE_KERNEL = '''"""A stand-in kernel: the fake bench reports LATENCY as its latency."""
+KERNEL_TYPE = "rmsnorm"
+LATENCY = 100  # us, as the fake bench reports it
+BLOCK = 64  # does nothing
+
+TUNABLES = {"LATENCY": [120, 100, 90, 80], "BLOCK": [32, 64]}
+
+
+def kernel_fn(x, weight, eps=1e-6):
+    return x
+'''
+NO_IDENTITY = {"HOME": "/nonexistent", "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null"}
+
+
+class FakeBench:
+    def __init__(self, hook=None):
+        self.calls, self.hook = 0, hook
+
+    def __call__(self, path, **options):
+        self.calls += 1
+        if self.hook:
+            self.hook(self.calls)
+        text = Path(path).read_text()
+        try:
+            ast.parse(text)
+        except SyntaxError as e:
+            return {"status": "crash", "correctness": "FAIL", "reason": f"SyntaxError: {e}", "log": "crash"}
+        latency = float(re.search(r"^LATENCY = (\d+)", text, re.M).group(1))
+        return {"status": "pass", "correctness": "PASS", "latency_us": latency, "noise_pct": 0.5,
+                "speedup_vs_pytorch": 100.0 / latency, "pct_peak": None, "gpu": "fake",
+                "log": f"---\nlatency_us: {latency}\n"}
+
+
+def git_env(monkeypatch):
+    for key, value in NO_IDENTITY.items():  # a machine where git has no identity configured
+        monkeypatch.setenv(key, value)
+
+
+def make_repo(path: Path, files: dict) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (path / name).parent.mkdir(parents=True, exist_ok=True)
+        (path / name).write_text(text)
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t"}
+    for cmd in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-qm", "init"]):
+        subprocess.run(["git", *cmd], cwd=path, env=env, check=True)
+    return path
+
+
+@pytest.fixture
+def repo(tmp_path, monkeypatch):
+    git_env(monkeypatch)
+    files = {name: (ROOT / name).read_text() for name in ("reference.py", "program.md", ".gitignore")}
+    return make_repo(tmp_path / "repo", {**files, "kernel.py": "# the kernel under optimization\n",
+                                         "kernels/fake.py": FAKE_KERNEL})
+
+
+def run_loop(repo, agent="builtin", bench=None, **config):
+    config.setdefault("max_reverts", 3)
+    jobs = load_jobs(repo, kernels=["kernels/fake.py"])
+    loop = Loop(repo, LoopConfig(tag="t", **config), make_agent(agent) if isinstance(agent, str) else agent,
+                jobs, bench=bench or FakeBench())
+    return loop, loop.run()
+
+
+def rows(repo):
+    return results.read_rows(repo / "results.tsv")
+
+
+def branch_shas(repo):
+    return [sha for sha, _ in GitLog(repo).log("autokernel/t")]
+
+
+def test_decide():
+    ok = {"status": "pass", "correctness": "PASS", "latency_us": 98.0}
+    assert decide(ok, 100.0, 1.0)[0] == "keep"
+    assert decide(ok, 100.0, 3.0)[0] == "revert"  # within the noise
+    assert decide(ok, None, 1.0) == ("keep", "first correct version")
+    assert decide({"status": "fail", "correctness": "FAIL", "failed_stage": "smoke", "reason": "NaN"},
+                  100.0, 1.0) == ("revert", "FAIL at smoke: NaN")
+    assert decide({"status": "timeout", "reason": "hang"}, 100.0, 1.0) == ("timeout", "hang")
+
+
+def test_builtin_loop_keeps_improvements_and_git_agrees_with_results(repo):
+    loop, why = run_loop(repo)
+    assert why == "every kernel is done"
+    log = rows(repo)
+    assert [r["status"] for r in log][:1] == ["baseline"]
+    kept = [r for r in log if r["status"] in ("baseline", "keep")]
+    assert [float(r["latency_us"]) for r in kept] == [100, 90, 80]  # each keep beats the last
+    assert all(r["status"] == "revert" for r in log if r not in kept)
+    shas = branch_shas(repo)
+    assert [r["commit"] for r in reversed(kept)] == shas[:len(kept)]  # kept commits are the branch
+    assert not {r["commit"] for r in log if r not in kept} & set(shas)  # reverted ones are off it
+    subjects = [s for _, s in GitLog(repo).log("autokernel/t")]
+    assert subjects[0].startswith(f"exp {kept[-1]['experiment']} fake: LATENCY 90 -> 80 | keep 80.0 us 1.25x")
+    assert GitLog(repo).repo.head.commit.author.name == "AutoKernel"  # no identity configured
+    assert "LATENCY = 80" in (repo / "workspace/kernels/fake_optimized.py").read_text()
+    assert loop.state.jobs[0]["status"] == "done" and loop.state.data["inflight"] is None
+    assert GitLog(repo).changes() == {}
+
+
+def test_max_reverts_and_experiment_budget(repo):
+    loop, why = run_loop(repo, max_experiments=2)
+    assert why == "2 experiments run (--max-experiments)" and len(rows(repo)) == 2
+    loop, why = run_loop(repo, max_reverts=1)  # resumes the tag, then one revert ends the kernel
+    assert loop.state.jobs[0]["reason"] == "1 reverts in a row"
+    assert [r["experiment"] for r in rows(repo)] == [str(i) for i in range(1, len(rows(repo)) + 1)]
+
+
+def agent_script(repo):
+    """A command agent: a good edit, then a broken one, then an edit that also touches other files."""
+    script = repo / "workspace" / "agent.py"
+    script.parent.mkdir(exist_ok=True)
+    script.write_text(r'''
+import os, pathlib, sys
+prompt = sys.stdin.read()
+pathlib.Path("workspace/last_prompt.md").write_text(prompt)
+n = int(os.environ["AUTOKERNEL_EXPERIMENT"])
+kernel = pathlib.Path("kernel.py")
+text = kernel.read_text()
+if n == 2:
+    kernel.write_text(text.replace("LATENCY = 100", "LATENCY = 60"))
+    print("DESCRIPTION: cut the latency")
+elif n == 3:
+    kernel.write_text(text.replace("def kernel_fn(", "def kernel_fn(("))
+    print("DESCRIPTION: a broken edit")
+else:
+    kernel.write_text(text.replace("LATENCY = 60", "LATENCY = 10"))
+    pathlib.Path("reference.py").write_text("def rmsnorm_ref(x, weight, eps=1e-6):\n    return x\n")
+    pathlib.Path("notes.txt").write_text("sneaky")
+    print("DESCRIPTION: faster by changing the reference")
+''')
+    return f"{sys.executable} {script}"
+
+
+def test_command_agent_good_kept_broken_reverted_other_files_put_back(repo):
+    reference = (repo / "reference.py").read_text()
+    agent = make_agent("command", command=agent_script(repo), timeout_s=60)
+    loop, why = run_loop(repo, agent=agent, max_experiments=4)
+    statuses = [(r["status"], r["description"]) for r in rows(repo)]
+    assert statuses[1] == ("keep", "cut the latency (40.0% faster than 100.0 us)")
+    assert statuses[2][0] == "crash" and statuses[2][1].startswith("a broken edit (SyntaxError")
+    assert statuses[3] == ("revert", "faster by changing the reference (touched other files: notes.txt, "
+                                     "reference.py)")
+    assert rows(repo)[3]["commit"] == ""  # never committed
+    assert (repo / "reference.py").read_text() == reference and not (repo / "notes.txt").exists()
+    assert "LATENCY = 60" in (repo / "kernel.py").read_text()
+    assert len(branch_shas(repo)) == 3  # init, baseline, exp 2
+    prompt = (repo / "workspace/last_prompt.md").read_text()
+    assert "six tiers" in prompt and "LATENCY = 60" in prompt and "cut the latency" in prompt
+    assert (repo / "workspace/agent_logs/exp0004_fake.log").is_file()
+
+
+def test_agent_that_commits_by_itself_is_undone(repo):
+    script = repo / "workspace" / "commit.sh"
+    script.parent.mkdir(exist_ok=True)
+    script.write_text("sed -i 's/LATENCY = 100/LATENCY = 70/' kernel.py\n"
+                      "git -c user.name=a -c user.email=a@a commit -qam 'agent commit'\necho 'DESCRIPTION: d'\n")
+    loop, _ = run_loop(repo, agent=make_agent("command", command=f"sh {script}"), max_experiments=2)
+    assert [r["status"] for r in rows(repo)] == ["baseline", "keep"]
+    assert [s for _, s in GitLog(repo).log("autokernel/t")][0].startswith("exp 2 fake: d | keep 70.0 us")
+    assert "agent commit" not in [s for _, s in GitLog(repo).log("autokernel/t")]
+
+
+def test_openai_agent_in_the_loop(repo, monkeypatch):
+    from test_agents import ChatServer
+
+    code = FAKE_KERNEL.replace("LATENCY = 100", "LATENCY = 60")
+    server = ChatServer([(200, f"```python\n{code}```\nDESCRIPTION: sixty"), (200, "no code, sorry"),
+                         (500, "busy"), (200, f"```python\n{code.replace('= 60', '= 30')}```")])
+    try:
+        agent = make_agent("openai", model="m", base_url=server.url)
+        agent.backoff_s, agent.transport = 0.01, "urllib"
+        run_loop(repo, agent=agent, max_experiments=4)
+    finally:
+        server.close()
+    log = rows(repo)
+    assert [r["status"] for r in log] == ["baseline", "keep", "revert", "keep"]
+    assert log[2]["description"].startswith("(agent failed) (malformed reply")
+    assert log[3]["latency_us"] == "30" and "LATENCY = 30" in (repo / "kernel.py").read_text()
+
+
+def test_ctrl_c_writes_a_last_row_and_resumes(repo):
+    def interrupt(call):
+        if call == 3:
+            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        run_loop(repo, bench=FakeBench(interrupt))
+    log = rows(repo)
+    assert log[-1]["status"] == "revert" and log[-1]["description"].endswith("(interrupted: Ctrl-C)")
+    state = json.loads((repo / "workspace/loop_state.json").read_text())
+    assert GitLog(repo).changes() == {} and GitLog(repo).head() == state["jobs"][0]["best_sha"]
+    assert state["inflight"] is None and state["next_experiment"] == len(log) + 1
+    loop, why = run_loop(repo)
+    assert why == "every kernel is done"
+    assert len({r["experiment"] for r in rows(repo)}) == len(rows(repo))
+
+
+def test_kill_between_outcome_and_row_loses_nothing(repo, monkeypatch):
+    real_append = results.append_row
+
+    def killed(row, path):  # the process dies right after the outcome reached the state file
+        if row["status"] == "keep":
+            raise SystemExit("kill -9")
+        return real_append(row, path)
+    monkeypatch.setattr(results, "append_row", killed)
+    with pytest.raises(SystemExit):
+        run_loop(repo)
+    monkeypatch.setattr(results, "append_row", real_append)
+    loop, _ = run_loop(repo, max_experiments=0)  # resuming records the keep and stops
+    log = rows(repo)
+    assert log[-1]["status"] == "keep" and sum(r["status"] == "keep" for r in log) == 1
+    assert GitLog(repo).head() == log[-1]["commit"] == loop.state.jobs[0]["best_sha"]
+
+
+def test_harness_change_stops_the_loop(repo):
+    def tamper(call):
+        if call == 2:
+            with open(repo / "reference.py", "a") as f:
+                f.write("# edited while the loop ran\n")
+    with pytest.raises(LoopError, match="harness files changed.*reference.py"):
+        run_loop(repo, bench=FakeBench(tamper))
+    assert GitLog(repo).changes() == {"reference.py": "M"}  # the tree minus the experiment
+
+
+def test_refuses_a_dirty_tree_and_a_second_loop(repo, capsys):
+    (repo / "reference.py").write_text("# local edit\n")
+    assert orchestrate.main(["--repo", str(repo), "run", "--kernel", "kernels/fake.py"]) == 1
+    assert "uncommitted changes (M reference.py)" in capsys.readouterr().err
+    subprocess.run(["git", "checkout", "reference.py"], cwd=repo, check=True)
+    with repo_lock(repo):
+        assert orchestrate.main(["--repo", str(repo), "run", "--kernel", "kernels/fake.py"]) == 1
+    assert f"another loop (pid {os.getpid()}) is running" in capsys.readouterr().err
+    assert not (repo / "results.tsv").exists()
+
+
+def test_status_next_report(repo, capsys):
+    plan = {"entries": [{"type": "rmsnorm", "f": 0.4, "s": 2.0, "gain": 1.25, "kernel_file": "kernels/fake.py"}]}
+    (repo / "workspace").mkdir(exist_ok=True)
+    (repo / "workspace/plan.json").write_text(json.dumps(plan))
+    assert orchestrate.main(["--repo", str(repo), "next", "--tag", "t"]) == 0
+    assert "next kernel: fake (rmsnorm, kernels/fake.py, 40.0% of the model's time" in capsys.readouterr().out
+    loop = Loop(repo, LoopConfig(tag="t", max_experiments=3), make_agent("builtin"),
+                load_jobs(repo, repo / "workspace/plan.json"), bench=FakeBench())
+    loop.run()
+    assert orchestrate.main(["--repo", str(repo), "status"]) == 0
+    out = capsys.readouterr().out
+    assert "tag t: no loop running" in out and "next experiment 4" in out
+    assert orchestrate.main(["--repo", str(repo), "next"]) == 0
+    assert "builtin agent's next move: " in capsys.readouterr().out
+    assert orchestrate.main(["--repo", str(repo), "report"]) == 0
+    out = capsys.readouterr().out
+    speedup = 100 / min(float(r["latency_us"]) for r in rows(repo))
+    assert f"{1 / (0.6 + 0.4 / speedup):.3f}x over PyTorch" in out  # Amdahl
+    assert (repo / "progress.png").read_bytes()[:4] == b"\x89PNG"
