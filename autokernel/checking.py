@@ -30,8 +30,13 @@ def out_dtype(inputs) -> torch.dtype:
     return next(x.dtype for x in inputs if isinstance(x, torch.Tensor) and x.is_floating_point())
 
 
-def compare(out, expected: torch.Tensor, dtype: torch.dtype, atol: float, rtol: float) -> str | None:
-    """None when out matches, else the reason: shape, dtype, non-finite values or error sizes."""
+def compare(out, expected: torch.Tensor, dtype: torch.dtype, atol: float, rtol: float,
+            scale: torch.Tensor | None = None) -> str | None:
+    """None when out matches, else the reason: shape, dtype, non-finite values or error sizes.
+
+    Each element may be off by atol + rtol * max(|expected|, scale); scale (the spec's error_scale)
+    defaults to |expected|.
+    """
     if not isinstance(out, torch.Tensor):
         return f"kernel_fn returned {type(out).__name__}, not a tensor"
     if tuple(out.shape) != tuple(expected.shape):
@@ -49,7 +54,10 @@ def compare(out, expected: torch.Tensor, dtype: torch.dtype, atol: float, rtol: 
     finite = torch.isfinite(want)
     err = torch.where(finite, (got - want).abs(), torch.zeros_like(got))
     mismatched_inf = (~finite) & (got != want)
-    off = (err > atol + rtol * want.abs().nan_to_num(0.0)) | mismatched_inf
+    magnitude = want.abs().nan_to_num(0.0)
+    if scale is not None:
+        magnitude = torch.maximum(magnitude, scale.to(magnitude.device, magnitude.dtype))
+    off = (err > atol + rtol * magnitude) | mismatched_inf
     if not off.any():
         return None
     rel = err / want.abs().clamp_min(1e-12)
@@ -59,7 +67,7 @@ def compare(out, expected: torch.Tensor, dtype: torch.dtype, atol: float, rtol: 
             f"worst at {worst}: got {got[worst].item():.6g}, want {want[worst].item():.6g}")
 
 
-def checked_call(kernel_fn, spec: KernelSpec, inputs, what: str):
+def checked_call(kernel_fn, spec: KernelSpec, inputs, what: str, tol_scale: float = 1.0):
     """Run kernel_fn once under every guard and check its output. Returns the output.
 
     `what` names the check (shape and dtype) for the failure message.
@@ -71,19 +79,20 @@ def checked_call(kernel_fn, spec: KernelSpec, inputs, what: str):
         ops = ", ".join(f"aten.{op}" for op in watch.forbidden[:5])
         raise CheckFailed(f"{what}: the kernel hands the work to PyTorch ({ops}); "
                           "kernel_fn may allocate, view and copy tensors, the computing is the kernel's")
-    verify_output(out, spec, inputs, what)
+    verify_output(out, spec, inputs, what, tol_scale)
     return out
 
 
-def verify_output(out, spec: KernelSpec, inputs, what: str) -> None:
+def verify_output(out, spec: KernelSpec, inputs, what: str, tol_scale: float = 1.0) -> None:
     if isinstance(out, torch.Tensor):
         aliased = guards.aliased_input(out, inputs)
         if aliased is not None:
             raise CheckFailed(f"{what}: the output shares memory with input {aliased}; "
                               "a kernel must write a fresh output")
     dtype = out_dtype(inputs)
-    atol, rtol = spec.tolerance(dtype)
-    reason = compare(out, oracle(spec, inputs), dtype, atol, rtol)
+    atol, rtol = (tol_scale * t for t in spec.tolerance(dtype))
+    scale = spec.error_scale(upcast(inputs)) if spec.error_scale else None
+    reason = compare(out, oracle(spec, inputs), dtype, atol, rtol, scale)
     if reason:
         raise CheckFailed(f"{what}: {reason}")
 

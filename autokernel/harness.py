@@ -71,9 +71,9 @@ class Harness:
     def inputs(self, shape, dtype, maker=None):
         return (maker or self.spec.make_inputs)(shape, dtype, self.device, self.generator())
 
-    def call(self, inputs, what: str):
+    def call(self, inputs, what: str, tol_scale: float = 1.0):
         try:
-            out = checking.checked_call(self.fn, self.spec, inputs, what)
+            out = checking.checked_call(self.fn, self.spec, inputs, what, tol_scale)
         except checking.CheckFailed:
             raise
         except Exception as e:
@@ -111,8 +111,9 @@ class Harness:
         sweep = self.spec.sweep(self.small)
         shape = sweep[min(2, len(sweep) - 1)]
         for name, maker in self.spec.adversarial.items():
+            scale = self.spec.adversarial_tolerance.get(name, 1.0)
             for dtype in DTYPES:
-                self.call(self.inputs(shape, dtype, maker), f"{name} {checking.describe(shape, dtype)}")
+                self.call(self.inputs(shape, dtype, maker), f"{name} {checking.describe(shape, dtype)}", scale)
         return len(self.spec.adversarial) * len(DTYPES)
 
     def determinism(self) -> int:

@@ -49,6 +49,12 @@ class KernelSpec:
     # inputs -> the same values laid out non-contiguously (a strided view); None if not applicable
     noncontiguous: Callable[[Inputs], Inputs] | None = None
     tolerances: dict = field(default_factory=dict)  # dtype -> (atol, rtol), overriding TOLERANCES
+    # float64 inputs -> the magnitude a correct kernel's rounding error scales with, where that exceeds
+    # |out|: for a matmul whose terms cancel, |A| @ |B|. rtol applies to max(|out|, this).
+    error_scale: Callable[[Inputs], torch.Tensor] | None = None
+    # adversarial name -> factor on (atol, rtol): inputs that are ill-conditioned on purpose (scores of
+    # +-64 sigma in attention amplify fp32 rounding) test robustness, not the last digits
+    adversarial_tolerance: dict = field(default_factory=dict)
     description: str = ""
 
     def tolerance(self, dtype: torch.dtype) -> tuple[float, float]:

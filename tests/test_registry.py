@@ -101,3 +101,13 @@ def test_a_users_own_op_runs_through_the_unchanged_harness(tmp_path):
     result = run_bench(path, device="cpu", timed=False)
     assert result["status"] == "pass", result["reason"] + result["stderr_tail"]
     assert result["kernel_type"] == "scale2x"
+
+
+def test_an_error_scale_judges_cancelling_sums_by_their_terms_not_their_result():
+    want = torch.tensor([1e-3, 5.0], dtype=torch.float64)
+    terms = torch.tensor([3000.0, 5.0], dtype=torch.float64)  # |A| @ |B|: the first entry cancelled
+    close = torch.tensor([1e-3 + 5e-3, 5.0], dtype=torch.float32)  # fp32-sized error on 3000-sized terms
+    assert checking.compare(close, want, torch.float32, 1e-4, 1e-4) is not None
+    assert checking.compare(close, want, torch.float32, 1e-4, 1e-4, scale=terms) is None
+    wrong = torch.tensor([1.0, 5.0], dtype=torch.float32)
+    assert "elements off" in checking.compare(wrong, want, torch.float32, 1e-4, 1e-4, scale=terms)
