@@ -200,3 +200,26 @@ def test_profile_py_does_not_break_the_stdlib_profile_module(repo_root, check):
 def test_cprofile_can_profile_a_script_in_the_repo_root(repo_root):
     r = _run(repo_root, "-m", "cProfile", "-s", "cumtime", "extract.py", "--help")
     assert r.returncode == 0 and "function calls" in r.stdout, r.stderr
+
+
+def test_device_time_counts_kernels_not_the_shadows_of_profiler_ranges():
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    from autokernel.profiling import device_time_us
+
+    def event(name, us, device=DeviceType.CUDA, annotation=False):
+        return SimpleNamespace(name=name, device_type=device, is_user_annotation=annotation,
+                               time_range=SimpleNamespace(elapsed_us=lambda: us))
+
+    events = [
+        event("aten::mm", 500.0, device=DeviceType.CPU),
+        event("nvjet_hsh_128x256_64x4_2x1_v_bz_coopA_NTN", 30.0),
+        event("triton_red_fused_mean_pow_0", 5.0),
+        event("Memcpy HtoD (Pageable -> Device)", 2.0),
+        event("ProfilerStep#3", 1600.0),
+        event("autokernel.module#12", 400.0),
+        event("LlamaAttention", 300.0, annotation=True),
+    ]
+    assert device_time_us(events) == 37.0
