@@ -42,7 +42,7 @@ def extra_baselines(liger) -> dict:
     if liger is None:
         return extra
     extra["rmsnorm"]["liger"] = lambda x, w, eps=1e-6: liger.liger_rms_norm(x, w, eps, in_place=False)
-    extra["layernorm"] = {"liger": liger.liger_layer_norm}
+    extra["layernorm"] = {"liger": lambda x, w, b, eps=1e-5: liger.liger_layer_norm(x, w, b, eps)}
     extra["softmax"] = {"liger": liger.liger_softmax}
     extra["cross_entropy"] = {"liger": lambda logits, t: liger.liger_cross_entropy(logits, t)}
     extra["fused_mlp"] = {"liger": lambda x, wg, wu, wd: F.linear(liger.liger_swiglu(F.linear(x, wg),

@@ -13,8 +13,9 @@ grep -E "^(VARIANT|CHUNK|NUM_WARPS|ROWS_PER_PROGRAM) =" kernels/rmsnorm_detuned.
 printf 'workspace/\nresults.tsv\nprogress.png\n*.lock\n__pycache__/\n' > .gitignore
 git init -q && git add -A && git -c user.name=setup -c user.email=setup@localhost commit -qm "fresh project"
 start=$(date +%s)
-python3 orchestrate.py run --kernel kernels/rmsnorm_detuned.py --tag rate --max-experiments "$N" \
-  --max-reverts 1000 --target-speedup 1000 --target-pct-peak 100 --hours 0.15 2>&1 | tail -5
+timeout "${2:-280}" python3 orchestrate.py run --kernel kernels/rmsnorm_detuned.py --tag rate \
+  --max-experiments "$N" --max-reverts 1000 --target-speedup 1000 --target-pct-peak 100 > "$OUT/loop.txt" 2>&1
+tail -3 "$OUT/loop.txt"
 end=$(date +%s)
 python3 orchestrate.py report 2>&1 | tail -15
 cp results.tsv "$OUT/loop_results.tsv"; git log --oneline | head -40 > "$OUT/loop_gitlog.txt"

@@ -9,6 +9,9 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 export PYTHONUNBUFFERED=1
+# Cache bytecode somewhere writable: the device image's site-packages has no .pyc files, so every
+# process would compile torch's sources again (~6 s of each harness run).
+export PYTHONPYCACHEPREFIX=/tmp/pycache
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } 2>&1 | tee "$OUT/env.txt"
 if [ -n "${1:-}" ]; then
   python3 -m pytest -q -x $1 2>&1 | tee "$OUT/pytest.txt" | tail -25
