@@ -8,8 +8,15 @@ add+rsqrt, mul, mul) and moves the row about five times; one pass here is the wh
 Variants: "single_pass" keeps a whole row in registers (one read of x); "looped" streams the row in
 CHUNK-wide pieces twice (two reads of x, but any N fits). "auto" picks single_pass up to
 MAX_SINGLE_PASS columns. Short rows are packed several to a program (a 2-D tile) so that each
-program still moves a few KB per load instead of one 256-byte row.
+program still moves a few KB per load instead of one 256-byte row. "persistent" is the single pass
+on a grid of PROGRAMS_PER_SM programs per SM, each striding over the row tiles: the weight is
+loaded once per program instead of once per tile, and the loop is software-pipelined
+(NUM_STAGES): the next tile's loads are in flight while the current one is reduced, so each SM
+keeps more bytes outstanding and no SM idles between one short program and the next. x is loaded
+evict_first (read once), the weight evict_last. Rows wider than MAX_SINGLE_PASS go to "looped".
 """
+
+import functools
 
 import torch
 import triton
@@ -17,7 +24,7 @@ import triton.language as tl
 
 KERNEL_TYPE = "rmsnorm"
 
-VARIANT = "auto"  # "auto" | "single_pass" | "looped"
+VARIANT = "auto"  # "auto" | "single_pass" | "looped" | "persistent"
 MAX_SINGLE_PASS = 16384  # columns; wider rows would spill registers in one pass
 CHUNK = 4096  # columns per step of the looped variant
 ROWS_PER_PROGRAM = 0  # rows per program (a power of two); 0 = auto: pack short rows up to TILE elements
@@ -25,15 +32,20 @@ TILE = 4096  # elements; the auto tile size for short rows (16 per thread at 8 w
 MIN_PROGRAMS = 512  # programs; auto packing stops before the grid gets smaller (~4 per SM on H100)
 ELEMENTS_PER_WARP = 512  # elements; auto warps = tile / this (16 per thread = two 16-byte fp16 loads)
 NUM_WARPS = 0  # warps per program; 0 = auto from ELEMENTS_PER_WARP, 1..16
+PROGRAMS_PER_SM = 2  # programs; persistent grid = SMs x this (all resident: mind registers at 16 warps)
+NUM_STAGES = 2  # tiles in flight per program in the persistent loop (1 = no pipelining)
+CPU_PROGRAMS = 4  # programs; the persistent grid in Triton's CPU interpreter (no SMs to count)
 
 TUNABLES = {
-    "VARIANT": ["auto", "single_pass", "looped"],
+    "VARIANT": ["auto", "single_pass", "looped", "persistent"],
     "MAX_SINGLE_PASS": [8192, 16384, 32768],
     "CHUNK": [512, 1024, 2048, 4096, 8192],
     "ROWS_PER_PROGRAM": [0, 1, 2, 4, 8, 16],
     "TILE": [2048, 4096, 8192],
     "ELEMENTS_PER_WARP": [256, 512, 1024],
     "NUM_WARPS": [0, 1, 2, 4, 8, 16, 32],
+    "PROGRAMS_PER_SM": [1, 2, 3, 4, 8],
+    "NUM_STAGES": [1, 2, 3, 4],
 }
 
 
@@ -49,6 +61,24 @@ def _rmsnorm_kernel(x_ptr, w_ptr, out_ptr, M, N, stride_x, stride_out, eps,
     w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
     y = x * rstd[:, None] * w[None, :]
     tl.store(out_ptr + rows[:, None] * stride_out + cols[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rmsnorm_persistent_kernel(x_ptr, w_ptr, out_ptr, M, N, stride_x, stride_out, eps,
+                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr):
+    """Program p normalizes row tiles p, p + P, p + 2P, ... (P programs) with one load of the weight."""
+    cols = tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    w = tl.load(w_ptr + cols, mask=col_mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+    n_tiles = tl.cdiv(M, BLOCK_M)
+    for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0), num_stages=NUM_STAGES):
+        rows = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # the interpreter yields ints
+        mask = (rows < M)[:, None] & col_mask[None, :]
+        x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0,
+                    eviction_policy="evict_first").to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
+        y = x * rstd[:, None] * w[None, :]
+        tl.store(out_ptr + rows[:, None] * stride_out + cols[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -81,6 +111,22 @@ def _tile(m: int, block_n: int) -> tuple[int, int]:
     return rows, warps
 
 
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _persistent_plan(x2) -> tuple[int, int, int, int]:
+    """(rows per tile, BLOCK_N, warps, programs) for the persistent variant over rows of x2."""
+    m, n = x2.shape
+    block_n = triton.next_power_of_2(n)
+    programs = _sm_count(x2.device.index) * PROGRAMS_PER_SM if x2.is_cuda else CPU_PROGRAMS
+    # pack short rows, but keep at least one tile per program
+    rows = ROWS_PER_PROGRAM or max(1, min(TILE // block_n, _pow2_floor(m // programs)))
+    warps = NUM_WARPS or min(16, max(1, rows * block_n // ELEMENTS_PER_WARP))
+    return rows, block_n, warps, min(programs, triton.cdiv(m, rows))
+
+
 def kernel_fn(x, weight, eps=1e-6):
     n = x.shape[-1]
     x2 = x.reshape(-1, n)
@@ -92,6 +138,12 @@ def kernel_fn(x, weight, eps=1e-6):
     if m == 0 or n == 0:
         return out.view(x.shape)
     full_row = triton.next_power_of_2(n)
+    if VARIANT == "persistent" and full_row <= MAX_SINGLE_PASS:
+        rows, block_n, warps, programs = _persistent_plan(x2)
+        _rmsnorm_persistent_kernel[(programs,)](x2, weight, out, m, n, x2.stride(0), out.stride(0), eps,
+                                                BLOCK_M=rows, BLOCK_N=block_n, NUM_STAGES=NUM_STAGES,
+                                                num_warps=warps)
+        return out.view(x.shape)
     single = VARIANT == "single_pass" or (VARIANT == "auto" and full_row <= MAX_SINGLE_PASS)
     if single:
         rows, warps = _tile(m, full_row)

@@ -14,8 +14,16 @@ Variants: "single_pass" holds whole rows in registers: the mean, then the centre
 from the one read of x. "looped" streams the row in CHUNK-wide pieces, merging per-chunk means and
 centred sums of squares (Chan et al.'s parallel variance, as stable as the single pass), then
 streams it again to write y: two reads of x, but any N fits. "auto" picks single_pass up to
-MAX_SINGLE_PASS columns. Short rows are packed several to a program (a 2-D tile).
+MAX_SINGLE_PASS columns. Short rows are packed several to a program (a 2-D tile). "persistent" is
+the single pass on a grid of PROGRAMS_PER_SM programs per SM, each striding over the row tiles:
+weight and bias are loaded once per program instead of once per tile, and the loop is
+software-pipelined (NUM_STAGES): the next tile's loads are in flight while the current one is
+reduced, so each SM keeps more bytes outstanding and no SM idles between one short program and
+the next. x is loaded evict_first (read once), weight and bias evict_last. Rows wider than
+MAX_SINGLE_PASS go to "looped".
 """
+
+import functools
 
 import torch
 import triton
@@ -23,7 +31,7 @@ import triton.language as tl
 
 KERNEL_TYPE = "layernorm"
 
-VARIANT = "auto"  # "auto" | "single_pass" | "looped"
+VARIANT = "auto"  # "auto" | "single_pass" | "looped" | "persistent"
 MAX_SINGLE_PASS = 16384  # columns; wider rows would spill registers in one pass
 CHUNK = 4096  # columns per step of the looped variant
 ROWS_PER_PROGRAM = 0  # rows per program (a power of two); 0 = auto: pack short rows up to TILE elements
@@ -31,15 +39,20 @@ TILE = 4096  # elements; the auto tile size for short rows (16 per thread at 8 w
 MIN_PROGRAMS = 512  # programs; auto packing stops before the grid gets smaller (~4 per SM on H100)
 ELEMENTS_PER_WARP = 1024  # elements; auto warps = tile / this (32 per thread: 4 warps for a 4096 chunk; H200 sweep best)
 NUM_WARPS = 0  # warps per program; 0 = auto from ELEMENTS_PER_WARP, 1..16
+PROGRAMS_PER_SM = 2  # programs; persistent grid = SMs x this (all resident: mind registers)
+NUM_STAGES = 2  # tiles in flight per program in the persistent loop (1 = no pipelining)
+CPU_PROGRAMS = 4  # programs; the persistent grid in Triton's CPU interpreter (no SMs to count)
 
 TUNABLES = {
-    "VARIANT": ["auto", "single_pass", "looped"],
+    "VARIANT": ["auto", "single_pass", "looped", "persistent"],
     "MAX_SINGLE_PASS": [8192, 16384, 32768],
     "CHUNK": [1024, 2048, 4096, 8192],
     "ROWS_PER_PROGRAM": [0, 1, 2, 4, 8, 16],
     "TILE": [2048, 4096, 8192],
     "ELEMENTS_PER_WARP": [256, 512, 1024],
     "NUM_WARPS": [0, 1, 2, 4, 8, 16, 32],
+    "PROGRAMS_PER_SM": [1, 2, 3, 4, 8],
+    "NUM_STAGES": [1, 2, 3, 4],
 }
 
 
@@ -65,6 +78,35 @@ def _layernorm_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, stride_x, stride_out, 
     if HAS_BIAS:
         y = y + tl.load(b_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
     tl.store(out_ptr + rows[:, None] * stride_out + cols[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _layernorm_persistent_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, stride_x, stride_out, eps,
+                                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr,
+                                 HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """Program p normalizes row tiles p, p + P, ... (P programs) with one load of weight and bias."""
+    cols = tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    if HAS_WEIGHT:
+        w = tl.load(w_ptr + cols, mask=col_mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+    if HAS_BIAS:
+        b = tl.load(b_ptr + cols, mask=col_mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+    for tile in tl.range(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.num_programs(0), num_stages=NUM_STAGES):
+        rows = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # the interpreter yields ints
+        mask = (rows < M)[:, None] & col_mask[None, :]
+        x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0,
+                    eviction_policy="evict_first").to(tl.float32)
+        # see _layernorm_kernel; the row's first 16 bytes are in flight already, so this hits L1/L2
+        shift = tl.load(x_ptr + rows * stride_x, mask=rows < M, other=0.0).to(tl.float32)
+        xs = tl.where(mask, x - shift[:, None], 0.0)
+        mean_s = tl.sum(xs, axis=1) / N
+        xc = tl.where(mask, xs - mean_s[:, None], 0.0)
+        y = xc * tl.rsqrt(tl.sum(xc * xc, axis=1) / N + eps)[:, None]
+        if HAS_WEIGHT:
+            y = y * w[None, :]
+        if HAS_BIAS:
+            y = y + b[None, :]
+        tl.store(out_ptr + rows[:, None] * stride_out + cols[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -113,6 +155,22 @@ def _tile(m: int, block_n: int) -> tuple[int, int]:
     return rows, warps
 
 
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _persistent_plan(x2) -> tuple[int, int, int, int]:
+    """(rows per tile, BLOCK_N, warps, programs) for the persistent variant over rows of x2."""
+    m, n = x2.shape
+    block_n = triton.next_power_of_2(n)
+    programs = _sm_count(x2.device.index) * PROGRAMS_PER_SM if x2.is_cuda else CPU_PROGRAMS
+    # pack short rows, but keep at least one tile per program
+    rows = ROWS_PER_PROGRAM or max(1, min(TILE // block_n, _pow2_floor(m // programs)))
+    warps = NUM_WARPS or min(16, max(1, rows * block_n // ELEMENTS_PER_WARP))
+    return rows, block_n, warps, min(programs, triton.cdiv(m, rows))
+
+
 def kernel_fn(x, weight, bias, eps=1e-5):
     n = x.shape[-1]
     x2 = x.reshape(-1, n)
@@ -127,6 +185,12 @@ def kernel_fn(x, weight, bias, eps=1e-5):
         return out.view(x.shape)
     flags = dict(HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None)
     full_row = triton.next_power_of_2(n)
+    if VARIANT == "persistent" and full_row <= MAX_SINGLE_PASS:
+        rows, block_n, warps, programs = _persistent_plan(x2)
+        _layernorm_persistent_kernel[(programs,)](x2, w, b, out, m, n, x2.stride(0), out.stride(0), eps,
+                                                  BLOCK_M=rows, BLOCK_N=block_n, NUM_STAGES=NUM_STAGES,
+                                                  num_warps=warps, **flags)
+        return out.view(x.shape)
     single = VARIANT == "single_pass" or (VARIANT == "auto" and full_row <= MAX_SINGLE_PASS)
     if single:
         rows, warps = _tile(m, full_row)
