@@ -236,3 +236,13 @@ def test_extract_kernel_picks_the_whole_file():
     assert extract_kernel(reply, "rmsnorm") == kernel
     with pytest.raises(AgentError):
         extract_kernel(reply, "softmax")
+
+
+def test_builtin_agent_hands_hard_coded_values_back_to_the_kernels_heuristic_first():
+    from autokernel.agents.builtin import candidates
+
+    space = {"NUM_WARPS": [0, 1, 2, 4, 8], "CHUNK": [512, 1024, 2048], "VARIANT": ["auto", "looped"]}
+    detuned = {"NUM_WARPS": 1, "CHUNK": 512, "VARIANT": "looped"}
+    first_two = [c for c, _ in zip(candidates(space, detuned, seed=0), range(2))]
+    assert sorted(first_two, key=str) == sorted([{**detuned, "NUM_WARPS": 0}, {**detuned, "VARIANT": "auto"}],
+                                                 key=str)

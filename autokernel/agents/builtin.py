@@ -3,7 +3,8 @@
 A kernel file lists the values worth trying for each CAPS tunable in `TUNABLES` (block sizes, warps,
 stages, and the kernel-specific variants: the playbook's first tier). From the best configuration so
 far the agent moves one tunable at a time, nearest values first (a coordinate search; block sizes
-and warp counts are smooth enough that the neighbour of a good value is the best next guess). When a
+and warp counts are smooth enough that the neighbour of a good value is the best next guess), except
+that handing a hard-coded value back to the kernel's own heuristic (0 or "auto") comes first. When a
 move is kept, the same tunable is pushed one step further in the same direction before anything else.
 When every single-tunable move from the best has been tried, pairs are tried, then triples, until
 the whole space is exhausted, which ends the kernel. Configurations already tried are never repeated;
@@ -43,15 +44,25 @@ def tunable_space(source: str) -> tuple[dict, dict]:
     return space, {name: decl[name] for name in space}
 
 
+AUTO_VALUES = (0, "auto", None)  # "let the kernel's own heuristic choose", by the starters' convention
+
+
 def _moves(values: list, current) -> list[Move]:
     if current in values:
         i0 = values.index(current)
-        return [Move(v, abs(i - i0), (i > i0) - (i < i0)) for i, v in enumerate(values) if i != i0]
+        # Handing a hard-coded value back to the kernel's heuristic comes first (cost 0): a starter's
+        # "auto" is its author's best guess for every shape, so from a detuned file it is the big step.
+        return [Move(v, 0 if _is_auto(v) and not _is_auto(current) else abs(i - i0), (i > i0) - (i < i0))
+                for i, v in enumerate(values) if i != i0]
     # the current value is not in the list (a hand-edited file): nearest listed values first
     numeric = all(isinstance(v, (int, float)) for v in values + [current])
     order = sorted(values, key=lambda v: abs(v - current)) if numeric else list(values)
     return [Move(v, rank + 1, ((v > current) - (v < current)) if numeric else 0)
             for rank, v in enumerate(order)]
+
+
+def _is_auto(value) -> bool:
+    return value is None or (type(value) in (int, str) and value in AUTO_VALUES)
 
 
 def candidates(space: dict, current: dict, seed: int, momentum: dict | None = None):

@@ -30,6 +30,9 @@ from autokernel.gitlog import KERNEL_PATH, GitError, GitLog
 from autokernel.loop.state import LoopError, StateFile, job_row_history, repo_lock
 from autokernel.report import format_duration, format_us, progress_line
 
+# A full harness run takes 10-30 s on a GPU; a candidate still going after this long is a hang (seen on
+# an H200: a one-warp, 8192-wide single-pass rmsnorm compiled for minutes), and the night moves on.
+LOOP_BENCH_TIMEOUT_S = {"cuda": 120, "cpu": 600}
 MIN_GAIN_PCT = 1.0  # a change must beat the best by more than this (or the baseline noise, if larger)
 LAST_LOG_CHARS = 8000  # of the harness output kept for the next prompt
 HARNESS_FILES = ("bench.py", "reference.py", "autokernel/*.py", "autokernel/**/*.py")
@@ -318,8 +321,13 @@ class Loop:
         bench = self.bench
         if bench is None:
             from autokernel.runner import run_bench as bench  # imports torch: only when benching
+        timeout = self.cfg.bench_timeout
+        if timeout is None and self.bench is None:
+            from autokernel.gpu import pick_device
+
+            timeout = LOOP_BENCH_TIMEOUT_S[pick_device(self.cfg.device)]
         return bench(str(self.root / KERNEL_PATH), device=self.cfg.device, quick=self.cfg.quick,
-                     timeout=self.cfg.bench_timeout, dtype=self.cfg.dtype, reuse_baselines=reuse_baselines)
+                     timeout=timeout, dtype=self.cfg.dtype, reuse_baselines=reuse_baselines)
 
     def _check_harness(self) -> None:
         now = harness_hashes(self.root)
