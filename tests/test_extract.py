@@ -102,3 +102,15 @@ def test_extracted_rmsnorm_passes_bench(repo_root, llama_plan, tmp_path):
     b = _run(repo_root, "bench.py", str(kernel), "--device", "cpu", "--no-log", "--quick")
     assert b.returncode == 0, b.stdout[-2000:] + b.stderr[-2000:]
     assert "correctness: PASS" in b.stdout and "shape: M=128 N=128" in b.stdout
+
+
+@pytest.mark.parametrize("plan", sorted((Path(__file__).resolve().parent.parent / "profiles").glob("*.plan.json")),
+                         ids=lambda p: p.stem)
+def test_every_shipped_gpu_plan_extracts_at_once(repo_root, plan, tmp_path):
+    data = json.loads(plan.read_text())
+    assert data["cpu_mode"] is False and "cuda" in data["command"] and data["covered_f"] >= 0.8
+    proc = _run(repo_root, "extract.py", "--plan", str(plan), "--top", "3", "--output-dir", str(tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    written = sorted(tmp_path.glob("0[1-3]_*.py"))
+    assert [p.name.split("_", 1)[1][:-3] for p in written] == [e["type"] for e in data["entries"][:3]]
+    assert all("MODEL_SHAPES = [" in p.read_text() for p in written)
