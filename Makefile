@@ -1,13 +1,16 @@
 # The everyday commands. `make test` is what CI runs (through .ci/run).
 PYTHON ?= python3
 
-.PHONY: install test test-gpu lint bench suite
+.PHONY: install test test-fast test-gpu lint bench suite
 
 install:
 	$(PYTHON) -m pip install -e ".[dev]"
 
 test:
 	$(PYTHON) -m pytest -q
+
+test-fast:
+	$(PYTHON) -m pytest -q -m "not slow"
 
 test-gpu:  # on a machine with a CUDA GPU: the GPU-marked tests only
 	$(PYTHON) -m pytest -q -m gpu
@@ -17,3 +20,6 @@ lint:
 
 bench:  # the shipped kernel.py through the five stages and timing
 	$(PYTHON) bench.py kernel.py
+
+suite:  # every starter against eager, torch.compile and Liger on the GPU: writes BENCHMARKS.md
+	$(PYTHON) bench.py --suite
