@@ -40,6 +40,8 @@ if __name__ == "profile":  # imported by cProfile & co. from the repository root
     _stdlib_profile()
 
 
+from autokernel.cli import add_model_arguments  # noqa: E402  (after the stdlib hand-over above)
+
 ROOT = Path(__file__).resolve().parent
 DEFAULT_OUTPUT = ROOT / "workspace"
 
@@ -49,19 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="profile.py", description="Profile a PyTorch model and rank its kernel types by Amdahl's law.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Examples:\n" + "\n".join(__doc__.split("\n\n")[1].splitlines()))
-    src = p.add_argument_group("the model (a file and class, or a package)")
-    src.add_argument("--model", metavar="FILE", help="Python file defining the model, e.g. models/llama.py")
-    src.add_argument("--module", metavar="PACKAGE", help="import the class from a package, e.g. transformers")
-    src.add_argument("--class-name", required=True, help="the model class, e.g. LlamaModel")
-    src.add_argument("--config", help="preset passed to the class (tiny, compact, 7b, ...), or for "
-                                      "transformers a model name or local directory")
-    src.add_argument("--pretrained", action="store_true",
-                     help="transformers: load weights from the local cache instead of random ones")
-    how = p.add_argument_group("how to run it")
-    how.add_argument("--input-shape", default="1,512", help="input shape, batch,seq for token models "
-                                                            "(default 1,512)")
-    how.add_argument("--dtype", default="float16", help="float16 | bfloat16 | float32 (default float16)")
-    how.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda when a GPU is visible")
+    how = add_model_arguments(p)
     how.add_argument("--steps", type=int, default=3, help="profiled forward passes (default 3)")
     out = p.add_argument_group("output")
     out.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT,

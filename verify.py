@@ -39,6 +39,8 @@ import shlex
 import sys
 from pathlib import Path
 
+from autokernel.cli import add_model_arguments
+
 ROOT = Path(__file__).resolve().parent
 CHECK_INPUTS = 3  # fresh inputs the optimized model must match the original on
 TIMING_INPUTS = 2  # input sets the timed runs rotate through
@@ -52,18 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="verify.py", description=doc[0].split(": ", 1)[1].capitalize(),
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="Examples:\n" + doc[1] + "\n\n" + "\n\n".join(doc[2:]))
-    src = p.add_argument_group("the model (a file and class, or a package), as for profile.py")
-    src.add_argument("--model", metavar="FILE", help="Python file defining the model, e.g. models/llama.py")
-    src.add_argument("--module", metavar="PACKAGE", help="import the class from a package, e.g. transformers")
-    src.add_argument("--class-name", required=True, help="the model class, e.g. LlamaModel")
-    src.add_argument("--config", help="preset passed to the class (tiny, compact, tinyllama, ...), or for "
-                                      "transformers a model name or local directory")
-    src.add_argument("--pretrained", action="store_true",
-                     help="transformers: load weights from the local cache instead of random ones")
-    how = p.add_argument_group("how to run it")
-    how.add_argument("--input-shape", default="1,512", help="input shape, batch,seq for token models (default 1,512)")
-    how.add_argument("--dtype", default="float16", help="float16 | bfloat16 | float32 (default float16)")
-    how.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda when a GPU is visible")
+    how = add_model_arguments(p, presets="tiny, compact, tinyllama, ...",
+                              source_title="the model (a file and class, or a package), as for profile.py")
     how.add_argument("--kernels", metavar="DIR", type=Path, default=DEFAULT_KERNELS,
                      help="where optimized and extracted kernels are looked for (default workspace/kernels); "
                           "types without one there use the starter in kernels/")
