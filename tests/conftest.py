@@ -1,5 +1,6 @@
-"""Shared test setup: the repository root on sys.path, and GPU tests skipped cleanly without a GPU."""
+"""Shared test setup: the repository root on sys.path, CPU mode, GPU tests skipped cleanly without a GPU."""
 
+import os
 import sys
 from pathlib import Path
 
@@ -9,6 +10,13 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+if not torch.cuda.is_available():
+    # CPU mode for every Triton kernel this test process touches. Triton reads the switch when each
+    # @triton.jit runs, so it is set once, before anything imports a kernel: mixing jit functions made
+    # before and after the switch fails inside the interpreter ("Cannot call @triton.jit'd outside of
+    # the scope of a kernel").
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def pytest_collection_modifyitems(config, items):
