@@ -1,6 +1,7 @@
 """The shipped models (tiny presets) and loading a model from a file or a package."""
 
 import importlib.util
+import sys
 
 import pytest
 import torch
@@ -71,9 +72,20 @@ def test_missing_file_and_class_are_named(repo_root, tmp_path):
         load_model("LlamaModel", model_file=str(repo_root / "models/llama.py"), config="huge")
 
 
-def test_a_package_that_is_not_installed_is_a_clear_error():
+def test_a_package_that_is_not_installed_is_a_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "transformers", None)  # as if it were not installed
     with pytest.raises(ModelError, match="cannot import transformers.*pip install transformers"):
         load_model("AutoModelForCausalLM", module="transformers", config="gpt2")
+
+
+def test_a_huggingface_model_builds_offline_from_a_local_config(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=256)
+    config.save_pretrained(tmp_path / "tiny-llama")
+    model = load_model("AutoModelForCausalLM", module="transformers", config=str(tmp_path / "tiny-llama"))
+    assert type(model).__name__ == "LlamaForCausalLM"
+    assert sum(p.numel() for p in model.parameters()) < 200_000
 
 
 def test_a_class_from_an_installed_package_builds():

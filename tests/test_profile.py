@@ -173,7 +173,7 @@ def test_profile_cli_writes_profile_and_plan(repo_root, tmp_path):
     (["--model", "models/llama.py", "--class-name", "LlamaModel", "--dtype", "float8"], "unknown dtype 'float8'"),
     (["--model", "models/llama.py", "--class-name", "LlamaModel", "--config", "tiny", "--input-shape", "1,9999"],
      "at most 512"),
-    (["--module", "transformers", "--class-name", "AutoModelForCausalLM", "--config", "gpt2"], "pip install"),
+    (["--module", "not_a_package", "--class-name", "AutoModel"], "cannot import not_a_package"),
 ])
 def test_profile_cli_bad_input_is_one_clear_line(repo_root, tmp_path, args, message):
     r = _run(repo_root, "profile.py", *args, "--device", "cpu", "--output-dir", str(tmp_path))
@@ -223,3 +223,16 @@ def test_device_time_counts_kernels_not_the_shadows_of_profiler_ranges():
         event("LlamaAttention", 300.0, annotation=True),
     ]
     assert device_time_us(events) == 37.0
+
+
+def test_a_huggingface_llama_is_profiled_by_module_and_function(repo_root, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                             num_key_value_heads=2, vocab_size=256).save_pretrained(tmp_path / "cfg")
+    r = _run(repo_root, "profile.py", "--module", "transformers", "--class-name", "AutoModelForCausalLM",
+             "--config", str(tmp_path / "cfg"), "--input-shape", "1,32", "--dtype", "float32", "--device", "cpu",
+             "--output-dir", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    found = {e["type"] for e in json.loads((tmp_path / "plan.json").read_text())["entries"]}
+    # LlamaRMSNorm (a module), apply_rotary_pos_emb (a function), the SwiGLU LlamaMLP, SDPA attention
+    assert {"rmsnorm", "rotary_embedding", "fused_mlp", "flash_attention"} <= found

@@ -218,3 +218,17 @@ def test_functional_forms_are_swapped_where_they_fit(repo_root, interpreter):
         calls.setdefault(s.what, []).append((s.calls, s.fallbacks))
     assert sorted(calls["F.layer_norm"]) == [(0, 1), (2, 0)] and calls["F.rms_norm"] == [(1, 0)]
     assert calls["torch.softmax"] == [(0, 1)] and calls["F.softmax"] == [(1, 0)]
+
+
+def test_a_huggingface_llama_verifies_with_the_starters(tmp_path, capsys, interpreter):
+    transformers = pytest.importorskip("transformers")
+    transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                             num_key_value_heads=2, vocab_size=256).save_pretrained(tmp_path / "cfg")
+    out = tmp_path / "report.json"
+    code = verify.main(["--module", "transformers", "--class-name", "AutoModelForCausalLM", "--config",
+                        str(tmp_path / "cfg"), "--input-shape", "1,16", "--device", "cpu", "--checks", "1",
+                        "--no-timing", "--json", str(out)])
+    printed = capsys.readouterr()
+    assert code == 0, printed.out + printed.err
+    report = json.loads(out.read_text())
+    assert {"rmsnorm", "matmul", "fused_mlp"} <= set(report["swapped_types"])
