@@ -91,7 +91,8 @@ def test_builtin_agent_recovers_a_detuned_starter(project):
     rows = check_git_matches_results(repo)
     assert rows[0]["status"] == "baseline" and sorted(r["status"] for r in rows[1:]) == ["keep", "revert"]
     (keep,) = [r for r in rows if r["status"] == "keep"]
-    assert keep["description"].startswith("VARIANT 'looped' -> 'single_pass'")
+    # "auto" (tried first: the kernel's own heuristic) picks the single pass for these rows
+    assert keep["description"].startswith(("VARIANT 'looped' -> 'auto'", "VARIANT 'looped' -> 'single_pass'"))
     assert all(r["correctness"] == "PASS" for r in rows)
     best = float(rows[0]["latency_us"])
     for r in rows[1:]:  # a keep beat the best before it by more than the threshold, a revert did not
@@ -99,7 +100,8 @@ def test_builtin_agent_recovers_a_detuned_starter(project):
         assert (r["status"] == "keep") == (latency < (1 - MIN_GAIN_PCT / 100) * best)
         best = latency if r["status"] == "keep" else best
     optimized = (repo / "workspace/kernels/rmsnorm_optimized.py").read_text()
-    assert 'VARIANT = "single_pass"' in optimized and "NUM_WARPS = 1 " in optimized
+    kept_variant = re.search(r"-> '(\w+)'", keep["description"]).group(1)
+    assert f'VARIANT = "{kept_variant}"' in optimized and "NUM_WARPS = 1 " in optimized
     assert GitLog(repo).repo.commit(keep["commit"]).author.name == "AutoKernel"
     assert "loop stopped: 3 experiments run" in done.stdout
 

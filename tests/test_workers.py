@@ -1,9 +1,10 @@
 """orchestrate.py run --gpus: one worker per GPU, on the CPU through Triton's interpreter.
 
 On a CPU-only machine `--gpus 0,1` starts two workers whose ids are only labels. Each test copies the
-project into a temporary git repository (as tests/test_orchestrate_harness.py does) and runs two
-workers on two kernels with the real harness: their rows share one results.tsv, tagged by worker,
-and each kernel ends on its own branch; then a kill -9 of everything mid-experiment and a restart.
+project into a temporary git repository (as tests/test_orchestrate_harness.py does) and runs the
+real harness: two workers on three kernels (rows in one results.tsv tagged by worker, one branch
+per kernel, the worker done first takes the third kernel); then a kill -9 of one worker, which the
+driver starts again, and a kill -9 of everything, which a restart resumes. About a minute or two.
 """
 
 import json
@@ -19,8 +20,8 @@ from test_orchestrate_harness import IDENTITY, PROJECT, ROOT, _descendants
 
 from autokernel import results
 from autokernel.gitlog import GitLog
-from autokernel.loop.state import LoopError
-from autokernel.workers import branch_name, device_for, parse_gpus, worktree_path
+from autokernel.loop.state import LoopError, lock_holder
+from autokernel.workers import branch_name, device_for, parse_gpus, worker_rates, worktree_path
 
 KERNELS = ["kernels/rmsnorm.py", "kernels/softmax.py"]
 THIRD = "kernels/rmsnorm_2.py"  # a third kernel: the worker done first takes it
@@ -102,52 +103,66 @@ def test_two_workers_three_kernels(project):
     lines = status.stdout.splitlines()
     for name in names:
         assert any(line.startswith(f"{name} ") and " gpu" in line and "2 exp" in line for line in lines)
+    assert any(line.startswith("all: 6 experiments") for line in lines)  # and the rate per worker below it
     report = orchestrate(repo, env, command="report")
     assert report.returncode == 0 and all(n in report.stdout for n in names)
 
 
-def _wait_for_a_bench(repo, proc, experiment: int, limit_s: float = 200) -> tuple[str, dict]:
+def _wait_for_a_bench(repo, proc, experiment: int, names, not_pid=None, limit_s: float = 200) -> tuple[str, dict]:
+    """The first kernel of `names` whose loop (not pid `not_pid`) is benching `experiment`."""
     deadline = time.time() + limit_s
     while time.time() < deadline and proc.poll() is None:
-        for name in ("rmsnorm", "softmax"):
-            state_file = worktree_path(repo, "t", name) / "workspace" / "loop_state.json"
+        for name in names:
+            tree = worktree_path(repo, "t", name)
             try:
-                inflight = json.loads(state_file.read_text()).get("inflight") or {}
+                inflight = json.loads((tree / "workspace/loop_state.json").read_text()).get("inflight") or {}
             except (FileNotFoundError, json.JSONDecodeError):
                 continue
-            if inflight.get("experiment") == experiment and inflight.get("phase") == "bench":
+            if inflight.get("experiment") == experiment and inflight.get("phase") == "bench" and \
+                    lock_holder(tree) not in (None, not_pid):
                 return name, inflight
         time.sleep(0.2)
     raise AssertionError(f"no experiment {experiment} reached the bench: {proc.communicate()[0]!r}")
 
 
-@pytest.mark.slow
-def test_kill_9_mid_run_then_restart_resumes(project):
-    repo, env = project
-    proc = orchestrate(repo, env, *[a for k in KERNELS for a in ("--kernel", k)], "--max-experiments", "3",
-                       "--seed", "1", background=True)
-    try:
-        name, inflight = _wait_for_a_bench(repo, proc, experiment=2)
-        time.sleep(2.0)  # well into the harness run
-        victims = [proc.pid] + _descendants(proc.pid)
-    finally:
-        for pid in [proc.pid] + _descendants(proc.pid):  # the host dies: the workers and harnesses too
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        proc.wait()
-    assert len(victims) >= 4  # the driver, two workers, a harness child
-    assert GitLog(worktree_path(repo, "t", name)).head() == inflight["candidate"]  # left unrecorded
+def _kill_tree(pid: int) -> list[int]:
+    victims = [pid] + _descendants(pid)
+    for p in victims:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return victims
 
-    done = orchestrate(repo, env, "--max-experiments", "1", "--seed", "1")
+
+@pytest.mark.slow
+def test_kill_9_of_a_worker_then_of_everything(project):
+    repo, env = project
+    proc = orchestrate(repo, env, *[a for k in KERNELS for a in ("--kernel", k)], "--max-experiments", "1",
+                       background=True)
+    try:
+        name, _ = _wait_for_a_bench(repo, proc, 1, ("rmsnorm", "softmax"))
+        worker = int(lock_holder(worktree_path(repo, "t", name)))
+        time.sleep(1.0)
+        assert len(_kill_tree(worker)) >= 2  # the worker's loop and its harness child; the driver lives
+        _, inflight = _wait_for_a_bench(repo, proc, 1, (name,), not_pid=str(worker))  # started again
+        time.sleep(1.0)
+    finally:
+        victims = _kill_tree(proc.pid)  # then the host dies: the driver, the workers, the harnesses
+        out = proc.communicate()[0]
+    assert len(victims) >= 3 and f"the worker on {name} died (signal 9); starting it again" in out
+    tree = GitLog(worktree_path(repo, "t", name))
+    assert tree.head() == inflight["candidate"]  # the unrecorded commit the kill left behind
+
+    done = orchestrate(repo, env, "--max-experiments", "1")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "experiment 2 was interrupted" in done.stdout
+    assert f"[gpu0 {name}] resume: experiment 1 was interrupted" in done.stdout or \
+        f"[gpu1 {name}] resume: experiment 1 was interrupted" in done.stdout
     rows = check_results_file(repo)
-    mine = check_kernel_branch(repo, name, rows)
-    assert mine[1]["description"].startswith(inflight["proposal"]["description"])  # the same move, redone
-    assert not GitLog(repo).is_ancestor(inflight["candidate"], branch_name("t", name))
-    check_kernel_branch(repo, "softmax" if name == "rmsnorm" else "rmsnorm", rows)
+    for kernel in ("rmsnorm", "softmax"):
+        mine = check_kernel_branch(repo, kernel, rows)
+        assert [r["status"] for r in mine] == ["baseline"] and mine[0]["correctness"] == "PASS"
+    assert not tree.is_ancestor(inflight["candidate"], branch_name("t", name))
 
 
 def test_gpu_ids():
@@ -158,3 +173,13 @@ def test_gpu_ids():
     assert device_for("1", {"CUDA_VISIBLE_DEVICES": "4,5"}) == "5"  # id 1 of what the driver sees
     assert device_for("1", {}) == "1"
 
+
+
+def test_experiments_per_hour_per_worker():
+    rows = [{"worker": w, "timestamp": f"2026-01-01T00:{m:02d}:00+00:00"}
+            for w, m in (("gpu0", 0), ("gpu1", 1), ("gpu0", 30), ("gpu1", 31), ("gpu0", 60 - 1))]
+    rates = worker_rates(rows)
+    assert rates["gpu1"] == (2, 2.0)  # one interval of 30 min
+    assert rates["gpu0"][0] == 3 and abs(rates["gpu0"][1] - 2 * 60 / 59) < 1e-9
+    assert rates["all"][0] == 5 and abs(rates["all"][1] - 4 * 60 / 59) < 1e-9
+    assert worker_rates(rows[:1])["gpu0"] == (1, None)  # no interval yet: no rate
