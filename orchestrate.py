@@ -4,10 +4,13 @@
     python orchestrate.py run --kernel kernels/rmsnorm.py --hours 1 --quick
     python orchestrate.py run --agent command --agent-cmd "claude -p --dangerously-skip-permissions"
     python orchestrate.py run --agent openai --base-url http://localhost:8000/v1 --model qwen2.5-coder
+    python orchestrate.py run --plan workspace/plan.json --gpus 0,1,2,3   # one worker per GPU (or --gpus all)
     python orchestrate.py status | next | report
 
 Experiments live on branch autokernel/<tag>: one commit per experiment, kept or reset. Every
 experiment is a row in results.tsv. Killed at any moment, `run` with the same tag resumes.
+With --gpus, each worker runs this loop on its own kernel in a git worktree, on branch
+autokernel/<tag>/<kernel> (see autokernel/workers.py); in CPU mode the ids are only worker labels.
 """
 
 import argparse
@@ -23,6 +26,7 @@ from autokernel.gitlog import KERNEL_PATH, GitError, GitLog
 from autokernel.loop import Loop, LoopConfig, LoopError
 from autokernel.loop.state import STATE_FILE, StateFile, load_jobs, lock_holder, next_job
 from autokernel.report import LiveLine, amdahl, format_us, kernel_summaries, report_table, write_progress_png
+from autokernel.workers import Driver, latest_tag, parse_gpus, read_queue, status_lines, worker_jobs, worker_rows
 
 
 def default_tag(root: Path) -> str:
@@ -32,7 +36,7 @@ def default_tag(root: Path) -> str:
     path = root / STATE_FILE
     if path.is_file():
         return json.loads(path.read_text()).get("tag") or datetime.now().strftime("%b%d").lower()
-    return datetime.now().strftime("%b%d").lower()
+    return latest_tag(root) or datetime.now().strftime("%b%d").lower()
 
 
 def parse_args(argv=None):
@@ -62,6 +66,8 @@ def parse_args(argv=None):
     run.add_argument("--dtype", default="fp16", help="dtype of the timing run (default fp16)")
     run.add_argument("--bench-timeout", type=float, help="seconds before a bench counts as a hang")
     run.add_argument("--seed", type=int, default=0, help="seed of the builtin agent's search order")
+    run.add_argument("--gpus", help="one worker per GPU, each on its own kernel: 0,1,2,3 or all "
+                                    "(--max-experiments then counts per kernel; CPU mode: ids are labels)")
     for name, text in (("status", "where the loop stands"), ("next", "what the loop will try next"),
                        ("report", "per-kernel results, Amdahl estimate, progress.png")):
         cmd = sub.add_parser(name, help=text)
@@ -74,13 +80,16 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def build_agent(args):
-    options = {}
+def agent_options(args) -> dict:
     if args.agent == "command":
-        options = {"command": args.agent_cmd or "", "timeout_s": args.agent_timeout}
-    elif args.agent == "openai":
-        options = {"model": args.model, "base_url": args.base_url, "api_key_env": args.api_key_env}
-    return make_agent(args.agent, **options)
+        return {"command": args.agent_cmd or "", "timeout_s": args.agent_timeout}
+    if args.agent == "openai":
+        return {"model": args.model, "base_url": args.base_url, "api_key_env": args.api_key_env}
+    return {}
+
+
+def build_agent(args):
+    return make_agent(args.agent, **agent_options(args))
 
 
 def cmd_run(args, root: Path) -> int:
@@ -89,7 +98,13 @@ def cmd_run(args, root: Path) -> int:
                         target_speedup=args.target_speedup, target_pct_peak=args.target_pct_peak,
                         min_gain_pct=args.min_gain, device=args.device, quick=args.quick, dtype=args.dtype,
                         bench_timeout=args.bench_timeout, seed=args.seed)
-    agent = build_agent(args)
+    agent = build_agent(args)  # an agent that cannot work fails here, before any worker starts
+    if args.gpus:
+        with LiveLine() as ui:
+            driver = Driver(root, config, {"name": args.agent, "options": agent_options(args)},
+                            parse_gpus(args.gpus), ui=ui)
+            ui.print(f"[bold]workers stopped[/bold]: {driver.run(args.plan, args.kernel)}")
+        return cmd_report(args, root)
     with LiveLine() as ui:
         jobs = None
         if StateFile(root, args.tag).read() is None:
@@ -102,6 +117,11 @@ def cmd_run(args, root: Path) -> int:
 
 
 def cmd_status(args, root: Path) -> int:
+    if read_queue(root, args.tag) is not None:
+        print("\n".join(status_lines(root, args.tag)))
+        LiveLine().print(report_table(kernel_summaries(worker_rows(root, args.tag), worker_jobs(root, args.tag)),
+                                      args.tag))
+        return 0
     state = StateFile(root, args.tag).read()
     holder = lock_holder(root)
     print(f"tag {args.tag}: " + (f"a loop is running (pid {holder})" if holder else "no loop running"))
@@ -118,19 +138,30 @@ def cmd_status(args, root: Path) -> int:
 
 
 def cmd_next(args, root: Path) -> int:
+    if read_queue(root, args.tag) is not None:  # --gpus: what each unfinished kernel's worker tries next
+        todo = [j for j in worker_jobs(root, args.tag) if j["status"] != "done"]
+        if not todo:
+            print(f"tag {args.tag}: every kernel is done")
+        for job in todo:
+            print_next(job, root, job.get("seed", 0))
+        return 0
     state = StateFile(root, args.tag).read()
     jobs = state["jobs"] if state else load_jobs(root, args.plan, None)
     job = next_job(jobs)
     if job is None:
         print(f"tag {args.tag}: every kernel is done")
         return 0
+    return print_next(job, root, state.get("seed", 0) if state else 0)
+
+
+def print_next(job: dict, root: Path, seed: int) -> int:
     share = f", {job['f']:.1%} of the model's time, gain {job['gain']:.3f}x" if job.get("f") else ""
     print(f"next kernel: {job['name']} ({job['type']}, {job['source']}{share})")
-    if job["best_sha"] is None:
+    if job.get("best_sha") is None:
         print("next experiment: its baseline")
         return 0
     source = GitLog(root).file_at(job["best_sha"], KERNEL_PATH)
-    move = next_move(source, job.get("memory", {}), state.get("seed", 0))
+    move = next_move(source, job.get("memory", {}), seed)
     print(f"best so far {format_us(job['best_us'])}; {job['reverts_in_row']} reverts in a row")
     print(f"builtin agent's next move: {move.description if move else 'none left (space exhausted)'}")
     return 0
@@ -140,6 +171,8 @@ def cmd_report(args, root: Path) -> int:
     state = StateFile(root, args.tag).read()
     jobs = state["jobs"] if state else (load_jobs(root, args.plan, None) if getattr(args, "plan", None) else [])
     rows = [r for r in results.read_rows(root / "results.tsv") if r["tag"] == args.tag]
+    if read_queue(root, args.tag) is not None:  # --gpus workers: every kernel's own tag <tag>/<kernel>
+        jobs, rows = worker_jobs(root, args.tag), worker_rows(root, args.tag)
     summaries = kernel_summaries(rows, jobs)
     console = LiveLine()
     console.print(report_table(summaries, args.tag))

@@ -53,6 +53,8 @@ class LoopConfig:
     dtype: str = "fp16"
     bench_timeout: float | None = None
     seed: int = 0  # of the builtin agent's search order
+    results_path: str | None = None  # default <repo>/results.tsv; --gpus workers share the main repo's
+    worker: str | None = None  # the results.tsv worker column; default the host name
 
 
 def decide(result: dict, best_us: float | None, threshold_pct: float) -> tuple[str, str]:
@@ -90,7 +92,8 @@ class Loop:
         self.new_jobs = jobs or []
         self.bench = bench
         self.ui = ui  # .print(text) for a line, .status(text) for the live line; None: quiet
-        self.results_path = self.root / "results.tsv"
+        self.results_path = Path(config.results_path) if config.results_path else self.root / "results.tsv"
+        self.worker = config.worker or socket.gethostname()
         self.state = StateFile(self.root, config.tag)
         self.git: GitLog | None = None
         self.started = time.time()
@@ -282,7 +285,10 @@ class Loop:
         others = [p for p, code in self.git.changes().items() if p != KERNEL_PATH and not
                   (code == "??" and p in before)]
         log_now = self.results_path.read_bytes() if self.results_path.exists() else None
-        if log_now != log_before:
+        if not self.results_path.is_relative_to(self.root):  # shared: other workers append meanwhile
+            if not (log_now or b"").startswith(log_before or b""):
+                others.append("results.tsv (rewritten; not restored: other workers' rows are in it)")
+        elif log_now != log_before:
             if log_before is None:
                 self.results_path.unlink()
             else:
@@ -356,7 +362,7 @@ class Loop:
             "experiment": inflight["experiment"], "tag": self.cfg.tag, "kernel_type": job["type"],
             "kernel_file": job["source"], "commit": sha or "", "status": status,
             "correctness": result.get("correctness", ""), "device": result.get("gpu", ""),
-            "worker": socket.gethostname(), "agent": self.agent.name, "description": description,
+            "worker": self.worker, "agent": self.agent.name, "description": description,
             **{k: result.get(k) for k in ("latency_us", "throughput_tflops", "bandwidth_gb_s", "pct_peak",
                                           "speedup_vs_pytorch", "speedup_vs_compile", "peak_vram_mb")},
         }
@@ -420,7 +426,7 @@ class Loop:
         if not inflight or inflight.get("outcome"):
             return
         self._undo(inflight)
-        row = {"experiment": inflight["experiment"], "tag": self.cfg.tag, "status": "revert",
+        row = {"experiment": inflight["experiment"], "tag": self.cfg.tag, "status": "revert", "worker": self.worker,
                "kernel_file": self.state.job(inflight["kernel"])["source"], "agent": self.agent.name,
                "kernel_type": self.state.job(inflight["kernel"])["type"], "commit": inflight.get("candidate", ""),
                "description": f"{(inflight.get('proposal') or {}).get('description', '')} (interrupted: Ctrl-C)"}

@@ -76,7 +76,7 @@ class StateFile:
         self.data: dict = {}
 
     def _archived(self, tag: str) -> Path:
-        return self.path.with_name(f"loop_state.{tag}.json")
+        return self.path.with_name(f"loop_state.{tag.replace('/', '--')}.json")  # --gpus tags are <tag>/<kernel>
 
     def read(self) -> dict | None:
         """The saved state of this tag, without taking it over."""

@@ -1,0 +1,409 @@
+"""Parallel experiments on one host: one keep-or-reset loop per GPU, each on its own kernel.
+
+`orchestrate.py run --gpus 0,1` starts a driver here. The driver never touches the main work tree
+(only workspace/ and results.tsv); each kernel of the plan gets a git worktree
+workspace/worktrees/<tag>/<kernel>, where the ordinary single-kernel loop runs in a child process
+(`python -m autokernel.workers`) with CUDA_VISIBLE_DEVICES set to its GPU. That loop's tag is
+<tag>/<kernel>, so its branch is autokernel/<tag>/<kernel>, its state and lock live in the worktree,
+and its rows (tagged <tag>/<kernel>, worker gpu<N>) go to the main repository's results.tsv, which
+results.append_row writes whole under a file lock. Free workers take the pending kernel with the
+most end-to-end gain left (the plan's Amdahl order); a worker whose loop stops takes the next one.
+
+Resume. The queue is workspace/workers.<tag>.json (written only by the driver, atomically); each
+kernel's progress is its worktree's loop state. Killed at any moment, `run --gpus ... --tag <tag>`
+starts the unfinished kernels again first and each loop reconciles the experiment a kill interrupted.
+A worker that dies on its own (a signal, an OOM kill) is started again on its kernel, up to
+MAX_RESPAWNS times; a worker outlives no driver (PR_SET_PDEATHSIG), so no orphan holds a worktree.
+
+Budgets: --hours bounds the whole run; each kernel gets --per-kernel-minutes (default: hours x
+workers / kernels); --max-experiments counts benches per kernel in this run.
+
+CPU mode: with no GPU, `--gpus 0,1` still starts two workers; the ids are only labels (the
+harness children run on the CPU cores through Triton's interpreter) and timings are not figures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import asdict
+from pathlib import Path
+
+from autokernel import results
+from autokernel.gitlog import KERNEL_PATH, GitLog, is_artifact
+from autokernel.loop import Loop, LoopConfig
+from autokernel.loop.state import LoopError, StateFile, load_jobs, lock_holder, new_job, repo_lock, write_json_atomic
+from autokernel.report import format_us
+
+QUEUE_FILE = "workspace/workers.{tag}.json"
+WORKTREES = "workspace/worktrees"  # one worktree per kernel, under <tag>/
+WORKER_LOGS = "workspace/workers"  # each worker's full output, <tag>/<kernel>.log
+MAX_RESPAWNS = 2  # per kernel and run: a worker killed from outside is started again this often
+STOP_GRACE_S = 5.0  # seconds a worker gets to stop on Ctrl-C before it is sent SIGTERM
+STOP_LIMIT_S = 120.0  # seconds after SIGTERM before SIGKILL (the loop undoes its experiment first)
+PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h)
+
+
+# ------------------------------------------------------------------------------ names and places
+def parse_gpus(text: str, env: dict | None = None) -> list[str]:
+    """`0,1,3` or `all` -> the worker ids. `all` counts the visible GPUs; without one, name the ids."""
+    env = os.environ if env is None else env
+    if text.strip() == "all":
+        visible = [v for v in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+        count = len(visible) if visible else _cuda_count()
+        if not count:
+            raise LoopError("--gpus all: no GPU is visible; in CPU mode name the workers, e.g. --gpus 0,1")
+        return [str(i) for i in range(count)]
+    ids = [g.strip() for g in text.split(",") if g.strip()]
+    if not ids or len(set(ids)) != len(ids):
+        raise LoopError(f"--gpus {text!r}: give distinct GPU ids, e.g. 0,1,2,3, or all")
+    return ids
+
+
+def _cuda_count() -> int:
+    from autokernel.gpu import has_cuda
+
+    if not has_cuda():
+        return 0
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def device_for(gpu: str, env: dict) -> str:
+    """What CUDA_VISIBLE_DEVICES the worker gets: id N of the GPUs this process sees, not of the host."""
+    visible = [v.strip() for v in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    return visible[int(gpu)] if gpu.isdigit() and int(gpu) < len(visible) else gpu
+
+
+def queue_path(root: Path, tag: str) -> Path:
+    return root / QUEUE_FILE.format(tag=tag)
+
+
+def worktree_path(root: Path, tag: str, name: str) -> Path:
+    return root / WORKTREES / tag / name
+
+
+def branch_name(tag: str, name: str) -> str:
+    return f"autokernel/{tag}/{name}"
+
+
+def kernel_state(root: Path, tag: str, name: str) -> dict | None:
+    """The worker loop's saved state of one kernel, or None before its loop started."""
+    return StateFile(worktree_path(root, tag, name), f"{tag}/{name}").read()
+
+
+def read_queue(root: Path, tag: str) -> dict | None:
+    path = queue_path(root, tag)
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def latest_tag(root: Path) -> str | None:
+    """The tag of the most recently written worker queue (what a bare `status` shows)."""
+    found = sorted((root / "workspace").glob("workers.*.json"), key=lambda p: p.stat().st_mtime)
+    return json.loads(found[-1].read_text()).get("tag") if found else None
+
+
+# ------------------------------------------------------------------------------ what status/report read
+def worker_jobs(root: Path, tag: str) -> list[dict]:
+    """Every kernel of the queue as its loop sees it, plus worker, branch and whether it runs now."""
+    queue = read_queue(root, tag) or {"jobs": [], "assigned": {}}
+    out = []
+    for entry in queue["jobs"]:
+        state = kernel_state(root, tag, entry["name"])
+        job = dict(state["jobs"][0], seed=state.get("seed", 0)) if state else dict(entry, status="pending", reason="")
+        job["worker"] = queue["assigned"].get(entry["name"], "")
+        job["branch"] = branch_name(tag, entry["name"])
+        wt = worktree_path(root, tag, entry["name"])
+        job["pid"] = lock_holder(wt) if wt.is_dir() else None
+        job.setdefault("reason", "")
+        if job["pid"]:
+            job["status"], job["reason"] = "running", f"on {job['worker']} (pid {job['pid']})"
+        out.append(job)
+    return out
+
+
+def worker_rows(root: Path, tag: str) -> list[dict]:
+    return [r for r in results.read_rows(root / "results.tsv") if r["tag"].startswith(f"{tag}/")]
+
+
+def worker_rates(rows: list[dict]) -> dict[str, tuple[int, float | None]]:
+    """Per worker (and "all"): experiments logged and experiments per hour between its first and last
+    row (n - 1 intervals: the first row lands one experiment after the worker started)."""
+    from datetime import datetime
+
+    groups = {"all": rows} | {w: [r for r in rows if r["worker"] == w] for w in sorted({r["worker"] for r in rows})}
+    out = {}
+    for worker, mine in groups.items():
+        stamps = sorted(datetime.fromisoformat(r["timestamp"]).timestamp() for r in mine if r["timestamp"])
+        span = stamps[-1] - stamps[0] if len(stamps) > 1 else 0.0
+        out[worker] = (len(mine), 3600.0 * (len(stamps) - 1) / span if span > 0 else None)
+    return out
+
+
+def status_lines(root: Path, tag: str) -> list[str]:
+    holder = lock_holder(root)
+    lines = [f"tag {tag}: " + (f"workers running (driver pid {holder})" if holder else "no workers running")]
+    for job in worker_jobs(root, tag):
+        best = f"best {format_us(job['best_us'])}" if job.get("best_us") else "no best yet"
+        lines.append(f"{job['name']:<24} {job['worker'] or '-':<6} {job['status']:<8} {job['branch']:<40} "
+                     f"{job.get('experiments', 0)} exp, {job.get('kept', 0)} kept, {best}  {job['reason']}")
+    for worker, (n, rate) in worker_rates(worker_rows(root, tag)).items():
+        lines.append(f"{worker}: {n} experiments" + (f", {rate:.1f} per hour" if rate else ""))
+    return lines
+
+
+# ------------------------------------------------------------------------------ the driver
+class Driver:
+    """Runs one worker per GPU over the queue; see the module docstring."""
+
+    def __init__(self, root: Path, config: LoopConfig, agent: dict, gpus: list[str], ui=None):
+        self.root, self.cfg, self.agent, self.gpus, self.ui = Path(root).resolve(), config, agent, gpus, ui
+        self.tag = config.tag
+        self.lock = threading.Lock()  # the queue file, git worktree commands, the todo list
+        self.children: dict[str, subprocess.Popen] = {}
+        self.stopping = False
+        self.started = time.time()
+
+    def run(self, plan: str | None = None, kernels: list[str] | None = None) -> str:
+        with repo_lock(self.root):  # no single loop and no second driver on this repository meanwhile
+            self.git = GitLog(self.root)
+            self.queue = self._load_queue(plan, kernels)
+            todo = [j for j in self.queue["jobs"] if not _is_done(kernel_state(self.root, self.tag, j["name"]))]
+            if not todo:
+                return "every kernel is done"
+            started = [j for j in todo if kernel_state(self.root, self.tag, j["name"])]
+            self.todo = deque(started + [j for j in todo if j not in started])  # resume first, then Amdahl order
+            self.respawns = {j["name"]: 0 for j in todo}
+            minutes = self.cfg.per_kernel_minutes or self.cfg.hours * 60 * len(self.gpus) / len(todo)
+            self.per_kernel_minutes = minutes
+            self._say(f"{len(self.gpus)} worker(s) on {len(todo)} kernel(s) of tag {self.tag}, "
+                      f"{minutes:.0f} min per kernel; logs in {WORKER_LOGS}/{self.tag}/")
+            self._run_workers()
+            return self._summary()
+
+    def _run_workers(self) -> None:
+        threads = [threading.Thread(target=self._worker, args=(g,), daemon=True) for g in self.gpus]
+        for t in threads:
+            t.start()
+        try:
+            for t in threads:
+                while t.is_alive():
+                    t.join(0.2)  # short waits: Ctrl-C reaches the main thread only between them
+        except KeyboardInterrupt:
+            self._stop(threads)
+            raise
+
+    # -------------------------------------------------------------------- the queue
+    def _load_queue(self, plan, kernels) -> dict:
+        queue = read_queue(self.root, self.tag)
+        if queue is not None:
+            if plan or kernels:
+                self._say(f"tag {self.tag} exists: resuming its queue (--plan/--kernel apply to a new --tag)")
+            return queue
+        if StateFile(self.root, self.tag).read() is not None or self.git.branch_exists(f"autokernel/{self.tag}"):
+            raise LoopError(f"tag {self.tag} belongs to a single loop (branch autokernel/{self.tag}); "
+                            "choose another --tag for --gpus")
+        self.git.require_clean()  # the worktrees start from HEAD: uncommitted edits would not be in them
+        jobs = load_jobs(self.root, plan, kernels, warn=self._say)
+        names = [j["name"] for j in jobs]
+        if len(set(names)) != len(names):
+            raise LoopError(f"two kernel files share a name ({', '.join(names)}): rename one")
+        keep = ("name", "type", "source", "f", "s", "gain")
+        queue = {"version": 1, "tag": self.tag, "base": self.git.head(), "gpus": self.gpus,
+                 "jobs": [{k: j[k] for k in keep} for j in jobs], "assigned": {}}
+        self._save_queue(queue)
+        return queue
+
+    def _save_queue(self, queue: dict) -> None:
+        path = queue_path(self.root, self.tag)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path, queue)
+
+    def _take(self, gpu: str) -> dict | None:
+        with self.lock:
+            if self.stopping or not self.todo or self._hours_left() <= 0:
+                return None
+            job = self.todo.popleft()
+            self.queue["assigned"][job["name"]] = f"gpu{gpu}"
+            self._save_queue(self.queue)
+            return job
+
+    def _hours_left(self) -> float:
+        return self.cfg.hours - (time.time() - self.started) / 3600
+
+    # -------------------------------------------------------------------- one worker
+    def _worker(self, gpu: str) -> None:
+        while (job := self._take(gpu)) is not None:
+            try:
+                rc = self._run_kernel(gpu, job)
+            except Exception as e:  # noqa: BLE001  (one kernel's broken worktree must not stop the others)
+                self._say(f"gpu{gpu}: could not run {job['name']}: {e}")
+                continue
+            state = kernel_state(self.root, self.tag, job["name"])
+            self._save_best(job, state)
+            if self.stopping or _is_done(state):
+                continue
+            if rc < 0 and self.respawns[job["name"]] < MAX_RESPAWNS:  # killed from outside: start it again
+                self.respawns[job["name"]] += 1
+                self._say(f"gpu{gpu}: the worker on {job['name']} died (signal {-rc}); starting it again")
+                with self.lock:
+                    self.todo.appendleft(job)
+            elif rc not in (0, 130):
+                self._say(f"gpu{gpu}: the worker on {job['name']} stopped with exit code {rc}; see "
+                          f"{self._log_path(job).relative_to(self.root)}")
+
+    def _run_kernel(self, gpu: str, job: dict) -> int:
+        with self.lock:
+            wt = self._worktree(job)
+            source = self._source_in(wt, job["source"])
+        config = LoopConfig(**{**asdict(self.cfg), "tag": f"{self.tag}/{job['name']}", "hours": self._hours_left(),
+                               "per_kernel_minutes": self.per_kernel_minutes, "worker": f"gpu{gpu}",
+                               "results_path": str(self.root / "results.tsv")})
+        spec = {"config": asdict(config), "agent": self.agent, "source": source, "parent": os.getpid(),
+                "entry": {k: job.get(k) for k in ("f", "s", "gain")}}
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": device_for(gpu, os.environ), "PYTHONUNBUFFERED": "1"}
+        log = self._log_path(job)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with self.lock:
+            if self.stopping:
+                return 130
+            # `-m` from the worktree puts it first on sys.path: the worker runs the worktree's own code
+            proc = subprocess.Popen([sys.executable, "-m", "autokernel.workers", json.dumps(spec)], cwd=wt, env=env,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            self.children[gpu] = proc
+        self._say(f"gpu{gpu}: {job['name']} on {branch_name(self.tag, job['name'])} (pid {proc.pid})")
+        with open(log, "a", encoding="utf-8") as sink:
+            for line in proc.stdout:
+                sink.write(line)
+                sink.flush()
+                self._say(line.rstrip(), prefix=f"gpu{gpu} {job['name']}")
+        return proc.wait()
+
+    def _worktree(self, job: dict) -> Path:
+        """The kernel's worktree; made detached at the queue's base (its loop creates the branch)."""
+        wt = worktree_path(self.root, self.tag, job["name"])
+        if not (wt / ".git").exists():
+            self.git.repo.git.worktree("prune")
+            if wt.exists():
+                shutil.rmtree(wt)
+            self.git.repo.git.worktree("add", "--detach", str(wt), self.queue["base"])
+        return wt
+
+    def _source_in(self, wt: Path, source: str) -> str:
+        """The kernel file as the worker's loop names it: tracked files are in the worktree already;
+        an artifact (workspace/kernels/ from extract.py) is copied there; anything else by full path."""
+        path = Path(source) if Path(source).is_absolute() else self.root / source
+        if Path(source).is_absolute() or (wt / source).is_file():
+            return source
+        if is_artifact(source):
+            (wt / source).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(path, wt / source)
+            return source
+        return str(path)
+
+    def _save_best(self, job: dict, state: dict | None) -> None:
+        best = state and state["jobs"][0].get("best_sha")
+        if best:
+            path = self.root / "workspace" / "kernels" / f"{job['name']}_optimized.py"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(self.git.file_at(best, KERNEL_PATH) + "\n")
+
+    def _log_path(self, job: dict) -> Path:
+        return self.root / WORKER_LOGS / self.tag / f"{job['name']}.log"
+
+    # -------------------------------------------------------------------- stopping and the end
+    def _stop(self, threads: list[threading.Thread]) -> None:
+        """Ctrl-C reached the workers too (one process group); SIGTERM the ones a `kill` did not."""
+        with self.lock:
+            self.stopping = True
+        self._say("stopping: each worker undoes its experiment in flight")
+        deadline = time.time() + STOP_GRACE_S
+        for sig, limit in ((signal.SIGTERM, STOP_LIMIT_S), (signal.SIGKILL, 10.0)):
+            while time.time() < deadline and any(p.poll() is None for p in self.children.values()):
+                time.sleep(0.1)
+            for p in self.children.values():
+                if p.poll() is None:
+                    p.send_signal(sig)
+            deadline = time.time() + limit
+        for t in threads:
+            t.join(10.0)
+
+    def _summary(self) -> str:
+        jobs = worker_jobs(self.root, self.tag)
+        for job in jobs:
+            best = self.root / "workspace" / "kernels" / f"{job['name']}_optimized.py"
+            where = f", best in {best.relative_to(self.root)}" if best.is_file() else ""
+            self._say(f"{job['branch']}: {job['status']} {job['reason']}".rstrip() +
+                      f" ({job.get('experiments', 0)} experiments, {job.get('kept', 0)} kept{where})")
+        self._say(f"the branches: git branch --list 'autokernel/{self.tag}/*'; one kernel's notebook: "
+                  f"git log main..autokernel/{self.tag}/<kernel>")
+        done = sum(j["status"] == "done" for j in jobs)
+        if done == len(jobs):
+            return f"every kernel is done; best versions in workspace/kernels/, branches autokernel/{self.tag}/*"
+        return f"{done} of {len(jobs)} kernels done (budget of this run used); run again to go on"
+
+    def _say(self, text: str, prefix: str | None = None) -> None:
+        if self.ui is None:
+            return
+        from rich.markup import escape
+
+        self.ui.print(f"[cyan]{escape(f'[{prefix}]')}[/cyan] {escape(text)}" if prefix else text)
+
+
+def _is_done(state: dict | None) -> bool:
+    return bool(state) and all(j["status"] == "done" for j in state["jobs"])
+
+
+# ------------------------------------------------------------------------------ one worker's process
+def _die_with_parent(parent: int) -> None:
+    """SIGTERM when the driver dies (Linux), so that a killed driver leaves no worker behind."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:  # the driver died before prctl
+        sys.exit(130)
+
+
+def _sigterm(signum, frame):
+    raise KeyboardInterrupt  # as orchestrate.py does: the experiment in flight is undone and logged
+
+
+def worker_main(argv: list[str]) -> int:
+    """`python -m autokernel.workers SPEC`: the single-kernel loop in the current worktree."""
+    from autokernel.agents import AgentUnavailable, make_agent
+    from autokernel.gitlog import GitError
+    from autokernel.report import LiveLine
+
+    spec = json.loads(argv[0])
+    signal.signal(signal.SIGTERM, _sigterm)
+    _die_with_parent(spec["parent"])
+    root = Path.cwd()
+    config = LoopConfig(**spec["config"])
+    try:
+        agent = make_agent(spec["agent"]["name"], **spec["agent"]["options"])
+        jobs = None if StateFile(root, config.tag).read() else [new_job(root, spec["source"], spec["entry"])]
+        with LiveLine() as ui:
+            why = Loop(root, config, agent, jobs, ui=ui).run()
+            ui.print(f"loop stopped: {why}")
+    except (LoopError, GitError, AgentUnavailable) as e:
+        print(f"error: {e}", flush=True)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted: the experiment in flight was undone and logged", flush=True)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(worker_main(sys.argv[1:]))
