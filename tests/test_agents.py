@@ -246,3 +246,31 @@ def test_builtin_agent_hands_hard_coded_values_back_to_the_kernels_heuristic_fir
     first_two = [c for c, _ in zip(candidates(space, detuned, seed=0), range(2))]
     assert sorted(first_two, key=str) == sorted([{**detuned, "NUM_WARPS": 0}, {**detuned, "VARIANT": "auto"}],
                                                  key=str)
+
+
+def test_builtin_agent_moves_tunables_that_changed_nothing_last():
+    from autokernel.agents.builtin import candidates
+
+    space = {"PROGRAMS_PER_SM": [1, 2, 3], "CHUNK": [512, 1024, 2048]}
+    current = {"PROGRAMS_PER_SM": 2, "CHUNK": 512}
+    singles = [c for c, _ in zip(candidates(space, current, seed=0, flat=["PROGRAMS_PER_SM"]), range(4))]
+    assert [c["CHUNK"] != 512 for c in singles] == [True, True, False, False]
+
+
+def test_builtin_agent_learns_which_tunables_made_no_difference(tmp_path):
+    from autokernel.agents import Proposal, Task
+    from autokernel.agents.builtin import BuiltinAgent
+
+    kernel = tmp_path / "kernel.py"
+    kernel.write_text('KERNEL_TYPE = "rmsnorm"\nA = 1\nB = 1\nTUNABLES = {"A": [1, 2], "B": [1, 2]}\n')
+    rows = [{"status": "baseline", "latency_us": "100.0"}, {"status": "revert", "latency_us": "100.4"}]
+    task = Task(root=tmp_path, kernel_name="k", kernel_type="rmsnorm", experiment=2, memory={}, history=rows)
+    agent = BuiltinAgent()
+    agent.observe(task, Proposal("A 1 -> 2", {"config": {"A": 2, "B": 1}, "directions": {"A": 1}}), "revert")
+    assert task.memory["flat"] == ["A"]
+    rows.append({"status": "revert", "latency_us": "150.0"})  # B mattered (it made things worse)
+    agent.observe(task, Proposal("B 1 -> 2", {"config": {"A": 1, "B": 2}, "directions": {"B": 1}}), "revert")
+    assert task.memory["flat"] == ["A"]
+    rows.append({"status": "keep", "latency_us": "80.0"})
+    agent.observe(task, Proposal("A, B", {"config": {"A": 2, "B": 2}, "directions": {"A": 1, "B": 1}}), "keep")
+    assert task.memory["flat"] == []

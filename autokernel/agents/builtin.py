@@ -4,7 +4,8 @@ A kernel file lists the values worth trying for each CAPS tunable in `TUNABLES` 
 stages, and the kernel-specific variants: the playbook's first tier). From the best configuration so
 far the agent moves one tunable at a time, nearest values first (a coordinate search; block sizes
 and warp counts are smooth enough that the neighbour of a good value is the best next guess), except
-that handing a hard-coded value back to the kernel's own heuristic (0 or "auto") comes first. When a
+that handing a hard-coded value back to the kernel's own heuristic (0 or "auto") comes first, and that a
+tunable whose last move changed nothing (within 1%) waits until the others have been moved. When a
 move is kept, the same tunable is pushed one step further in the same direction before anything else.
 When every single-tunable move from the best has been tried, pairs are tried, then triples, until
 the whole space is exhausted, which ends the kernel. Configurations already tried are never repeated;
@@ -65,8 +66,12 @@ def _is_auto(value) -> bool:
     return value is None or (type(value) in (int, str) and value in AUTO_VALUES)
 
 
-def candidates(space: dict, current: dict, seed: int, momentum: dict | None = None):
-    """Every configuration other than `current`, in the order worth trying them."""
+def candidates(space: dict, current: dict, seed: int, momentum: dict | None = None, flat=()):
+    """Every configuration other than `current`, in the order worth trying them.
+
+    Tunables in `flat` moved the time by less than the noise from this configuration (a block size the
+    current variant does not use, say): their single moves come after every other single move.
+    """
     momentum = momentum or {}
     moves = {name: _moves(values, current[name]) for name, values in space.items()}
     names = sorted(space)
@@ -77,9 +82,10 @@ def candidates(space: dict, current: dict, seed: int, momentum: dict | None = No
             for picks in itertools.product(*(moves[n] for n in combo)):
                 cost = sum(p.cost for p in picks)
                 onward = changed == 1 and picks[0].cost == 1 and momentum.get(combo[0]) == picks[0].direction
-                level.append((cost, not onward, rng.random(), combo, picks))
-        level.sort(key=lambda item: item[:3])
-        for _, _, _, combo, picks in level:
+                inert = changed == 1 and combo[0] in flat
+                level.append((inert, cost, not onward, rng.random(), combo, picks))
+        level.sort(key=lambda item: item[:4])
+        for *_, combo, picks in level:
             yield {**current, **{n: p.value for n, p in zip(combo, picks)}}
 
 
@@ -116,7 +122,7 @@ def next_move(source: str, memory: dict, seed: int) -> Proposal | None:
     """The configuration to try next from the one in `source`, given what `memory` says was tried."""
     space, current = tunable_space(source)
     tried = {config_key(c) for c in memory.get("tried", [])} | {config_key(current)}
-    for config in candidates(space, current, seed, memory.get("momentum")):
+    for config in candidates(space, current, seed, memory.get("momentum"), memory.get("flat", ())):
         if config_key(config) not in tried:
             moves = {n: _moves(space[n], current[n]) for n in space if config[n] != current[n]}
             onward = {n: next(m.direction for m in ms if m.value == config[n]) for n, ms in moves.items()}
@@ -145,3 +151,20 @@ class BuiltinAgent(Agent):
         task.memory.setdefault("tried", []).append(config)
         if status == "keep" and proposal is not None:
             task.memory["momentum"] = proposal.meta.get("directions", {})
+            task.memory["flat"] = []  # under the new configuration every tunable may matter again
+        elif status == "revert" and proposal is not None and _made_no_difference(task.history):
+            flat = task.memory.setdefault("flat", [])
+            flat.extend(n for n in proposal.meta.get("directions", {}) if n not in flat)
+
+
+FLAT_PCT = 1.0  # a revert this close to the best says the moved tunable does not matter here
+
+
+def _made_no_difference(history: list[dict]) -> bool:
+    """Whether the last experiment timed within FLAT_PCT of the best kept (or baseline) before it."""
+    try:
+        last = float(history[-1]["latency_us"])
+        best = min(float(r["latency_us"]) for r in history[:-1] if r["status"] in ("baseline", "keep"))
+    except (ValueError, KeyError, IndexError):
+        return False  # a crash, a timeout, no baseline yet: nothing learnt about sensitivity
+    return abs(last - best) <= FLAT_PCT / 100 * best
