@@ -66,12 +66,7 @@ def first_line(text) -> str:
 def results_row(result: dict, tag: str) -> dict:
     return {
         "tag": tag, "kernel_type": result.get("kernel_type", ""), "kernel_file": result.get("kernel_file", ""),
-        "status": result["status"], "correctness": result["correctness"],
-        "latency_us": result.get("latency_us"), "throughput_tflops": result.get("throughput_tflops"),
-        "bandwidth_gb_s": result.get("bandwidth_gb_s"), "pct_peak": result.get("pct_peak"),
-        "speedup_vs_pytorch": result.get("speedup_vs_pytorch"),
-        "speedup_vs_compile": result.get("speedup_vs_compile"), "peak_vram_mb": result.get("peak_vram_mb"),
-        "device": result.get("gpu", ""), "agent": "manual",
+        "status": result["status"], **results.metrics(result), "agent": "manual",
         "description": first_line(result.get("reason")) or "bench.py",
     }
 

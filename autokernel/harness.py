@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from autokernel import checking, compat, guards, kernelfile
+from autokernel import checking, compat, gpu, guards, kernelfile
 from autokernel.registry import DTYPES, KernelSpec, dtype_name, get_spec, parse_dtype, shape_label
 
 STAGES = ("smoke", "shape_sweep", "stability", "determinism", "edge_cases")
@@ -268,6 +268,7 @@ def main(argv=None) -> int:
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
     result = run(args.kernel, args.device, args.quick, seed, args.dtype, timed=not args.no_timing,
                  reuse_baselines=args.reuse_baselines)
+    result["gpu"] = gpu.device_name(args.device)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1, default=str)
     return 0

@@ -21,9 +21,18 @@ COLUMNS = [
     "speedup_vs_compile", "peak_vram_mb", "device", "worker", "agent", "description",
 ]
 
+# the columns a harness result (autokernel.runner.run_bench) fills in by itself
+METRIC_COLUMNS = ("correctness", "latency_us", "throughput_tflops", "bandwidth_gb_s", "pct_peak",
+                  "speedup_vs_pytorch", "speedup_vs_compile", "peak_vram_mb")
+
 STATUSES = ("baseline", "keep", "revert", "crash", "timeout", "pass", "fail")
 
 DEFAULT_PATH = Path("results.tsv")
+
+
+def metrics(result: dict) -> dict:
+    """The row fields a harness result provides: its measurements, correctness and device."""
+    return {**{k: result.get(k) for k in METRIC_COLUMNS}, "device": result.get("gpu", "")}
 
 
 def _clean(value) -> str:

@@ -86,8 +86,11 @@ def run_bench(kernel_path, device: str | None = None, quick: bool = False, timeo
         for t in pumps:
             t.join(timeout=5)
         result = _read_result(out_json, proc.returncode, timed_out, timeout, err_lines)
+    # The child names the GPU it ran on (the parent never initializes CUDA just for a label); a child
+    # that died before saying so leaves the device kind.
+    result.setdefault("gpu", gpu.device_name("cpu") if device == "cpu" else device)
     result.update(kernel_file=str(kernel_path), device=device, cpu_mode=device == "cpu",
-                  gpu=gpu.device_name(device), wall_s=round(time.perf_counter() - start, 2),
+                  wall_s=round(time.perf_counter() - start, 2),
                   log="".join(out_lines), stderr_tail="".join(err_lines[-ERROR_TAIL_LINES:]))
     return result
 

@@ -25,6 +25,8 @@ else falls back per phase). "auto" = "tma" where it applies and the phase is lar
 and shape; a non-zero CAPS value wins. fp32 uses input_precision="ieee" (TF32 misses the 1e-4 tolerance).
 """
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -198,6 +200,11 @@ def _config(m, dtype, gated, split_a):
     return tuple(c or a for c, a in zip(chosen, auto))
 
 
+@functools.cache
+def _sm_count(device_index: int) -> int:  # once per device: the query costs host time on every call
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
 def _tma_ok(*tensors):
     """TMA needs a Hopper+ GPU, 16-byte aligned bases and rows, and a unit inner stride."""
     first = tensors[0]
@@ -220,7 +227,7 @@ def _gemm(a, a2, w1, w2, c, c2, gated, split_a, split_out):
     if (VARIANT == "tma" or (VARIANT == "auto" and large)) and _tma_ok(a, a2, w1, w2, c, c2):
         descs = [TensorDescriptor.from_tensor(t, blk) for t, blk in
                  ((a, [bm, bk]), (a2, [bm, bk]), (w1, [bn, bk]), (w2, [bn, bk]), (c, [bm, bn]), (c2, [bm, bn]))]
-        programs = min(tiles, torch.cuda.get_device_properties(a.device).multi_processor_count)
+        programs = min(tiles, _sm_count(a.device.index if a.device.index is not None else torch.cuda.current_device()))
         _mlp_gemm_tma_kernel[(programs,)](*descs, m, n, k, programs, **flags)
         return
     masked = m % bm != 0 or n % bn != 0 or k % bk != 0

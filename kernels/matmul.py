@@ -19,6 +19,8 @@ Tile sizes left at 0 are chosen by shape and dtype (see _auto_config); a non-zer
 fp32 inputs use input_precision="ieee": TF32 would miss the 1e-4 fp32 tolerance.
 """
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -175,7 +177,12 @@ def _config(m, n, k, dtype, num_sms):
 def _num_sms(device):
     if device.type != "cuda":
         return CPU_PROGRAMS
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _sm_count(device_index: int) -> int:  # once per device: the query costs host time on every call
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def _tma_ok(a, b, c):

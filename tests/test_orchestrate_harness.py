@@ -38,20 +38,26 @@ RUN_LIMIT_S = 300  # one orchestrate.py run in these tests
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture
-def project(tmp_path):
+def copy_project(tmp_path, files=PROJECT, extra=None) -> tuple:
+    """(repo, env): the project's `files` (+ `extra`, destination -> source) in a fresh git repository,
+    and an environment with no git identity: the loop must commit without one."""
     repo = tmp_path / "repo"
-    for name in PROJECT:
-        (repo / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(ROOT / name, repo / name)
+    for dest, src in [(name, name) for name in dict.fromkeys(files)] + list((extra or {}).items()):
+        (repo / dest).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / src, repo / dest)
     shutil.copytree(ROOT / "autokernel", repo / "autokernel", ignore=shutil.ignore_patterns("__pycache__"))
-    home = tmp_path / "home"  # no ~/.gitconfig: the loop must commit without an identity
+    home = tmp_path / "home"  # no ~/.gitconfig
     home.mkdir()
     env = {**os.environ, "HOME": str(home), "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null"}
     env.pop("TRITON_INTERPRET", None)
     for cmd in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-qm", "init"]):
         subprocess.run(["git", *cmd], cwd=repo, env={**env, **IDENTITY}, check=True)
     return repo, env
+
+
+@pytest.fixture
+def project(tmp_path):
+    return copy_project(tmp_path)
 
 
 def orchestrate(repo, env, *args, background=False):

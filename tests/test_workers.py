@@ -9,14 +9,13 @@ driver starts again, and a kill -9 of everything, which a restart resumes. About
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
 
 import pytest
-from test_orchestrate_harness import IDENTITY, PROJECT, ROOT, _descendants
+from test_orchestrate_harness import PROJECT, _descendants, copy_project
 
 from autokernel import results
 from autokernel.gitlog import GitLog
@@ -30,19 +29,7 @@ RUN_LIMIT_S = 240  # one orchestrate.py run of two workers in these tests
 
 @pytest.fixture
 def project(tmp_path):
-    repo = tmp_path / "repo"
-    for name in dict.fromkeys(PROJECT + KERNELS):
-        (repo / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(ROOT / name, repo / name)
-    shutil.copy(ROOT / "kernels/rmsnorm.py", repo / THIRD)
-    shutil.copytree(ROOT / "autokernel", repo / "autokernel", ignore=shutil.ignore_patterns("__pycache__"))
-    home = tmp_path / "home"
-    home.mkdir()
-    env = {**os.environ, "HOME": str(home), "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null"}
-    env.pop("TRITON_INTERPRET", None)
-    for cmd in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-qm", "init"]):
-        subprocess.run(["git", *cmd], cwd=repo, env={**env, **IDENTITY}, check=True)
-    return repo, env
+    return copy_project(tmp_path, PROJECT + KERNELS, extra={THIRD: "kernels/rmsnorm.py"})
 
 
 def orchestrate(repo, env, *args, command="run", background=False):

@@ -360,11 +360,8 @@ class Loop:
         description = proposal.description + (f" ({why})" if why else "")
         row = {
             "experiment": inflight["experiment"], "tag": self.cfg.tag, "kernel_type": job["type"],
-            "kernel_file": job["source"], "commit": sha or "", "status": status,
-            "correctness": result.get("correctness", ""), "device": result.get("gpu", ""),
+            "kernel_file": job["source"], "commit": sha or "", "status": status, **results.metrics(result),
             "worker": self.worker, "agent": self.agent.name, "description": description,
-            **{k: result.get(k) for k in ("latency_us", "throughput_tflops", "bandwidth_gb_s", "pct_peak",
-                                          "speedup_vs_pytorch", "speedup_vs_compile", "peak_vram_mb")},
         }
         passed = result.get("status") == "pass"
         inflight["proposal"] = {"description": proposal.description, "meta": proposal.meta}
