@@ -25,7 +25,11 @@ time, and the types that alone exceed the tolerance are named.
 
 Timing: the original model eager, torch.compile of the original, the optimized model, and with
 --compile the optimized model under torch.compile, all in this process through autokernel.timing
-(median of many runs, L2 flushed between runs). Without a GPU the kernels run through Triton's CPU
+(median of many runs, L2 flushed between runs). With --cuda-graph every row is timed again replayed
+from a CUDA graph (the GPU time alone, no Python or launch overhead, as a fixed-shape server runs)
+and compared with the original's graphed rows. Before timing, on a GPU, each kernel type is left out
+in turn and stays out if the model is more than 1% faster without it (a kernel can win at the
+harness's shape and lose at the model's); --keep-all times them all. Without a GPU the kernels run through Triton's CPU
 interpreter and the compiler backend is aot_eager (inductor's C++ build would dominate a test run):
 those timings only show that the pipeline runs and are labelled so.
 
@@ -47,6 +51,7 @@ TIMING_INPUTS = 2  # input sets the timed runs rotate through
 CHECK_SEED, TIMING_SEED = 1, 1000  # seeds of the checked and of the timed inputs (distinct sets)
 GPU_BACKEND, CPU_BACKEND = "inductor", "aot_eager"  # torch.compile backends (see the docstring)
 DEFAULT_KERNELS = ROOT / "workspace" / "kernels"
+PRUNE_MARGIN = 0.01  # a kernel type is left out when the model runs this much faster without it
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,6 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
     how.add_argument("--types", default="", help="comma-separated kernel types to swap in (default: all)")
     how.add_argument("--compile", action="store_true", help="also time the optimized model under torch.compile "
                                                              "and count its graph breaks")
+    how.add_argument("--cuda-graph", action="store_true",
+                     help="GPU: also time the original and the optimized model replayed from a CUDA graph "
+                          "(no Python or launch overhead: the GPU time alone)")
+    how.add_argument("--keep-all", action="store_true",
+                     help="GPU: time every correct kernel plugged in, even those the model is faster without "
+                          "(by default each is left out in turn and kept only if it helps)")
     how.add_argument("--checks", type=int, default=CHECK_INPUTS,
                      help=f"fresh inputs to compare outputs on (default {CHECK_INPUTS})")
     how.add_argument("--no-timing", action="store_true", help="check correctness only")
@@ -124,8 +135,14 @@ def run(args) -> dict:
         optimized = swap.build(model, list(choices))
         correctness = check(model, optimized, inputs, dtype, args.checks)
         sites = [s.to_dict() for s in optimized.sites()]  # calls counted over the checked forwards only
-        timings = {} if args.no_timing or correctness["status"] != "PASS" else \
-            time_models(model, optimized, inputs, device, args.compile)
+        checked_types = optimized.swapped_types()
+        timed = not args.no_timing and correctness["status"] == "PASS"
+        graphs = args.cuda_graph and device == "cuda"
+        pruned = {}
+        if timed and device == "cuda" and not args.keep_all:
+            optimized, pruned = prune(model, optimized, inputs, device, graphs)
+            _mark_pruned(sites, pruned)
+        timings = time_models(model, optimized, inputs, device, args.compile, graphs) if timed else {}
         graph = graph_breaks(optimized, inputs(CHECK_SEED)) if args.compile and correctness["status"] == "PASS" \
             else None
     return {
@@ -134,8 +151,8 @@ def run(args) -> dict:
         "gpu": gpu.device_name(device) if device == "cuda" else None, "cpu_mode": device == "cpu",
         "kernels": {t: {"path": _rel(c.path), "source": c.source, "passed_over": [_rel(p) for p in c.passed_over]}
                     for t, c in choices.items()},
-        "sites": sites, "swapped_types": optimized.swapped_types(),
-        "unused_types": sorted(set(choices) - set(optimized.swapped_types())),
+        "sites": sites, "swapped_types": [t for t in checked_types if t not in pruned], "pruned": pruned,
+        "unused_types": sorted(set(choices) - set(checked_types)),
         "correctness": correctness, "timing": timings, "graph": graph,
         "compile_backend": GPU_BACKEND if device == "cuda" else CPU_BACKEND,
         "torch": torch.__version__, "triton": _triton_version(), "command": "python " + shlex.join(sys.argv),
@@ -281,8 +298,14 @@ def _mismatch_reason(result) -> str:
     return f"{what}; no kernel alone exceeds the tolerance, their errors add up (largest alone: {top})"
 
 
+def _mark_pruned(sites: list[dict], pruned: dict) -> None:
+    for site in sites:
+        if site["swapped"] and site["kernel_type"] in pruned:
+            site["swapped"], site["reason"] = False, pruned[site["kernel_type"]]
+
+
 # ------------------------------------------------------------------------------ timing
-def time_models(model, optimized, inputs, device: str, with_compile: bool) -> dict:
+def time_models(model, optimized, inputs, device: str, with_compile: bool, with_graphs: bool = False) -> dict:
     """Median latency of the original (eager, compiled) and the optimized model, one process, one protocol."""
     import torch
 
@@ -293,14 +316,43 @@ def time_models(model, optimized, inputs, device: str, with_compile: bool) -> di
     runs = {"eager": model, "compile": torch.compile(model, backend=backend), "optimized": optimized}
     if with_compile:
         runs["optimized_compile"] = optimized.compiled(backend)
+    if with_graphs:  # every row again, replayed from a CUDA graph, and compared with its graphed original
+        runs.update({f"{name}_graph": timing.cuda_graphed(fn, sets[0]) for name, fn in list(runs.items())})
     result = {}
     for name, fn in runs.items():
         t = timing.time_fn(fn, sets, device)
         result[name] = {"ms": t.median_us / 1e3, "noise_pct": t.spread_pct, "runs": len(t.samples_us)}
-    for r in result.values():
-        r["speedup_vs_eager"] = result["eager"]["ms"] / r["ms"]
-        r["speedup_vs_compile"] = result["compile"]["ms"] / r["ms"]
+    for name, r in result.items():
+        mode = "_graph" if name.endswith("_graph") else ""
+        r["speedup_vs_eager"] = result["eager" + mode]["ms"] / r["ms"]
+        r["speedup_vs_compile"] = result["compile" + mode]["ms"] / r["ms"]
     return result
+
+
+def prune(model, optimized, inputs, device: str, graphs: bool):
+    """Leave out, one type at a time, each kernel whose removal makes the whole model faster.
+
+    A kernel that beats PyTorch at the harness's shape can still lose at this model's shapes (a
+    Triton matmul against cuBLAS at N=256), and the end-to-end time is what counts. Greedy, in the
+    order of the types; timed like time_models (from a CUDA graph with --cuda-graph).
+    """
+    from autokernel import swap, timing
+
+    sets = [inputs(TIMING_SEED + i) for i in range(TIMING_INPUTS)]
+
+    def ms(candidate) -> float:
+        fn = timing.cuda_graphed(candidate, sets[0]) if graphs else candidate
+        return timing.time_fn(fn, sets, device).median_us / 1e3
+
+    keep, best, dropped = optimized.swapped_types(), ms(optimized), {}
+    for kernel_type in list(keep):
+        trial = swap.build(model, [t for t in keep if t != kernel_type])
+        trial_ms = ms(trial)
+        if trial_ms < best * (1 - PRUNE_MARGIN):
+            dropped[kernel_type] = f"the model is faster without it ({trial_ms:.3f} ms vs {best:.3f} ms)"
+            keep.remove(kernel_type)
+            optimized, best = trial, trial_ms
+    return optimized, dropped
 
 
 def graph_breaks(optimized, args) -> dict:
@@ -335,6 +387,8 @@ def show(report: dict) -> None:
                       f"max rel {r.get('max_rel', float('nan')):.3g}{loss}")
     for t, r in c.get("blame", {}).items():
         console.print(f"  {t} alone: rel L2 {r['rel_l2']:.3g} {'ok' if r['ok'] else 'OVER'}")
+    for t, why in report["pruned"].items():
+        console.print(f"left out after timing: {t}: {why}")
     if report["timing"]:
         console.print(_timing_table(report))
     if report["graph"]:
@@ -353,11 +407,15 @@ def summary(report: dict) -> dict:
     return {"correctness": c["status"], "blamed": ",".join(c.get("blamed", [])) or None,
             "worst_rel_l2": c.get("worst_rel_l2"), "swapped_types": ",".join(report["swapped_types"]),
             "eager_ms": ms("eager"), "compile_ms": ms("compile"), "optimized_ms": ms("optimized"),
-            "optimized_compile_ms": ms("optimized_compile"),
+            "optimized_compile_ms": ms("optimized_compile"), "eager_graph_ms": ms("eager_graph"),
+            "compile_graph_ms": ms("compile_graph"), "optimized_graph_ms": ms("optimized_graph"),
+            "optimized_compile_graph_ms": ms("optimized_compile_graph"), "pruned": ",".join(report["pruned"]) or None,
             "speedup_vs_eager": t["optimized"]["speedup_vs_eager"] if t else None,
             "speedup_vs_compile": t["optimized"]["speedup_vs_compile"] if t else None,
             "compiled_speedup_vs_compile": t["optimized_compile"]["speedup_vs_compile"]
             if "optimized_compile" in t else None,
+            "graph_speedup_vs_eager": t["optimized_graph"]["speedup_vs_eager"] if "optimized_graph" in t else None,
+            "graph_speedup_vs_compile": t["optimized_graph"]["speedup_vs_compile"] if "optimized_graph" in t else None,
             "graph_breaks": g.get("graph_breaks"), "device": report["gpu"] or "cpu", "cpu_mode": report["cpu_mode"]}
 
 
@@ -408,7 +466,8 @@ def _timing_table(report):
     names = {"eager": "original, eager", "compile": "original, torch.compile", "optimized": "optimized",
              "optimized_compile": "optimized + torch.compile"}
     for k, r in report["timing"].items():
-        table.add_row(names[k], f"{r['ms']:.3f}", f"{r['noise_pct']:.1f}%", f"{r['speedup_vs_eager']:.2f}x",
+        name = names[k.removesuffix("_graph")] + (", CUDA graph" if k.endswith("_graph") else "")
+        table.add_row(name, f"{r['ms']:.3f}", f"{r['noise_pct']:.1f}%", f"{r['speedup_vs_eager']:.2f}x",
                       f"{r['speedup_vs_compile']:.2f}x")
     return table
 

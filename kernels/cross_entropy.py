@@ -43,10 +43,12 @@ NUM_WARPS = 0  # warps per program; 0 = auto from ELEMENTS_PER_WARP, 1..16
 MEAN_BLOCK = 1024  # losses per step of the final (single-program) mean
 PROGRAMS_PER_SM = 3  # programs; persistent grid = SMs x this (all resident: ~144 regs at 4 warps on sm_90)
 NUM_STAGES = 2  # chunks in flight per program in the persistent variant's vocabulary loop (1 = none)
+LOOP_STAGES = 1  # software-pipeline depth of the chunk loops (Triton num_stages; 1 = no shared-memory staging)
 CPU_PROGRAMS = 4  # programs; the persistent grid in Triton's CPU interpreter (no SMs to count)
 IGNORE_INDEX = -100  # F.cross_entropy's default: such targets add no loss and are not counted
 
 TUNABLES = {
+    "LOOP_STAGES": [1, 2, 3],
     "VARIANT": ["online", "lanes", "persistent"],
     "CHUNK": [1024, 2048, 4096, 8192, 16384],
     "ROWS_PER_PROGRAM": [0, 1, 2, 4, 8, 16],
@@ -212,7 +214,7 @@ def kernel_fn(logits, targets):
     if r > 0:
         _cross_entropy_kernel[(triton.cdiv(r, rows),)](
             logits2, targets1, losses, r, v, logits2.stride(0), IGNORE_INDEX,
-            BLOCK_M=rows, BLOCK_N=block_n, PER_LANE=VARIANT == "lanes", num_warps=warps)
+            BLOCK_M=rows, BLOCK_N=block_n, PER_LANE=VARIANT == "lanes", num_warps=warps, num_stages=LOOP_STAGES)
     # with no rows the mean is 0/0 = NaN, as in F.cross_entropy
     block = min(MEAN_BLOCK, triton.next_power_of_2(max(r, 1)))
     _cross_entropy_mean_kernel[(1,)](losses, targets1, out, r, IGNORE_INDEX, BLOCK=block,

@@ -41,9 +41,11 @@ ELEMENTS_PER_WARP = 1024  # elements; auto warps = tile / this (32 per thread: 4
 NUM_WARPS = 0  # warps per program; 0 = auto from ELEMENTS_PER_WARP, 1..16
 PROGRAMS_PER_SM = 2  # programs; persistent grid = SMs x this (all resident: mind registers)
 NUM_STAGES = 2  # tiles in flight per program in the persistent loop (1 = no pipelining)
+LOOP_STAGES = 1  # software-pipeline depth of the chunk loops (Triton num_stages; 1 = no shared-memory staging)
 CPU_PROGRAMS = 4  # programs; the persistent grid in Triton's CPU interpreter (no SMs to count)
 
 TUNABLES = {
+    "LOOP_STAGES": [1, 2, 3],
     "VARIANT": ["auto", "single_pass", "looped", "persistent"],
     "MAX_SINGLE_PASS": [8192, 16384, 32768],
     "CHUNK": [1024, 2048, 4096, 8192],
@@ -122,7 +124,9 @@ def _layernorm_looped_kernel(x_ptr, w_ptr, b_ptr, out_ptr, N, stride_x, stride_o
     for start in range(0, N, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         mask = cols < N
-        x = tl.where(mask, tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32) - shift, 0.0)
+        # evict_last: the second pass reads the row again, from L2 if it is still there
+        x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+        x = tl.where(mask, x - shift, 0.0)
         n_chunk = tl.minimum(N - start, BLOCK_N).to(tl.float32)
         chunk_mean = tl.sum(x, axis=0) / n_chunk
         dev = tl.where(mask, x - chunk_mean, 0.0)
@@ -135,12 +139,12 @@ def _layernorm_looped_kernel(x_ptr, w_ptr, b_ptr, out_ptr, N, stride_x, stride_o
     for start in range(0, N, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         mask = cols < N
-        x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
         y = ((x - shift) - mean) * rstd
         if HAS_WEIGHT:
-            y = y * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+            y = y * tl.load(w_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
         if HAS_BIAS:
-            y = y + tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+            y = y + tl.load(b_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
         tl.store(out_row + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -200,5 +204,5 @@ def kernel_fn(x, weight, bias, eps=1e-5):
         block = min(CHUNK, full_row)
         warps = NUM_WARPS or min(16, max(1, block // ELEMENTS_PER_WARP))
         _layernorm_looped_kernel[(m,)](x2, w, b, out, n, x2.stride(0), out.stride(0), eps,
-                                       BLOCK_N=block, num_warps=warps, **flags)
+                                       BLOCK_N=block, num_warps=warps, num_stages=LOOP_STAGES, **flags)
     return out.view(x.shape)

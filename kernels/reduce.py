@@ -31,22 +31,24 @@ import triton.language as tl
 KERNEL_TYPE = "reduce"
 
 VARIANT = "auto"  # "auto" | "rows" | "split" | "persistent"
-CHUNK = 4096  # columns per step of the loop over a row
+CHUNK = 64  # columns per step of the loop over a row (64 x 4 rows x 2 warps: H200 sweep best, as Inductor picks)
 SPLITS = 0  # column ranges per row in the split variant; 0 = auto: enough to reach MIN_PROGRAMS programs
-ROWS_PER_PROGRAM = 0  # rows per program (a power of two); 0 = auto: pack short rows up to TILE elements
+ROWS_PER_PROGRAM = 4  # rows per program (a power of two); 0 = auto: pack short rows up to TILE elements
 TILE = 4096  # elements; the auto tile size for short rows (16 per thread at 8 warps)
 MIN_PROGRAMS = 512  # programs; fewer would leave SMs idle (~4 per SM on H100)
 ELEMENTS_PER_WARP = 512  # elements; auto warps = tile / this (16 per thread = two 16-byte fp16 loads)
-NUM_WARPS = 0  # warps per program; 0 = auto from ELEMENTS_PER_WARP, 1..16
+NUM_WARPS = 2  # warps per program; 0 = auto from ELEMENTS_PER_WARP, 1..16
 MAX_SINGLE_PASS = 16384  # columns; the persistent variant holds rows up to this wide in registers
 PERSISTENT_TILE = 16384  # elements per tile of the persistent variant (whole rows, a power of two)
 PROGRAMS_PER_SM = 2  # programs; persistent grid = SMs x this (all resident: mind registers at 16 warps)
 NUM_STAGES = 2  # tiles in flight per program in the persistent loop (1 = no pipelining)
+LOOP_STAGES = 1  # software-pipeline depth of the chunk loops (Triton num_stages; 1 = no shared-memory staging)
 CPU_PROGRAMS = 4  # programs; the persistent grid in Triton's CPU interpreter (no SMs to count)
 
 TUNABLES = {
+    "LOOP_STAGES": [1, 2, 3],
     "VARIANT": ["auto", "rows", "split", "persistent"],
-    "CHUNK": [1024, 2048, 4096, 8192],
+    "CHUNK": [64, 128, 256, 512, 1024, 2048, 4096, 8192],
     "SPLITS": [0, 2, 4, 8, 16, 32],
     "ROWS_PER_PROGRAM": [0, 1, 2, 4, 8, 16],
     "TILE": [2048, 4096, 8192],
@@ -78,7 +80,8 @@ def _reduce_kernel(x_ptr, out_ptr, M, N, stride_x, span, n_splits,
         cols = lo + start + tl.arange(0, BLOCK_N)
         mask = row_mask[:, None] & (cols < hi)[None, :]
         # through fp32 first: the interpreter holds bf16 as raw bits
-        acc += tl.load(x_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32).to(acc.dtype)
+        acc += tl.load(x_rows + cols[None, :], mask=mask, other=0.0,
+                       eviction_policy="evict_first").to(tl.float32).to(acc.dtype)
     total = tl.sum(acc, axis=1)
     tl.store(out_ptr + rows * n_splits + split, total.to(out_ptr.dtype.element_ty), mask=row_mask)
 
@@ -169,14 +172,15 @@ def kernel_fn(x, dim=-1):
     acc_fp64 = x.dtype == torch.float32
     if splits == 1:
         _reduce_kernel[grid](x2, out, m, n, x2.stride(0), n, 1, BLOCK_M=rows, BLOCK_N=block_n,
-                             ACC_FP64=acc_fp64, num_warps=warps)
+                             ACC_FP64=acc_fp64, num_warps=warps, num_stages=LOOP_STAGES)
         return out
     # each split covers whole chunks, so every column range but the last starts 16-byte aligned
     span = triton.cdiv(triton.cdiv(n, splits), block_n) * block_n
     splits = triton.cdiv(n, span)
     partial = torch.empty((m, splits), dtype=torch.float64 if acc_fp64 else torch.float32, device=x.device)
     _reduce_kernel[(grid[0], splits)](x2, partial, m, n, x2.stride(0), span, splits,
-                                      BLOCK_M=rows, BLOCK_N=block_n, ACC_FP64=acc_fp64, num_warps=warps)
+                                      BLOCK_M=rows, BLOCK_N=block_n, ACC_FP64=acc_fp64, num_warps=warps,
+                                      num_stages=LOOP_STAGES)
     block_m = min(128, triton.next_power_of_2(m))
     _reduce_partials_kernel[(triton.cdiv(m, block_m),)](partial, out, m, splits, BLOCK_M=block_m,
                                                         BLOCK_S=triton.next_power_of_2(splits))

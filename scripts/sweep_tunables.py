@@ -9,6 +9,7 @@ product's own search is the loop's builtin agent, which goes through the full ha
 """
 
 import argparse
+import ast
 import sys
 from pathlib import Path
 
@@ -38,8 +39,8 @@ def time_config(module, spec, config, sets, expected):
     return timing.time_gpu(module.kernel_fn, sets, reps=REPS).median_us, ""
 
 
-def sweep(path: Path, rounds: int):
-    decl = declarations(path.read_text())
+def sweep(path: Path, rounds: int, start: dict):
+    decl = {**declarations(path.read_text()), **start}
     module = import_kernel(path)
     spec = get_spec(decl["KERNEL_TYPE"])
     tunables = decl.get("TUNABLES", {})
@@ -69,10 +70,16 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("kernels", nargs="+", type=Path)
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--start", action="append", default=[], metavar="NAME=VALUE",
+                   help="start the search from this value instead of the file's (a Python literal)")
     args = p.parse_args()
+    start = {}
+    for item in args.start:
+        name, _, value = item.partition("=")
+        start[name] = ast.literal_eval(value)
     for path in args.kernels:
         try:
-            sweep(path, args.rounds)
+            sweep(path, args.rounds, start)
         except Exception as e:
             print(f"\n== {path}: sweep failed: {type(e).__name__}: {e}")
 
