@@ -23,11 +23,15 @@ from dataclasses import asdict, dataclass
 import torch
 
 from autokernel import checking, compat, gpu, guards, kernelfile
-from autokernel.registry import DTYPES, KernelSpec, dtype_name, get_spec, parse_dtype, shape_label
+from autokernel.registry import KernelSpec, dtype_name, get_spec, parse_dtype, shape_label
 
 STAGES = ("smoke", "shape_sweep", "stability", "determinism", "edge_cases")
 QUICK_LIMIT = 3  # shapes per stage under --quick
 CPU_MODEL_SHAPE_MAX_BYTES = 32 * 1024 * 1024  # larger model shapes are left to the GPU in CPU mode
+
+
+class NeedsGPU(Exception):
+    """The kernel file cannot run on this device at all (a CUDA C++ kernel asked to run on the CPU)."""
 
 
 class KernelCrashed(Exception):
@@ -45,7 +49,8 @@ class StageResult:
 
 class Harness:
     def __init__(self, module, spec: KernelSpec, device: str, quick: bool, seed: int):
-        self.fn = module.kernel_fn
+        # a spec with bind (a KernelBench problem) makes the callable from the module: ModelNew with weights
+        self.fn = spec.bind(module, device) if spec.bind else module.kernel_fn
         self.spec = spec
         self.device = device
         self.small = device == "cpu"
@@ -103,22 +108,23 @@ class Harness:
     def shape_sweep(self) -> int:
         shapes = self.limit(self.spec.sweep(self.small)) + self.model_shapes
         for shape in shapes:
-            for dtype in DTYPES:
+            for dtype in self.spec.dtypes:
                 self.call(self.inputs(shape, dtype), checking.describe(shape, dtype))
-        return len(shapes) * len(DTYPES)
+        return len(shapes) * len(self.spec.dtypes)
 
     def stability(self) -> int:
         sweep = self.spec.sweep(self.small)
         shape = sweep[min(2, len(sweep) - 1)]
         for name, maker in self.spec.adversarial.items():
             scale = self.spec.adversarial_tolerance.get(name, 1.0)
-            for dtype in DTYPES:
+            for dtype in self.spec.dtypes:
                 self.call(self.inputs(shape, dtype, maker), f"{name} {checking.describe(shape, dtype)}", scale)
-        return len(self.spec.adversarial) * len(DTYPES)
+        return len(self.spec.adversarial) * len(self.spec.dtypes)
 
     def determinism(self) -> int:
         shape = self.model_shapes[0] if self.model_shapes else self.spec.timing_shape(self.small)
-        for dtype in (torch.float16, torch.float32):
+        dtypes = [d for d in (torch.float16, torch.float32) if d in self.spec.dtypes] or self.spec.dtypes[:1]
+        for dtype in dtypes:
             inputs = self.inputs(shape, dtype)
             first = self.call(inputs, f"determinism {checking.describe(shape, dtype)}")
             for run in (2, 3):
@@ -127,21 +133,21 @@ class Harness:
                     raise checking.CheckFailed(
                         f"{checking.describe(shape, dtype)}: run {run} differs bitwise from run 1 on the same "
                         "input (a race or an order-dependent reduction such as float atomics)")
-        return 6
+        return 3 * len(dtypes)
 
     def edge_cases(self) -> int:
         edges = self.limit(self.spec.edges(self.small))
         for shape in edges:
-            for dtype in DTYPES:
+            for dtype in self.spec.dtypes:
                 self.call(self.inputs(shape, dtype), f"edge {checking.describe(shape, dtype)}")
-        checks = len(edges) * len(DTYPES)
+        checks = len(edges) * len(self.spec.dtypes)
         if self.spec.noncontiguous is not None:
             shapes = [self.spec.sweep(self.small)[0], edges[0]]
             for shape in shapes:
-                for dtype in DTYPES:
+                for dtype in self.spec.dtypes:
                     inputs = self.spec.noncontiguous(self.inputs(shape, dtype))
                     self.call(inputs, f"non-contiguous {checking.describe(shape, dtype)}")
-            checks += len(shapes) * len(DTYPES)
+            checks += len(shapes) * len(self.spec.dtypes)
         return checks
 
     def run_stages(self) -> list[StageResult]:
@@ -171,8 +177,12 @@ def _timing(harness: Harness, module, dtype, reuse_baselines: bool) -> dict:
 
     spec, device = harness.spec, harness.device
     shape = harness.model_shapes[0] if harness.model_shapes else spec.timing_shape(harness.small)
+    if dtype not in spec.dtypes:  # e.g. the fp16 default on a KernelBench problem, which is fp32
+        print(f"  note: {spec.name} is checked in {', '.join(map(dtype_name, spec.dtypes))} only; timed in "
+              f"{dtype_name(spec.dtypes[0])}, not {dtype_name(dtype)}")
+        dtype = spec.dtypes[0]
     start = time.perf_counter()
-    result = perf.measure(module.kernel_fn, spec, lambda: harness.inputs(shape, dtype), shape, dtype, device,
+    result = perf.measure(harness.fn, spec, lambda: harness.inputs(shape, dtype), shape, dtype, device,
                           reuse_baselines)
     label = "" if device == "cuda" else "  [CPU interpreter: not a performance figure]"
     print(f"timing {shape_label(shape)} {dtype_name(dtype)}{label}")
@@ -195,14 +205,18 @@ def _timing(harness: Harness, module, dtype, reuse_baselines: bool) -> dict:
     return out
 
 
-def _load(path: str):
+def _load(path: str, device: str = "cuda"):
     """The kernel module and its spec; KernelFileError or KeyError says what is wrong."""
     source = kernelfile.read_source(path)
     ktype = kernelfile.kernel_type(source, os.path.basename(path))
+    if kernelfile.declarations(source, os.path.basename(path)).get("BACKEND") == "cuda" and device != "cuda":
+        raise NeedsGPU(f"needs a GPU: {os.path.basename(path)} is a CUDA C++ kernel (BACKEND = \"cuda\"), compiled "
+                       "with nvcc and run only on an NVIDIA GPU; bench it on a GPU machine (--device cuda)")
     violations = guards.source_violations(source)
     module = kernelfile.import_kernel(path)  # a user's own type may register its spec on import
     spec = get_spec(ktype)
-    kernelfile.check_signature(module.kernel_fn, spec.reference)
+    if spec.bind is None:
+        kernelfile.check_signature(module.kernel_fn, spec.reference)
     return module, spec, violations
 
 
@@ -211,7 +225,11 @@ def run(path: str, device: str, quick: bool, seed: int, dtype: str, timed: bool 
     result = {"status": "crash", "correctness": "FAIL", "failed_stage": None, "reason": "", "stages": [],
               "seed": seed}
     try:
-        module, spec, violations = _load(path)
+        module, spec, violations = _load(path, device)
+    except NeedsGPU as e:
+        result.update(status="fail", failed_stage="device", reason=str(e))
+        print(f"FAIL  {e}")
+        return result
     except (kernelfile.KernelFileError, KeyError) as e:
         result["reason"] = str(e).strip('"')
         return result
@@ -226,7 +244,18 @@ def run(path: str, device: str, quick: bool, seed: int, dtype: str, timed: bool 
         result.update(status="fail", failed_stage="source", reason="the kernel " + "; ".join(violations))
         print(f"guard: FAIL  {result['reason']}")
         return result
-    harness = Harness(module, spec, device, quick, seed)
+    try:
+        harness = Harness(module, spec, device, quick, seed)
+    except checking.CheckFailed as e:  # e.g. a ModelNew whose parameters are not Model's
+        result.update(status="fail", failed_stage="smoke", reason=str(e))
+        print(f"stage 1/5 smoke        FAIL  {e}")
+        return result
+    except Exception as e:
+        result.update(status="crash", failed_stage="smoke", reason=f"building the kernel failed: "
+                      f"{type(e).__name__}: {e}")
+        print(f"CRASH  {result['reason']}")
+        traceback.print_exc(file=sys.stderr)
+        return result
     try:
         stages = harness.run_stages()
         result["stages"] = [asdict(s) for s in stages]

@@ -59,8 +59,8 @@ def import_kernel(path: str | Path):
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # Triton's jit looks functions up through their module
     spec.loader.exec_module(module)
-    if not callable(getattr(module, "kernel_fn", None)):
-        raise KernelFileError(f"{path.name} defines no kernel_fn")
+    if not callable(getattr(module, "kernel_fn", None)) and not isinstance(getattr(module, "ModelNew", None), type):
+        raise KernelFileError(f"{path.name} defines no kernel_fn (nor a KernelBench ModelNew class)")
     return module
 
 

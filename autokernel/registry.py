@@ -11,6 +11,7 @@ reference function; the harness itself does not change.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -56,6 +57,10 @@ class KernelSpec:
     # +-64 sigma in attention amplify fp32 rounding) test robustness, not the last digits
     adversarial_tolerance: dict = field(default_factory=dict)
     description: str = ""
+    dtypes: tuple = DTYPES  # the dtypes the stages check (a KernelBench problem: its one dtype)
+    # (kernel module, device) -> the callable the stages check and time, for kernel files whose entry is
+    # not kernel_fn (a KernelBench ModelNew, built with the reference's weights); None: module.kernel_fn
+    bind: Callable | None = None
 
     def tolerance(self, dtype: torch.dtype) -> tuple[float, float]:
         return self.tolerances.get(dtype, TOLERANCES[dtype])
@@ -75,6 +80,11 @@ class KernelSpec:
 
 _REGISTRY: dict[str, KernelSpec] = {}
 
+# Type-name prefixes whose specs are built on demand from the name: prefix -> "module:function" taking the
+# name and returning its KernelSpec (or raising KeyError with the reason). "kb/level1/19_ReLU" is a
+# KernelBench problem. register_resolver adds others.
+RESOLVERS: dict[str, str | Callable[[str], KernelSpec]] = {"kb/": "kernelbench.spec:resolve"}
+
 
 def register(spec: KernelSpec) -> KernelSpec:
     if spec.name in _REGISTRY:
@@ -87,13 +97,29 @@ def _load_builtin_specs() -> None:
     from autokernel import specs  # noqa: F401  (registers the nine built-in types on import)
 
 
+def register_resolver(prefix: str, resolve: Callable[[str], KernelSpec]) -> None:
+    RESOLVERS[prefix] = resolve
+
+
+def _resolve(name: str) -> KernelSpec | None:
+    for prefix, resolve in RESOLVERS.items():
+        if name.startswith(prefix):
+            if isinstance(resolve, str):
+                module, _, function = resolve.partition(":")
+                resolve = getattr(importlib.import_module(module), function)
+            spec = resolve(name)
+            _REGISTRY[name] = spec
+            return spec
+    return None
+
+
 def get_spec(name: str) -> KernelSpec:
     _load_builtin_specs()
-    try:
-        return _REGISTRY[name]
-    except KeyError:
+    spec = _REGISTRY.get(name) or _resolve(name)
+    if spec is None:
         known = ", ".join(sorted(_REGISTRY))
-        raise KeyError(f"unknown kernel type {name!r}; known types: {known}") from None
+        raise KeyError(f"unknown kernel type {name!r}; known types: {known}")
+    return spec
 
 
 def kernel_types() -> list[str]:

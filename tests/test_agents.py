@@ -243,9 +243,11 @@ def test_builtin_agent_hands_hard_coded_values_back_to_the_kernels_heuristic_fir
 
     space = {"NUM_WARPS": [0, 1, 2, 4, 8], "CHUNK": [512, 1024, 2048], "VARIANT": ["auto", "looped"]}
     detuned = {"NUM_WARPS": 1, "CHUNK": 512, "VARIANT": "looped"}
-    first_two = [c for c, _ in zip(candidates(space, detuned, seed=0), range(2))]
-    assert sorted(first_two, key=str) == sorted([{**detuned, "NUM_WARPS": 0}, {**detuned, "VARIANT": "auto"}],
-                                                 key=str)
+    first_three = [c for c, _ in zip(candidates(space, detuned, seed=0), range(3))]
+    # all heuristics back together first (each alone may be slower), then one at a time
+    assert first_three[0] == {**detuned, "NUM_WARPS": 0, "VARIANT": "auto"}
+    assert sorted(first_three[1:], key=str) == sorted([{**detuned, "NUM_WARPS": 0}, {**detuned, "VARIANT": "auto"}],
+                                                      key=str)
 
 
 def test_builtin_agent_moves_tunables_that_changed_nothing_last():

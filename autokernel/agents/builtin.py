@@ -4,8 +4,9 @@ A kernel file lists the values worth trying for each CAPS tunable in `TUNABLES` 
 stages, and the kernel-specific variants: the playbook's first tier). From the best configuration so
 far the agent moves one tunable at a time, nearest values first (a coordinate search; block sizes
 and warp counts are smooth enough that the neighbour of a good value is the best next guess), except
-that handing a hard-coded value back to the kernel's own heuristic (0 or "auto") comes first, and that a
-tunable whose last move changed nothing (within 1%) waits until the others have been moved. When a
+that handing hard-coded values back to the kernel's own heuristics (0 or "auto") comes first, all of
+them at once and then one by one, and that a tunable whose last move changed nothing (within 1%)
+waits until the others have been moved. When a
 move is kept, the same tunable is pushed one step further in the same direction before anything else.
 When every single-tunable move from the best has been tried, pairs are tried, then triples, until
 the whole space is exhausted, which ends the kernel. Configurations already tried are never repeated;
@@ -66,6 +67,19 @@ def _is_auto(value) -> bool:
     return value is None or (type(value) in (int, str) and value in AUTO_VALUES)
 
 
+def _all_auto(space: dict, current: dict) -> dict | None:
+    """Every hard-coded tunable that has an auto value handed back to the kernel's heuristics at once.
+
+    A starter's heuristics are designed together (the warps follow the tile the variant picks), so a
+    detuned file often needs several back at once, and each alone can be slower: on an H200 a looped
+    rmsnorm with one warp got slower by going single-pass (still one warp) and by auto warps (still
+    looped), while both together were 1.4x faster. None when fewer than two tunables are hard-coded.
+    """
+    auto = {name: next(v for v in values if _is_auto(v)) for name, values in space.items()
+            if not _is_auto(current[name]) and any(_is_auto(v) for v in values)}
+    return {**current, **auto} if len(auto) >= 2 else None
+
+
 def candidates(space: dict, current: dict, seed: int, momentum: dict | None = None, flat=()):
     """Every configuration other than `current`, in the order worth trying them.
 
@@ -73,6 +87,9 @@ def candidates(space: dict, current: dict, seed: int, momentum: dict | None = No
     current variant does not use, say): their single moves come after every other single move.
     """
     momentum = momentum or {}
+    joint = _all_auto(space, current)
+    if joint is not None:
+        yield joint
     moves = {name: _moves(values, current[name]) for name, values in space.items()}
     names = sorted(space)
     for changed in range(1, len(names) + 1):

@@ -35,7 +35,9 @@ from autokernel.report import format_duration, format_us, progress_line
 LOOP_BENCH_TIMEOUT_S = {"cuda": 120, "cpu": 600}
 MIN_GAIN_PCT = 1.0  # a change must beat the best by more than this (or the baseline noise, if larger)
 LAST_LOG_CHARS = 8000  # of the harness output kept for the next prompt
-HARNESS_FILES = ("bench.py", "reference.py", "autokernel/*.py", "autokernel/**/*.py")
+# KernelBench: the bridge, and the read-only problem copies that are its references
+HARNESS_FILES = ("bench.py", "reference.py", "autokernel/*.py", "autokernel/**/*.py", "kernelbench/*.py",
+                 "workspace/kernelbench/level*/*.py")
 
 
 @dataclass
