@@ -25,6 +25,8 @@ from autokernel.agents.builtin import next_move
 from autokernel.gitlog import KERNEL_PATH, GitError, GitLog
 from autokernel.loop import Loop, LoopConfig, LoopError
 from autokernel.loop.state import STATE_FILE, StateFile, load_jobs, lock_holder, next_job
+from autokernel.raycluster import latest_ray_tag, ray_jobs, ray_rows, read_record
+from autokernel.raycluster import status_lines as ray_status_lines
 from autokernel.report import LiveLine, amdahl, format_us, kernel_summaries, report_table, write_progress_png
 from autokernel.workers import Driver, latest_tag, parse_gpus, read_queue, status_lines, worker_jobs, worker_rows
 
@@ -36,7 +38,7 @@ def default_tag(root: Path) -> str:
     path = root / STATE_FILE
     if path.is_file():
         return json.loads(path.read_text()).get("tag") or datetime.now().strftime("%b%d").lower()
-    return latest_tag(root) or datetime.now().strftime("%b%d").lower()
+    return latest_tag(root) or latest_ray_tag(root) or datetime.now().strftime("%b%d").lower()
 
 
 def parse_args(argv=None):
@@ -68,6 +70,9 @@ def parse_args(argv=None):
     run.add_argument("--seed", type=int, default=0, help="seed of the builtin agent's search order")
     run.add_argument("--gpus", help="one worker per GPU, each on its own kernel: 0,1,2,3 or all "
                                     "(--max-experiments then counts per kernel; CPU mode: ids are labels)")
+    run.add_argument("--ray", metavar="ADDRESS", help="each kernel as a task on the Ray cluster at ADDRESS (as "
+                                                      "`ray start` prints it), or `local` to start one here "
+                                                      "(pip install 'autokernel[ray]'); see autokernel/raycluster.py")
     for name, text in (("status", "where the loop stands"), ("next", "what the loop will try next"),
                        ("report", "per-kernel results, Amdahl estimate, progress.png")):
         cmd = sub.add_parser(name, help=text)
@@ -99,6 +104,13 @@ def cmd_run(args, root: Path) -> int:
                         min_gain_pct=args.min_gain, device=args.device, quick=args.quick, dtype=args.dtype,
                         bench_timeout=args.bench_timeout, seed=args.seed)
     agent = build_agent(args)  # an agent that cannot work fails here, before any worker starts
+    if args.ray:
+        if args.gpus:
+            raise LoopError("--ray and --gpus: choose one (a Ray task asks for one GPU of the cluster)")
+        from autokernel.raycluster import cli_run
+
+        return cli_run(root, config, {"name": args.agent, "options": agent_options(args)}, args.ray, args.plan,
+                       args.kernel)
     if args.gpus:
         with LiveLine() as ui:
             driver = Driver(root, config, {"name": args.agent, "options": agent_options(args)},
@@ -117,6 +129,10 @@ def cmd_run(args, root: Path) -> int:
 
 
 def cmd_status(args, root: Path) -> int:
+    if read_record(root, args.tag) is not None:  # --ray: every kernel's task, node and branch
+        print("\n".join(ray_status_lines(root, args.tag)))
+        LiveLine().print(report_table(kernel_summaries(ray_rows(root, args.tag), ray_jobs(root, args.tag)), args.tag))
+        return 0
     if read_queue(root, args.tag) is not None:
         print("\n".join(status_lines(root, args.tag)))
         LiveLine().print(report_table(kernel_summaries(worker_rows(root, args.tag), worker_jobs(root, args.tag)),
@@ -138,8 +154,9 @@ def cmd_status(args, root: Path) -> int:
 
 
 def cmd_next(args, root: Path) -> int:
-    if read_queue(root, args.tag) is not None:  # --gpus: what each unfinished kernel's worker tries next
-        todo = [j for j in worker_jobs(root, args.tag) if j["status"] != "done"]
+    if read_queue(root, args.tag) is not None or read_record(root, args.tag) is not None:  # --gpus, --ray
+        jobs = worker_jobs(root, args.tag) if read_queue(root, args.tag) is not None else ray_jobs(root, args.tag)
+        todo = [j for j in jobs if j["status"] != "done"]
         if not todo:
             print(f"tag {args.tag}: every kernel is done")
         for job in todo:
@@ -173,6 +190,8 @@ def cmd_report(args, root: Path) -> int:
     rows = [r for r in results.read_rows(root / "results.tsv") if r["tag"] == args.tag]
     if read_queue(root, args.tag) is not None:  # --gpus workers: every kernel's own tag <tag>/<kernel>
         jobs, rows = worker_jobs(root, args.tag), worker_rows(root, args.tag)
+    elif read_record(root, args.tag) is not None:  # --ray tasks: the same, recorded by the driver
+        jobs, rows = ray_jobs(root, args.tag), ray_rows(root, args.tag)
     summaries = kernel_summaries(rows, jobs)
     console = LiveLine()
     console.print(report_table(summaries, args.tag))

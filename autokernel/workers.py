@@ -51,6 +51,19 @@ STOP_LIMIT_S = 120.0  # seconds after SIGTERM before SIGKILL (the loop undoes it
 PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h)
 
 
+def run_threads(threads: list, stop) -> None:
+    """Start the threads and wait for them all; on Ctrl-C, stop(threads) and re-raise."""
+    for t in threads:
+        t.start()
+    try:
+        for t in threads:
+            while t.is_alive():
+                t.join(0.2)  # short waits: Ctrl-C reaches the main thread only between them
+    except KeyboardInterrupt:
+        stop(threads)
+        raise
+
+
 # ------------------------------------------------------------------------------ names and places
 def parse_gpus(text: str, env: dict | None = None) -> list[str]:
     """`0,1,3` or `all` -> the worker ids. `all` counts the visible GPUs; without one, name the ids."""
@@ -190,16 +203,7 @@ class Driver:
             return self._summary()
 
     def _run_workers(self) -> None:
-        threads = [threading.Thread(target=self._worker, args=(g,), daemon=True) for g in self.gpus]
-        for t in threads:
-            t.start()
-        try:
-            for t in threads:
-                while t.is_alive():
-                    t.join(0.2)  # short waits: Ctrl-C reaches the main thread only between them
-        except KeyboardInterrupt:
-            self._stop(threads)
-            raise
+        run_threads([threading.Thread(target=self._worker, args=(g,), daemon=True) for g in self.gpus], self._stop)
 
     # -------------------------------------------------------------------- the queue
     def _load_queue(self, plan, kernels) -> dict:
