@@ -1,0 +1,138 @@
+"""The device helpers every CUDA kernel source of kernels/cuda/ starts with (autokernel.cuda_build
+prepends them, so they are part of each source and of its hash). Plain CUDA C++, no torch headers.
+"""
+
+PRELUDE = r"""
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <cstdint>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <unordered_map>
+
+namespace ak {
+__device__ __forceinline__ float to_f(float x) { return x; }
+__device__ __forceinline__ float to_f(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <typename T> __device__ __forceinline__ T from_f(float x);
+template <> __device__ __forceinline__ float from_f<float>(float x) { return x; }
+template <> __device__ __forceinline__ __half from_f<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+// V elements moved as one aligned load/store (16 bytes: ld.global.v4) when the caller checked alignment.
+template <typename T, int V> struct alignas(sizeof(T) * V) Pack { T v[V]; };
+template <typename T> constexpr int pack_width(int bytes) {
+  return bytes / (int)sizeof(T) > 0 ? bytes / (int)sizeof(T) : 1;
+}
+
+template <typename T, int V> __device__ __forceinline__ void load_pack(const T* p, float (&out)[V]) {
+  const Pack<T, V> pk = *reinterpret_cast<const Pack<T, V>*>(p);
+#pragma unroll
+  for (int i = 0; i < V; ++i) out[i] = to_f(pk.v[i]);
+}
+template <typename T, int V> __device__ __forceinline__ void store_pack(T* p, const float (&in)[V]) {
+  Pack<T, V> pk;
+#pragma unroll
+  for (int i = 0; i < V; ++i) pk.v[i] = from_f<T>(in[i]);
+  *reinterpret_cast<Pack<T, V>*>(p) = pk;
+}
+
+struct Sum { template <typename A> __device__ __forceinline__ A operator()(A a, A b) const { return a + b; } };
+struct Max { template <typename A> __device__ __forceinline__ A operator()(A a, A b) const { return fmax(a, b); } };
+
+template <typename A, typename Op> __device__ __forceinline__ A warp_reduce(A v, Op op) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Every thread of the block calls it (blockDim.x a multiple of 32, <= 1024); the order is fixed, so the
+// result is bitwise reproducible (no atomics). Returns the reduction to every thread.
+template <typename A, typename Op> __device__ A block_reduce(A v, Op op, A identity) {
+  __shared__ A partial[33];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  v = warp_reduce(v, op);
+  __syncthreads();  // a previous call may still be reading partial[32]
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    v = lane < (int)(blockDim.x >> 5) ? partial[lane] : identity;
+    v = warp_reduce(v, op);
+    if (lane == 0) partial[32] = v;
+  }
+  __syncthreads();
+  return partial[32];
+}
+
+// 2^x in one MUFU instruction (ex2.approx, ~2 ulp; -inf -> +0), as Triton's exp: exp(x - m) is computed as
+// exp2(x * log2(e) - m * log2(e)) with one FMA, which keeps the rounding of the scaled argument small.
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+constexpr float LOG2E = 1.4426950408889634f;
+
+// The block size a kernel that keeps `floats` fp32 values per thread in registers is compiled for
+// (its __launch_bounds__): an SM has 65536 registers, so 1024 threads may use 64 registers each, 512 may
+// use 128 and 256 may use 255; ~40 registers go to addresses, loop state and the reduction besides the cache.
+constexpr int cached_threads(int floats, int others = 32) {
+  return floats + others <= 64 ? 1024 : floats + others <= 128 ? 512 : 256;
+}
+
+// At most `want` threads, and no more than `kernel` can launch with (cudaFuncGetAttributes: its registers and
+// __launch_bounds__), a multiple of 32. Asked once per kernel; the answer is the same on every GPU of one arch.
+template <typename K> inline int fit_threads(K* kernel, int want) {
+  static std::mutex mu;
+  static std::unordered_map<const void*, int> most;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = most.find(reinterpret_cast<const void*>(kernel));
+  if (it == most.end()) {
+    cudaFuncAttributes a;
+    if (cudaFuncGetAttributes(&a, reinterpret_cast<const void*>(kernel)) != cudaSuccess)
+      throw std::runtime_error(std::string("cudaFuncGetAttributes failed: ") + cudaGetErrorString(cudaGetLastError()));
+    it = most.emplace(reinterpret_cast<const void*>(kernel), a.maxThreadsPerBlock & ~31).first;
+  }
+  return want < it->second ? want : it->second;
+}
+
+// Launches a row kernel with the smallest register cache that holds a row: pick(std::integral_constant<int, P>)
+// gives the kernel caching P packs per thread (P = 0: the streaming kernel, which reads the row again instead).
+// P runs over 1, 2, 4, ... MAXP; the first whose kernel, at no more than `threads` threads and no more than it
+// can launch with, covers all `packs` is launched; none does: the streaming kernel. So any row length launches,
+// and a short row does not pay the registers (and the lost occupancy) of a big cache.
+template <int P, int MAXP, typename Pick, typename... Args>
+void launch_cached(Pick pick, int64_t packs, int threads, dim3 grid, cudaStream_t s, Args... args) {
+  if constexpr (P == 0 || P > MAXP) {
+    auto k = pick(std::integral_constant<int, 0>());
+    k<<<grid, fit_threads(k, threads), 0, s>>>(args...);
+  } else {
+    auto k = pick(std::integral_constant<int, P>());
+    const int t = fit_threads(k, threads);
+    if (packs <= (int64_t)t * P)
+      k<<<grid, t, 0, s>>>(args...);
+    else
+      launch_cached<P * 2, MAXP>(pick, packs, threads, grid, s, args...);
+  }
+}
+
+inline cudaStream_t as_stream(int64_t s) { return reinterpret_cast<cudaStream_t>(s); }
+template <typename T> inline T* ptr(int64_t p) { return reinterpret_cast<T*>(p); }
+inline void check_launch(const char* what) {
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + " launch failed: " + cudaGetErrorString(e));
+}
+}  // namespace ak
+
+// Runs the block with scalar_t bound to the element type of a launcher's dtype code.
+#define AK_DISPATCH(code, ...)                                                    \
+  switch (code) {                                                                 \
+    case 0: { using scalar_t = float; __VA_ARGS__; } break;                       \
+    case 1: { using scalar_t = __half; __VA_ARGS__; } break;                      \
+    case 2: { using scalar_t = __nv_bfloat16; __VA_ARGS__; } break;               \
+    default: throw std::invalid_argument("dtype code must be 0 (fp32), 1 (fp16) or 2 (bf16)"); \
+  }
+"""
