@@ -67,8 +67,8 @@ template <typename A, typename Op> __device__ A block_reduce(A v, Op op, A ident
   return partial[32];
 }
 
-// 2^x in one MUFU instruction (ex2.approx, ~2 ulp; -inf -> +0), as Triton's exp: exp(x - m) is computed as
-// exp2(x * log2(e) - m * log2(e)) with one FMA, which keeps the rounding of the scaled argument small.
+// 2^x in one MUFU instruction (ex2.approx, ~2 ulp; -inf -> +0): exp(x - m) = exp2_approx((x - m) * LOG2E).
+// Subtract first: x * LOG2E - m * LOG2E as one FMA leaves a residual of ~ulp(m), which overflows for huge m.
 __device__ __forceinline__ float exp2_approx(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));

@@ -9,8 +9,8 @@ them into a running max m and a running sum s of exp(x - m), rescaling s once pe
 grows; the block then combines (max, then rescaled sums) with warp shuffles and shared memory.
 loss = log(sum) + max - x[target]. Rows whose target is IGNORE_INDEX (-100, as in F.cross_entropy) count
 for nothing. Per-row losses go to an fp32 buffer and a second one-block kernel takes the mean in fp64 in a
-fixed order: bitwise reproducible, no atomics. exp is exp2(x * log2(e) - m * log2(e)) with one FMA and one
-ex2.approx (as Triton's exp; ~1e-6 relative, far inside the 1e-4 fp32 tolerance); log is logf.
+fixed order: bitwise reproducible, no atomics. exp is exp2((x - m) * log2(e)) with one ex2.approx (~1e-6
+relative, far inside the 1e-4 fp32 tolerance); log is logf.
 
 Tunables: THREADS, PACKS_PER_THREAD and MEAN_THREADS are launch parameters; VEC_BYTES and UNROLL are
 compiled in.
@@ -42,7 +42,8 @@ TUNABLES = {
 
 CUDA_SRC = r"""
 // Folds `count` values into the running (max m, sum s of exp(x - m)): one rescale for all of them.
-// exp(x - m) = exp2(x * log2(e) - m * log2(e)): one FMA and one ex2.approx (Triton's exp does the same).
+// exp(x - m) = exp2((x - m) * log2(e)) with one ex2.approx: x - m first, exactly 0 at the max (an FMA
+// x * log2(e) - m * log2(e) leaves a residual of ~ulp(m), which overflows exp for huge logits).
 template <int U, int V>
 __device__ __forceinline__ void online_add(const float (&v)[U][V], float& m, float& s) {
   float pm = v[0][0];
@@ -56,11 +57,10 @@ __device__ __forceinline__ void online_add(const float (&v)[U][V], float& m, flo
     m = pm;
   }
   if (m != -INFINITY) {
-    const float shift = m * ak::LOG2E;
 #pragma unroll
     for (int u = 0; u < U; ++u) {
 #pragma unroll
-      for (int j = 0; j < V; ++j) s += ak::exp2_approx(fmaf(v[u][j], ak::LOG2E, -shift));
+      for (int j = 0; j < V; ++j) s += ak::exp2_approx((v[u][j] - m) * ak::LOG2E);
     }
   }
 }

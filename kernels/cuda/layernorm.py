@@ -51,6 +51,10 @@ layernorm_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __re
   const T* xr = x + (int64_t)blockIdx.x * stride_x;
   T* yr = y + (int64_t)blockIdx.x * n;
   const int64_t packs = n / V;
+  // Statistics of x - x[0]: around a large mean (1000 + N(0, 1)) an fp32 row sum of ~8e6 is off by ~1,
+  // the mean by ~1e-4, and y by as much (the H200 run failed fp32 "large_mean" by 2.8e-4); shifted, the
+  // sum stays ~sqrt(N) and exact enough. `mean` below is that of the shifted values.
+  const float shift = ak::to_f(xr[0]);
   float s = 0.f, sq = 0.f;
   if constexpr (P > 0) {
     float cache[P][V];
@@ -63,10 +67,13 @@ layernorm_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __re
     for (int i = 0; i < P; ++i) {
       if (threadIdx.x + (int64_t)i * blockDim.x < packs) {
 #pragma unroll
-        for (int j = 0; j < V; ++j) s += cache[i][j];
+        for (int j = 0; j < V; ++j) {
+          cache[i][j] -= shift;
+          s += cache[i][j];
+        }
       }
     }
-    const float mean = ak::block_reduce(s, ak::Sum(), 0.f) / (float)n;
+    const float mean = ak::block_reduce(s, ak::Sum(), 0.f) / (float)n;  // of x - shift
 #pragma unroll
     for (int i = 0; i < P; ++i) {
       if (threadIdx.x + (int64_t)i * blockDim.x < packs) {
@@ -92,14 +99,14 @@ layernorm_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __re
       float v[V];
       ak::load_pack<T, V>(xr + p * V, v);
 #pragma unroll
-      for (int j = 0; j < V; ++j) s += v[j];
+      for (int j = 0; j < V; ++j) s += v[j] - shift;
     }
-    const float mean = ak::block_reduce(s, ak::Sum(), 0.f) / (float)n;
+    const float mean = ak::block_reduce(s, ak::Sum(), 0.f) / (float)n;  // of x - shift
     for (int64_t p = threadIdx.x; p < packs; p += blockDim.x) {
       float v[V];
       ak::load_pack<T, V>(xr + p * V, v);
 #pragma unroll
-      for (int j = 0; j < V; ++j) sq += (v[j] - mean) * (v[j] - mean);
+      for (int j = 0; j < V; ++j) sq += (v[j] - shift - mean) * (v[j] - shift - mean);
     }
     const float rstd = rsqrtf(ak::block_reduce(sq, ak::Sum(), 0.f) / (float)n + eps);
     for (int64_t p = threadIdx.x; p < packs; p += blockDim.x) {
@@ -108,7 +115,7 @@ layernorm_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __re
       ak::load_pack<T, V>(w + p * V, wv);
       ak::load_pack<T, V>(b + p * V, bv);
 #pragma unroll
-      for (int j = 0; j < V; ++j) o[j] = (v[j] - mean) * rstd * wv[j] + bv[j];
+      for (int j = 0; j < V; ++j) o[j] = (v[j] - shift - mean) * rstd * wv[j] + bv[j];
       ak::store_pack<T, V>(yr + p * V, o);
     }
   }

@@ -7,9 +7,10 @@ One block per row, 16-byte packs (VEC_BYTES) where the row length, stride and po
 elements. A row of up to threads x CACHED_PACKS packs is read once into registers: row max (warp
 shuffles, then shared memory), sum of exp(x - max), then y = exp(x - max) / sum from the registers.
 Longer rows are streamed three times (max, sum, write; the re-reads mostly hit L2). Subtracting the max
-keeps huge equal logits finite; -inf entries give exp() = 0. Everything in fp32, exp as exp2(x * log2(e)
-- max * log2(e)) with one FMA and one ex2.approx (Triton's exp; ~1e-6 relative, inside the 1e-4 fp32
-tolerance: a plain __expf(x - max) is less exact), in a fixed order: bitwise reproducible.
+keeps huge equal logits finite; -inf entries give exp() = 0. Everything in fp32, exp as exp2((x - max) *
+log2(e)) with one ex2.approx (~1e-6 relative, inside the 1e-4 fp32 tolerance), in a fixed order: bitwise
+reproducible. x - max comes first: the FMA form x * log2(e) - max * log2(e) left a residual of ~ulp(max)
+that turned every output of a row of equal 1e30 logits into NaN on the H200.
 
 Register budget (the H200 run failed with 'too many resources requested for launch': a cache of 8 packs of
 8 floats at 1024 threads needs 89 registers, 64 is the most at 1024): the cache is a template parameter P
@@ -46,8 +47,7 @@ TUNABLES = {
 CUDA_SRC = r"""
 // P > 0: the row (at most blockDim.x * P packs, the launcher checks) is read once into a register cache of P
 // packs per thread, which then holds exp(x - max). P = 0: the row is streamed three times.
-// Register budget: see ak::cached_threads. exp(x - max) = exp2(x * log2(e) - max * log2(e)), one FMA and
-// one ex2.approx; the rounding of max * log2(e) is a common factor of the row, cancelled by the division.
+// Register budget: see ak::cached_threads. exp(x - max) = exp2((x - max) * log2(e)), one ex2.approx.
 template <typename T, int V, int P>
 __global__ void __launch_bounds__(ak::cached_threads(P * V), 1)
 softmax_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t n, int64_t stride_x) {
@@ -70,13 +70,14 @@ softmax_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t n, int64_t st
       }
     }
     const float row_max = ak::block_reduce(m, ak::Max(), -INFINITY);
-    const float shift = row_max == -INFINITY ? 0.f : row_max * ak::LOG2E;  // an all -inf row gives NaN, as torch
+    // x - max first, exactly 0 at the max: an FMA x * log2(e) - max * log2(e) leaves a rounding residual of
+    // ~ulp(max), which for huge equal logits (1e30) is ~1e22 and overflows exp. An all -inf row gives NaN, as torch.
 #pragma unroll
     for (int i = 0; i < P; ++i) {
       if (threadIdx.x + (int64_t)i * blockDim.x < packs) {
 #pragma unroll
         for (int j = 0; j < V; ++j) {
-          cache[i][j] = ak::exp2_approx(fmaf(cache[i][j], ak::LOG2E, -shift));
+          cache[i][j] = ak::exp2_approx((cache[i][j] - row_max) * ak::LOG2E);
           s += cache[i][j];
         }
       }
@@ -100,19 +101,18 @@ softmax_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t n, int64_t st
       for (int j = 0; j < V; ++j) m = fmaxf(m, v[j]);
     }
     const float row_max = ak::block_reduce(m, ak::Max(), -INFINITY);
-    const float shift = row_max == -INFINITY ? 0.f : row_max * ak::LOG2E;
     for (int64_t p = threadIdx.x; p < packs; p += blockDim.x) {
       float v[V];
       ak::load_pack<T, V>(xr + p * V, v);
 #pragma unroll
-      for (int j = 0; j < V; ++j) s += ak::exp2_approx(fmaf(v[j], ak::LOG2E, -shift));
+      for (int j = 0; j < V; ++j) s += ak::exp2_approx((v[j] - row_max) * ak::LOG2E);
     }
     const float inv = 1.f / ak::block_reduce(s, ak::Sum(), 0.f);
     for (int64_t p = threadIdx.x; p < packs; p += blockDim.x) {
       float v[V];
       ak::load_pack<T, V>(xr + p * V, v);
 #pragma unroll
-      for (int j = 0; j < V; ++j) v[j] = ak::exp2_approx(fmaf(v[j], ak::LOG2E, -shift)) * inv;
+      for (int j = 0; j < V; ++j) v[j] = ak::exp2_approx((v[j] - row_max) * ak::LOG2E) * inv;
       ak::store_pack<T, V>(yr + p * V, v);
     }
   }
