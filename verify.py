@@ -29,9 +29,9 @@ Timing: the original model eager, torch.compile of the original, the optimized m
 from a CUDA graph (the GPU time alone, no Python or launch overhead, as a fixed-shape server runs)
 and compared with the original's graphed rows. Before timing, on a GPU, each kernel type is left out
 in turn and stays out if the model is more than 1% faster without it (a kernel can win at the
-harness's shape and lose at the model's); --keep-all times them all. Without a GPU the kernels run through Triton's CPU
-interpreter and the compiler backend is aot_eager (inductor's C++ build would dominate a test run):
-those timings only show that the pipeline runs and are labelled so.
+harness's shape and lose at the model's); --keep-all times them all. Without a GPU the kernels run
+through Triton's CPU interpreter and the compiler backend is aot_eager (inductor's C++ build would
+dominate a test run): those timings only show that the pipeline runs and are labelled so.
 
 Exit status: 0 when the optimized model matches, 1 when it does not, 2 when it could not be run.
 """

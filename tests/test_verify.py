@@ -232,3 +232,28 @@ def test_a_huggingface_llama_verifies_with_the_starters(tmp_path, capsys, interp
     assert code == 0, printed.out + printed.err
     report = json.loads(out.read_text())
     assert {"rmsnorm", "matmul", "fused_mlp"} <= set(report["swapped_types"])
+
+
+def test_prune_leaves_out_only_the_types_the_model_is_faster_without(monkeypatch):
+    """The greedy prune on made-up end-to-end times: a kernel that costs time goes, the others stay."""
+    from autokernel import timing
+
+    cost_ms = {"rmsnorm": -2.0, "matmul": +1.5, "rotary_embedding": -0.5, "fused_mlp": +0.05}  # vs PyTorch
+
+    class Candidate:
+        def __init__(self, types):
+            self.types = list(types)
+
+        def swapped_types(self):
+            return list(self.types)
+
+    def fake_time_fn(candidate, sets, device):
+        ms = 10.0 + sum(cost_ms[t] for t in candidate.types)
+        return timing.Timing(ms * 1e3, [ms * 1e3])
+
+    monkeypatch.setattr(swap, "build", lambda model, types: Candidate(types))
+    monkeypatch.setattr(timing, "time_fn", fake_time_fn)
+    optimized, dropped = verify.prune(None, Candidate(cost_ms), lambda seed: (), "cuda", graphs=False)
+    # fused_mlp costs 0.05 ms of ~7.5: under the 1% margin, so it stays (noise is not a reason)
+    assert optimized.types == ["rmsnorm", "rotary_embedding", "fused_mlp"]
+    assert list(dropped) == ["matmul"] and "faster without it" in dropped["matmul"]
