@@ -79,6 +79,7 @@ class KernelSpec:
 
 
 _REGISTRY: dict[str, KernelSpec] = {}
+_RESOLVED: dict[str, KernelSpec] = {}  # specs built on demand from their names (not listed by kernel_types)
 
 # Type-name prefixes whose specs are built on demand from the name: prefix -> "module:function" taking the
 # name and returning its KernelSpec (or raising KeyError with the reason). "kb/level1/19_ReLU" is a
@@ -108,14 +109,14 @@ def _resolve(name: str) -> KernelSpec | None:
                 module, _, function = resolve.partition(":")
                 resolve = getattr(importlib.import_module(module), function)
             spec = resolve(name)
-            _REGISTRY[name] = spec
+            _RESOLVED[name] = spec
             return spec
     return None
 
 
 def get_spec(name: str) -> KernelSpec:
     _load_builtin_specs()
-    spec = _REGISTRY.get(name) or _resolve(name)
+    spec = _REGISTRY.get(name) or _RESOLVED.get(name) or _resolve(name)
     if spec is None:
         known = ", ".join(sorted(_REGISTRY))
         raise KeyError(f"unknown kernel type {name!r}; known types: {known}")
