@@ -40,6 +40,12 @@ template <typename T, int V> __device__ __forceinline__ void store_pack(T* p, co
   *reinterpret_cast<Pack<T, V>*>(p) = pk;
 }
 
+// The raw 16-byte pack, unconverted: a row cache of raw packs costs 4 registers per 16 bytes whatever the dtype
+// (a converted fp16 pack would cost 8), so twice the bytes can be in flight per thread.
+template <typename T, int V> __device__ __forceinline__ Pack<T, V> load_raw(const T* p) {
+  return *reinterpret_cast<const Pack<T, V>*>(p);
+}
+
 struct Sum { template <typename A> __device__ __forceinline__ A operator()(A a, A b) const { return a + b; } };
 struct Max { template <typename A> __device__ __forceinline__ A operator()(A a, A b) const { return fmax(a, b); } };
 
@@ -117,6 +123,107 @@ void launch_cached(Pick pick, int64_t packs, int threads, dim3 grid, cudaStream_
     else
       launch_cached<P * 2, MAXP>(pick, packs, threads, grid, s, args...);
   }
+}
+
+// ---- the GEMM pipeline's plumbing (kernels/cuda/matmul.py, fused_mlp.py); templates, so that a kernel that
+// does not use them does not compile them (cp.async needs sm_80) ----
+// One 16-byte global -> shared copy that bypasses L1 (cp.async.cg); in_bounds false writes 16 zero bytes and
+// reads nothing (src must still be a valid address: pass the matrix base).
+template <typename T> __device__ __forceinline__ void cp_async16(T* dst, const T* src, bool in_bounds) {
+  const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(in_bounds ? 16 : 0));
+}
+template <int UNUSED = 0> __device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// 8 values to p[0..8) of a row of `n` elements from `col`: one st.global.v4 when `vec` (p 16-byte aligned) and
+// all 8 are inside the row, else bounds-checked element stores (ptxas split a Pack assignment into element
+// stores in the GEMM epilogues, hence the explicit instruction).
+template <typename T> __device__ __forceinline__ void store8(T* p, int64_t col, int64_t n, bool vec,
+                                                             const float (&v)[8]) {
+  Pack<T, 8> pk;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) pk.v[k] = from_f<T>(v[k]);
+  if (vec && col + 8 <= n) {
+    const uint4 bits = *reinterpret_cast<const uint4*>(&pk);
+    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "r"(bits.x), "r"(bits.y), "r"(bits.z),
+                 "r"(bits.w) : "memory");
+  } else {
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+      if (col + k < n) p[k] = pk.v[k];
+  }
+}
+
+// Output tile (bm, bn) of a 1-D grid of BM x BN tiles: GROUP block rows at a time, down each column of blocks,
+// so that the blocks running together share their B tiles (and A tiles across groups) in L2.
+template <int BM, int BN, int GROUP> __device__ __forceinline__ void tile_of_block(int64_t M, int64_t N, int& bm,
+                                                                                    int& bn) {
+  const int num_m = (int)((M + BM - 1) / BM), num_n = (int)((N + BN - 1) / BN);
+  const int per_group = GROUP * num_n, group = (int)blockIdx.x / per_group;
+  const int first_m = group * GROUP, size = num_m - first_m < GROUP ? num_m - first_m : GROUP;
+  const int within = (int)blockIdx.x - group * per_group;
+  bm = first_m + within % size;
+  bn = within / size;
+}
+
+// This thread's share (of THREADS) of one operand's ROWS x COLS tile, copied by cp.async 8 elements at a time
+// into a stage with rows of `ld_tile` elements. Its chunks lie in one column of chunks, ROW_STEP rows apart,
+// so one pointer and a few integers describe them all (per-chunk 64-bit addresses cost the pipelined GEMM
+// its register budget). K_ROWS: the tile's rows run along K (a row-major B), else its columns do (A, an
+// nn.Linear weight). Chunks past K or past the other dimension's `extent` are zero-filled (ld, the base
+// pointer and the extent of the contiguous dimension: multiples of 8 elements).
+template <typename T, int ROWS, int COLS, bool K_ROWS, int THREADS>
+struct AsyncTile {
+  static constexpr int PER_ROW = COLS / 8, CHUNKS = ROWS * PER_ROW, ROW_STEP = THREADS / PER_ROW;
+  static constexpr int PER_THREAD = (CHUNKS + THREADS - 1) / THREADS;
+  static_assert(THREADS % PER_ROW == 0, "a tile row must split evenly over the threads");
+  const T* base;    // the matrix (a valid address for the zero-filling copies)
+  const T* src;     // this thread's first chunk at k0 = 0
+  int64_t step;     // elements between this thread's consecutive chunks
+  int64_t k_step;   // elements between consecutive k
+  int64_t room;     // rows (K_ROWS: columns) left inside the matrix from this thread's first chunk
+  int dst, r, c;    // first chunk's offset in a stage, its row and column within the tile
+  int ldd;
+
+  __device__ __forceinline__ AsyncTile(const T* m, int64_t ld, int ld_tile, int64_t start, int64_t extent)
+      : base(m), step(ROW_STEP * ld), k_step(K_ROWS ? ld : 1), ldd(ld_tile) {
+    r = threadIdx.x / PER_ROW;
+    c = (threadIdx.x % PER_ROW) * 8;
+    dst = r * ld_tile + c;
+    room = K_ROWS ? extent - start - c : extent - start - r;
+    src = K_ROWS ? m + (int64_t)r * ld + start + c : m + (start + r) * ld + c;
+  }
+  __device__ __forceinline__ void copy(T* stage, int64_t k0, int64_t K) const {
+#pragma unroll
+    for (int it = 0; it < PER_THREAD; ++it) {
+      if (CHUNKS % THREADS != 0 && (int)threadIdx.x + it * THREADS >= CHUNKS) break;  // more threads than chunks
+      const int row = it * ROW_STEP;  // this chunk's row, relative to the first
+      const bool ok = K_ROWS ? room > 0 && k0 + r + row < K : row < room && k0 + c < K;
+      cp_async16(stage + dst + row * ldd, ok ? src + it * step + k0 * k_step : base, ok);
+    }
+  }
+};
+
+// Lets `kernel` launch with `bytes` of dynamic shared memory (above 48 KB it must ask), once per kernel and
+// device: the attribute is per device, and a process may drive several GPUs.
+template <typename K> inline void allow_shared_memory(K* kernel, int bytes) {
+  static std::mutex mu;
+  static std::unordered_map<const void*, uint64_t> done;  // kernel -> bit mask of the devices done
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) throw std::runtime_error("cudaGetDevice failed");
+  std::lock_guard<std::mutex> lock(mu);
+  uint64_t& mask = done[reinterpret_cast<const void*>(kernel)];
+  const uint64_t bit = uint64_t(1) << (device & 63);
+  if (mask & bit) return;
+  const cudaError_t e = cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (e != cudaSuccess)
+    throw std::runtime_error(std::string("cudaFuncSetAttribute(MaxDynamicSharedMemorySize) failed: ") +
+                             cudaGetErrorString(e));
+  mask |= bit;
 }
 
 inline cudaStream_t as_stream(int64_t s) { return reinterpret_cast<cudaStream_t>(s); }

@@ -2,7 +2,9 @@
 
 Without a GPU: every starter's declarations, its device code compiled by nvcc (where nvcc is present),
 the build cache and its lock, compiler errors, the "needs a GPU" result, extract.py --backend cuda and
-the builtin agent's view of the tunables. With a GPU (marked gpu): every starter through the harness.
+the builtin agent's view of the tunables, the GPU script's tunable variants. With a GPU (marked gpu): every
+starter through the harness; the pipelined GEMM against the single-buffered one and torch at ragged sizes;
+flash attention's tensor-core and scalar kernels against SDPA on ragged sequences and head dims.
 """
 
 import importlib.util
@@ -10,6 +12,7 @@ import inspect
 import multiprocessing
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -184,6 +187,26 @@ def test_extract_with_the_cuda_backend_writes_cuda_starters_with_the_models_shap
     assert "CUDA_SRC" in written[0].path.read_text()
 
 
+def _gpu_script():
+    return _load_kernel(ROOT / "scripts" / "gpu_cuda.py", "_gpu_cuda_script")
+
+
+def test_the_gpu_scripts_variants_change_real_tunables_and_bad_ones_are_refused(tmp_path):
+    script = _gpu_script()
+    files = script.write_variants(list(script.VARIANTS), script.VARIANTS, tmp_path)
+    for type_, pairs in files.items():
+        assert pairs[0] == ({}, ROOT / "kernels" / "cuda" / f"{type_}.py")
+        for config, path in pairs[1:]:
+            decl = declarations(path.read_text())
+            assert all(decl[name] == value for name, value in config.items()), (type_, config)
+    assert script.parse_variants(["matmul:STAGES=4,BLOCK_K=64"]) == {"matmul": [{"STAGES": 4, "BLOCK_K": 64}]}
+    for bad in ["matmul:STAGES", "nope:X=1", "matmul"]:
+        with pytest.raises(ValueError):
+            script.parse_variants([bad])
+    with pytest.raises(ValueError, match="no tunables"):
+        script.write_variants(["matmul"], {"matmul": [{"NOT_A_TUNABLE": 1}]}, tmp_path)
+
+
 # ------------------------------------------------------------------------------------------ GPU only
 @pytest.mark.gpu
 @pytest.mark.parametrize("type_", TYPES)
@@ -200,3 +223,35 @@ def test_a_kernel_that_does_not_compile_is_a_crash_row_with_the_compilers_messag
     result = run_bench(broken, device="cuda", timed=False, timeout=240)
     assert result["status"] == "crash" and "CudaBuildError" in result["reason"]
     assert "expected an expression" in result["reason"]
+
+
+def _reload(type_: str, **tunables):
+    """A fresh module of a starter with some tunables changed (its own build)."""
+    source = (ROOT / "kernels" / "cuda" / f"{type_}.py").read_text()
+    path = Path(tempfile.mkdtemp(prefix="ak-cuda-test-")) / f"{type_}.py"
+    path.write_text(apply_config(source, tunables))
+    return _load_kernel(path, f"_{type_}_{'_'.join(f'{k}{v}' for k, v in tunables.items())}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("stages", [0, 2, 3])
+def test_the_pipelined_and_the_single_buffered_gemm_agree_with_torch_at_ragged_edges(stages):
+    module = _reload("matmul", STAGES=stages)
+    for m, n, k in [(1, 8, 8), (130, 264, 72), (257, 136, 1000), (64, 128, 32)]:
+        a = torch.randn(m, k, device="cuda", dtype=torch.float16)
+        for b in (torch.randn(k, n, device="cuda", dtype=torch.float16),
+                  torch.randn(n, k, device="cuda", dtype=torch.float16).t()):  # nn.Linear's weight, transposed
+            want = (a.float() @ b.float())
+            torch.testing.assert_close(module.kernel_fn(a, b).float(), want, atol=0.05 * k ** 0.5, rtol=1e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tensor_cores", [0, 1])
+def test_flash_attention_tensor_cores_and_scalar_agree_with_sdpa_on_ragged_sequences(tensor_cores):
+    module = _reload("flash_attention", TENSOR_CORES=tensor_cores)
+    for dtype in (torch.float16, torch.bfloat16):
+        for seq, dim, causal in [(1, 64, True), (100, 128, True), (257, 64, False), (130, 80, True)]:
+            q, k, v = (torch.randn(2, 3, seq, dim, device="cuda", dtype=dtype) for _ in range(3))
+            want = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
+            got = module.kernel_fn(q, k, v, causal=causal)
+            torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2)

@@ -3,17 +3,23 @@
 Memory-bound: one call reads the logits once (plus 8 bytes of target per row) and writes one scalar,
 about N * V * element_size bytes. At 8192 x 32000 fp16 that is 524 MB: ~175 us at an H100's ~3 TB/s.
 
-One block per row, one pass over the vocabulary with an online softmax: each thread issues UNROLL
-16-byte pack loads (VEC_BYTES, where alignment allows; else single elements) before using any, then folds
-them into a running max m and a running sum s of exp(x - m), rescaling s once per UNROLL packs when m
-grows; the block then combines (max, then rescaled sums) with warp shuffles and shared memory.
+One block per row, one pass over HBM. A row of up to threads x CACHED_PACKS 16-byte packs (VEC_BYTES,
+where alignment allows) is loaded whole into registers, every load issued before the first use, as raw
+packs (4 registers per 16 bytes whatever the dtype): the bench's 32000-class fp16 row (64 KB) is 8 packs
+per thread at 512 threads, <= 64 registers, so two rows (128 KB) are in flight per SM and one block's
+reductions overlap the other's loads. From the registers: the row max (block reduce), then the sum of
+exp(x - max), one exp per logit and no rescaling, then the block sum. The cache size P is a template
+parameter (1, 2, 4, ... CACHED_PACKS), picked per launch as in rmsnorm (ak::launch_cached); longer rows and
+rows that cannot be vectorized take the streaming kernel: an online softmax where each thread issues UNROLL
+pack loads before folding them into a running max m and sum s of exp(x - m), rescaling s once per UNROLL
+packs when m grows. The first round streamed the bench row (64 KB, UNROLL 4) and reached 74% of copy.
 loss = log(sum) + max - x[target]. Rows whose target is IGNORE_INDEX (-100, as in F.cross_entropy) count
 for nothing. Per-row losses go to an fp32 buffer and a second one-block kernel takes the mean in fp64 in a
 fixed order: bitwise reproducible, no atomics. exp is exp2((x - m) * log2(e)) with one ex2.approx (~1e-6
 relative, far inside the 1e-4 fp32 tolerance); log is logf.
 
-Tunables: THREADS, PACKS_PER_THREAD and MEAN_THREADS are launch parameters; VEC_BYTES and UNROLL are
-compiled in.
+Tunables: THREADS, PACKS_PER_THREAD and MEAN_THREADS are launch parameters; VEC_BYTES, UNROLL and
+CACHED_PACKS are compiled in.
 """
 
 import functools
@@ -30,7 +36,8 @@ THREADS = 0  # threads per block (multiple of 32, <= 1024); 0 = auto: PACKS_PER_
 PACKS_PER_THREAD = 8  # packs per thread in the auto block size (runtime)
 MEAN_THREADS = 1024  # threads of the one-block mean kernel (runtime)
 VEC_BYTES = 16  # bytes per vectorized load (compile-time): 16 = 8 fp16 or 4 fp32
-UNROLL = 4  # pack loads each thread issues before folding them in (compile-time): bytes in flight per thread
+UNROLL = 4  # streaming kernel: pack loads issued before folding them in (compile-time): bytes in flight
+CACHED_PACKS = 16  # packs per thread held in registers at most (compile-time): longer rows are streamed
 
 TUNABLES = {
     "THREADS": [0, 128, 256, 512, 1024],
@@ -38,6 +45,7 @@ TUNABLES = {
     "MEAN_THREADS": [256, 512, 1024],
     "VEC_BYTES": [4, 8, 16],
     "UNROLL": [1, 2, 4, 8],
+    "CACHED_PACKS": [4, 8, 16],
 }
 
 CUDA_SRC = r"""
@@ -65,40 +73,115 @@ __device__ __forceinline__ void online_add(const float (&v)[U][V], float& m, flo
   }
 }
 
-// One block per row. Each thread issues UNROLL pack loads before folding them in (UNROLL x 16 bytes in
-// flight per thread). Registers: ~40 at UNROLL 4; __launch_bounds__(1024) caps them at 64.
+// The block size a kernel caching P raw packs per thread is compiled for, and its blocks per SM: P x 4
+// registers of cache plus ~30 others. P <= 4: 1024 threads x 64 registers; P = 8: 512 x 2 blocks (64
+// registers, two rows per SM); P = 16: 256 x 2 (128 registers). P = 0 (streaming): 1024.
+constexpr int ce_threads(int P) { return P <= 4 ? 1024 : P <= 8 ? 512 : 256; }
+constexpr int ce_blocks(int P) { return P <= 4 ? 1 : 2; }
+
+// The max of a raw pack. 16-bit types: packed __hmax2 (exact, no conversion), which also keeps ptxas from
+// holding every pack converted to fp32 between the max and the exp pass (bf16 did: 216 bytes of spills).
 template <typename T, int V>
-__global__ void __launch_bounds__(1024) cross_entropy_kernel(const T* __restrict__ x,
-                                                             const int64_t* __restrict__ targets,
-                                                             float* __restrict__ loss, float* __restrict__ valid,
-                                                             int64_t n_classes, int64_t stride_x,
-                                                             int64_t ignore_index) {
+__device__ __forceinline__ float pack_max(const ak::Pack<T, V>& pk) {
+  if constexpr (std::is_same<T, float>::value || V % 2 != 0) {
+    float m = ak::to_f(pk.v[0]);
+#pragma unroll
+    for (int j = 1; j < V; ++j) m = fmaxf(m, ak::to_f(pk.v[j]));
+    return m;
+  } else {
+    auto pair = [&](int j) {
+      if constexpr (std::is_same<T, __half>::value) return __halves2half2(pk.v[2 * j], pk.v[2 * j + 1]);
+      else return __halves2bfloat162(pk.v[2 * j], pk.v[2 * j + 1]);
+    };
+    auto m = pair(0);
+#pragma unroll
+    for (int j = 1; j < V / 2; ++j) m = __hmax2(m, pair(j));
+    return fmaxf(ak::to_f(m.x), ak::to_f(m.y));
+  }
+}
+
+// An empty asm that "changes" a cached pack's words: the exp pass's conversions cannot move above it. Without it
+// ptxas converts every cached bf16 value to fp32 (one shift each) right after its load, doubling the cache's
+// registers (P = 8: 168 bytes of spills).
+template <typename T, int V>
+__device__ __forceinline__ void pin(ak::Pack<T, V>& pk) {
+  if constexpr (sizeof(pk) % 4 == 0) {
+    unsigned* w = reinterpret_cast<unsigned*>(&pk);
+#pragma unroll
+    for (int k = 0; k < (int)(sizeof(pk) / 4); ++k) asm volatile("" : "+r"(w[k]));
+  }
+}
+
+// Thread 0 writes the row's loss (log(total) + max - x[target]) and whether it counts.
+template <typename T>
+__device__ __forceinline__ void write_loss(const T* xr, const int64_t* targets, float* loss, float* valid,
+                                           int64_t row, int64_t n_classes, int64_t ignore_index, float row_max,
+                                           float total) {
+  const int64_t t = targets[row];
+  const bool counted = t != ignore_index && t >= 0 && t < n_classes;
+  loss[row] = counted ? logf(total) + row_max - ak::to_f(xr[t]) : 0.f;
+  valid[row] = counted ? 1.f : 0.f;
+}
+
+// One block per row. P > 0: the row (at most blockDim.x * P packs, the launcher checks) is loaded into P raw
+// packs per thread, all loads first; max, then sum of exp(x - max), from the registers. P = 0: streamed, each
+// thread issuing UNROLL pack loads before folding them into its online (max, sum). Registers: ptxas, see
+// ce_threads.
+template <typename T, int V, int P>
+__global__ void __launch_bounds__(ce_threads(P), ce_blocks(P)) cross_entropy_kernel(
+    const T* __restrict__ x, const int64_t* __restrict__ targets, float* __restrict__ loss,
+    float* __restrict__ valid, int64_t n_classes, int64_t stride_x, int64_t ignore_index) {
   const int64_t row = blockIdx.x;
   const T* xr = x + row * stride_x;
   const int64_t packs = n_classes / V;
-  const int64_t step = blockDim.x;
-  float m = -INFINITY, s = 0.f;
-  int64_t p = threadIdx.x;
-  for (; p + (UNROLL - 1) * step < packs; p += UNROLL * step) {
-    float v[UNROLL][V];
+  float row_max, mine;
+  if constexpr (P > 0) {
+    ak::Pack<T, V> raw[P];
 #pragma unroll
-    for (int u = 0; u < UNROLL; ++u) ak::load_pack<T, V>(xr + (p + u * step) * V, v[u]);
-    online_add(v, m, s);
+    for (int i = 0; i < P; ++i) {
+      const int64_t p = threadIdx.x + (int64_t)i * blockDim.x;
+      if (p < packs) raw[i] = ak::load_raw<T, V>(xr + p * V);
+    }
+    float m = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < P; ++i) {
+      if (threadIdx.x + (int64_t)i * blockDim.x < packs) {
+        m = fmaxf(m, pack_max(raw[i]));
+      }
+    }
+    row_max = ak::block_reduce(m, ak::Max(), -INFINITY);
+#pragma unroll
+    for (int i = 0; i < P; ++i) pin(raw[i]);
+    mine = 0.f;
+    if (row_max != -INFINITY) {  // all -inf: the sum is 0 (the loss then NaN, as torch's)
+#pragma unroll
+      for (int i = 0; i < P; ++i) {
+        if (threadIdx.x + (int64_t)i * blockDim.x < packs) {
+#pragma unroll
+          for (int j = 0; j < V; ++j) mine += ak::exp2_approx((ak::to_f(raw[i].v[j]) - row_max) * ak::LOG2E);
+        }
+      }
+    }
+  } else {
+    const int64_t step = blockDim.x;
+    float m = -INFINITY, s = 0.f;
+    int64_t p = threadIdx.x;
+    for (; p + (UNROLL - 1) * step < packs; p += UNROLL * step) {
+      float v[UNROLL][V];
+#pragma unroll
+      for (int u = 0; u < UNROLL; ++u) ak::load_pack<T, V>(xr + (p + u * step) * V, v[u]);
+      online_add(v, m, s);
+    }
+    for (; p < packs; p += step) {
+      float v[1][V];
+      ak::load_pack<T, V>(xr + p * V, v[0]);
+      online_add(v, m, s);
+    }
+    row_max = ak::block_reduce(m, ak::Max(), -INFINITY);
+    mine = m == -INFINITY ? 0.f : s * ak::exp2_approx((m - row_max) * ak::LOG2E);
   }
-  for (; p < packs; p += step) {
-    float v[1][V];
-    ak::load_pack<T, V>(xr + p * V, v[0]);
-    online_add(v, m, s);
-  }
-  const float row_max = ak::block_reduce(m, ak::Max(), -INFINITY);
-  const float mine = m == -INFINITY ? 0.f : s * ak::exp2_approx((m - row_max) * ak::LOG2E);
   const float total = ak::block_reduce(mine, ak::Sum(), 0.f);
-  if (threadIdx.x == 0) {
-    const int64_t t = targets[row];
-    const bool counted = t != ignore_index && t >= 0 && t < n_classes;
-    loss[row] = counted ? logf(total) + row_max - ak::to_f(xr[t]) : 0.f;
-    valid[row] = counted ? 1.f : 0.f;
-  }
+  if (threadIdx.x == 0) write_loss(xr, targets, loss, valid, row, n_classes, ignore_index, row_max, total);
 }
 
 template <typename T>
@@ -122,13 +205,17 @@ void cross_entropy_launch(int dtype, int64_t x, int64_t targets, int64_t loss, i
     constexpr int V = ak::pack_width<scalar_t>(VEC_BYTES);
     const cudaStream_t s = ak::as_stream(stream);
     if (rows > 0) {
-      auto go = [&](auto kernel) {
-        kernel<<<dim3((unsigned)rows), ak::fit_threads(kernel, threads), 0, s>>>(
-            ak::ptr<const scalar_t>(x), ak::ptr<const int64_t>(targets), ak::ptr<float>(loss), ak::ptr<float>(valid),
-            n_classes, stride_x, ignore_index);
-      };
-      if (vectorized) go(&cross_entropy_kernel<scalar_t, V>);
-      else go(&cross_entropy_kernel<scalar_t, 1>);
+      const dim3 grid((unsigned)rows);
+      const auto xp = ak::ptr<const scalar_t>(x);
+      const auto tp = ak::ptr<const int64_t>(targets);
+      const auto lp = ak::ptr<float>(loss), vp = ak::ptr<float>(valid);
+      if (vectorized)
+        ak::launch_cached<1, CACHED_PACKS>(
+            [](auto p) { return &cross_entropy_kernel<scalar_t, V, decltype(p)::value>; }, n_classes / V, threads,
+            grid, s, xp, tp, lp, vp, n_classes, stride_x, ignore_index);
+      else  // odd vocabularies: element loads, streamed (not the fast path)
+        ak::launch_cached<0, 0>([](auto p) { return &cross_entropy_kernel<scalar_t, 1, decltype(p)::value>; },
+                                n_classes, threads, grid, s, xp, tp, lp, vp, n_classes, stride_x, ignore_index);
       ak::check_launch("cross_entropy_kernel");
     }
     auto mean = &cross_entropy_mean_kernel<scalar_t>;
@@ -146,7 +233,8 @@ PROTOTYPES = ["void cross_entropy_launch(int dtype, int64_t x, int64_t targets, 
 
 def cuda_source() -> str:
     """The whole translation unit: shared helpers, the compile-time tunables, the kernels."""
-    return cuda_build.PRELUDE + cuda_build.defines({"VEC_BYTES": VEC_BYTES, "UNROLL": UNROLL}) + CUDA_SRC
+    tunables = {"VEC_BYTES": VEC_BYTES, "UNROLL": UNROLL, "CACHED_PACKS": CACHED_PACKS}
+    return cuda_build.PRELUDE + cuda_build.defines(tunables) + CUDA_SRC
 
 
 @functools.cache

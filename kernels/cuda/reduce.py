@@ -4,16 +4,19 @@ Memory-bound: one call reads x once and writes one value per row, (M * N + M) * 
 At the bench shape 16384x4096 fp16 that is 134 MB: ~45 us at an H100's ~3 TB/s copy rate.
 
 Many rows (WARP_ROWS_FROM or more): one warp per row, WARP_BLOCK_THREADS / 32 rows per block, combined
-with warp shuffles only. Few rows: one block per row, combined with warp shuffles and one shared-memory
-step. Either way each thread first issues UNROLL 16-byte pack loads (VEC_BYTES; single elements where the
-row length, stride or pointer do not allow packs) and only then adds them, so that enough bytes are in
-flight to cover the memory latency. Fixed order (bitwise reproducible, no atomics). fp16/bf16 rows are
-summed in fp32; fp32 rows in fp64, because the harness's cancellation input (pairs of +-100 around small
-noise) leaves an exact sum that fp32 accumulation over thousands of terms misses by more than 1e-4.
+with warp shuffles only. A row of up to 32 x LANE_PACKS packs is loaded whole before any addition: each
+lane issues all its P 16-byte loads at once (kept raw, 4 registers per pack; P the smallest power of two
+that covers the row, a template parameter), so a warp has the whole row (8 KB at the bench shape) in
+flight; the first round streamed 2 KB per warp at a time and reached 77% of copy bandwidth. Longer rows
+and few rows (one block per row, warp shuffles and one shared-memory step): each thread issues UNROLL pack
+loads (single elements where the row length, stride or pointer do not allow packs) before adding them.
+Fixed order (bitwise reproducible, no atomics). fp16/bf16 rows are summed in fp32; fp32 rows in fp64,
+because the harness's cancellation input (pairs of +-100 around small noise) leaves an exact sum that fp32
+accumulation over thousands of terms misses by more than 1e-4.
 A reduction over another dimension is moved to the last one (a copy when it is not contiguous there).
 
 Tunables: THREADS, PACKS_PER_THREAD (block per row), WARP_ROWS_FROM and WARP_BLOCK_THREADS are launch
-parameters; VEC_BYTES and UNROLL are compiled in.
+parameters; VEC_BYTES, UNROLL and LANE_PACKS are compiled in.
 """
 
 import functools
@@ -31,6 +34,7 @@ VEC_BYTES = 16  # bytes per vectorized load (compile-time): 16 = 8 fp16 or 4 fp3
 UNROLL = 4  # pack loads each thread issues before adding them (compile-time): bytes in flight per thread
 WARP_ROWS_FROM = 4096  # rows from which each warp sums one row (runtime): enough warps to fill the GPU
 WARP_BLOCK_THREADS = 256  # threads per block in the one-row-per-warp mode (runtime): 8 rows per block
+LANE_PACKS = 16  # packs per lane of a warp's whole-row load (compile-time, power of two): rows <= 32x longer
 
 TUNABLES = {
     "THREADS": [0, 64, 128, 256, 512, 1024],
@@ -39,6 +43,7 @@ TUNABLES = {
     "UNROLL": [1, 2, 4, 8],
     "WARP_ROWS_FROM": [1024, 4096, 16384, 1_000_000_000],
     "WARP_BLOCK_THREADS": [128, 256, 512],
+    "LANE_PACKS": [4, 8, 16],
 }
 
 CUDA_SRC = r"""
@@ -82,6 +87,50 @@ __global__ void __launch_bounds__(1024) reduce_kernel(const T* __restrict__ x, T
   if (lane == 0) y[row] = ak::from_f<T>((float)total);
 }
 
+// One row per warp, the whole row in flight at once: lane l loads packs l, l + 32, ..., l + 32 (P - 1) as raw
+// 16-byte packs (P x 4 registers) before adding any. The launcher picks the smallest P with 32 P >= packs.
+// Registers at P = 16: ~88 for fp16 (2 blocks of 256 threads, 16 rows = 128 KB in flight per SM), ~130 for fp32
+// (its double sums), which __launch_bounds__(512) would spill: hence 256 (fit_threads clamps a larger ask).
+template <typename T, int V, int P>
+__global__ void __launch_bounds__(256) reduce_warp_row_kernel(const T* __restrict__ x, T* __restrict__ y,
+                                                              int64_t rows, int64_t n, int64_t stride_x) {
+  using A = typename Accum<T>::type;
+  const int lane = threadIdx.x & 31;
+  const int64_t row = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (row >= rows) return;  // a whole warp: no barrier below
+  const T* xr = x + row * stride_x;
+  const int packs = (int)(n / V);  // <= 32 * P (the launcher checks)
+  ak::Pack<T, V> raw[P];
+#pragma unroll
+  for (int i = 0; i < P; ++i) {
+    if (lane + 32 * i < packs) raw[i] = ak::load_raw<T, V>(xr + (int64_t)(lane + 32 * i) * V);
+  }
+  A s = 0;
+#pragma unroll
+  for (int i = 0; i < P; ++i) {
+    if (lane + 32 * i < packs) {
+#pragma unroll
+      for (int j = 0; j < V; ++j) s += (A)ak::to_f(raw[i].v[j]);
+    }
+  }
+  s = ak::warp_reduce(s, ak::Sum());
+  if (lane == 0) y[row] = ak::from_f<T>((float)s);
+}
+
+static_assert(LANE_PACKS >= 1 && (LANE_PACKS & (LANE_PACKS - 1)) == 0, "LANE_PACKS must be a power of two");
+
+// The smallest P (1, 2, 4, ... LANE_PACKS) whose warp covers a row of n / V packs (the caller checked that
+// LANE_PACKS does).
+template <typename T, int V, int P>
+void launch_warp_rows(const T* x, T* y, int64_t rows, int64_t n, int64_t stride_x, int threads, cudaStream_t s) {
+  if constexpr (P < LANE_PACKS) {
+    if (n / V > 32 * P) return launch_warp_rows<T, V, P * 2>(x, y, rows, n, stride_x, threads, s);
+  }
+  auto kernel = &reduce_warp_row_kernel<T, V, P>;
+  const int t = ak::fit_threads(kernel, threads);
+  kernel<<<dim3((unsigned)((rows + (t >> 5) - 1) / (t >> 5))), t, 0, s>>>(x, y, rows, n, stride_x);
+}
+
 void reduce_launch(int dtype, int64_t x, int64_t y, int64_t rows, int64_t n, int64_t stride_x, int threads,
                    bool warp_rows, bool vectorized, int64_t stream) {
   AK_DISPATCH(dtype, {
@@ -94,7 +143,9 @@ void reduce_launch(int dtype, int64_t x, int64_t y, int64_t rows, int64_t n, int
       const int64_t blocks = warp_rows ? (rows + (t >> 5) - 1) / (t >> 5) : rows;
       kernel<<<dim3((unsigned)blocks), t, 0, s>>>(xp, yp, rows, n, stride_x);
     };
-    if (vectorized && warp_rows) go(&reduce_kernel<scalar_t, V, true>);
+    if (vectorized && warp_rows && n / V <= 32 * LANE_PACKS)
+      launch_warp_rows<scalar_t, V, 1>(xp, yp, rows, n, stride_x, threads, s);
+    else if (vectorized && warp_rows) go(&reduce_kernel<scalar_t, V, true>);
     else if (vectorized) go(&reduce_kernel<scalar_t, V, false>);
     else if (warp_rows) go(&reduce_kernel<scalar_t, 1, true>);
     else go(&reduce_kernel<scalar_t, 1, false>);
@@ -109,7 +160,8 @@ PROTOTYPES = ["void reduce_launch(int dtype, int64_t x, int64_t y, int64_t rows,
 
 def cuda_source() -> str:
     """The whole translation unit: shared helpers, the compile-time tunables, the kernel."""
-    return cuda_build.PRELUDE + cuda_build.defines({"VEC_BYTES": VEC_BYTES, "UNROLL": UNROLL}) + CUDA_SRC
+    tunables = {"VEC_BYTES": VEC_BYTES, "UNROLL": UNROLL, "LANE_PACKS": LANE_PACKS}
+    return cuda_build.PRELUDE + cuda_build.defines(tunables) + CUDA_SRC
 
 
 @functools.cache

@@ -4,16 +4,18 @@ x is [..., S, D]; cos and sin are [S, D/2]; out = cat(x1*cos - x2*sin, x2*cos + 
 two halves of each head. Memory-bound: x read once and written once, plus the tables once (they stay in
 L2): (2 * B*H*S*D + S*D) * element_size bytes. At 2x32x4096x128 fp16 that is 134 MB: ~45 us at ~3 TB/s.
 
-One thread per pack of a half-row position (s, column): it loads a 16-byte pack (VEC_BYTES) of cos and
-sin once, then for each of ~PLANES_PER_BLOCK (batch, head) planes the matching packs of x1 and x2 and
-writes both output packs, so every byte of x is touched once, all loads are coalesced 16-byte loads and
-the tables are read from L2 once per PLANES_PER_BLOCK planes. The grid is 2-D (positions x planes), so
-the index math is one 32-bit division per thread instead of three 64-bit ones. x may be strided over
-batch, heads and sequence (q transposed from [B, S, H, D] is a view): its strides are kernel arguments,
-only the last dimension must be contiguous (else it is copied). Packs are used when D/2, the strides and
-the pointers allow; otherwise single elements. fp32 math.
+One thread per pack of a half-row position (s, column) and PLANES (batch, head) planes: it loads a 16-byte
+pack (VEC_BYTES) of cos and of sin, then the matching packs of x1 and x2 of all PLANES planes, every load
+issued before the first use (2 + 2 x PLANES packs: 160 bytes in flight per thread at PLANES 4, kept raw,
+4 registers per pack), and only then computes and writes both output packs of each plane: every byte of x
+is touched once, all accesses are coalesced 16-byte ones, and the tables are read from L2 once per PLANES
+planes. The first round looped over its planes one at a time (32 bytes in flight per thread, 78% of copy).
+The grid is 2-D (positions x plane groups), so the index math is one 32-bit division per thread and one per
+plane. x may be strided over batch, heads and sequence (q transposed from [B, S, H, D] is a view): its
+strides are kernel arguments, only the last dimension must be contiguous (else it is copied). Packs are
+used when D/2, the strides and the pointers allow; otherwise single elements. fp32 math.
 
-Tunables: THREADS and PLANES_PER_BLOCK are launch parameters; VEC_BYTES is compiled in.
+Tunables: THREADS is a launch parameter; PLANES and VEC_BYTES are compiled in.
 """
 
 import functools
@@ -25,67 +27,83 @@ from autokernel import cuda_build
 KERNEL_TYPE = "rotary_embedding"
 BACKEND = "cuda"
 
-THREADS = 256  # threads per block (multiple of 32, <= 1024; runtime)
-PLANES_PER_BLOCK = 4  # (batch, head) planes each block rotates with one load of cos/sin (runtime)
+THREADS = 256  # threads per block (multiple of 32, <= 256; runtime)
+PLANES = 4  # (batch, head) planes each thread rotates, all loads in flight at once (compile-time)
 VEC_BYTES = 16  # bytes per vectorized load/store (compile-time): 16 = 8 fp16 or 4 fp32
 
 TUNABLES = {
-    "THREADS": [64, 128, 256, 512, 1024],
-    "PLANES_PER_BLOCK": [1, 2, 4, 8, 16],
+    "THREADS": [64, 128, 256],
+    "PLANES": [1, 2, 4, 8],
     "VEC_BYTES": [4, 8, 16],
 }
 
 CUDA_SRC = r"""
-// grid.x covers one (batch, head) plane of seq x half/V packs, grid.y the planes, each block looping over
-// ~planes_per_block of them (cos and sin are loaded once per thread and kept in registers), so a thread finds its row and column with one 32-bit division (64-bit divisions are software routines,
-// dozens of instructions each, which is what the first version spent its time on). 32 registers.
+// grid.x covers one (batch, head) plane of seq x half/V packs, grid.y groups of PLANES planes (looping when
+// there are more than 65535 groups). A thread loads its cos and sin packs and the x1, x2 packs of its PLANES
+// planes, all before the first use, then computes and stores. One 32-bit division per thread for (s, column)
+// and one per plane for (batch, head). Registers: (2 + 2 PLANES) x 4 for the raw packs, the fp32 cos and sin,
+// addresses: over 64 at PLANES 4 (at 1024 threads it spilled), hence blocks of at most 256 threads.
 template <typename T, int V>
-__global__ void __launch_bounds__(1024) rotary_kernel(const T* __restrict__ x, const T* __restrict__ cos_t,
+__global__ void __launch_bounds__(256) rotary_kernel(const T* __restrict__ x, const T* __restrict__ cos_t,
                                                       const T* __restrict__ sin_t, T* __restrict__ out,
-                                                      int64_t planes, int heads, int seq, int half,
+                                                      int planes, int heads, int seq, int half,
                                                       int64_t stride_b, int64_t stride_h, int64_t stride_s) {
   const unsigned per_row = (unsigned)(half / V);
   const unsigned t = blockIdx.x * blockDim.x + threadIdx.x;  // < seq * per_row < 2^31 (the launcher checks)
   if (t >= (unsigned)seq * per_row) return;
   const unsigned s = t / per_row;
   const int c = (int)(t - s * per_row) * V;  // first column of this pack within the half
-  float cs[V], sn[V];
-  ak::load_pack<T, V>(cos_t + (int64_t)s * half + c, cs);
-  ak::load_pack<T, V>(sin_t + (int64_t)s * half + c, sn);
-  for (int64_t bh = blockIdx.y; bh < planes; bh += gridDim.y) {
-    const int64_t b = bh / heads, h = bh - b * heads;  // uniform per block: one division per plane
-    const T* xr = x + b * stride_b + h * stride_h + (int64_t)s * stride_s;
-    float x1[V], x2[V], o1[V], o2[V];
-    ak::load_pack<T, V>(xr + c, x1);
-    ak::load_pack<T, V>(xr + half + c, x2);
+  const ak::Pack<T, V> cs_raw = ak::load_raw<T, V>(cos_t + (int64_t)s * half + c);
+  const ak::Pack<T, V> sn_raw = ak::load_raw<T, V>(sin_t + (int64_t)s * half + c);
+  for (int base = blockIdx.y * PLANES; base < planes; base += gridDim.y * PLANES) {
+    ak::Pack<T, V> x1[PLANES], x2[PLANES];
 #pragma unroll
-    for (int j = 0; j < V; ++j) {
-      o1[j] = x1[j] * cs[j] - x2[j] * sn[j];
-      o2[j] = x2[j] * cs[j] + x1[j] * sn[j];
+    for (int u = 0; u < PLANES; ++u) {
+      const int bh = base + u;
+      if (bh < planes) {
+        const int b = bh / heads, h = bh - b * heads;
+        const T* xr = x + b * stride_b + h * stride_h + (int64_t)s * stride_s + c;
+        x1[u] = ak::load_raw<T, V>(xr);
+        x2[u] = ak::load_raw<T, V>(xr + half);
+      }
     }
-    T* orow = out + (bh * seq + s) * 2 * (int64_t)half;
-    ak::store_pack<T, V>(orow + c, o1);
-    ak::store_pack<T, V>(orow + half + c, o2);
+#pragma unroll
+    for (int u = 0; u < PLANES; ++u) {
+      const int bh = base + u;
+      if (bh < planes) {
+        float o1[V], o2[V];
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          const float a = ak::to_f(x1[u].v[j]), b = ak::to_f(x2[u].v[j]);
+          const float cs = ak::to_f(cs_raw.v[j]), sn = ak::to_f(sn_raw.v[j]);
+          o1[j] = a * cs - b * sn;
+          o2[j] = b * cs + a * sn;
+        }
+        T* orow = out + ((int64_t)bh * seq + s) * 2 * (int64_t)half;
+        ak::store_pack<T, V>(orow + c, o1);
+        ak::store_pack<T, V>(orow + half + c, o2);
+      }
+    }
   }
 }
 
 void rotary_launch(int dtype, int64_t x, int64_t cos_t, int64_t sin_t, int64_t out, int64_t batch, int64_t heads,
                    int64_t seq, int64_t half, int64_t stride_b, int64_t stride_h, int64_t stride_s, int threads,
-                   int planes_per_block, bool vectorized, int64_t stream) {
-  if (planes_per_block < 1) throw std::invalid_argument("rotary_kernel: planes_per_block must be >= 1");
-  if (seq * half >= (int64_t(1) << 31) || heads >= (int64_t(1) << 31))
-    throw std::invalid_argument("rotary_kernel: seq * head_dim / 2 and heads must be below 2^31");
+                   bool vectorized, int64_t stream) {
+  static_assert(PLANES >= 1, "PLANES must be >= 1");
+  if (seq * half >= (int64_t(1) << 31) || batch * heads >= (int64_t(1) << 31) - PLANES)
+    throw std::invalid_argument("rotary_kernel: seq * head_dim / 2 and batch * heads must be below 2^31");
   AK_DISPATCH(dtype, {
     constexpr int V = ak::pack_width<scalar_t>(VEC_BYTES);
     const int64_t planes = batch * heads;
     auto go = [&](auto kernel, int width) {
       const int t = ak::fit_threads(kernel, threads);
       const int64_t per_plane = seq * (half / width);
-      const int64_t ys = (planes + planes_per_block - 1) / planes_per_block;
+      const int64_t ys = (planes + PLANES - 1) / PLANES;
       const dim3 grid((unsigned)((per_plane + t - 1) / t), (unsigned)(ys < 65535 ? ys : 65535));
       kernel<<<grid, t, 0, ak::as_stream(stream)>>>(
           ak::ptr<const scalar_t>(x), ak::ptr<const scalar_t>(cos_t), ak::ptr<const scalar_t>(sin_t),
-          ak::ptr<scalar_t>(out), planes, (int)heads, (int)seq, (int)half, stride_b, stride_h, stride_s);
+          ak::ptr<scalar_t>(out), (int)planes, (int)heads, (int)seq, (int)half, stride_b, stride_h, stride_s);
     };
     if (vectorized) go(&rotary_kernel<scalar_t, V>, V);
     else go(&rotary_kernel<scalar_t, 1>, 1);
@@ -96,12 +114,12 @@ void rotary_launch(int dtype, int64_t x, int64_t cos_t, int64_t sin_t, int64_t o
 
 PROTOTYPES = ["void rotary_launch(int dtype, int64_t x, int64_t cos_t, int64_t sin_t, int64_t out, int64_t batch, "
               "int64_t heads, int64_t seq, int64_t half, int64_t stride_b, int64_t stride_h, int64_t stride_s, "
-              "int threads, int planes_per_block, bool vectorized, int64_t stream)"]
+              "int threads, bool vectorized, int64_t stream)"]
 
 
 def cuda_source() -> str:
     """The whole translation unit: shared helpers, the compile-time tunables, the kernel."""
-    return cuda_build.PRELUDE + cuda_build.defines({"VEC_BYTES": VEC_BYTES}) + CUDA_SRC
+    return cuda_build.PRELUDE + cuda_build.defines({"VEC_BYTES": VEC_BYTES, "PLANES": PLANES}) + CUDA_SRC
 
 
 @functools.cache
@@ -135,5 +153,5 @@ def kernel_fn(x, cos, sin):
     bsz, heads = x4.shape[0], x4.shape[1]
     _module().rotary_launch(cuda_build.dtype_code(x4), x4.data_ptr(), cos2.data_ptr(), sin2.data_ptr(),
                             out.data_ptr(), bsz, heads, s, half, x4.stride(0), x4.stride(1), x4.stride(2),
-                            threads, PLANES_PER_BLOCK, vec, cuda_build.stream_of(x4))
+                            threads, vec, cuda_build.stream_of(x4))
     return out.view(x.shape)
