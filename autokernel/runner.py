@@ -3,6 +3,11 @@
 The parent never imports the candidate. A hang becomes TIMEOUT (the child's whole process group is
 killed), a segfault, an illegal memory access or an exception at import becomes CRASH with the tail of
 its error output, and the caller (bench.py, the loop) carries on either way.
+
+The child is a fresh `python -m autokernel.harness` process, or, while a warm launcher runs (the loop
+starts one: start_warm), a fork of a process that has already imported torch, triton and the harness
+(autokernel.zygote): the same run without seconds of imports. If the launcher is unusable, the bench
+runs in a fresh process and its log says why in one line.
 """
 
 from __future__ import annotations
@@ -15,13 +20,15 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from autokernel import gpu
+from autokernel import gpu, zygote
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_TIMEOUT_S = {"cuda": 300, "cpu": 600}  # the interpreter is ~1000x slower than a GPU
 ERROR_TAIL_LINES = 25
+MAX_WARM_RESTARTS = 3  # a warm launcher that keeps dying is given up on; benches go on in fresh processes
 
 
 def child_env(device: str) -> dict:
@@ -44,7 +51,9 @@ def _pump(stream, sink: list, echo: bool):
     stream.close()
 
 
-def _kill_group(proc: subprocess.Popen):
+def _kill_group(proc):
+    if isinstance(proc, zygote.Child):
+        return proc.kill_group()
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
@@ -52,47 +61,114 @@ def _kill_group(proc: subprocess.Popen):
     proc.wait()
 
 
+@dataclass
+class _Run:
+    returncode: int | None
+    timed_out: bool
+    out_lines: list
+    err_lines: list
+    launcher: str  # "warm" (forked from the zygote) or "fresh"
+
+
+def _watch(proc, timeout: float, echo: bool, launcher: str, out_lines: list) -> _Run:
+    """Collect a started child's output until it exits; kill its process group at the time limit."""
+    err_lines = []
+    pumps = [threading.Thread(target=_pump, args=(proc.stdout, out_lines, echo), daemon=True),
+             threading.Thread(target=_pump, args=(proc.stderr, err_lines, False), daemon=True)]
+    for t in pumps:
+        t.start()
+    try:
+        proc.wait(timeout=timeout)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        timed_out = True
+    except BaseException:  # Ctrl-C (or a zygote that died under it): never leave a child running on the GPU
+        _kill_group(proc)
+        raise
+    finally:
+        for t in pumps:
+            t.join(timeout=5)
+    return _Run(proc.returncode, timed_out, out_lines, err_lines, launcher)
+
+
+def _run_fresh(args: list, env: dict, timeout: float, echo: bool, out_lines: list) -> _Run:
+    proc = subprocess.Popen([sys.executable, "-m", "autokernel.harness", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT, env=env, start_new_session=True)
+    return _watch(proc, timeout, echo, "fresh", out_lines)
+
+
+def _run_warm(args: list, env: dict, timeout: float, echo: bool, warm: bool | None) -> tuple[_Run | None, str]:
+    """The harness forked from the zygote: (the run, "") or, when it cannot be used, (None, why)."""
+    if warm is False:
+        return None, ""
+    try:
+        launcher = _warm_for(env, REPO_ROOT, start_if_missing=bool(warm))
+    except (zygote.ZygoteError, OSError) as e:
+        return None, str(e)
+    if launcher is None:
+        return None, ""
+    if not launcher.lock.acquire(blocking=False):
+        return None, "busy with another bench"
+    try:
+        child = launcher.launch(args, env, REPO_ROOT)
+        _counts["warm"] += 1
+        return _watch(child, timeout, echo, "warm", []), ""
+    except (zygote.ZygoteError, OSError, KeyError) as e:  # a misbehaving zygote costs one bench its warmth
+        return None, f"{type(e).__name__}: {e}" if not isinstance(e, zygote.ZygoteError) else str(e)
+    finally:
+        launcher.lock.release()
+
+
+def _harness_args(kernel_path: str, device: str, out_json: str, quick: bool, dtype: str, seed: int | None,
+                 timed: bool, reuse_baselines: bool) -> list:
+    """The command line of `python -m autokernel.harness` (and of a zygote's request)."""
+    args = [kernel_path, "--device", device, "--out", out_json, "--dtype", dtype]
+    args += ["--quick"] * quick + ["--no-timing"] * (not timed) + ["--reuse-baselines"] * reuse_baselines
+    return args + (["--seed", str(seed)] if seed is not None else [])
+
+
 def run_bench(kernel_path, device: str | None = None, quick: bool = False, timeout: float | None = None,
               dtype: str = "fp16", seed: int | None = None, echo: bool = False, timed: bool = True,
-              reuse_baselines: bool = False) -> dict:
-    """Correctness stages and timing of kernel_path, isolated. Returns the result dict (see module doc)."""
+              reuse_baselines: bool = False, warm: bool | None = None) -> dict:
+    """Correctness stages and timing of kernel_path, isolated. Returns the result dict (see module doc).
+
+    warm: None forks the child from the warm launcher if one is running (start_warm), True starts one
+    if none is, False always starts a fresh process."""
     device = gpu.pick_device(device)
     timeout = timeout or DEFAULT_TIMEOUT_S[device]
     kernel_path = str(Path(kernel_path).resolve())
     with tempfile.TemporaryDirectory(prefix="autokernel-") as tmp:
         out_json = os.path.join(tmp, "result.json")
-        cmd = [sys.executable, "-m", "autokernel.harness", kernel_path, "--device", device, "--out", out_json,
-               "--dtype", dtype]
-        cmd += ["--quick"] * quick + ["--no-timing"] * (not timed) + ["--reuse-baselines"] * reuse_baselines
-        cmd += ["--seed", str(seed)] if seed is not None else []
+        args = _harness_args(kernel_path, device, out_json, quick, dtype, seed, timed, reuse_baselines)
         start = time.perf_counter()
-        env = {**child_env(device), "AUTOKERNEL_LAUNCHED_AT": repr(time.time())}
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT,
-                                env=env, start_new_session=True)
-        out_lines, err_lines = [], []
-        pumps = [threading.Thread(target=_pump, args=(proc.stdout, out_lines, echo), daemon=True),
-                 threading.Thread(target=_pump, args=(proc.stderr, err_lines, False), daemon=True)]
-        for t in pumps:
-            t.start()
-        try:
-            proc.wait(timeout=timeout)
-            timed_out = False
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            timed_out = True
-        except BaseException:  # Ctrl-C: never leave a child running on the GPU
-            _kill_group(proc)
-            raise
-        for t in pumps:
-            t.join(timeout=5)
-        result = _read_result(out_json, proc.returncode, timed_out, timeout, err_lines)
+        run, why_not = _run_warm(args, _launch_env(device), timeout, echo, warm)
+        if run is None:
+            out_lines = []
+            if why_not:  # a zygote was wanted: say once why this bench did not use it
+                _counts["fresh"] += 1
+                _note(out_lines, f"note: warm launcher not used ({why_not}); starting a fresh process", echo)
+                if os.path.exists(out_json):
+                    os.remove(out_json)  # from a child the zygote's death interrupted
+            run = _run_fresh(args, _launch_env(device), timeout, echo, out_lines)
+        result = _read_result(out_json, run.returncode, run.timed_out, timeout, run.err_lines)
     # The child names the GPU it ran on (the parent never initializes CUDA just for a label); a child
     # that died before saying so leaves the device kind.
     result.setdefault("gpu", gpu.device_name("cpu") if device == "cpu" else device)
-    result.update(kernel_file=str(kernel_path), device=device, cpu_mode=device == "cpu",
+    result.update(kernel_file=str(kernel_path), device=device, cpu_mode=device == "cpu", launcher=run.launcher,
                   wall_s=round(time.perf_counter() - start, 2),
-                  log="".join(out_lines), stderr_tail="".join(err_lines[-ERROR_TAIL_LINES:]))
+                  log="".join(run.out_lines), stderr_tail="".join(run.err_lines[-ERROR_TAIL_LINES:]))
     return result
+
+
+def _launch_env(device: str) -> dict:
+    return {**child_env(device), "AUTOKERNEL_LAUNCHED_AT": repr(time.time())}
+
+
+def _note(out_lines: list, line: str, echo: bool) -> None:
+    out_lines.append(line + "\n")
+    if echo:
+        print(line, flush=True)
 
 
 def _read_result(out_json, returncode, timed_out, timeout, err_lines) -> dict:
@@ -105,3 +181,74 @@ def _read_result(out_json, returncode, timed_out, timeout, err_lines) -> dict:
     tail = "".join(err_lines[-ERROR_TAIL_LINES:]).strip() or "(no error output)"
     how = f"killed by signal {-returncode}" if returncode < 0 else f"exit code {returncode}"
     return {**base, "status": "crash", "reason": f"the harness process died ({how}):\n{tail}"}
+
+
+# ------------------------------------------------------------------------- the warm launcher, one per process
+_warm: zygote.Zygote | None = None
+_restarts = 0
+_guard = threading.Lock()
+_counts = {"warm": 0, "fresh": 0}  # benches since start_warm: forked warm, or run fresh instead of warm
+
+
+def start_warm(device: str | None = None) -> bool:
+    """Start the warm launcher for this device's harness children (the loop does, once per run). It
+    imports in the background; benches fall back to fresh processes if it never gets ready.
+    False where it cannot start (no fork on this platform, no such device)."""
+    try:
+        if not zygote.supported():
+            return False
+        _replace_warm(child_env(gpu.pick_device(device)), REPO_ROOT)
+        return True
+    except (zygote.ZygoteError, OSError, RuntimeError, ValueError):
+        return False
+
+
+def stop_warm() -> str:
+    """Stop the warm launcher, if any. Returns what it did, for the log."""
+    global _warm, _restarts
+    with _guard:
+        gone, _warm, _restarts = _warm, None, 0
+    if gone is not None:
+        gone.stop()
+    summary = f"{_counts['warm']} bench(es) forked warm, {_counts['fresh']} run in a fresh process instead"
+    _counts.update(warm=0, fresh=0)
+    return summary
+
+
+def warm_launcher() -> zygote.Zygote | None:
+    """The zygote benches fork from now, if any."""
+    return _warm
+
+
+def _replace_warm(env: dict, cwd) -> zygote.Zygote:
+    global _warm
+    with _guard:
+        if _warm is not None:
+            _warm.stop()
+        _warm = zygote.Zygote(env, cwd)
+        return _warm
+
+
+def _warm_for(env: dict, cwd, start_if_missing: bool) -> zygote.Zygote | None:
+    """The zygote to fork this bench from, started or replaced as needed; None when none is wanted
+    (none running, and start_if_missing is False). ZygoteError when one is wanted but unusable."""
+    global _restarts
+    launcher = _warm
+    if launcher is None and not start_if_missing:
+        return None
+    if not zygote.supported():
+        raise zygote.ZygoteError("this platform cannot fork")
+    if launcher is None or not launcher.matches(env, cwd):
+        launcher = _replace_warm(env, cwd)  # another environment: a zygote importing with it
+    elif not launcher.alive():
+        if _restarts >= MAX_WARM_RESTARTS:
+            raise zygote.ZygoteError(f"it stopped ({launcher.dead or 'exited'}) and was restarted {_restarts} times")
+        _restarts += 1
+        _replace_warm(env, cwd)  # for the next bench; this one runs fresh
+        raise zygote.ZygoteError(f"it stopped ({launcher.dead or 'exited'}); restarting it")
+    try:
+        launcher.ready()
+    except zygote.StaleZygote:
+        launcher = _replace_warm(env, cwd)  # the harness changed on disk: import it again
+        launcher.ready()
+    return launcher

@@ -106,6 +106,10 @@ class Loop:
         """Work until every kernel is done or a budget runs out. Returns why it stopped."""
         with repo_lock(self.root):
             self._start()
+            if self.bench is None:  # harness children fork from a process that has imported torch and triton
+                from autokernel import runner
+
+                warm = runner.start_warm(self.cfg.device)
             try:
                 return self._work()
             except KeyboardInterrupt:
@@ -114,6 +118,9 @@ class Loop:
             except Exception:
                 self._abandon()
                 raise
+            finally:
+                if self.bench is None and warm:
+                    self._say(f"warm launcher stopped: {runner.stop_warm()}")
 
     # ---------------------------------------------------------------------- start and resume
     def _start(self) -> None:
