@@ -34,9 +34,11 @@ ELEMENTS_PER_WARP = 512  # elements; auto warps = tile / this (16 per thread = t
 NUM_WARPS = 0  # warps per program; 0 = auto from ELEMENTS_PER_WARP, 1..16
 PROGRAMS_PER_SM = 2  # programs; persistent grid = SMs x this (all resident: mind registers at 16 warps)
 NUM_STAGES = 2  # tiles in flight per program in the persistent loop (1 = no pipelining)
+LOOP_STAGES = 1  # software-pipeline depth of the chunk loops (Triton num_stages; 1 = no shared-memory staging)
 CPU_PROGRAMS = 4  # programs; the persistent grid in Triton's CPU interpreter (no SMs to count)
 
 TUNABLES = {
+    "LOOP_STAGES": [1, 2, 3],
     "VARIANT": ["auto", "single_pass", "looped", "persistent"],
     "MAX_SINGLE_PASS": [8192, 16384, 32768],
     "CHUNK": [512, 1024, 2048, 4096, 8192],
@@ -89,14 +91,15 @@ def _rmsnorm_looped_kernel(x_ptr, w_ptr, out_ptr, N, stride_x, stride_out, eps, 
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     for start in range(0, N, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
-        x = tl.load(x_row + cols, mask=cols < N, other=0.0).to(tl.float32)
+        # evict_last: the second pass reads the row again, from L2 if it is still there
+        x = tl.load(x_row + cols, mask=cols < N, other=0.0, eviction_policy="evict_last").to(tl.float32)
         acc += x * x
     rstd = tl.rsqrt(tl.sum(acc, axis=0) / N + eps)
     for start in range(0, N, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         mask = cols < N
-        x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
-        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
         tl.store(out_row + cols, (x * rstd * w).to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -153,5 +156,5 @@ def kernel_fn(x, weight, eps=1e-6):
         block = min(CHUNK, full_row)
         warps = NUM_WARPS or min(16, max(1, block // ELEMENTS_PER_WARP))
         _rmsnorm_looped_kernel[(m,)](x2, weight, out, n, x2.stride(0), out.stride(0), eps,
-                                     BLOCK_N=block, num_warps=warps)
+                                     BLOCK_N=block, num_warps=warps, num_stages=LOOP_STAGES)
     return out.view(x.shape)
