@@ -232,19 +232,25 @@ def nvcc_path() -> str | None:
     return None
 
 
-def compile_only(name: str, cuda_source: str, arch: str, timeout_s: float = 600) -> None:
-    """`nvcc -c` of a kernel's device code for arch, no torch and no GPU needed; CudaBuildError on failure."""
+def _nvcc(name: str, cuda_source: str, arch: str, flags: list[str], timeout_s: float) -> str:
+    """`nvcc -c` of a source for arch (no torch, no GPU); its output, or CudaBuildError with the errors."""
     nvcc = nvcc_path()
     if nvcc is None:
         raise CudaBuildError("nvcc not found (PATH, CUDA_HOME, /usr/local/cuda)")
     with tempfile.TemporaryDirectory(prefix="autokernel-nvcc-") as tmp:
         src = Path(tmp) / f"{name}.cu"
         src.write_text(cuda_source)
-        cmd = [nvcc, *NVCC_FLAGS, gencode(arch), "--expt-relaxed-constexpr", "-c", str(src), "-o", str(src) + ".o"]
+        cmd = [nvcc, *NVCC_FLAGS, gencode(arch), *flags, "-c", str(src), "-o", str(src) + ".o"]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
-        if proc.returncode != 0:
-            log = proc.stdout + proc.stderr
-            raise CudaBuildError(f"nvcc failed on {name} for {arch}:\n{compiler_errors(log)}", log)
+    log = proc.stdout + proc.stderr
+    if proc.returncode != 0:
+        raise CudaBuildError(f"nvcc failed on {name} for {arch}:\n{compiler_errors(log)}", log)
+    return log
+
+
+def compile_only(name: str, cuda_source: str, arch: str, timeout_s: float = 600) -> None:
+    """`nvcc -c` of a kernel's device code for arch, no torch and no GPU needed; CudaBuildError on failure."""
+    _nvcc(name, cuda_source, arch, ["--expt-relaxed-constexpr"], timeout_s)
 
 
 def resource_usage(name: str, cuda_source: str, arch: str, timeout_s: float = 600) -> dict[str, dict]:
@@ -253,17 +259,7 @@ def resource_usage(name: str, cuda_source: str, arch: str, timeout_s: float = 60
     What a launch configuration must fit: registers x threads <= 65536 per block, no spills in a hot loop.
     Compiles with nvcc only (no GPU); CudaBuildError if it does not compile.
     """
-    nvcc = nvcc_path()
-    if nvcc is None:
-        raise CudaBuildError("nvcc not found (PATH, CUDA_HOME, /usr/local/cuda)")
-    with tempfile.TemporaryDirectory(prefix="autokernel-nvcc-") as tmp:
-        src = Path(tmp) / f"{name}.cu"
-        src.write_text(cuda_source)
-        cmd = [nvcc, *NVCC_FLAGS, gencode(arch), "--resource-usage", "-c", str(src), "-o", str(src) + ".o"]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
-    log = proc.stdout + proc.stderr
-    if proc.returncode != 0:
-        raise CudaBuildError(f"nvcc failed on {name} for {arch}:\n{compiler_errors(log)}", log)
+    log = _nvcc(name, cuda_source, arch, ["--resource-usage"], timeout_s)
     usage, current = {}, None
     for line in log.splitlines():
         entry = re.search(r"(?:Function properties for|Compiling entry function) '?([\w$]+)'?", line)

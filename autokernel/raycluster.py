@@ -48,7 +48,7 @@ from autokernel.loop import LoopConfig
 from autokernel.loop.state import LoopError, StateFile, load_jobs, lock_holder, repo_lock, write_json_atomic
 from autokernel.raynode import kernel_task
 from autokernel.report import format_us
-from autokernel.workers import branch_name, read_queue, run_threads
+from autokernel.workers import branch_name, read_queue, run_threads, say
 
 RECORD_FILE = "workspace/ray.{tag}.json"
 RAY_HINT = "pip install 'autokernel[ray]' (or pip install 'ray[default]>=2.9')"
@@ -417,11 +417,7 @@ class RayDriver:
         return f"{done} of {len(jobs)} kernels done; run again with --tag {self.tag} to go on"
 
     def _say(self, text: str, prefix: str | None = None) -> None:
-        if self.ui is None:
-            return
-        from rich.markup import escape
-
-        self.ui.print(f"[cyan]{escape(f'[{prefix}]')}[/cyan] {escape(text)}" if prefix else text)
+        say(self.ui, text, prefix)
 
 
 def _cancel(gen) -> None:

@@ -51,6 +51,15 @@ STOP_LIMIT_S = 120.0  # seconds after SIGTERM before SIGKILL (the loop undoes it
 PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h)
 
 
+def say(ui, text: str, prefix: str | None = None) -> None:
+    """A driver's line on the live display (none in tests), with the worker's name in colour."""
+    if ui is None:
+        return
+    from rich.markup import escape
+
+    ui.print(f"[cyan]{escape(f'[{prefix}]')}[/cyan] {escape(text)}" if prefix else text)
+
+
 def run_threads(threads: list, stop) -> None:
     """Start the threads and wait for them all; on Ctrl-C, stop(threads) and re-raise."""
     for t in threads:
@@ -355,11 +364,7 @@ class Driver:
         return f"{done} of {len(jobs)} kernels done (budget of this run used); run again to go on"
 
     def _say(self, text: str, prefix: str | None = None) -> None:
-        if self.ui is None:
-            return
-        from rich.markup import escape
-
-        self.ui.print(f"[cyan]{escape(f'[{prefix}]')}[/cyan] {escape(text)}" if prefix else text)
+        say(self.ui, text, prefix)
 
 
 def _is_done(state: dict | None) -> bool:

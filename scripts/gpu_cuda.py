@@ -19,7 +19,6 @@ the full harness log of a failing starter is printed so it can be fixed from thi
 
 import argparse
 import concurrent.futures as futures
-import importlib.util
 import json
 import os
 import subprocess
@@ -30,6 +29,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from autokernel.kernelfile import import_kernel  # noqa: E402
 
 TYPES = ["rmsnorm", "layernorm", "softmax", "reduce", "cross_entropy", "rotary_embedding", "matmul", "fused_mlp",
          "flash_attention"]  # flash_attention last: the slowest, it must not starve the others of time
@@ -61,15 +62,8 @@ MANY_ROWS_MAX_N = 16384  # longest row of those cases (4099 x 16384 fp32 = 269 M
 TOLERANCE = {"fp16": 2e-2, "fp32": 1e-4}  # rtol = atol of the sweep's comparison with reference.py
 
 
-def _load_path(path: Path, name: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _load(type_: str):
-    return _load_path(ROOT / "kernels" / "cuda" / f"{type_}.py", f"_cuda_{type_}")
+    return import_kernel(ROOT / "kernels" / "cuda" / f"{type_}.py")
 
 
 def _label(type_: str, config: dict) -> str:
@@ -222,13 +216,13 @@ def time_variants(files: dict, failed_builds: dict) -> dict[str, dict]:
         shape, gen = spec.bench_shape, torch.Generator(device="cuda").manual_seed(0)
         inputs = [spec.make_inputs(shape, torch.float16, torch.device("cuda"), gen) for _ in range(3)]
         want = spec.reference(*inputs[0]).float()
-        for i, (config, path) in enumerate(pairs):
+        for config, path in pairs:
             label = _label(type_, config)
             if path in failed_builds:
                 rows[label] = {"error": "build failed"}
                 continue
             try:
-                fn = _load_path(path, f"_variant_{type_}_{i}").kernel_fn
+                fn = import_kernel(path).kernel_fn
                 err = ((fn(*inputs[0]).float() - want).abs().max() / want.abs().max().clamp_min(1e-6)).item()
                 us = timing.time_fn(fn, inputs, "cuda").median_us
             except Exception as e:  # a launch failure: report it and go on
