@@ -49,9 +49,23 @@ template <typename T, int V> __device__ __forceinline__ Pack<T, V> load_raw(cons
 struct Sum { template <typename A> __device__ __forceinline__ A operator()(A a, A b) const { return a + b; } };
 struct Max { template <typename A> __device__ __forceinline__ A operator()(A a, A b) const { return fmax(a, b); } };
 
+// Summaries that one block_reduce combines in a single pass where two reductions would otherwise follow each
+// other, each with its barriers: a row's (count, mean, M2) for its variance (ChanMerge) and its (max, sum of
+// exp(x - max)) for a softmax (SoftmaxMerge). Shuffled field by field.
+struct MeanM2 { float n, mean, m2; };
+struct MaxSumExp { float m, s; };
+
+template <typename A> __device__ __forceinline__ A shfl_xor(A v, int o) { return __shfl_xor_sync(0xffffffffu, v, o); }
+__device__ __forceinline__ MeanM2 shfl_xor(MeanM2 v, int o) {
+  return {shfl_xor(v.n, o), shfl_xor(v.mean, o), shfl_xor(v.m2, o)};
+}
+__device__ __forceinline__ MaxSumExp shfl_xor(MaxSumExp v, int o) { return {shfl_xor(v.m, o), shfl_xor(v.s, o)}; }
+
+// A butterfly: every lane ends with the reduction. The merges above are not bitwise commutative, so their lanes
+// may differ in the last bits; block_reduce uses lane 0's alone, which keeps the result reproducible.
 template <typename A, typename Op> __device__ __forceinline__ A warp_reduce(A v, Op op) {
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  for (int o = 16; o > 0; o >>= 1) v = op(v, shfl_xor(v, o));
   return v;
 }
 
@@ -81,6 +95,27 @@ __device__ __forceinline__ float exp2_approx(float x) {
   return y;
 }
 constexpr float LOG2E = 1.4426950408889634f;
+
+// Chan, Golub and LeVeque's pairwise update of (count, mean, sum of squared deviations): stable where
+// E[x^2] - E[x]^2 cancels; an empty side (n = 0) leaves the other unchanged. The division is the fast one
+// (__fdividef, 2 ulp): ten merges in a row sit on every block's critical path; with IEEE divisions the
+// H200 LayerNorm at 512 threads took 115.9 us against 93.5 with two plain sum reductions.
+struct ChanMerge {
+  __device__ __forceinline__ MeanM2 operator()(MeanM2 a, MeanM2 b) const {
+    const float n = a.n + b.n;
+    if (n == 0.f) return a;
+    const float d = b.mean - a.mean, f = __fdividef(b.n, n);
+    return {n, a.mean + d * f, a.m2 + b.m2 + d * d * a.n * f};
+  }
+};
+// Two (max, sum of exp(x - max)) into one, each sum rescaled to the common max; all -inf stays (-inf, 0).
+struct SoftmaxMerge {
+  __device__ __forceinline__ MaxSumExp operator()(MaxSumExp a, MaxSumExp b) const {
+    const float m = fmaxf(a.m, b.m);
+    if (m == -INFINITY) return {m, 0.f};
+    return {m, a.s * exp2_approx((a.m - m) * LOG2E) + b.s * exp2_approx((b.m - m) * LOG2E)};
+  }
+};
 
 // The block size a kernel that keeps `floats` fp32 values per thread in registers is compiled for
 // (its __launch_bounds__): an SM has 65536 registers, so 1024 threads may use 64 registers each, 512 may

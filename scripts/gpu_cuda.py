@@ -41,11 +41,15 @@ CUBLAS_TARGET = 0.5  # ... and for the GEMMs: this fraction of cuBLAS's rate
 VARIANT_MARGIN = 0.03  # a variant this much faster than its starter (direct timing) is reported as better
 # Tunable variants timed next to each starter (compile-time ones are their own builds, made in parallel).
 VARIANTS = {
-    "reduce": [{"WARP_BLOCK_THREADS": 128}, {"WARP_BLOCK_THREADS": 512}, {"LANE_PACKS": 8}],
-    "cross_entropy": [{"PACKS_PER_THREAD": 4}, {"PACKS_PER_THREAD": 16}, {"CACHED_PACKS": 4}],
-    "rotary_embedding": [{"PLANES": 2}, {"PLANES": 8}, {"THREADS": 128}],
-    "matmul": [{"STAGES": 0}, {"STAGES": 4}, {"BLOCK_K": 64, "STAGES": 3}, {"GROUP_M": 1}],
-    "fused_mlp": [{"STAGES": 0}, {"STAGES": 4}],
+    "rmsnorm": [{"PACKS_PER_THREAD": 4}],
+    "layernorm": [{"ONE_REDUCTION": 0}, {"PACKS_PER_THREAD": 2}, {"PACKS_PER_THREAD": 8},
+                  {"PACKS_PER_THREAD": 2, "ONE_REDUCTION": 0}],
+    "softmax": [{"PACKS_PER_THREAD": 4}],
+    "reduce": [{"WARP_BLOCK_THREADS": 64}, {"WARP_ROWS_FROM": 1_000_000_000}, {"LANE_PACKS": 8}],
+    "cross_entropy": [{"ONE_REDUCTION": 0}, {"PACKS_PER_THREAD": 16}],
+    "rotary_embedding": [{"PLANES": 4, "THREADS": 256}, {"PLANES": 1}, {"THREADS": 64}],
+    "matmul": [{"BLOCK_K": 32}, {"GROUP_M": 4}],
+    "fused_mlp": [{"STAGES": 3}, {"GROUP_M": 4}],
 }
 BENCH_TIMEOUT_S = 90  # s per starter in the harness (flash_attention: FLASH_TIMEOUT_S)
 FLASH_TIMEOUT_S = 150  # s

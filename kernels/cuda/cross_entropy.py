@@ -7,19 +7,21 @@ One block per row, one pass over HBM. A row of up to threads x CACHED_PACKS 16-b
 where alignment allows) is loaded whole into registers, every load issued before the first use, as raw
 packs (4 registers per 16 bytes whatever the dtype): the bench's 32000-class fp16 row (64 KB) is 8 packs
 per thread at 512 threads, <= 64 registers, so two rows (128 KB) are in flight per SM and one block's
-reductions overlap the other's loads. From the registers: the row max (block reduce), then the sum of
-exp(x - max), one exp per logit and no rescaling, then the block sum. The cache size P is a template
-parameter (1, 2, 4, ... CACHED_PACKS), picked per launch as in rmsnorm (ak::launch_cached); longer rows and
-rows that cannot be vectorized take the streaming kernel: an online softmax where each thread issues UNROLL
-pack loads before folding them into a running max m and sum s of exp(x - m), rescaling s once per UNROLL
-packs when m grows. The first round streamed the bench row (64 KB, UNROLL 4) and reached 74% of copy.
+reductions overlap the other's loads. From the registers each thread takes its own max m and sum of
+exp(x - m), one exp per logit, and one block reduction merges the (m, sum) pairs (ONE_REDUCTION; the first
+round reduced the row max, then the sums rescaled to it: two reductions with their barriers, 78% of copy).
+Thread 0 fetches the row's target and its logit while the row's loads are in flight. The cache size P is
+a template parameter (1, 2, 4, ... CACHED_PACKS), picked per launch as in rmsnorm (ak::launch_cached);
+longer rows and rows that cannot be vectorized take the streaming kernel: an online softmax where each
+thread issues UNROLL pack loads before folding them into a running max m and sum s of exp(x - m),
+rescaling s once per UNROLL packs when m grows. The first round streamed the bench row (64 KB, UNROLL 4) and reached 74% of copy.
 loss = log(sum) + max - x[target]. Rows whose target is IGNORE_INDEX (-100, as in F.cross_entropy) count
 for nothing. Per-row losses go to an fp32 buffer and a second one-block kernel takes the mean in fp64 in a
 fixed order: bitwise reproducible, no atomics. exp is exp2((x - m) * log2(e)) with one ex2.approx (~1e-6
 relative, far inside the 1e-4 fp32 tolerance); log is logf.
 
-Tunables: THREADS, PACKS_PER_THREAD and MEAN_THREADS are launch parameters; VEC_BYTES, UNROLL and
-CACHED_PACKS are compiled in.
+Tunables: THREADS, PACKS_PER_THREAD and MEAN_THREADS are launch parameters; VEC_BYTES, UNROLL,
+CACHED_PACKS and ONE_REDUCTION are compiled in.
 """
 
 import functools
@@ -38,6 +40,7 @@ MEAN_THREADS = 1024  # threads of the one-block mean kernel (runtime)
 VEC_BYTES = 16  # bytes per vectorized load (compile-time): 16 = 8 fp16 or 4 fp32
 UNROLL = 4  # streaming kernel: pack loads issued before folding them in (compile-time): bytes in flight
 CACHED_PACKS = 16  # packs per thread held in registers at most (compile-time): longer rows are streamed
+ONE_REDUCTION = 1  # 1 = one block reduction of per-thread (max, sum of exp); 0 = the max, then the sum
 
 TUNABLES = {
     "THREADS": [0, 128, 256, 512, 1024],
@@ -46,6 +49,7 @@ TUNABLES = {
     "VEC_BYTES": [4, 8, 16],
     "UNROLL": [1, 2, 4, 8],
     "CACHED_PACKS": [4, 8, 16],
+    "ONE_REDUCTION": [0, 1],
 }
 
 CUDA_SRC = r"""
@@ -112,21 +116,27 @@ __device__ __forceinline__ void pin(ak::Pack<T, V>& pk) {
   }
 }
 
-// Thread 0 writes the row's loss (log(total) + max - x[target]) and whether it counts.
+// The row's target and its logit, fetched by thread 0 right after the row's loads are issued: the two
+// dependent loads overlap the row's instead of following its reductions. The first round read them at the end.
+struct Target {
+  float logit;
+  bool counted;
+};
 template <typename T>
-__device__ __forceinline__ void write_loss(const T* xr, const int64_t* targets, float* loss, float* valid,
-                                           int64_t row, int64_t n_classes, int64_t ignore_index, float row_max,
-                                           float total) {
+__device__ __forceinline__ Target fetch_target(const T* xr, const int64_t* targets, int64_t row, int64_t n_classes,
+                                               int64_t ignore_index) {
+  if (threadIdx.x != 0) return {0.f, false};
   const int64_t t = targets[row];
   const bool counted = t != ignore_index && t >= 0 && t < n_classes;
-  loss[row] = counted ? logf(total) + row_max - ak::to_f(xr[t]) : 0.f;
-  valid[row] = counted ? 1.f : 0.f;
+  return {counted ? ak::to_f(xr[t]) : 0.f, counted};
 }
 
 // One block per row. P > 0: the row (at most blockDim.x * P packs, the launcher checks) is loaded into P raw
 // packs per thread, all loads first; max, then sum of exp(x - max), from the registers. P = 0: streamed, each
-// thread issuing UNROLL pack loads before folding them into its online (max, sum). Registers: ptxas, see
-// ce_threads.
+// thread issuing UNROLL pack loads before folding them into its online (max, sum). Either way every thread
+// ends with its own (max m, sum s of exp(x - m)); ONE_REDUCTION merges them in one block reduction
+// (ak::SoftmaxMerge), else the row max is reduced first and the sums, rescaled to it, next. Registers: ptxas,
+// see ce_threads.
 template <typename T, int V, int P>
 __global__ void __launch_bounds__(ce_threads(P), ce_blocks(P)) cross_entropy_kernel(
     const T* __restrict__ x, const int64_t* __restrict__ targets, float* __restrict__ loss,
@@ -134,7 +144,8 @@ __global__ void __launch_bounds__(ce_threads(P), ce_blocks(P)) cross_entropy_ker
   const int64_t row = blockIdx.x;
   const T* xr = x + row * stride_x;
   const int64_t packs = n_classes / V;
-  float row_max, mine;
+  float m = -INFINITY, s = 0.f;  // this thread's max and sum of exp(x - m)
+  Target target;
   if constexpr (P > 0) {
     ak::Pack<T, V> raw[P];
 #pragma unroll
@@ -142,29 +153,28 @@ __global__ void __launch_bounds__(ce_threads(P), ce_blocks(P)) cross_entropy_ker
       const int64_t p = threadIdx.x + (int64_t)i * blockDim.x;
       if (p < packs) raw[i] = ak::load_raw<T, V>(xr + p * V);
     }
-    float m = -INFINITY;
+    target = fetch_target(xr, targets, row, n_classes, ignore_index);
 #pragma unroll
     for (int i = 0; i < P; ++i) {
       if (threadIdx.x + (int64_t)i * blockDim.x < packs) {
         m = fmaxf(m, pack_max(raw[i]));
       }
     }
-    row_max = ak::block_reduce(m, ak::Max(), -INFINITY);
+    if constexpr (!ONE_REDUCTION) m = ak::block_reduce(m, ak::Max(), -INFINITY);  // the sums below share it
 #pragma unroll
     for (int i = 0; i < P; ++i) pin(raw[i]);
-    mine = 0.f;
-    if (row_max != -INFINITY) {  // all -inf: the sum is 0 (the loss then NaN, as torch's)
+    if (m != -INFINITY) {  // all -inf: the sum is 0 (the loss then NaN, as torch's)
 #pragma unroll
       for (int i = 0; i < P; ++i) {
         if (threadIdx.x + (int64_t)i * blockDim.x < packs) {
 #pragma unroll
-          for (int j = 0; j < V; ++j) mine += ak::exp2_approx((ak::to_f(raw[i].v[j]) - row_max) * ak::LOG2E);
+          for (int j = 0; j < V; ++j) s += ak::exp2_approx((ak::to_f(raw[i].v[j]) - m) * ak::LOG2E);
         }
       }
     }
   } else {
+    target = fetch_target(xr, targets, row, n_classes, ignore_index);
     const int64_t step = blockDim.x;
-    float m = -INFINITY, s = 0.f;
     int64_t p = threadIdx.x;
     for (; p + (UNROLL - 1) * step < packs; p += UNROLL * step) {
       float v[UNROLL][V];
@@ -177,11 +187,22 @@ __global__ void __launch_bounds__(ce_threads(P), ce_blocks(P)) cross_entropy_ker
       ak::load_pack<T, V>(xr + p * V, v[0]);
       online_add(v, m, s);
     }
-    row_max = ak::block_reduce(m, ak::Max(), -INFINITY);
-    mine = m == -INFINITY ? 0.f : s * ak::exp2_approx((m - row_max) * ak::LOG2E);
   }
-  const float total = ak::block_reduce(mine, ak::Sum(), 0.f);
-  if (threadIdx.x == 0) write_loss(xr, targets, loss, valid, row, n_classes, ignore_index, row_max, total);
+  float row_max, total;
+  if constexpr (ONE_REDUCTION) {
+    const ak::MaxSumExp merged =
+        ak::block_reduce(ak::MaxSumExp{m, s}, ak::SoftmaxMerge(), ak::MaxSumExp{-INFINITY, 0.f});
+    row_max = merged.m;
+    total = merged.s;
+  } else {
+    row_max = P > 0 ? m : ak::block_reduce(m, ak::Max(), -INFINITY);
+    const float mine = P > 0 || m == -INFINITY ? s : s * ak::exp2_approx((m - row_max) * ak::LOG2E);
+    total = ak::block_reduce(mine, ak::Sum(), 0.f);
+  }
+  if (threadIdx.x == 0) {  // loss = log(sum) + max - x[target]
+    loss[row] = target.counted ? logf(total) + row_max - target.logit : 0.f;
+    valid[row] = target.counted ? 1.f : 0.f;
+  }
 }
 
 template <typename T>
@@ -233,7 +254,8 @@ PROTOTYPES = ["void cross_entropy_launch(int dtype, int64_t x, int64_t targets, 
 
 def cuda_source() -> str:
     """The whole translation unit: shared helpers, the compile-time tunables, the kernels."""
-    tunables = {"VEC_BYTES": VEC_BYTES, "UNROLL": UNROLL, "CACHED_PACKS": CACHED_PACKS}
+    tunables = {"VEC_BYTES": VEC_BYTES, "UNROLL": UNROLL, "CACHED_PACKS": CACHED_PACKS,
+                "ONE_REDUCTION": ONE_REDUCTION}
     return cuda_build.PRELUDE + cuda_build.defines(tunables) + CUDA_SRC
 
 

@@ -40,7 +40,7 @@ BLOCK_N = 128  # output columns per block (compile-time; the gated phase's pipel
 BLOCK_K = 32  # depth of the shared-memory tiles (compile-time; multiple of 16)
 WARPS_M = 2  # warps along M (compile-time): warp tile rows = BLOCK_M / WARPS_M, a multiple of 16
 WARPS_N = 4  # warps along N (compile-time): warp tile columns = BLOCK_N / WARPS_N, a multiple of 16
-STAGES = 3  # shared-memory stages of the cp.async pipeline (compile-time); 0 = the single-buffered kernel
+STAGES = 4  # shared-memory stages of the cp.async pipeline (compile-time); 0 = the single-buffered kernel
 GROUP_M = 8  # block rows walked together for L2 reuse of the weight tiles (compile-time)
 
 TUNABLES = {  # every combination compiles: BLOCK_N / 2 / WARPS_N stays a multiple of 16

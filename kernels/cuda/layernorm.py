@@ -4,10 +4,13 @@ Memory-bound: one call reads x once and writes y once, 2 * M * N * element_size 
 weight and bias, which stay in L2). At 8192x8192 fp16 that is 268 MB: ~90 us at an H100's ~3 TB/s.
 
 One block per row, 16-byte packs (VEC_BYTES) where alignment allows, else single elements. The row is
-held in registers (up to threads x CACHED_PACKS packs) and the variance is computed in a second pass over
-the registers as mean((x - mean)^2): the one-pass E[x^2] - E[x]^2 cancels catastrophically around a large
-mean (the harness's "large_mean" input). Longer rows are re-read from global memory (mostly L2) for each
-pass. Sums in fp32, fixed order (warp shuffles then shared memory): bitwise reproducible.
+held in registers (up to threads x CACHED_PACKS packs). The one-pass E[x^2] - E[x]^2 cancels
+catastrophically around a large mean (the harness's "large_mean" input), so the variance is a sum of squared
+deviations: each thread takes its own values' mean and squared deviations from its registers, and one block
+reduction merges the threads' (count, mean, M2) pairwise (Chan et al.; ONE_REDUCTION). The first round
+reduced the mean first and then the deviations from it, two block reductions with their barriers, and
+reached 68% of copy (ONE_REDUCTION = 0 brings it back). Longer rows are re-read from global memory (mostly
+L2) for each pass. Sums in fp32, fixed order (warp shuffles then shared memory): bitwise reproducible.
 
 Register budget (the H200 run failed with 'too many resources requested for launch': a cache of 8 packs of
 8 floats at 1024 threads needs 89 registers, 64 is the most at 1024): the cache is a template parameter P
@@ -17,7 +20,8 @@ and the launcher (ak::launch_cached) takes the smallest P whose kernel covers th
 asked and than it can launch with (cudaFuncGetAttributes); no P does: the streaming kernel. Any row length
 launches, and a short row does not pay a big cache's registers. fp16 at 8 packs: 108 registers x 512.
 
-Tunables: THREADS and PACKS_PER_THREAD are launch parameters; VEC_BYTES and CACHED_PACKS are compiled in.
+Tunables: THREADS and PACKS_PER_THREAD are launch parameters; VEC_BYTES, CACHED_PACKS and ONE_REDUCTION
+are compiled in.
 """
 
 import functools
@@ -30,15 +34,17 @@ KERNEL_TYPE = "layernorm"
 BACKEND = "cuda"
 
 THREADS = 0  # threads per block (multiple of 32, <= 1024); 0 = auto: PACKS_PER_THREAD packs per thread
-PACKS_PER_THREAD = 2  # packs per thread in the auto block size (runtime)
+PACKS_PER_THREAD = 4  # packs per thread in the auto block size (runtime)
 VEC_BYTES = 16  # bytes per vectorized load/store (compile-time): 16 = 8 fp16 or 4 fp32
 CACHED_PACKS = 8  # packs per thread held in registers at most (compile-time): longer rows are read twice
+ONE_REDUCTION = 1  # cached rows: 1 = one block reduction of per-thread (count, mean, M2); 0 = mean, then variance
 
 TUNABLES = {
     "THREADS": [0, 128, 256, 512, 1024],
     "PACKS_PER_THREAD": [1, 2, 4, 8],
     "VEC_BYTES": [4, 8, 16],
     "CACHED_PACKS": [4, 8, 16],
+    "ONE_REDUCTION": [0, 1],
 }
 
 CUDA_SRC = r"""
@@ -63,9 +69,11 @@ layernorm_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __re
       const int64_t p = threadIdx.x + (int64_t)i * blockDim.x;
       if (p < packs) ak::load_pack<T, V>(xr + p * V, cache[i]);
     }
+    int mine = 0;  // packs this thread holds
 #pragma unroll
     for (int i = 0; i < P; ++i) {
       if (threadIdx.x + (int64_t)i * blockDim.x < packs) {
+        ++mine;
 #pragma unroll
         for (int j = 0; j < V; ++j) {
           cache[i][j] -= shift;
@@ -73,15 +81,31 @@ layernorm_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __re
         }
       }
     }
-    const float mean = ak::block_reduce(s, ak::Sum(), 0.f) / (float)n;  // of x - shift
+    float mean, rstd;
+    if constexpr (ONE_REDUCTION) {  // this thread's (count, mean, M2) from its registers, one merge per row
+      const float count = (float)(mine * V), my_mean = mine > 0 ? s / count : 0.f;
 #pragma unroll
-    for (int i = 0; i < P; ++i) {
-      if (threadIdx.x + (int64_t)i * blockDim.x < packs) {
+      for (int i = 0; i < P; ++i) {
+        if (i < mine) {
 #pragma unroll
-        for (int j = 0; j < V; ++j) sq += (cache[i][j] - mean) * (cache[i][j] - mean);
+          for (int j = 0; j < V; ++j) sq += (cache[i][j] - my_mean) * (cache[i][j] - my_mean);
+        }
       }
+      const ak::MeanM2 row =
+          ak::block_reduce(ak::MeanM2{count, my_mean, sq}, ak::ChanMerge(), ak::MeanM2{0.f, 0.f, 0.f});
+      mean = row.mean;  // of x - shift
+      rstd = rsqrtf(row.m2 / (float)n + eps);
+    } else {  // the mean, then the variance around it: two block reductions
+      mean = ak::block_reduce(s, ak::Sum(), 0.f) / (float)n;  // of x - shift
+#pragma unroll
+      for (int i = 0; i < P; ++i) {
+        if (threadIdx.x + (int64_t)i * blockDim.x < packs) {
+#pragma unroll
+          for (int j = 0; j < V; ++j) sq += (cache[i][j] - mean) * (cache[i][j] - mean);
+        }
+      }
+      rstd = rsqrtf(ak::block_reduce(sq, ak::Sum(), 0.f) / (float)n + eps);
     }
-    const float rstd = rsqrtf(ak::block_reduce(sq, ak::Sum(), 0.f) / (float)n + eps);
 #pragma unroll
     for (int i = 0; i < P; ++i) {
       const int64_t p = threadIdx.x + (int64_t)i * blockDim.x;
@@ -146,7 +170,8 @@ PROTOTYPES = ["void layernorm_launch(int dtype, int64_t x, int64_t w, int64_t b,
 
 def cuda_source() -> str:
     """The whole translation unit: shared helpers, the compile-time tunables, the kernels."""
-    return cuda_build.PRELUDE + cuda_build.defines({"VEC_BYTES": VEC_BYTES, "CACHED_PACKS": CACHED_PACKS}) + CUDA_SRC
+    return cuda_build.PRELUDE + cuda_build.defines({"VEC_BYTES": VEC_BYTES, "CACHED_PACKS": CACHED_PACKS,
+                                                      "ONE_REDUCTION": ONE_REDUCTION}) + CUDA_SRC
 
 
 @functools.cache

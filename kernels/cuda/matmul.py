@@ -40,7 +40,7 @@ BACKEND = "cuda"
 
 BLOCK_M = 128  # rows of C per block (compile-time)
 BLOCK_N = 128  # columns of C per block (compile-time)
-BLOCK_K = 32  # depth of the shared-memory tiles (compile-time; multiple of 16)
+BLOCK_K = 64  # depth of the shared-memory tiles (compile-time; multiple of 16)
 WARPS_M = 2  # warps along M (compile-time): warp tile rows = BLOCK_M / WARPS_M, a multiple of 16
 WARPS_N = 4  # warps along N (compile-time): warp tile columns = BLOCK_N / WARPS_N, a multiple of 16
 STAGES = 3  # shared-memory stages of the cp.async pipeline (compile-time); 0 = the single-buffered kernel
