@@ -41,15 +41,22 @@ class Timing:
 _flush_buffer: torch.Tensor | None = None
 
 
-def _flush_l2():
+def _flush_l2(dirty: bool = True):
+    """Evict the L2. Writing the buffer (the protocol's default, as triton.testing.do_bench does) leaves
+    every line dirty, so the timed call also pays for writing back an L2's worth of data it never touched,
+    as a kernel after another kernel's writes does in a model. Reading it (dirty=False) leaves the lines
+    clean: the timed call pays for its own bytes only (scripts/l2_flush_effect.py compares the two)."""
     global _flush_buffer
     if _flush_buffer is None:
-        _flush_buffer = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
-    _flush_buffer.zero_()
+        _flush_buffer = torch.zeros(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+    if dirty:
+        _flush_buffer.zero_()
+    else:
+        _flush_buffer.max()
 
 
 def time_gpu(fn: Callable, input_sets: Sequence[tuple], reps: int | None = None,
-             keep_outputs: bool = False) -> Timing:
+             keep_outputs: bool = False, dirty_flush: bool = True) -> Timing:
     """Median time of fn(*inputs) over rotated input sets, with L2 flushed before each run."""
     for i in range(WARMUP_RUNS):
         fn(*input_sets[i % len(input_sets)])
@@ -67,7 +74,7 @@ def time_gpu(fn: Callable, input_sets: Sequence[tuple], reps: int | None = None,
     outputs = {}
     for i in range(reps):
         k = i % len(input_sets)
-        _flush_l2()
+        _flush_l2(dirty_flush)
         starts[i].record()
         out = fn(*input_sets[k])
         ends[i].record()
