@@ -3,8 +3,8 @@
 Compute-bound. Q, K, V, O are [B, H, S, D]; one call does 4*B*H*S*S*D FLOPs (half when causal) and
 must move 4*B*H*S*D*element_size bytes: the S x S score matrix never leaves the chip. At the bench
 shape (B=2, H=32, S=2048, D=128, causal, fp16) that is 69 GFLOP against 67 MB: on an H100 SXM
-(989 TFLOP/s dense fp16, 3.35 TB/s) the floor is ~70 us of tensor-core time vs ~20 us of memory,
-and PyTorch's SDPA (FlashAttention-2) runs at ~350 TFLOP/s, ~200 us.
+(989 TFLOP/s dense fp16, 3.35 TB/s) the floor is ~70 us of tensor-core time vs ~20 us of memory.
+PyTorch's SDPA there is cuDNN's warp-specialized WGMMA kernel: 149-152 us (~460 TFLOP/s) on an H200.
 
 Algorithm (FlashAttention-2): one program owns BLOCK_M query rows, keeps its Q tile in registers
 and streams K/V in BLOCK_N blocks, with an online softmax (running max m, running sum l, rescaled
@@ -16,6 +16,21 @@ Variants:
                  mask, only the BLOCK_M-wide diagonal block is masked; non-causal: full key blocks
                  unmasked, only the ragged tail masked. Causal programs start from the longest rows.
   "single_loop"  one loop with every mask on every block: simpler, slower; a baseline for the split.
+  "tma"          the split loop as Triton's tutorial 06-fused-attention writes it for Hopper: Q, K, V
+                 and O go through host-side tensor descriptors over the [B*H*S, D] view. Each K/V tile
+                 is then one bulk TMA copy issued by one thread, where the pointer path has every
+                 thread compute and hold 64-bit addresses for its share of the tile and issue cp.async:
+                 those registers and issue slots go to the softmax instead. The softmax folds the
+                 scale into one FMA (qk * scale - m). Applies on a GPU of compute
+                 capability >= 9, fp16/bf16, dense contiguous [B, H, S, D] with D in {64, 128}, S a
+                 multiple of BLOCK_M and sm_scale > 0; anything else (the CPU interpreter, strided
+                 views, fp32, ragged S) runs "split", silently.
+  "auto"         "tma" where it applies and the call is large (TMA_MIN_FLOPS), else "split".
+Measured on an H200 (Triton 3.6) at the bench shape, fp16 causal (`python scripts/flash_sweep.py`): "tma" at
+64x64 tiles, 4 warps, 3 stages 172.6 us (0.86x SDPA's 149.3); "split" at the same tile 184.4 us and at the
+former default (128x64, 8 warps) 201.0. Worse: 128-row tiles with 8 warps (198-205 us), 128x128 with 4
+warps (485-509 us: spills), 2 stages (211 us) or 4 and more (233 us); 128x128 with 4 stages does not fit
+shared memory. Non-causal: 293 us against SDPA's 224 (0.76x); bf16 causal 169.6 us (0.87x).
 Q, K, V may be strided views (e.g. slices of a packed qkv projection): strides are passed, no copies.
 """
 
@@ -25,17 +40,26 @@ import torch
 import triton
 import triton.language as tl
 
+try:  # host-side TMA descriptors arrived in triton 3.4
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - older triton: the "tma" variant falls back
+    TensorDescriptor = None
+
 KERNEL_TYPE = "flash_attention"
 
-VARIANT = "split"  # "split" | "single_loop"
-BLOCK_M = 0  # query rows per program; 0 = by head dim and dtype (128 for 16-bit, D <= 128)
+VARIANT = "auto"  # "auto" | "tma" | "split" | "single_loop"
+BLOCK_M = 0  # query rows per program; 0 = by head dim and dtype (64 for 16-bit D = 128)
 BLOCK_N = 0  # keys per inner step; 0 = by head dim and dtype (64); capped at BLOCK_M
-NUM_WARPS = 0  # 0 = by tile (8 for 128x128 head dims, else 4)
+NUM_WARPS = 0  # 0 = by tile (4 for 16-bit tiles)
 NUM_STAGES = 0  # K/V pipeline depth; 0 = by tile (3)
 REVERSE_CAUSAL_ORDER = True  # causal: launch the longest query blocks first to shorten the tail
+# "auto" takes TMA only from this many FLOPs: host-side descriptors cost 80-200 us of host time per launch
+# on an H200 with Triton 3.6 (BENCHMARKS.md, matmul and fused_mlp), and a call must keep the GPU busy
+# longer than that: 2^35 FLOPs is ~100 us at SDPA's ~350 TFLOP/s.
+TMA_MIN_FLOPS = 2**35
 
 TUNABLES = {
-    "VARIANT": ["split", "single_loop"],
+    "VARIANT": ["auto", "tma", "split", "single_loop"],
     "BLOCK_M": [0, 64, 128, 256],
     "BLOCK_N": [0, 32, 64, 128],
     "NUM_WARPS": [0, 4, 8],
@@ -131,15 +155,113 @@ def _flash_attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, S, H, qk_scale,
     tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=(offs_m[:, None] < S) & (offs_d[None, :] < HEAD_DIM))
 
 
+@triton.jit
+def _attn_tma_blocks(acc, l_i, m_i, q, k_desc, v_desc, row0, offs_m, lo, hi, qk_scale,
+                     BLOCK_N: tl.constexpr, CAUSAL_MASK: tl.constexpr):
+    """Fold keys [lo, hi) of one (batch, head), whose rows start at row0, into (acc, l, m)."""
+    for start_n in range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        k = k_desc.load([row0 + start_n, 0])
+        qk = tl.dot(q, tl.trans(k))
+        if CAUSAL_MASK:
+            keep = offs_m[:, None] >= start_n + tl.arange(0, BLOCK_N)[None, :]
+            qk = tl.where(keep, qk * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            qk = qk - m_new[:, None]
+        else:  # qk_scale > 0, so the row max of the scaled scores is the scaled row max: one FMA below
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            qk = qk * qk_scale - m_new[:, None]
+        p = tl.math.exp2(qk)
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        v = v_desc.load([row0 + start_n, 0])
+        acc = tl.dot(p.to(v.dtype), v, acc)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _flash_attention_tma_kernel(q_desc, k_desc, v_desc, o_desc, S, qk_scale,
+                                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+                                CAUSAL: tl.constexpr, REVERSE: tl.constexpr):
+    # Descriptors view Q, K, V, O as [B*H*S, HEAD_DIM]; S % BLOCK_M == 0, so no tile crosses a head.
+    start_m = tl.program_id(0)
+    if REVERSE:
+        start_m = tl.num_programs(0) - 1 - start_m
+    row0 = tl.program_id(1) * S
+    first = start_m * BLOCK_M
+    offs_m = first + tl.arange(0, BLOCK_M)
+    q = q_desc.load([row0 + first, 0])
+    acc = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
+    l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+    if CAUSAL:  # blocks left of the diagonal unmasked, then the BLOCK_M-wide diagonal masked
+        acc, l_i, m_i = _attn_tma_blocks(acc, l_i, m_i, q, k_desc, v_desc, row0, offs_m, 0, first, qk_scale,
+                                         BLOCK_N, False)
+        acc, l_i, m_i = _attn_tma_blocks(acc, l_i, m_i, q, k_desc, v_desc, row0, offs_m, first, first + BLOCK_M,
+                                         qk_scale, BLOCK_N, True)
+    else:
+        acc, l_i, m_i = _attn_tma_blocks(acc, l_i, m_i, q, k_desc, v_desc, row0, offs_m, 0, S, qk_scale,
+                                         BLOCK_N, False)
+    o_desc.store([row0 + first, 0], (acc / l_i[:, None]).to(o_desc.dtype))
+
+
 def _auto_config(d_pad, dtype):
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) that fit an H100's 228 KB of shared memory."""
     if dtype == torch.float32:  # 4-byte tiles and CUDA-core (ieee) dots: smaller tiles
         return (64, 32, 4, 2) if d_pad <= 128 else (32, 32, 4, 2)
     if d_pad <= 64:
         return 128, 64, 4, 3
-    if d_pad <= 128:  # Q 32 KB + 3 stages of K and V at 16 KB each
-        return 128, 64, 8, 3
+    if d_pad <= 128:  # one warpgroup per 64 query rows; Q 16 KB + 3 stages of K and V at 16 KB each
+        return 64, 64, 4, 3
     return 64, 32, 4, 2
+
+
+def _tma_applies(q, k, v, block_m, scale):
+    """TMA needs Hopper+, 16-bit dense [B, H, S, D] tensors with 16-byte aligned bases, D in {64, 128},
+    S a multiple of BLOCK_M (tiles of the [B*H*S, D] view never straddle two heads) and a positive scale
+    (the unmasked blocks take the row max before scaling)."""
+    if TensorDescriptor is None or not q.is_cuda or torch.cuda.get_device_capability(q.device)[0] < 9:
+        return False
+    if q.dtype not in (torch.float16, torch.bfloat16) or q.shape[-1] not in (64, 128):
+        return False
+    if q.numel() == 0 or q.shape[2] % block_m or scale <= 0:
+        return False
+    return all(t.shape == q.shape and t.is_contiguous() and t.data_ptr() % 16 == 0 for t in (q, k, v))
+
+
+def _use_tma(q, k, v, causal, block_m, scale):
+    if VARIANT not in ("tma", "auto") or not _tma_applies(q, k, v, block_m, scale):
+        return False
+    batch, heads, seq, head_dim = q.shape
+    flops = 4 * batch * heads * seq * seq * head_dim // (2 if causal else 1)
+    return VARIANT == "tma" or flops >= TMA_MIN_FLOPS
+
+
+def _launch_tma(q, k, v, out, causal, qk_scale, cfg):
+    block_m, block_n, warps, stages = cfg
+    batch, heads, seq, head_dim = q.shape
+    q_desc, o_desc = (TensorDescriptor.from_tensor(t.view(-1, head_dim), [block_m, head_dim]) for t in (q, out))
+    k_desc, v_desc = (TensorDescriptor.from_tensor(t.view(-1, head_dim), [block_n, head_dim]) for t in (k, v))
+    grid = (seq // block_m, batch * heads)
+    _flash_attention_tma_kernel[grid](
+        q_desc, k_desc, v_desc, o_desc, seq, qk_scale,
+        BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, CAUSAL=bool(causal),
+        REVERSE=bool(causal) and REVERSE_CAUSAL_ORDER, num_warps=warps, num_stages=stages)
+
+
+def _launch_pointers(q, k, v, out, causal, qk_scale, cfg, d_pad):
+    block_m, block_n, warps, stages = cfg
+    batch, heads, seq, head_dim = q.shape
+    grid = (triton.cdiv(seq, block_m), batch * heads)
+    _flash_attention_kernel[grid](
+        q, k, v, out, seq, heads, qk_scale,
+        *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+        BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, D_PAD=d_pad, CAUSAL=bool(causal),
+        EVEN_D=head_dim == d_pad, SPLIT=VARIANT != "single_loop", REVERSE=bool(causal) and REVERSE_CAUSAL_ORDER,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=warps, num_stages=stages)
 
 
 def kernel_fn(Q, K, V, causal=True, sm_scale=None):
@@ -150,13 +272,9 @@ def kernel_fn(Q, K, V, causal=True, sm_scale=None):
     auto = _auto_config(d_pad, Q.dtype)
     block_m, block_n, warps, stages = (c or a for c, a in zip((BLOCK_M, BLOCK_N, NUM_WARPS, NUM_STAGES), auto))
     # The split causal loop hands whole BLOCK_M diagonals to the masked part: BLOCK_N must divide it.
-    block_n = min(block_n, block_m)
-    grid = (triton.cdiv(seq, block_m), batch * heads)
-    _flash_attention_kernel[grid](
-        Q, K, V, out, seq, heads, scale * LOG2E,
-        *Q.stride(), *K.stride(), *V.stride(), *out.stride(),
-        BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, D_PAD=d_pad, CAUSAL=bool(causal),
-        EVEN_D=head_dim == d_pad, SPLIT=VARIANT == "split", REVERSE=bool(causal) and REVERSE_CAUSAL_ORDER,
-        DOT_PRECISION="ieee" if Q.dtype == torch.float32 else "tf32",
-        num_warps=warps, num_stages=stages)
+    cfg = (block_m, min(block_n, block_m), warps, stages)
+    if _use_tma(Q, K, V, causal, block_m, scale):
+        _launch_tma(Q, K, V, out, causal, scale * LOG2E, cfg)
+    else:  # "tma" or "auto" where TMA does not apply run the split loop
+        _launch_pointers(Q, K, V, out, causal, scale * LOG2E, cfg, d_pad)
     return out
