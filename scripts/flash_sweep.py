@@ -69,8 +69,8 @@ def check(module, spec, shape, dtype, gen, config) -> tuple[float, str]:
     return err, "" if took_tma else "fell back to split"
 
 
-def run_case(module, spec, name, dtype, causal, defaults, texts, gen) -> list[dict]:
-    shape = {**spec.bench_shape, "causal": causal}
+def run_case(module, spec, base, name, dtype, causal, defaults, texts, gen) -> list[dict]:
+    shape = {**base, "causal": causal}
     sets = [spec.make_inputs(shape, dtype, "cuda", gen) for _ in range(INPUT_SETS)]
     flops = spec.flops(shape)
     sdpa = timing.time_gpu(spec.reference, sets)
@@ -107,6 +107,8 @@ def main():
     p.add_argument("--configs", default=",".join(DEFAULT_CONFIGS),
                    help="comma-separated VARIANT/BMxBN/wWARPS/sSTAGES, e.g. tma/64x64/w4/s3,split/64x64/w4/s3 "
                         "(default: the tutorial's Hopper grid around 128-row tiles)")
+    p.add_argument("--shape", default="", metavar="B=1,H=32,S=2048,D=64",
+                   help="override entries of the registry's bench shape (B=2, H=32, S=2048, D=128)")
     p.add_argument("--cases", default=",".join(name for name, _, _ in CASES),
                    help=f"comma-separated cases (default: all of {[name for name, _, _ in CASES]})")
     args = p.parse_args()
@@ -117,14 +119,15 @@ def main():
     module = import_kernel(args.kernel)
     spec = get_spec("flash_attention")
     gen = torch.Generator(device="cuda").manual_seed(0)
+    base = {**spec.bench_shape, **{k: int(v) for k, v in (kv.split("=") for kv in args.shape.split(",") if kv)}}
     setup = {"gpu": gpu.device_name(), "torch": torch.__version__, "triton": triton.__version__,
-             "date": datetime.date.today().isoformat(), "command": " ".join(sys.argv), "shape": spec.bench_shape}
+             "date": datetime.date.today().isoformat(), "command": " ".join(sys.argv), "shape": base}
     print("  ".join(f"{k}: {v}" for k, v in setup.items()))
     rows = []
     texts = args.configs.split(",")
     for name, dtype, causal in CASES:
         if name in args.cases.split(","):
-            rows += run_case(module, spec, name, dtype, causal, defaults, texts, gen)
+            rows += run_case(module, spec, base, name, dtype, causal, defaults, texts, gen)
     print_table(rows)
     if args.json:
         args.json.write_text(json.dumps({**setup, "rows": rows}, indent=1, default=str))
