@@ -1,11 +1,16 @@
 """Developer tool (GPU): time a starter's declared tunables around its defaults, in one process.
 
     python scripts/sweep_tunables.py kernels/rmsnorm.py kernels/softmax.py [--rounds 2]
+    python scripts/sweep_tunables.py kernels/rmsnorm.py --compare MAX_SINGLE_PASS=4096 \
+        --compare MAX_SINGLE_PASS=4096,LOOP_ELEMENTS_PER_WARP=128 [--rounds 3]
 
 Coordinate search: from the defaults, each tunable is moved to each of its values one at a time; the
 best configuration becomes the start of the next round. Every configuration's output on the bench
 shape is checked against the float64 oracle before it is timed. This picks good starter defaults; the
 product's own search is the loop's builtin agent, which goes through the full harness.
+
+--compare times just the defaults, the given configurations and torch.compile of the reference, in
+--rounds interleaved rounds, so that a difference of 1-3% can be told from the drift between rounds.
 """
 
 import argparse
@@ -19,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from autokernel import checking, timing  # noqa: E402
 from autokernel.kernelfile import declarations, import_kernel  # noqa: E402
+from autokernel.perf import _compiled_reference  # noqa: E402
 from autokernel.registry import get_spec  # noqa: E402
 
 REPS = 60  # timed runs per configuration: enough to rank, few enough to try many
@@ -39,14 +45,18 @@ def time_config(module, spec, config, sets, expected):
     return timing.time_gpu(module.kernel_fn, sets, reps=REPS).median_us, ""
 
 
+def _inputs(spec):
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    sets = [spec.make_inputs(spec.bench_shape, torch.float16, "cuda", gen) for _ in range(3)]
+    return sets, checking.oracle(spec, sets[0])
+
+
 def sweep(path: Path, rounds: int, start: dict):
     decl = {**declarations(path.read_text()), **start}
     module = import_kernel(path)
     spec = get_spec(decl["KERNEL_TYPE"])
     tunables = decl.get("TUNABLES", {})
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    sets = [spec.make_inputs(spec.bench_shape, torch.float16, "cuda", gen) for _ in range(3)]
-    expected = checking.oracle(spec, sets[0])
+    sets, expected = _inputs(spec)
     best = {name: decl[name] for name in tunables}
     seen = {}
     for _ in range(rounds):
@@ -66,20 +76,45 @@ def sweep(path: Path, rounds: int, start: dict):
         print(f"  failed: {config} {note}")
 
 
+def compare(path: Path, rounds: int, configs: list[dict]):
+    decl = declarations(path.read_text())
+    module = import_kernel(path)
+    spec = get_spec(decl["KERNEL_TYPE"])
+    defaults = {name: decl[name] for name in decl.get("TUNABLES", {})}
+    sets, expected = _inputs(spec)
+    compiled = _compiled_reference(spec)
+    times = {"torch.compile": [], "defaults": []} | {str(c): [] for c in configs}
+    for _ in range(rounds):
+        times["torch.compile"].append(timing.time_gpu(compiled, sets, reps=REPS).median_us)
+        for label, config in [("defaults", {})] + [(str(c), c) for c in configs]:
+            us, note = time_config(module, spec, {**defaults, **config}, sets, expected)
+            times[label].append(us if us is not None else note)
+    print(f"\n== {path} ({spec.name}, {spec.bench_shape}, fp16), {rounds} interleaved rounds, us")
+    for label, row in times.items():
+        print(f"  {label:60} " + "  ".join(f"{t:7.1f}" if isinstance(t, float) else t for t in row))
+
+
+def _config(text: str) -> dict:
+    """'NAME=VALUE,NAME=VALUE' (Python literals) -> {NAME: VALUE, ...}."""
+    return {name: ast.literal_eval(value) for name, _, value in (kv.partition("=") for kv in text.split(","))}
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("kernels", nargs="+", type=Path)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--start", action="append", default=[], metavar="NAME=VALUE",
                    help="start the search from this value instead of the file's (a Python literal)")
+    p.add_argument("--compare", action="append", default=[], metavar="NAME=VALUE[,NAME=VALUE]",
+                   help="time only the defaults, these configurations and torch.compile, interleaved")
     args = p.parse_args()
-    start = {}
-    for item in args.start:
-        name, _, value = item.partition("=")
-        start[name] = ast.literal_eval(value)
+    start = {name: value for item in args.start for name, value in _config(item).items()}
     for path in args.kernels:
         try:
-            sweep(path, args.rounds, start)
+            if args.compare:
+                compare(path, args.rounds, [_config(c) for c in args.compare])
+            else:
+                sweep(path, args.rounds, start)
         except Exception as e:
             print(f"\n== {path}: sweep failed: {type(e).__name__}: {e}")
 
