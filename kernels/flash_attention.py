@@ -57,7 +57,7 @@ NUM_STAGES = 0  # K/V pipeline depth; 0 = by tile (3)
 REVERSE_CAUSAL_ORDER = True  # causal: launch the longest query blocks first to shorten the tail
 # "auto" takes TMA only from this many FLOPs: host-side descriptors cost 80-200 us of host time per launch
 # on an H200 with Triton 3.6 (BENCHMARKS.md, matmul and fused_mlp), and a call must keep the GPU busy
-# longer than that: 2^35 FLOPs is ~100 us at SDPA's ~350 TFLOP/s.
+# longer than that: 2^35 FLOPs is ~75 us at SDPA's ~460 TFLOP/s (H200).
 TMA_MIN_FLOPS = 2**35
 
 TUNABLES = {
