@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from autokernel import gpu, timing
 from autokernel.kernelfile import import_kernel
-from autokernel.perf import INPUT_SETS, _compiled_reference
+from autokernel.perf import INPUT_SETS, _compiled_reference, gpu_input_sets
 from autokernel.registry import get_spec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,18 +50,13 @@ def extra_baselines(liger) -> dict:
     return extra
 
 
-def _input_sets(spec, shape, dtype):
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    return [spec.make_inputs(shape, dtype, "cuda", gen) for _ in range(INPUT_SETS)]
-
-
 def time_extras(types, liger) -> dict:
     out = {}
     for ktype, fns in extra_baselines(liger).items():
         if ktype not in types:
             continue
         spec = get_spec(ktype)
-        sets = _input_sets(spec, spec.bench_shape, torch.float16)
+        sets = gpu_input_sets(spec, spec.bench_shape, torch.float16)
         out[ktype] = {name: _median_or_error(fn, sets) for name, fn in fns.items()}
     return out
 

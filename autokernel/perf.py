@@ -51,6 +51,12 @@ class PerfResult:
         return self.compile_us / self.latency_us if self.compile_us else None
 
 
+def gpu_input_sets(spec: KernelSpec, shape: dict, dtype: torch.dtype, seed: int = 0) -> list[tuple]:
+    """INPUT_SETS input sets of `shape` on the GPU from one seeded generator: what the GPU tools time over."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    return [spec.make_inputs(shape, dtype, "cuda", gen) for _ in range(INPUT_SETS)]
+
+
 def _compiled_reference(spec: KernelSpec):
     import torch._dynamo
 

@@ -27,13 +27,13 @@ def main():
     import torch
 
     from autokernel import timing
+    from autokernel.perf import gpu_input_sets
     from autokernel.registry import get_spec
 
     report = []
     for name in args.types:
         spec = get_spec(name)
-        gen = torch.Generator(device="cuda").manual_seed(0)
-        sets = [spec.make_inputs(spec.bench_shape, torch.float16, "cuda", gen) for _ in range(3)]
+        sets = gpu_input_sets(spec, spec.bench_shape, torch.float16)
         before = set(glob.glob(f"{cache}/**/*", recursive=True))
         fn = torch.compile(spec.reference, mode="max-autotune-no-cudagraphs")
         us = timing.time_gpu(fn, sets).median_us

@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 from autokernel import gpu, timing  # noqa: E402
 from autokernel.kernelfile import import_kernel  # noqa: E402
-from autokernel.perf import INPUT_SETS, _compiled_reference  # noqa: E402
+from autokernel.perf import _compiled_reference, gpu_input_sets  # noqa: E402
 from autokernel.registry import get_spec  # noqa: E402
 
 TYPES = ["reduce", "cross_entropy", "rmsnorm", "layernorm", "softmax", "rotary_embedding"]
@@ -32,8 +32,7 @@ TYPES = ["reduce", "cross_entropy", "rmsnorm", "layernorm", "softmax", "rotary_e
 def time_type(ktype: str) -> dict:
     spec = get_spec(ktype)
     shape = spec.bench_shape
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    sets = [spec.make_inputs(shape, torch.float16, "cuda", gen) for _ in range(INPUT_SETS)]
+    sets = gpu_input_sets(spec, shape, torch.float16)
     fns = {"kernel": import_kernel(ROOT / "kernels" / f"{ktype}.py").kernel_fn, "eager": spec.reference,
            "compile": _compiled_reference(spec)}
     nbytes = spec.bytes_moved(shape, torch.float16)

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from autokernel import checking, timing  # noqa: E402
 from autokernel.kernelfile import declarations, import_kernel  # noqa: E402
-from autokernel.perf import _compiled_reference  # noqa: E402
+from autokernel.perf import _compiled_reference, gpu_input_sets  # noqa: E402
 from autokernel.registry import get_spec  # noqa: E402
 
 REPS = 60  # timed runs per configuration: enough to rank, few enough to try many
@@ -46,8 +46,7 @@ def time_config(module, spec, config, sets, expected):
 
 
 def _inputs(spec):
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    sets = [spec.make_inputs(spec.bench_shape, torch.float16, "cuda", gen) for _ in range(3)]
+    sets = gpu_input_sets(spec, spec.bench_shape, torch.float16)
     return sets, checking.oracle(spec, sets[0])
 
 
