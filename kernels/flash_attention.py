@@ -232,11 +232,10 @@ def _tma_applies(q, k, v, block_m, scale):
 
 
 def _use_tma(q, k, v, causal, block_m, scale):
-    if VARIANT not in ("tma", "auto") or not _tma_applies(q, k, v, block_m, scale):
-        return False
     batch, heads, seq, head_dim = q.shape
     flops = 4 * batch * heads * seq * seq * head_dim // (2 if causal else 1)
-    return VARIANT == "tma" or flops >= TMA_MIN_FLOPS
+    wanted = VARIANT == "tma" or (VARIANT == "auto" and flops >= TMA_MIN_FLOPS)
+    return wanted and _tma_applies(q, k, v, block_m, scale)  # the cheap test first: small calls skip the rest
 
 
 def _launch_tma(q, k, v, out, causal, qk_scale, cfg):
