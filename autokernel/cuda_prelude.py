@@ -28,8 +28,33 @@ template <typename T> constexpr int pack_width(int bytes) {
   return bytes / (int)sizeof(T) > 0 ? bytes / (int)sizeof(T) : 1;
 }
 
-template <typename T, int V> __device__ __forceinline__ void load_pack(const T* p, float (&out)[V]) {
-  const Pack<T, V> pk = *reinterpret_cast<const Pack<T, V>*>(p);
+// load_raw: the pack unconverted. A row cache of raw packs costs 4 registers per 16 bytes whatever the dtype
+// (a converted fp16 pack would cost 8), so twice the bytes can be in flight per thread.
+// STREAM: ld.global.cs, "cache streaming": the line is allocated evict-first in L1 and L2, for data read once.
+// New lines then replace each other rather than what the L2 held before (dirty lines of earlier kernels
+// included, whose write-back a plain read-only stream would pay for).
+template <typename T, int V, bool STREAM = false> __device__ __forceinline__ Pack<T, V> load_raw(const T* p) {
+  using P = Pack<T, V>;
+  if constexpr (STREAM && sizeof(P) == 16) {
+    const int4 r = __ldcs(reinterpret_cast<const int4*>(p));
+    return *reinterpret_cast<const P*>(&r);
+  } else if constexpr (STREAM && sizeof(P) == 8) {
+    const int2 r = __ldcs(reinterpret_cast<const int2*>(p));
+    return *reinterpret_cast<const P*>(&r);
+  } else if constexpr (STREAM && sizeof(P) == 4) {
+    const int r = __ldcs(reinterpret_cast<const int*>(p));
+    return *reinterpret_cast<const P*>(&r);
+  } else if constexpr (STREAM && sizeof(P) == 2) {
+    const unsigned short r = __ldcs(reinterpret_cast<const unsigned short*>(p));
+    return *reinterpret_cast<const P*>(&r);
+  } else {
+    return *reinterpret_cast<const P*>(p);
+  }
+}
+
+template <typename T, int V, bool STREAM = false> __device__ __forceinline__ void load_pack(const T* p,
+                                                                                          float (&out)[V]) {
+  const Pack<T, V> pk = load_raw<T, V, STREAM>(p);
 #pragma unroll
   for (int i = 0; i < V; ++i) out[i] = to_f(pk.v[i]);
 }
@@ -38,12 +63,6 @@ template <typename T, int V> __device__ __forceinline__ void store_pack(T* p, co
 #pragma unroll
   for (int i = 0; i < V; ++i) pk.v[i] = from_f<T>(in[i]);
   *reinterpret_cast<Pack<T, V>*>(p) = pk;
-}
-
-// The raw 16-byte pack, unconverted: a row cache of raw packs costs 4 registers per 16 bytes whatever the dtype
-// (a converted fp16 pack would cost 8), so twice the bytes can be in flight per thread.
-template <typename T, int V> __device__ __forceinline__ Pack<T, V> load_raw(const T* p) {
-  return *reinterpret_cast<const Pack<T, V>*>(p);
 }
 
 struct Sum { template <typename A> __device__ __forceinline__ A operator()(A a, A b) const { return a + b; } };

@@ -44,7 +44,7 @@ VARIANTS = {
     "rmsnorm": [{"PACKS_PER_THREAD": 4}],
     "layernorm": [{"ONE_REDUCTION": 1}, {"PACKS_PER_THREAD": 8}],
     "softmax": [{"PACKS_PER_THREAD": 4}],
-    "reduce": [{"WARP_BLOCK_THREADS": 64}, {"WARP_ROWS_FROM": 1_000_000_000}, {"LANE_PACKS": 8}],
+    "reduce": [{"STREAM_LOADS": 0}, {"WARP_BLOCK_THREADS": 128}, {"WARP_ROWS_FROM": 1_000_000_000}],
     "cross_entropy": [{"ONE_REDUCTION": 0}, {"PACKS_PER_THREAD": 16}],
     "rotary_embedding": [{"PLANES": 1}, {"THREADS": 64}, {"PLANES": 1, "THREADS": 64}],
     "matmul": [{"BLOCK_K": 32}, {"GROUP_M": 4}],

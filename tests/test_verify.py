@@ -196,6 +196,17 @@ def test_a_kernel_that_raises_is_a_fail_naming_it(repo_root, tmp_path, capsys, i
     assert F.softmax is customops._ORIGINALS["softmax"] and torch.softmax is customops._TORCH_SOFTMAX  # undone
 
 
+def test_a_kernel_asked_for_a_gradient_is_an_error_not_a_silent_zero(repo_root, interpreter):
+    customops.load(customops.find_kernels(repo_root / "kernels", repo_root / "kernels", ["rmsnorm"])["rmsnorm"])
+    call = customops.op("rmsnorm")
+    x, w = torch.randn(4, 64), torch.rand(64) + 0.5
+    with torch.no_grad():  # the kernel itself, no dispatch
+        assert swap.rel_l2(call(x, w, 1e-6), F.rms_norm(x, (64,), w, 1e-6)) < swap.REL_L2_TOLERANCE[torch.float32]
+    x.requires_grad_()  # through the op, which has no backward
+    with pytest.raises(RuntimeError, match="no autograd formula"):
+        call(x, w, 1e-6).sum().backward()
+
+
 class Functional(nn.Module):  # norms and softmax written as torch functions, some in forms the kernels do not take
     def __init__(self):
         super().__init__()
