@@ -51,6 +51,7 @@ TUNABLES = {
 }
 
 CUDA_SRC = r"""
+constexpr bool STREAM = STREAM_LOADS != 0;  // x read with ld.global.cs (see ak::load_raw)
 template <typename T> struct Accum { using type = float; };
 template <> struct Accum<float> { using type = double; };
 
@@ -74,7 +75,7 @@ __global__ void __launch_bounds__(1024) reduce_kernel(const T* __restrict__ x, T
   for (; p + (int64_t)(UNROLL - 1) * group < packs; p += (int64_t)UNROLL * group) {
     float v[UNROLL][V];
 #pragma unroll
-    for (int u = 0; u < UNROLL; ++u) ak::load_pack<T, V, (STREAM_LOADS != 0)>(xr + (p + (int64_t)u * group) * V, v[u]);
+    for (int u = 0; u < UNROLL; ++u) ak::load_pack<T, V, STREAM>(xr + (p + (int64_t)u * group) * V, v[u]);
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
 #pragma unroll
@@ -83,7 +84,7 @@ __global__ void __launch_bounds__(1024) reduce_kernel(const T* __restrict__ x, T
   }
   for (; p < packs; p += group) {
     float v[V];
-    ak::load_pack<T, V, (STREAM_LOADS != 0)>(xr + p * V, v);
+    ak::load_pack<T, V, STREAM>(xr + p * V, v);
 #pragma unroll
     for (int j = 0; j < V; ++j) s += (A)v[j];
   }
@@ -107,7 +108,7 @@ __global__ void __launch_bounds__(256) reduce_warp_row_kernel(const T* __restric
   ak::Pack<T, V> raw[P];
 #pragma unroll
   for (int i = 0; i < P; ++i) {
-    if (lane + 32 * i < packs) raw[i] = ak::load_raw<T, V, (STREAM_LOADS != 0)>(xr + (int64_t)(lane + 32 * i) * V);
+    if (lane + 32 * i < packs) raw[i] = ak::load_raw<T, V, STREAM>(xr + (int64_t)(lane + 32 * i) * V);
   }
   A s = 0;
 #pragma unroll
