@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from autokernel import gpu, timing
 from autokernel.kernelfile import import_kernel
-from autokernel.perf import INPUT_SETS, _compiled_reference, gpu_input_sets
+from autokernel.perf import INPUT_SETS, compiled_reference, gpu_input_sets
 from autokernel.registry import get_spec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -80,7 +80,7 @@ def time_rope_qk(liger) -> dict:
         q, cos, sin = spec.make_inputs(q_shape, torch.float16, "cuda", gen)
         k, _, _ = spec.make_inputs(k_shape, torch.float16, "cuda", gen)
         sets.append((q, k, cos, sin))
-    compiled = _compiled_reference(spec)
+    compiled = compiled_reference(spec)
     fns = {
         "kernel": lambda q, k, c, s: (starter.kernel_fn(q, c, s), starter.kernel_fn(k, c, s)),
         "eager": lambda q, k, c, s: (spec.reference(q, c, s), spec.reference(k, c, s)),

@@ -35,17 +35,11 @@ template <typename T> constexpr int pack_width(int bytes) {
 // included, whose write-back a plain read-only stream would pay for).
 template <typename T, int V, bool STREAM = false> __device__ __forceinline__ Pack<T, V> load_raw(const T* p) {
   using P = Pack<T, V>;
-  if constexpr (STREAM && sizeof(P) == 16) {
-    const int4 r = __ldcs(reinterpret_cast<const int4*>(p));
-    return *reinterpret_cast<const P*>(&r);
-  } else if constexpr (STREAM && sizeof(P) == 8) {
-    const int2 r = __ldcs(reinterpret_cast<const int2*>(p));
-    return *reinterpret_cast<const P*>(&r);
-  } else if constexpr (STREAM && sizeof(P) == 4) {
-    const int r = __ldcs(reinterpret_cast<const int*>(p));
-    return *reinterpret_cast<const P*>(&r);
-  } else if constexpr (STREAM && sizeof(P) == 2) {
-    const unsigned short r = __ldcs(reinterpret_cast<const unsigned short*>(p));
+  if constexpr (STREAM) {  // __ldcs takes the built-in type of the pack's size (16, 8, 4 or 2 bytes)
+    using W = std::conditional_t<sizeof(P) == 16, int4, std::conditional_t<sizeof(P) == 8, int2,
+              std::conditional_t<sizeof(P) == 4, int, unsigned short>>>;
+    static_assert(sizeof(W) == sizeof(P), "no streaming load of this pack size");
+    const W r = __ldcs(reinterpret_cast<const W*>(p));
     return *reinterpret_cast<const P*>(&r);
   } else {
     return *reinterpret_cast<const P*>(p);

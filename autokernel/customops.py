@@ -155,10 +155,6 @@ def op(kernel_type: str):
     """What a model calls, e.g. op("rmsnorm")(x, weight, eps): the custom op under torch.compile or when a
     gradient is wanted (the op has no backward, so asking for one is an error, never a silent zero), the
     kernel itself otherwise."""
-    return _op_of(kernel_type)
-
-
-def _op_of(kernel_type: str):
     if kernel_type not in _IMPLS:
         raise KeyError(f"no kernel installed for {kernel_type!r}")
     custom = getattr(getattr(torch.ops, NAMESPACE), kernel_type).default
@@ -273,7 +269,7 @@ def _attention_unfit(q, k, v, attn_mask, dropout_p, enable_gqa) -> str | None:
 
 def _sdpa_wrapper(sites: CallSites):
     original = _ORIGINALS["scaled_dot_product_attention"]
-    op = _op_of("flash_attention")
+    kernel = op("flash_attention")
 
     def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                                      scale=None, enable_gqa=False):
@@ -286,7 +282,7 @@ def _sdpa_wrapper(sites: CallSites):
         if key.shape[1] != query.shape[1]:  # grouped-query attention: expand K/V to every query head
             groups = query.shape[1] // key.shape[1]
             key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
-        return op(query, key, value, bool(is_causal), scale)
+        return kernel(query, key, value, bool(is_causal), scale)
 
     return scaled_dot_product_attention
 
@@ -300,7 +296,7 @@ def _softmax_unfit(x, dim) -> str | None:
 
 
 def _softmax_wrappers(sites: CallSites):
-    op = _op_of("softmax")
+    kernel = op("softmax")
 
     def run(name, x, dim, dtype, fallback):
         if dtype is not None:  # softmax(x, dtype=float32) is the softmax of x cast first
@@ -308,7 +304,7 @@ def _softmax_wrappers(sites: CallSites):
         reason = _softmax_unfit(x, dim)
         if in_eager():
             sites.hit(name, "softmax", reason, depth=3)
-        return fallback(x) if reason else op(x)
+        return fallback(x) if reason else kernel(x)
 
     def f_softmax(input, dim=None, _stacklevel=3, dtype=None):
         return run("F.softmax", input, dim, dtype, lambda x: _ORIGINALS["softmax"](x, dim))
@@ -329,7 +325,7 @@ def _norm_unfit(input, normalized_shape, *params) -> str | None:
 
 
 def _layer_norm_wrapper(sites: CallSites):
-    original, op = _ORIGINALS["layer_norm"], _op_of("layernorm")
+    original, kernel = _ORIGINALS["layer_norm"], op("layernorm")
 
     def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
         reason = _norm_unfit(input, normalized_shape, weight, bias)
@@ -339,13 +335,13 @@ def _layer_norm_wrapper(sites: CallSites):
             return original(input, normalized_shape, weight, bias, eps)
         # no affine weight or bias: ones and zeros compute the same, and the kernel takes tensors
         weight = weight if weight is not None else input.new_ones(input.shape[-1])
-        return op(input, weight, bias if bias is not None else input.new_zeros(input.shape[-1]), eps)
+        return kernel(input, weight, bias if bias is not None else input.new_zeros(input.shape[-1]), eps)
 
     return layer_norm
 
 
 def _rms_norm_wrapper(sites: CallSites):
-    original, op = _ORIGINALS["rms_norm"], _op_of("rmsnorm")
+    original, kernel = _ORIGINALS["rms_norm"], op("rmsnorm")
 
     def rms_norm(input, normalized_shape, weight=None, eps=None):
         reason = _norm_unfit(input, normalized_shape, weight)
@@ -354,13 +350,13 @@ def _rms_norm_wrapper(sites: CallSites):
         if reason:
             return original(input, normalized_shape, weight, eps)
         weight = weight if weight is not None else input.new_ones(input.shape[-1])
-        return op(input, weight, torch.finfo(input.dtype).eps if eps is None else eps)  # F.rms_norm's default
+        return kernel(input, weight, torch.finfo(input.dtype).eps if eps is None else eps)  # F.rms_norm's default
 
     return rms_norm
 
 
 def _linear_wrapper(sites: CallSites):
-    original, op = _ORIGINALS["linear"], _op_of("matmul")
+    original, kernel = _ORIGINALS["linear"], op("matmul")
 
     def linear(input, weight, bias=None):
         fits = weight.dim() == 2 and input.dtype == weight.dtype and input.dtype in KERNEL_DTYPES
@@ -368,14 +364,14 @@ def _linear_wrapper(sites: CallSites):
             sites.hit("F.linear", "matmul", None if fits else "mixed dtypes or a non-2-D weight")
         if not fits:
             return original(input, weight, bias)
-        y = op(input, weight.t())
+        y = kernel(input, weight.t())
         return y if bias is None else y + bias
 
     return linear
 
 
 def _cross_entropy_wrapper(sites: CallSites):
-    original, op = _ORIGINALS["cross_entropy"], _op_of("cross_entropy")
+    original, kernel = _ORIGINALS["cross_entropy"], op("cross_entropy")
 
     def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
                       reduction="mean", label_smoothing=0.0):
@@ -390,7 +386,7 @@ def _cross_entropy_wrapper(sites: CallSites):
             sites.hit("F.cross_entropy", "cross_entropy", reason)
         if reason:
             return original(input, target, weight, size_average, ignore_index, reduce, reduction, label_smoothing)
-        return op(input, target)
+        return kernel(input, target)
 
     return cross_entropy
 
@@ -415,14 +411,14 @@ def function_replacements(types, sites: CallSites) -> dict:
 
 def rotary_x_cos_sin(fn, sites: CallSites, name: str):
     """fn(x, cos, sin) with cos, sin [seq, head_dim / 2]: the reference's own convention."""
-    op = _op_of("rotary_embedding")
+    kernel = op("rotary_embedding")
 
     def rotary(x, cos, sin):
         fits = (x.dim() >= 2 and x.dtype in KERNEL_DTYPES and cos.dtype == sin.dtype == x.dtype
                 and tuple(cos.shape) == tuple(sin.shape) == (x.shape[-2], x.shape[-1] // 2))
         if in_eager():
             sites.hit(name, "rotary_embedding", None if fits else "tables not [seq, head_dim/2] in x's dtype")
-        return op(x, cos, sin) if fits else fn(x, cos, sin)
+        return kernel(x, cos, sin) if fits else fn(x, cos, sin)
 
     return rotary
 
@@ -430,7 +426,7 @@ def rotary_x_cos_sin(fn, sites: CallSites, name: str):
 def rotary_q_k_cos_sin(fn, sites: CallSites, name: str):
     """transformers' fn(q, k, cos, sin, position_ids=None, unsqueeze_dim=1) with cos, sin [1, seq, head_dim]
     built as cat(freqs, freqs): their first halves are the reference's tables."""
-    op = _op_of("rotary_embedding")
+    kernel = op("rotary_embedding")
 
     def rotary(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
         d = q.shape[-1]
@@ -443,6 +439,6 @@ def rotary_q_k_cos_sin(fn, sites: CallSites, name: str):
         if not fits:
             return fn(q, k, cos, sin, position_ids, unsqueeze_dim)
         c, s = cos[0, :, : d // 2], sin[0, :, : d // 2]
-        return op(q, c, s), op(k, c, s)
+        return kernel(q, c, s), kernel(k, c, s)
 
     return rotary

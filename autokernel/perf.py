@@ -57,7 +57,8 @@ def gpu_input_sets(spec: KernelSpec, shape: dict, dtype: torch.dtype, seed: int 
     return [spec.make_inputs(shape, dtype, "cuda", gen) for _ in range(INPUT_SETS)]
 
 
-def _compiled_reference(spec: KernelSpec):
+def compiled_reference(spec: KernelSpec):
+    """torch.compile of the reference as the harness's "vs compile" column runs it."""
     import torch._dynamo
 
     torch._dynamo.config.cache_size_limit = 64
@@ -78,7 +79,7 @@ def _time_compile(spec, input_sets, device, shape, dtype, reuse: bool) -> tuple[
     if reuse and key in cache:
         return cache[key]["us"], f"{COMPILE_MODE}, reused from {cache[key]['date']}"
     try:
-        us = timing.time_fn(_compiled_reference(spec), input_sets, device).median_us
+        us = timing.time_fn(compiled_reference(spec), input_sets, device).median_us
     except Exception as e:  # a compiler failure is the baseline's problem, not the kernel's
         return None, f"torch.compile failed: {type(e).__name__}: {str(e)[:200]}"
     cache[key] = {"us": us, "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}

@@ -209,6 +209,7 @@ def time_variants(files: dict, failed_builds: dict) -> dict[str, dict]:
     import torch
 
     from autokernel import timing
+    from autokernel.perf import gpu_input_sets
     from autokernel.registry import get_spec
 
     rows = {}
@@ -216,8 +217,8 @@ def time_variants(files: dict, failed_builds: dict) -> dict[str, dict]:
         if type_ == "flash_attention":
             continue  # ~9 ms a call: the harness row is enough
         spec = get_spec(type_)
-        shape, gen = spec.bench_shape, torch.Generator(device="cuda").manual_seed(0)
-        inputs = [spec.make_inputs(shape, torch.float16, torch.device("cuda"), gen) for _ in range(3)]
+        shape = spec.bench_shape
+        inputs = gpu_input_sets(spec, shape, torch.float16)
         want = spec.reference(*inputs[0]).float()
         for config, path in pairs:
             label = _label(type_, config)

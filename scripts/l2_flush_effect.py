@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 from autokernel import gpu, timing  # noqa: E402
 from autokernel.kernelfile import import_kernel  # noqa: E402
-from autokernel.perf import _compiled_reference, gpu_input_sets  # noqa: E402
+from autokernel.perf import compiled_reference, gpu_input_sets  # noqa: E402
 from autokernel.registry import get_spec  # noqa: E402
 
 TYPES = ["reduce", "cross_entropy", "rmsnorm", "layernorm", "softmax", "rotary_embedding"]
@@ -34,7 +34,7 @@ def time_type(ktype: str) -> dict:
     shape = spec.bench_shape
     sets = gpu_input_sets(spec, shape, torch.float16)
     fns = {"kernel": import_kernel(ROOT / "kernels" / f"{ktype}.py").kernel_fn, "eager": spec.reference,
-           "compile": _compiled_reference(spec)}
+           "compile": compiled_reference(spec)}
     nbytes = spec.bytes_moved(shape, torch.float16)
     row = {"bytes": nbytes}
     for name, fn in fns.items():

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from autokernel import checking, timing  # noqa: E402
 from autokernel.kernelfile import declarations, import_kernel  # noqa: E402
-from autokernel.perf import _compiled_reference, gpu_input_sets  # noqa: E402
+from autokernel.perf import compiled_reference, gpu_input_sets  # noqa: E402
 from autokernel.registry import get_spec  # noqa: E402
 
 REPS = 60  # timed runs per configuration: enough to rank, few enough to try many
@@ -81,7 +81,7 @@ def compare(path: Path, rounds: int, configs: list[dict]):
     spec = get_spec(decl["KERNEL_TYPE"])
     defaults = {name: decl[name] for name in decl.get("TUNABLES", {})}
     sets, expected = _inputs(spec)
-    compiled = _compiled_reference(spec)
+    compiled = compiled_reference(spec)
     times = {"torch.compile": [], "defaults": []} | {str(c): [] for c in configs}
     for _ in range(rounds):
         times["torch.compile"].append(timing.time_gpu(compiled, sets, reps=REPS).median_us)

@@ -14,7 +14,8 @@ Thread 0 fetches the row's target and its logit while the row's loads are in fli
 a template parameter (1, 2, 4, ... CACHED_PACKS), picked per launch as in rmsnorm (ak::launch_cached);
 longer rows and rows that cannot be vectorized take the streaming kernel: an online softmax where each
 thread issues UNROLL pack loads before folding them into a running max m and sum s of exp(x - m),
-rescaling s once per UNROLL packs when m grows. The first round streamed the bench row (64 KB, UNROLL 4) and reached 74% of copy.
+rescaling s once per UNROLL packs when m grows. The first round streamed the bench row (64 KB, UNROLL 4)
+and reached 74% of copy.
 loss = log(sum) + max - x[target]. Rows whose target is IGNORE_INDEX (-100, as in F.cross_entropy) count
 for nothing. Per-row losses go to an fp32 buffer and a second one-block kernel takes the mean in fp64 in a
 fixed order: bitwise reproducible, no atomics. exp is exp2((x - m) * log2(e)) with one ex2.approx (~1e-6
