@@ -70,29 +70,61 @@ def compare(out, expected: torch.Tensor, dtype: torch.dtype, atol: float, rtol: 
 def checked_call(kernel_fn, spec: KernelSpec, inputs, what: str, tol_scale: float = 1.0):
     """Run kernel_fn once under every guard and check its output. Returns the output.
 
-    `what` names the check (shape and dtype) for the failure message.
+    `what` names the check (shape and dtype) for the failure message. The oracle is computed from copies
+    of the inputs taken before the kernel ran, and the inputs must come back unchanged.
     """
+    pristine = pristine_copies(inputs)
     watch = guards.AtenWatch()
     with guards.poisoned_allocations(), watch:
         out = kernel_fn(*inputs)
+        poisoned = torch.utils.deterministic.fill_uninitialized_memory and torch.are_deterministic_algorithms_enabled()
+    if not poisoned:
+        raise guards.GuardFailed(f"{what}: the kernel turned off the NaN fill of new allocations")
     if watch.forbidden:
         ops = ", ".join(f"aten.{op}" for op in watch.forbidden[:5])
         raise CheckFailed(f"{what}: the kernel hands the work to PyTorch ({ops}); "
                           "kernel_fn may allocate, view and copy tensors, the computing is the kernel's")
-    verify_output(out, spec, inputs, what, tol_scale)
+    verify_output(out, spec, inputs, what, tol_scale, pristine)
     return out
 
 
-def verify_output(out, spec: KernelSpec, inputs, what: str, tol_scale: float = 1.0) -> None:
+def pristine_copies(inputs) -> tuple:
+    """Copies of the tensor inputs, to compute the oracle from and to tell whether the kernel wrote them."""
+    return tuple(x.clone() if isinstance(x, torch.Tensor) else x for x in inputs)
+
+
+def modified_inputs(inputs, pristine) -> list[int]:
+    return [i for i, (x, p) in enumerate(zip(inputs, pristine))
+            if isinstance(x, torch.Tensor) and not bitwise_equal(x, p)]
+
+
+def bitwise_equal(a, b) -> bool:
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return torch.equal(a.reshape(-1).contiguous().view(torch.uint8), b.reshape(-1).contiguous().view(torch.uint8))
+
+
+def verify_output(out, spec: KernelSpec, inputs, what: str, tol_scale: float = 1.0, pristine=None) -> None:
+    """Check out against the oracle of `pristine` (copies of the inputs from before the call; the inputs
+    themselves when the caller kept none), and that the kernel left the inputs as they were."""
     if isinstance(out, torch.Tensor):
+        if type(out) is not torch.Tensor:  # a subclass could answer the checker's own calls
+            raise guards.GuardFailed(f"{what}: kernel_fn returned a {type(out).__name__}, a Tensor subclass; "
+                                     "it must return a plain torch.Tensor")
         aliased = guards.aliased_input(out, inputs)
         if aliased is not None:
             raise CheckFailed(f"{what}: the output shares memory with input {aliased}; "
                               "a kernel must write a fresh output")
-    dtype = out_dtype(inputs)
+    if pristine is not None:
+        changed = modified_inputs(inputs, pristine)
+        if changed:
+            raise guards.GuardFailed(f"{what}: the kernel modified its input {changed[0]} (kernel_fn must leave "
+                                     "its inputs as they were; the oracle sees copies taken before the call)")
+    reference_inputs = inputs if pristine is None else pristine
+    dtype = out_dtype(reference_inputs)
     atol, rtol = (tol_scale * t for t in spec.tolerance(dtype))
-    scale = spec.error_scale(upcast(inputs)) if spec.error_scale else None
-    reason = compare(out, oracle(spec, inputs), dtype, atol, rtol, scale)
+    scale = spec.error_scale(upcast(reference_inputs)) if spec.error_scale else None
+    reason = compare(out, oracle(spec, reference_inputs), dtype, atol, rtol, scale)
     if reason:
         raise CheckFailed(f"{what}: {reason}")
 

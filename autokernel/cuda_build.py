@@ -166,6 +166,7 @@ def load(name: str, cuda_source: str, prototypes: list[str], arch: str | None = 
     """The compiled module exposing the launchers (built once per source, then imported from the cache)."""
     arch = arch or detect_arch()
     cpp_source = binding_source(prototypes)
+    _check_sources(name, cuda_source, cpp_source)
     key = source_hash(cuda_source, cpp_source, arch)
     if key in _loaded:
         return _loaded[key]
@@ -288,6 +289,17 @@ def dtype_code(t) -> int:
     if code is None:
         raise TypeError(f"CUDA kernels take float16, bfloat16 or float32 tensors, not {t.dtype}")
     return code
+
+
+def _check_sources(name: str, cuda_source: str, cpp_source: str) -> None:
+    """The static check of CUDA C++ (autokernel.sourcecheck) on the sources as built, however they were
+    put together: a host-side escape never reaches the compiler."""
+    from autokernel import guards, sourcecheck
+
+    for what, source in (("CUDA source", cuda_source), ("binding source", cpp_source)):
+        found = sourcecheck.check_cuda(source)
+        if found:
+            raise guards.GuardFailed(f"static check of {name}'s {what}: {found[0]}")
 
 
 def stream_of(t) -> int:

@@ -3,7 +3,7 @@
 Each guard turns one way of cheating into a FAIL with a reason:
   - handing the work to PyTorch: every aten op the kernel dispatches is watched; allocation, views,
     copies and metadata are fine, compute is not;
-  - reaching for the reference or a compiler in the source (`import reference`, `torch.compile`);
+  - reaching for the reference, a compiler or the harness itself in the source: autokernel.sourcecheck;
   - leaving output elements unwritten: fresh allocations are filled with NaN while checking;
   - returning (a view of) an input as the output.
 Caching across calls and speed only on seen inputs are caught by the harness itself (it refills the
@@ -13,9 +13,6 @@ roofline check in timing.
 
 from __future__ import annotations
 
-import io
-import re
-import tokenize
 from contextlib import contextmanager
 
 import torch
@@ -32,12 +29,10 @@ ALLOWED_ATEN_OPS = frozenset("""
     _local_scalar_dense is_same_size record_stream
 """.split())
 
-FORBIDDEN_SOURCE = [
-    (re.compile(r"^\s*(from|import)\s+reference\b", re.M), "imports reference.py"),
-    (re.compile(r"\btorch\.compile\b"), "calls torch.compile"),
-    (re.compile(r"\btorch\._inductor\b"), "uses torch._inductor"),
-    (re.compile(r"\b(from|import)\s+autokernel\.specs\b"), "imports the harness's specs"),
-]
+
+class GuardFailed(Exception):
+    """The kernel reached for the verdict instead of doing the work (the static check, the fingerprints, a
+    forged result, an input it changed, a timing the host clock contradicts); the message names how."""
 
 
 class AtenWatch(TorchDispatchMode):
@@ -52,21 +47,6 @@ class AtenWatch(TorchDispatchMode):
         if name not in ALLOWED_ATEN_OPS and name not in self.forbidden:
             self.forbidden.append(name)
         return func(*args, **(kwargs or {}))
-
-
-def _code_only(source: str) -> str:
-    """The source with comments and string literals blanked: a docstring may name torch.compile."""
-    try:
-        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
-    except (tokenize.TokenError, SyntaxError):
-        return source
-    kept = [tok for tok in tokens if tok.type not in (tokenize.COMMENT, tokenize.STRING)]
-    return tokenize.untokenize(kept)
-
-
-def source_violations(source: str) -> list[str]:
-    code = _code_only(source)
-    return [reason for pattern, reason in FORBIDDEN_SOURCE if pattern.search(code)]
 
 
 @contextmanager

@@ -12,7 +12,6 @@ shapes), 3 numerical stability on adversarial inputs, 4 determinism (three runs,
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import sys
@@ -22,7 +21,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from autokernel import checking, compat, gpu, guards, kernelfile
+from autokernel import channel, checking, compat, gpu, guards, integrity, kernelfile, perf, sourcecheck
 from autokernel.registry import KernelSpec, dtype_name, get_spec, parse_dtype, shape_label
 
 STAGES = ("smoke", "shape_sweep", "stability", "determinism", "edge_cases")
@@ -48,7 +47,8 @@ class StageResult:
 
 
 class Harness:
-    def __init__(self, module, spec: KernelSpec, device: str, quick: bool, seed: int):
+    def __init__(self, module, spec: KernelSpec, device: str, quick: bool, seed: int,
+                 watch: integrity.Watch | None = None):
         # a spec with bind (a KernelBench problem) makes the callable from the module: ModelNew with weights
         self.fn = spec.bind(module, device) if spec.bind else module.kernel_fn
         self.spec = spec
@@ -57,6 +57,7 @@ class Harness:
         self.quick = quick
         self.seed = seed
         self.calls = 0
+        self.watch = watch
         self.model_shapes = self._model_shapes(getattr(module, "MODEL_SHAPES", None) or [])
 
     def _model_shapes(self, shapes):
@@ -79,7 +80,7 @@ class Harness:
     def call(self, inputs, what: str, tol_scale: float = 1.0):
         try:
             out = checking.checked_call(self.fn, self.spec, inputs, what, tol_scale)
-        except checking.CheckFailed:
+        except (checking.CheckFailed, guards.GuardFailed):
             raise
         except Exception as e:
             raise KernelCrashed(f"{what}: kernel_fn raised {type(e).__name__}: {e}") from e
@@ -129,7 +130,7 @@ class Harness:
             first = self.call(inputs, f"determinism {checking.describe(shape, dtype)}")
             for run in (2, 3):
                 again = self.call(inputs, f"determinism run {run}")
-                if not _bitwise_equal(first, again):
+                if not checking.bitwise_equal(first, again):
                     raise checking.CheckFailed(
                         f"{checking.describe(shape, dtype)}: run {run} differs bitwise from run 1 on the same "
                         "input (a race or an order-dependent reduction such as float atomics)")
@@ -156,6 +157,7 @@ class Harness:
             start = time.perf_counter()
             try:
                 checks = getattr(self, name)()
+                self.check_integrity(f"after stage {name}")
                 results.append(StageResult(name, True, checks, seconds=time.perf_counter() - start))
                 print(f"stage {i}/5 {name:<12} PASS  {checks} checks, {time.perf_counter() - start:.1f} s")
             except checking.CheckFailed as e:
@@ -165,16 +167,12 @@ class Harness:
             sys.stdout.flush()
         return results
 
-
-def _bitwise_equal(a, b) -> bool:
-    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.shape != b.shape:
-        return False
-    return torch.equal(a.reshape(-1).contiguous().view(torch.uint8), b.reshape(-1).contiguous().view(torch.uint8))
+    def check_integrity(self, when: str, ignore_threads: bool = False) -> None:
+        if self.watch is not None:
+            self.watch.check(when, ignore_threads)
 
 
 def _timing(harness: Harness, module, dtype, reuse_baselines: bool) -> dict:
-    from autokernel import perf
-
     spec, device = harness.spec, harness.device
     shape = harness.model_shapes[0] if harness.model_shapes else spec.timing_shape(harness.small)
     if dtype not in spec.dtypes:  # e.g. the fp16 default on a KernelBench problem, which is fp32
@@ -183,7 +181,7 @@ def _timing(harness: Harness, module, dtype, reuse_baselines: bool) -> dict:
         dtype = spec.dtypes[0]
     start = time.perf_counter()
     result = perf.measure(harness.fn, spec, lambda: harness.inputs(shape, dtype), shape, dtype, device,
-                          reuse_baselines)
+                          reuse_baselines, after_kernel=lambda: harness.check_integrity("after timing"))
     label = "" if device == "cuda" else "  [CPU interpreter: not a performance figure]"
     print(f"timing {shape_label(shape)} {dtype_name(dtype)}{label}")
     print(f"  kernel         {result.latency_us:12.1f} us  (noise +-{result.noise_pct:.1f}%)")
@@ -206,18 +204,41 @@ def _timing(harness: Harness, module, dtype, reuse_baselines: bool) -> dict:
 
 
 def _load(path: str, device: str = "cuda"):
-    """The kernel module and its spec; KernelFileError or KeyError says what is wrong."""
+    """The kernel module, its spec and the integrity watch; KernelFileError, KeyError or GuardFailed says
+    what is wrong. The source passes the static check before it is imported, and everything the verdict
+    depends on is fingerprinted before the import and checked right after it."""
     source = kernelfile.read_source(path)
-    ktype = kernelfile.kernel_type(source, os.path.basename(path))
-    if kernelfile.declarations(source, os.path.basename(path)).get("BACKEND") == "cuda" and device != "cuda":
-        raise NeedsGPU(f"needs a GPU: {os.path.basename(path)} is a CUDA C++ kernel (BACKEND = \"cuda\"), compiled "
+    name = os.path.basename(path)
+    ktype = kernelfile.kernel_type(source, name)
+    violations = sourcecheck.violations(source, name)
+    if violations:
+        more = f" (and {len(violations) - 1} more: {'; '.join(violations[1:4])})" if len(violations) > 1 else ""
+        raise guards.GuardFailed(f"static check: {violations[0]}{more}")
+    if kernelfile.declarations(source, name).get("BACKEND") == "cuda" and device != "cuda":
+        raise NeedsGPU(f"needs a GPU: {name} is a CUDA C++ kernel (BACKEND = \"cuda\"), compiled "
                        "with nvcc and run only on an NVIDIA GPU; bench it on a GPU machine (--device cuda)")
-    violations = guards.source_violations(source)
+    # Imported before the fingerprint: triton is the kernels' and the timing's; torch._dynamo (which the
+    # guards' deterministic mode imports) wraps torch.manual_seed and others when it first loads.
+    import torch._inductor.config  # noqa: F401
+    import triton.language  # noqa: F401
+
+    known = _known_spec(ktype)
+    watch = integrity.Watch(*([known] if known else []))
     module = kernelfile.import_kernel(path)  # a user's own type may register its spec on import
     spec = get_spec(ktype)
+    if known is None:
+        watch.extend(spec)
+    watch.check(f"after importing {name}")
     if spec.bind is None:
         kernelfile.check_signature(module.kernel_fn, spec.reference)
-    return module, spec, violations
+    return module, spec, watch
+
+
+def _known_spec(ktype: str) -> KernelSpec | None:
+    try:
+        return get_spec(ktype)
+    except KeyError:
+        return None  # a user's own type, registered by the kernel file itself
 
 
 def run(path: str, device: str, quick: bool, seed: int, dtype: str, timed: bool = True,
@@ -225,11 +246,13 @@ def run(path: str, device: str, quick: bool, seed: int, dtype: str, timed: bool 
     result = {"status": "crash", "correctness": "FAIL", "failed_stage": None, "reason": "", "stages": [],
               "seed": seed}
     try:
-        module, spec, violations = _load(path, device)
+        module, spec, watch = _load(path, device)
     except NeedsGPU as e:
         result.update(status="fail", failed_stage="device", reason=str(e))
         print(f"FAIL  {e}")
         return result
+    except guards.GuardFailed as e:
+        return _guard_failed(result, e)
     except (kernelfile.KernelFileError, KeyError) as e:
         result["reason"] = str(e).strip('"')
         return result
@@ -240,12 +263,8 @@ def run(path: str, device: str, quick: bool, seed: int, dtype: str, timed: bool 
     launched = float(os.environ.get("AUTOKERNEL_LAUNCHED_AT", time.time()))
     print(f"kernel {path}: {spec.name} on {device}{' (quick)' if quick else ''}, seed {seed} "
           f"(started in {time.time() - launched:.1f} s)")
-    if violations:
-        result.update(status="fail", failed_stage="source", reason="the kernel " + "; ".join(violations))
-        print(f"guard: FAIL  {result['reason']}")
-        return result
     try:
-        harness = Harness(module, spec, device, quick, seed)
+        harness = Harness(module, spec, device, quick, seed, watch)
     except checking.CheckFailed as e:  # e.g. a ModelNew whose parameters are not Model's
         result.update(status="fail", failed_stage="smoke", reason=str(e))
         print(f"stage 1/5 smoke        FAIL  {e}")
@@ -265,7 +284,10 @@ def run(path: str, device: str, quick: bool, seed: int, dtype: str, timed: bool 
             return result
         if timed:
             result.update(_timing(harness, module, parse_dtype(dtype), reuse_baselines))
+        harness.check_integrity("at the end", ignore_threads=True)
         result.update(status="pass", correctness="PASS")
+    except guards.GuardFailed as e:
+        return _guard_failed(result, e)
     except checking.CheckFailed as e:
         result.update(status="fail", failed_stage="timing", reason=str(e))
         print(f"timing FAIL  {e}")
@@ -273,6 +295,13 @@ def run(path: str, device: str, quick: bool, seed: int, dtype: str, timed: bool 
         result.update(status="crash", failed_stage=_current_stage(result), reason=str(e))
         print(f"CRASH  {e}")
         traceback.print_exc(file=sys.stderr)
+    return result
+
+
+def _guard_failed(result: dict, e: Exception) -> dict:
+    """The verdict for a kernel caught reaching for it: one line naming how, counted as a FAIL."""
+    result.update(status="fail", correctness="FAIL", failed_stage="guard", reason=str(e))
+    print(f"guard: FAIL  {e}")
     return result
 
 
@@ -291,15 +320,17 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="fp16", help="dtype of the timing run")
     p.add_argument("--no-timing", action="store_true")
     p.add_argument("--reuse-baselines", action="store_true")
+    p.add_argument("--key-fd", type=int, default=None,
+                   help="a pipe holding the key that signs the result (autokernel.channel); the runner passes it")
     args = p.parse_args(argv)
+    key = channel.read_key(args.key_fd) if args.key_fd is not None else None  # before any kernel code runs
     if compat.interpreting():
         compat.prepare_interpreter()
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
     result = run(args.kernel, args.device, args.quick, seed, args.dtype, timed=not args.no_timing,
                  reuse_baselines=args.reuse_baselines)
     result["gpu"] = gpu.device_name(args.device)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1, default=str)
+    channel.write(args.out, result, key)
     return 0
 
 

@@ -1,8 +1,9 @@
 """Timing a correct kernel against PyTorch eager and torch.compile, and placing it on the roofline.
 
-All three run on the same shape and dtype, in the same process, through autokernel.timing. The
-kernel's outputs from its timed runs are checked against the oracle afterwards, and once more after
-its input buffers are refilled, so a kernel that is fast only on inputs it has seen fails here.
+All three run on the same shape and dtype, in the same process, through autokernel.timing. Every timed
+run of the kernel sees inputs it has never seen (a cache gains nothing), a random sample of those runs is
+checked against the oracle, the kernel runs once more on refilled buffers, and on a GPU the event median
+must agree with the host clock's GPU time per call over a synchronized batch.
 A time under the physical floor (datasheet bandwidth and FLOP rate) is a FAIL, not a record.
 """
 
@@ -18,10 +19,20 @@ from pathlib import Path
 
 import torch
 
-from autokernel import checking, gpu, timing
+from autokernel import checking, gpu, guards, timing
 from autokernel.registry import KernelSpec, shape_label
 
-INPUT_SETS = 3  # rotated during timing
+INPUT_SETS = 3  # rotated while timing the baselines (the kernel sees a fresh set every run)
+CHECKED_RUNS = 3  # timed runs of the kernel, drawn at random, whose outputs are checked against the oracle
+# The host-clock cross-check: a batch of about HOST_CLOCK_BATCH_US of GPU work, HOST_CLOCK_MIN_CALLS to
+# HOST_CLOCK_MAX_CALLS calls. Honest kernels time at or above the host clock's figure (the events pay an
+# L2 flush and fresh inputs; the batch runs back to back on warm data), so 15% under it, less 2 us of
+# event resolution, is work the events did not see.
+HOST_CLOCK_BATCH_US = 20_000
+HOST_CLOCK_MIN_CALLS = 3
+HOST_CLOCK_MAX_CALLS = 200
+HOST_CLOCK_AGREEMENT = 0.85
+HOST_CLOCK_SLACK_US = 2.0
 ROOFLINE_SLACK = 0.8  # a time below 80% of the physical floor cannot be real
 COMPILE_MODE = "max-autotune-no-cudagraphs"
 BASELINE_CACHE = Path(__file__).resolve().parent.parent / "workspace" / "baseline_cache.json"
@@ -41,6 +52,7 @@ class PerfResult:
     pct_peak: float | None
     peak_vram_mb: float | None
     ceilings: dict | None
+    host_clock_us: float | None = None  # GPU time per call by the host clock (the events' cross-check)
 
     @property
     def speedup_vs_pytorch(self):
@@ -91,17 +103,35 @@ def _time_compile(spec, input_sets, device, shape, dtype, reuse: bool) -> tuple[
 
 
 def _check_timed_outputs(fn, spec, input_sets, timed):
-    for k, out in timed.last_outputs.items():
-        checking.verify_output(out, spec, input_sets[k], f"output of timed run on input set {k}")
+    for inputs, pristine, out in timed.checked:
+        checking.verify_output(out, spec, inputs, "output of a timed run, drawn at random", pristine=pristine)
     for old, new in zip(input_sets[0], input_sets[1]):
         if isinstance(old, torch.Tensor):
             old.copy_(new.flip(0) if new.dim() else new)
     checking.checked_call(fn, spec, input_sets[0], "after timing, input buffers refilled with new values")
 
 
-def measure(fn, spec: KernelSpec, make_inputs, shape, dtype, device, reuse_baselines=False) -> PerfResult:
+def _host_clock_guard(fn, input_sets, event_us: float) -> float | None:
+    """The CUDA-event median against the host clock's GPU time per call (timing.host_clock_us). Events
+    that see less than the host clock does miss work: moved to a side stream or a thread, left lazy, or
+    timers patched. GuardFailed with both numbers."""
+    calls = int(min(HOST_CLOCK_MAX_CALLS, max(HOST_CLOCK_MIN_CALLS, HOST_CLOCK_BATCH_US / max(event_us, 1.0))))
+    wall_us = timing.host_clock_us(fn, input_sets, calls)
+    if wall_us is not None and event_us < HOST_CLOCK_AGREEMENT * wall_us - HOST_CLOCK_SLACK_US:
+        raise guards.GuardFailed(
+            f"timed at {event_us:.1f} us by CUDA events but {wall_us:.1f} us per call by the host clock over "
+            f"{calls} synchronized calls (more than {100 * (1 - HOST_CLOCK_AGREEMENT):.0f}% apart): the events "
+            "miss work (a side stream, a thread, a lazy output or a patched timer)")
+    return wall_us
+
+
+def measure(fn, spec: KernelSpec, make_inputs, shape, dtype, device, reuse_baselines=False,
+            after_kernel=None) -> PerfResult:
     """Time fn on `shape`; make_inputs() gives a fresh input set each call.
 
+    Every timed run of fn sees a fresh input set, a few of them drawn at random are checked against the
+    oracle, and on a GPU the event median is cross-checked with the host clock. after_kernel() runs once
+    the kernel is timed and checked, before the baselines (the harness checks its fingerprints there).
     With reuse_baselines, torch.compile's time comes from an earlier run on the same GPU, torch, shape
     and reference (the loop benches one shape hundreds of times; compiling it each time costs seconds).
     """
@@ -110,9 +140,12 @@ def measure(fn, spec: KernelSpec, make_inputs, shape, dtype, device, reuse_basel
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base_mb = torch.cuda.memory_allocated() / 2**20
-    timed = timing.time_fn(fn, input_sets, device, keep_outputs=True)
+    timed = timing.time_fn(fn, None, device, fresh=make_inputs, check_runs=CHECKED_RUNS)
     peak_mb = torch.cuda.max_memory_allocated() / 2**20 - base_mb if device == "cuda" else None
     _check_timed_outputs(fn, spec, input_sets, timed)
+    host_clock = _host_clock_guard(fn, input_sets, timed.median_us) if device == "cuda" else None
+    if after_kernel is not None:
+        after_kernel()
     eager_us = timing.time_fn(spec.reference, input_sets, device).median_us
     compile_us, compile_note = _time_compile(spec, input_sets, device, shape, dtype, reuse_baselines)
 
@@ -128,7 +161,7 @@ def measure(fn, spec: KernelSpec, make_inputs, shape, dtype, device, reuse_basel
         shape=shape, dtype=str(dtype).replace("torch.", ""), latency_us=timed.median_us,
         noise_pct=timed.spread_pct, eager_us=eager_us, compile_us=compile_us, compile_note=compile_note,
         throughput_tflops=nflops / seconds / 1e12, bandwidth_gb_s=nbytes / seconds / 1e9,
-        pct_peak=pct, peak_vram_mb=peak_mb, ceilings=ceil.__dict__ if ceil else None,
+        pct_peak=pct, peak_vram_mb=peak_mb, ceilings=ceil.__dict__ if ceil else None, host_clock_us=host_clock,
     )
 
 

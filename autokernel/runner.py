@@ -12,7 +12,6 @@ runs in a fresh process and its log says why in one line.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -23,11 +22,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from autokernel import gpu, zygote
+from autokernel import channel, gpu, zygote
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_TIMEOUT_S = {"cuda": 300, "cpu": 600}  # the interpreter is ~1000x slower than a GPU
 ERROR_TAIL_LINES = 25
+HARNESS_COMMAND = zygote.HARNESS_MODULE_COMMAND  # what a child runs (tests put an unguarded harness here)
 MAX_WARM_RESTARTS = 3  # a warm launcher that keeps dying is given up on; benches go on in fresh processes
 
 
@@ -92,13 +92,19 @@ def _watch(proc, timeout: float, echo: bool, launcher: str, out_lines: list) -> 
     return _Run(proc.returncode, timed_out, out_lines, err_lines, launcher)
 
 
-def _run_fresh(args: list, env: dict, timeout: float, echo: bool, out_lines: list) -> _Run:
-    proc = subprocess.Popen([sys.executable, "-m", "autokernel.harness", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT, env=env, start_new_session=True)
+def _run_fresh(args: list, env: dict, timeout: float, echo: bool, out_lines: list, key: bytes) -> _Run:
+    key_fd = channel.key_pipe(key)
+    try:
+        proc = subprocess.Popen([sys.executable, *HARNESS_COMMAND, *args, "--key-fd", str(key_fd)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT, env=env,
+                                start_new_session=True, pass_fds=(key_fd,))
+    finally:
+        os.close(key_fd)
     return _watch(proc, timeout, echo, "fresh", out_lines)
 
 
-def _run_warm(args: list, env: dict, timeout: float, echo: bool, warm: bool | None) -> tuple[_Run | None, str]:
+def _run_warm(args: list, env: dict, timeout: float, echo: bool, warm: bool | None,
+              key: bytes) -> tuple[_Run | None, str]:
     """The harness forked from the zygote: (the run, "") or, when it cannot be used, (None, why)."""
     if warm is False:
         return None, ""
@@ -110,13 +116,15 @@ def _run_warm(args: list, env: dict, timeout: float, echo: bool, warm: bool | No
         return None, ""
     if not launcher.lock.acquire(blocking=False):
         return None, "busy with another bench"
+    key_fd = channel.key_pipe(key)
     try:
-        child = launcher.launch(args, env, REPO_ROOT)
+        child = launcher.launch(args, env, REPO_ROOT, key_fd, HARNESS_COMMAND)
         _counts["warm"] += 1
         return _watch(child, timeout, echo, "warm", []), ""
     except (zygote.ZygoteError, OSError, KeyError) as e:  # a misbehaving zygote costs one bench its warmth
         return None, f"{type(e).__name__}: {e}" if not isinstance(e, zygote.ZygoteError) else str(e)
     finally:
+        os.close(key_fd)  # the zygote's child holds its own copy
         launcher.lock.release()
 
 
@@ -142,7 +150,8 @@ def run_bench(kernel_path, device: str | None = None, quick: bool = False, timeo
         out_json = os.path.join(tmp, "result.json")
         args = _harness_args(kernel_path, device, out_json, quick, dtype, seed, timed, reuse_baselines)
         start = time.perf_counter()
-        run, why_not = _run_warm(args, _launch_env(device), timeout, echo, warm)
+        key = channel.new_key()  # one per bench: only this child can sign this result
+        run, why_not = _run_warm(args, _launch_env(device), timeout, echo, warm, key)
         if run is None:
             out_lines = []
             if why_not:  # a zygote was wanted: say once why this bench did not use it
@@ -150,8 +159,8 @@ def run_bench(kernel_path, device: str | None = None, quick: bool = False, timeo
                 _note(out_lines, f"note: warm launcher not used ({why_not}); starting a fresh process", echo)
                 if os.path.exists(out_json):
                     os.remove(out_json)  # from a child the zygote's death interrupted
-            run = _run_fresh(args, _launch_env(device), timeout, echo, out_lines)
-        result = _read_result(out_json, run.returncode, run.timed_out, timeout, run.err_lines)
+            run = _run_fresh(args, _launch_env(device), timeout, echo, out_lines, key)
+        result = _read_result(out_json, run.returncode, run.timed_out, timeout, run.err_lines, key)
     # The child names the GPU it ran on (the parent never initializes CUDA just for a label); a child
     # that died before saying so leaves the device kind.
     result.setdefault("gpu", gpu.device_name("cpu") if device == "cpu" else device)
@@ -171,13 +180,16 @@ def _note(out_lines: list, line: str, echo: bool) -> None:
         print(line, flush=True)
 
 
-def _read_result(out_json, returncode, timed_out, timeout, err_lines) -> dict:
+def _read_result(out_json, returncode, timed_out, timeout, err_lines, key: bytes) -> dict:
     base = {"correctness": "FAIL", "stages": [], "failed_stage": None}
     if timed_out:
         return {**base, "status": "timeout", "reason": f"no result within the {timeout:.0f} s time limit (a hang?)"}
     if os.path.exists(out_json) and returncode == 0:
-        with open(out_json) as f:
-            return json.load(f)
+        try:
+            return channel.read(out_json, key)
+        except channel.ForgedResult as e:
+            return {**base, "status": "fail", "failed_stage": "guard",
+                    "reason": f"forged result: {e}; the kernel's code wrote or changed it"}
     tail = "".join(err_lines[-ERROR_TAIL_LINES:]).strip() or "(no error output)"
     how = f"killed by signal {-returncode}" if returncode < 0 else f"exit code {returncode}"
     return {**base, "status": "crash", "reason": f"the harness process died ({how}):\n{tail}"}

@@ -8,6 +8,7 @@ interpreter) the host clock is used, and the number is not a performance figure.
 
 from __future__ import annotations
 
+import random
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -28,6 +29,7 @@ class Timing:
     median_us: float
     samples_us: list[float]
     last_outputs: dict = field(default_factory=dict)  # input-set index -> output of its last run
+    checked: list = field(default_factory=list)  # (inputs, pristine copies, output) of sampled fresh-input runs
 
     @property
     def spread_pct(self) -> float:
@@ -36,6 +38,29 @@ class Timing:
             return 0.0
         q = statistics.quantiles(self.samples_us, n=4)
         return 50.0 * (q[2] - q[0]) / self.median_us
+
+
+class _Inputs:
+    """Where each run's inputs come from: rotated fixed sets, or (untrusted code) a fresh set every run,
+    whose contents no cache keyed by pointer, version counter or id has seen; `check_runs` timed runs
+    drawn at random keep copies of their inputs and their output for the oracle."""
+
+    def __init__(self, input_sets, fresh, check_runs: int, reps: int):
+        self.sets, self.fresh = input_sets, fresh
+        self.check = set(random.SystemRandom().sample(range(reps), min(check_runs, reps))) if fresh else set()
+        self.checked = []
+
+    def get(self, i: int) -> tuple:
+        return self.fresh() if self.fresh else self.sets[i % len(self.sets)]
+
+    def keep(self, i: int, inputs, pristine, out) -> None:
+        if i in self.check:
+            self.checked.append((inputs, pristine, out))
+
+    def pristine(self, i: int, inputs):
+        if i not in self.check:
+            return None
+        return tuple(x.clone() if isinstance(x, torch.Tensor) else x for x in inputs)
 
 
 _flush_buffer: torch.Tensor | None = None
@@ -55,54 +80,107 @@ def _flush_l2(dirty: bool = True):
         _flush_buffer.max()
 
 
-def time_gpu(fn: Callable, input_sets: Sequence[tuple], reps: int | None = None,
-             keep_outputs: bool = False, dirty_flush: bool = True) -> Timing:
-    """Median time of fn(*inputs) over rotated input sets, with L2 flushed before each run."""
+def time_gpu(fn: Callable, input_sets: Sequence[tuple] | None, reps: int | None = None,
+             keep_outputs: bool = False, dirty_flush: bool = True, fresh: Callable[[], tuple] | None = None,
+             check_runs: int = 0) -> Timing:
+    """Median time of fn(*inputs) with the L2 flushed before each run. Inputs rotate over input_sets, or,
+    with fresh, are a new set every run (made outside the timed region)."""
+    source = _Inputs(input_sets, fresh, 0, 1)
     for i in range(WARMUP_RUNS):
-        fn(*input_sets[i % len(input_sets)])
+        fn(*source.get(i))
     torch.cuda.synchronize()
     if reps is None:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        inputs = source.get(0)
         start.record()
-        fn(*input_sets[0])
+        fn(*inputs)
         end.record()
         torch.cuda.synchronize()
         estimate_ms = max(start.elapsed_time(end), 1e-3)
         reps = int(min(MAX_RUNS, max(MIN_RUNS, TARGET_MS / estimate_ms)))
+    source = _Inputs(input_sets, fresh, check_runs, reps)
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     outputs = {}
     for i in range(reps):
-        k = i % len(input_sets)
+        inputs = source.get(i)
+        pristine = source.pristine(i, inputs)
         _flush_l2(dirty_flush)
         starts[i].record()
-        out = fn(*input_sets[k])
+        out = fn(*inputs)
         ends[i].record()
+        source.keep(i, inputs, pristine, out)
         if keep_outputs:
-            outputs[k] = out
+            outputs[i % len(input_sets)] = out
     torch.cuda.synchronize()
     samples = [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]
-    return Timing(statistics.median(samples), samples, outputs)
+    return Timing(statistics.median(samples), samples, outputs, source.checked)
 
 
-def time_cpu(fn: Callable, input_sets: Sequence[tuple], reps: int = CPU_RUNS,
-             keep_outputs: bool = False) -> Timing:
-    fn(*input_sets[0])
+def time_cpu(fn: Callable, input_sets: Sequence[tuple] | None, reps: int = CPU_RUNS,
+             keep_outputs: bool = False, fresh: Callable[[], tuple] | None = None, check_runs: int = 0) -> Timing:
+    source = _Inputs(input_sets, fresh, check_runs, reps)
+    fn(*source.get(0))
     samples, outputs = [], {}
     for i in range(reps):
-        k = i % len(input_sets)
+        inputs = source.get(i)
+        pristine = source.pristine(i, inputs)
         t0 = time.perf_counter()
-        out = fn(*input_sets[k])
+        out = fn(*inputs)
         samples.append((time.perf_counter() - t0) * 1e6)
+        source.keep(i, inputs, pristine, out)
         if keep_outputs:
-            outputs[k] = out
-    return Timing(statistics.median(samples), samples, outputs)
+            outputs[i % len(input_sets)] = out
+    return Timing(statistics.median(samples), samples, outputs, source.checked)
 
 
-def time_fn(fn: Callable, input_sets: Sequence[tuple], device: str, keep_outputs: bool = False) -> Timing:
+def time_fn(fn: Callable, input_sets: Sequence[tuple] | None, device: str, keep_outputs: bool = False,
+            fresh: Callable[[], tuple] | None = None, check_runs: int = 0) -> Timing:
     if device == "cuda":
-        return time_gpu(fn, input_sets, keep_outputs=keep_outputs)
-    return time_cpu(fn, input_sets, keep_outputs=keep_outputs)
+        return time_gpu(fn, input_sets, keep_outputs=keep_outputs, fresh=fresh, check_runs=check_runs)
+    return time_cpu(fn, input_sets, keep_outputs=keep_outputs, fresh=fresh, check_runs=check_runs)
+
+
+def host_clock_us(fn: Callable, input_sets: Sequence[tuple], calls: int) -> float | None:
+    """GPU time per call of fn by the host clock, with no CUDA event involved: the GPU spins while the host
+    queues `calls` calls, which then run back to back, so launch costs are hidden; the spin alone is
+    timed the same way and subtracted. The device-wide synchronize waits for work on every stream.
+    None when the host could not queue the batch within the longest spin."""
+    cycles = _spin_cycles_per_us() * SPIN_START_US
+    for _ in range(SPIN_TRIES):
+        spin_us = statistics.median(_spin_batch_us(None, (), 0, cycles)[0] for _ in range(3))
+        batch_us, queued_us = _spin_batch_us(fn, input_sets, calls, cycles)
+        if queued_us < SPIN_COVER * spin_us:
+            return max(batch_us - spin_us, 0.0) / calls
+        cycles *= 4  # the host took longer to queue the calls than the GPU spun: spin longer
+    return None
+
+
+SPIN_START_US = 2000  # the first spin; a slow host gets up to SPIN_TRIES longer ones
+SPIN_TRIES = 3
+SPIN_COVER = 0.8  # the calls must be queued within this part of the spin, else it did not hide them
+_spin_rate: float | None = None
+
+
+def _spin_cycles_per_us() -> float:
+    global _spin_rate
+    if _spin_rate is None:
+        probe = 1_000_000
+        _spin_batch_us(None, (), 0, probe)  # the spin kernel's first launch loads it
+        _spin_rate = probe / statistics.median(_spin_batch_us(None, (), 0, probe)[0] for _ in range(3))
+    return _spin_rate
+
+
+def _spin_batch_us(fn, input_sets, calls: int, cycles: float) -> tuple[float, float]:
+    """(wall time from the spin's launch to the device being idle, time to queue the calls), in us."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    torch.cuda._sleep(int(cycles))
+    for i in range(calls):
+        fn(*input_sets[i % len(input_sets)])
+    queued = time.perf_counter()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) * 1e6, (queued - t0) * 1e6
 
 
 def cuda_graphed(fn: Callable, example: tuple, warmup: int = 3) -> Callable:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import runpy
 import select
 import signal
 import socket
@@ -48,7 +49,8 @@ MAX_MESSAGE_BYTES = 1 << 20  # one request: argv, environment (a few KB), workin
 # Variables that may differ between the zygote and a request (any other difference starts a new zygote:
 # which variables a library reads at import is unknowable). pytest renames the test phase in its own.
 PER_REQUEST_VARS = frozenset({"AUTOKERNEL_LAUNCHED_AT", "PYTEST_CURRENT_TEST"})
-STDERR_TAIL_CHARS = 2000  # of the zygote's own error output, quoted when it fails to start
+STDERR_TAIL_CHARS = 2000
+HARNESS_MODULE_COMMAND = ["-m", "autokernel.harness"]  # of the zygote's own error output, quoted when it fails to start
 
 
 class ZygoteError(Exception):
@@ -148,7 +150,7 @@ def serve(sock: socket.socket) -> dict | None:
     child, whose stdio, session, environment and working directory are then set up."""
     while True:
         try:
-            data, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE_BYTES, 2)
+            data, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE_BYTES, 3)  # stdout, stderr, the result key
         except OSError:
             return None
         if not data:
@@ -176,8 +178,10 @@ def _become_child(request: dict, fds: list) -> None:
     os.setsid()  # its own process group: a timeout kills the child and all it started
     os.dup2(fds[0], 1)
     os.dup2(fds[1], 2)
-    for fd in fds:
+    for fd in fds[:2]:
         os.close(fd)
+    if len(fds) > 2:  # the pipe holding the result key (autokernel.channel) stays open for the harness
+        request["args"] = [*request["args"], "--key-fd", str(fds[2])]
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
@@ -219,11 +223,20 @@ def _kill_group(pid: int) -> None:
 
 
 def _run_harness(request: dict) -> int:
-    """In the forked child: what `python -m autokernel.harness ARGS` runs."""
+    """In the forked child: what `python -m autokernel.harness ARGS` runs (or the script the runner's
+    HARNESS_COMMAND names instead, as `python SCRIPT ARGS` would run it)."""
     from autokernel import harness
 
-    sys.argv = [harness.__file__, *request["args"]]
-    return harness.main(request["args"])
+    command = request.get("command", HARNESS_MODULE_COMMAND)
+    if command == HARNESS_MODULE_COMMAND:
+        sys.argv = [harness.__file__, *request["args"]]
+        return harness.main(request["args"])
+    sys.argv = [command[0], *request["args"]]
+    try:
+        runpy.run_path(command[0], run_name="__main__")
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+    return 0
 
 
 def main(argv=None) -> int:
@@ -282,14 +295,19 @@ class Zygote:
         if changed:
             self._fail(f"{Path(changed[0]).name} changed since it started (stale harness code)", StaleZygote)
 
-    def launch(self, args: list, env: dict, cwd: str | Path) -> Child:
-        """Fork a harness child with ARGS; its stdout and stderr come back as pipes."""
+    def launch(self, args: list, env: dict, cwd: str | Path, key_fd: int | None = None,
+               command: list | None = None) -> Child:
+        """Fork a harness child with ARGS; its stdout and stderr come back as pipes. key_fd, the read end
+        of a pipe holding the result key, reaches the child as `--key-fd`; command is what the child runs
+        (`-m autokernel.harness`, or a script path)."""
         self.ready()
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
+        request = {"args": list(args), "env": env, "cwd": str(cwd), "command": command or HARNESS_MODULE_COMMAND}
         try:
             try:
-                _send(self.sock, {"args": list(args), "env": env, "cwd": str(cwd)}, [out_w, err_w])
+                _send(self.sock, request,
+                      [out_w, err_w] + ([key_fd] if key_fd is not None else []))
             except OSError as e:
                 self._fail(f"cannot reach it ({e})")
             finally:

@@ -31,3 +31,13 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def repo_root() -> Path:
     return ROOT
+
+
+@pytest.fixture
+def unguarded(monkeypatch):
+    """Benches run with the static check off (tests/fixtures/unguarded_harness.py), fresh or forked warm: for
+    tests of what lies behind it (the runtime guards, the launcher's handling of hangs and crashes) with
+    kernels that do what the static check would refuse."""
+    from autokernel import runner
+
+    monkeypatch.setattr(runner, "HARNESS_COMMAND", [str(ROOT / "tests" / "fixtures" / "unguarded_harness.py")])

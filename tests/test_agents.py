@@ -4,10 +4,13 @@ The openai agent talks to a real HTTP server on 127.0.0.1 that speaks the chat-c
 """
 
 import json
+import os
 import re
 import shutil
+import signal
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -113,6 +116,29 @@ def test_command_agent_prompt_on_stdin_and_in_a_file(workdir):
     agent = CommandAgent(f"{sys.executable} -c \"import sys; print('DESCRIPTION:', "
                          f"open(sys.argv[1]).read().count('kernel.py') > 0)\" {{prompt_file}}")
     assert agent.propose(make_task(workdir, experiment=3)).description == "True"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")  # a zombie waits for a reaper, it runs nothing
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc")
+def test_the_command_agent_leaves_nothing_running(workdir):
+    pid_file = workdir / "bg.pid"
+    agent = CommandAgent(f"sleep 300 & echo $! > {pid_file}; echo DESCRIPTION: left a job behind", timeout_s=30)
+    assert agent.propose(make_task(workdir)).description == "left a job behind"
+    pid = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while _alive(pid) and time.monotonic() < deadline:  # the SIGKILL is sent; its delivery takes a moment
+        time.sleep(0.05)
+    alive = _alive(pid)
+    if alive:
+        os.kill(pid, signal.SIGKILL)
+    assert not alive, "the agent's background job was still running when the bench would start"
 
 
 def test_command_agent_failures(workdir):

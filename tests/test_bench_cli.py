@@ -56,7 +56,7 @@ def test_a_missing_kernel_file_is_one_clear_error_and_no_row(tmp_path):
     (STARTER.replace('KERNEL_TYPE = "rmsnorm"', 'KERNEL_TYPE = "rmsnrom"'), "unknown kernel type 'rmsnrom'"),
     (STARTER.replace("def kernel_fn(x, weight, eps=1e-6):", "def kernel_fn(x, w, eps=1e-6):"),
      "kernel_fn(x, w, eps) does not match rmsnorm_ref(x, weight, eps)"),
-    (STARTER.replace("import torch\n", "import torch\nimport not_a_module\n", 1),
+    (STARTER.replace("import torch\n", "import torch\nimport triton.not_a_module\n", 1),
      "ModuleNotFoundError"),
 ])
 def test_bad_kernel_files_are_a_crash_row_with_the_reason(tmp_path, source, message):

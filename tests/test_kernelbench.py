@@ -210,7 +210,8 @@ def test_setup_then_the_loop_unchanged_then_score_the_kept_kernel(tmp_path):
                           timeout=RUN_LIMIT_S)
     assert loop.returncode == 0, loop.stdout + loop.stderr
     rows = results.read_rows(repo / "results.tsv")
-    assert {r["kernel_type"] for r in rows} == {"kb/level1/1_Swish"} and all(r["correctness"] == "PASS" for r in rows)
+    assert {r["kernel_type"] for r in rows} == {"kb/level1/1_Swish"}
+    assert all(r["correctness"] == "PASS" for r in rows), [(r["status"], r["description"]) for r in rows]
     assert sorted(r["status"] for r in rows) == ["baseline", "keep", "revert"]
     (keep,) = [r for r in rows if r["status"] == "keep"]
     assert keep["description"].startswith("BLOCK_SIZE 32 -> 4096")

@@ -72,13 +72,22 @@ class CommandAgent(Agent):
             if stdin_file:
                 stdin.close()
         try:
-            return proc.wait(timeout=self.timeout_s)
+            code = proc.wait(timeout=self.timeout_s)
+            _end_group(proc)  # what the CLI left running in the background must not edit behind the bench
+            return code
         except subprocess.TimeoutExpired:
             _kill_group(proc)
             raise AgentError(f"the agent command ran past its limit of {self.timeout_s:g} s") from None
         except BaseException:  # Ctrl-C: never leave the CLI editing files behind the loop's back
             _kill_group(proc)
             raise
+
+
+def _end_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass  # nothing left in the group
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
