@@ -328,3 +328,26 @@ def test_a_fresh_child_without_the_key_pipe_still_runs_by_hand(tmp_path):
                    capture_output=True, cwd=ROOT)
     envelope = json.loads(out.read_text())
     assert envelope["mac"] is None and json.loads(envelope["payload"])["status"] == "pass"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel_type", sorted(p.stem for p in (ROOT / "kernels").glob("*.py")))
+def test_no_honest_starter_is_rejected_by_the_timing_checks(kernel_type):
+    """No false rejections: every starter, timed on fresh inputs at its bench shape, passes the sampled
+    checks and agrees with the host clock (the ratio is printed for the record)."""
+    import torch
+
+    from autokernel import perf, timing
+    from autokernel.kernelfile import import_kernel
+    from autokernel.registry import get_spec
+
+    spec = get_spec(kernel_type)
+    fn = import_kernel(ROOT / "kernels" / f"{kernel_type}.py").kernel_fn
+    shape, gen = spec.timing_shape(False), torch.Generator(device="cuda").manual_seed(1)
+    make = lambda: spec.make_inputs(shape, torch.float16, "cuda", gen)
+    timed = timing.time_gpu(fn, None, fresh=make, check_runs=perf.CHECKED_RUNS)
+    sets = [make() for _ in range(perf.INPUT_SETS)]
+    perf._check_timed_outputs(fn, spec, sets, timed)
+    wall_us = perf._host_clock_guard(fn, sets, timed.median_us)
+    print(f"{kernel_type}: events {timed.median_us:.1f} us, host clock {wall_us:.1f} us per call, "
+          f"ratio {timed.median_us / wall_us:.2f}")
