@@ -26,7 +26,7 @@ VERIFY_JSON = Path("workspace/verify.json")  # verify.py's full report, written 
 # verify.py's timing rows the estimate is compared with: GPU time alone (the profile's f is GPU time),
 # then the model as an eager user runs it
 VERIFY_ROWS = (("optimized_graph", "with CUDA graphs (GPU time, the estimate's counterpart)"),
-               ("optimized", "eager"), ("optimized_compile", "under torch.compile"))
+               ("optimized", "in eager mode (launch costs included)"), ("optimized_compile", "under torch.compile"))
 
 PNG_DPI = 120  # progress.png resolution
 NON_TTY_WIDTH = 200  # characters per line when the output goes to a file

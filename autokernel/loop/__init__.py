@@ -170,8 +170,9 @@ class Loop:
         for job in self.state.jobs:
             job["budget_s"] = None  # each run shares its own hours (set when the kernel starts)
         if self.cfg.per_kernel_minutes is None:
-            self._say("time by Amdahl (each kernel's share of what is left when it starts):\n"
-                      + "\n".join(budget.describe(self.state.jobs, self._time_left())))
+            self._say("time by Amdahl (each kernel's share of what is left when it starts):")
+            for line in budget.describe(self.state.jobs, self._time_left()):
+                self._say(line)
 
     def _reconcile(self) -> None:
         """Finish or undo the experiment a kill interrupted (see the module docstring)."""

@@ -201,12 +201,16 @@ def _extracted_name(entry: dict) -> str | None:
     return f"{EXTRACTED_DIR}/{int(entry['rank']):02d}_{entry['type']}.py" if entry.get("rank") else None
 
 
+def _path(root: Path, source: str) -> Path:
+    return Path(source) if Path(source).is_absolute() else root / source  # never the current directory's
+
+
 def _exists(root: Path, source: str) -> bool:
-    return (root / source).is_file() or Path(source).is_file()
+    return _path(root, source).is_file()
 
 
 def _declared(root: Path, source: str) -> dict:
-    path = Path(source) if Path(source).is_absolute() else root / source
+    path = _path(root, source)
     try:
         return declarations(read_source(path), path.name)
     except KernelFileError:
