@@ -220,6 +220,7 @@ def cmd_report(args, root: Path) -> int:
     summaries = kernel_summaries(rows, jobs)
     console = LiveLine()
     console.print(report_table(summaries, args.tag))
+    print("\n".join(report.shape_lines(jobs)))
     kept = [r["timestamp"] for r in rows if r["status"] in ("baseline", "keep")]
     print("\n".join(report.estimate_lines(amdahl(summaries), report.read_verify(root), max(kept) if kept else None)))
     png = Path(getattr(args, "png", "progress.png"))

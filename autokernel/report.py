@@ -149,6 +149,23 @@ def amdahl(summaries: list[dict]) -> float | None:
     return 1.0 / (rest + sum(s["f"] / max(1.0, s["best_vs_pytorch"] or 1.0) for s in ranked))
 
 
+def shape_lines(jobs: list[dict]) -> list[str]:
+    """Each kernel's time per call at each model shape, baseline -> best, beside eager and compile."""
+    lines = []
+    for job in jobs:
+        before = {json.dumps(s["shape"]): s for s in job.get("baseline_shapes") or []}
+        best = job.get("best_shapes") or []
+        if best:
+            lines.append(f"{job['name']} at the model's shapes (us per call; calls per forward):")
+        for s in best:
+            base = before.get(json.dumps(s["shape"]), {}).get("us")
+            label = " ".join(f"{k}={v}" for k, v in s["shape"].items())
+            lines.append(f"  {label:<28} x{s['calls']:<4} {format_us(base)} -> {format_us(s['us'])}"
+                         f"  eager {format_us(s['eager_us'])}  compile {format_us(s['compile_us'])}"
+                         f"  host {format_us(s['host_us'])}")
+    return lines
+
+
 # ------------------------------------------------------------------------------ the measurement beside it
 def read_verify(root: Path) -> dict | None:
     """verify.py's last report (workspace/verify.json) with its file time, or None when there is none."""

@@ -298,3 +298,13 @@ def test_workers_share_their_gpu_hours_by_amdahl(tmp_path):
     minutes = driver._minutes(jobs)
     share = 0.04 / (0.4 / 1.1 + 0.04)
     assert minutes == {"norm": pytest.approx(share * 120), "mlp": 60.0, "matmul": 60.0}  # capped at the run
+
+
+def test_report_shows_each_model_shape_before_and_after(repo):
+    loop, _ = run_model_loop(repo, [1, 10])
+    job = loop.state.jobs[0]
+    assert [s["us"] for s in job["baseline_shapes"]] == [80.0, 30.0]  # BLOCK 64
+    assert [s["calls"] for s in job["best_shapes"]] == [1, 10]
+    lines = report.shape_lines(loop.state.jobs)
+    assert lines[0] == "model at the model's shapes (us per call; calls per forward):"
+    assert lines[2].split()[:6] == ["M=8", "N=96", "x10", "30.0", "us", "->"]

@@ -93,6 +93,13 @@ def decide(result: dict, best_us: float | None, threshold_pct: float,
     return "keep", f"{gain:.1f}% faster than {format_us(best_us)}"
 
 
+def _shape_summary(out: dict) -> list[dict]:
+    """Per model shape, what the report shows of a kept version: calls, and the kernel's, eager's,
+    torch.compile's and the host's microseconds per call."""
+    keys = ("shape", "calls", "us", "eager_us", "compile_us", "host_us")
+    return [{k: s.get(k) for k in keys} for s in out.get("model_shapes") or []]
+
+
 def harness_hashes(root: Path) -> dict[str, str]:
     found = {p for pattern in HARNESS_FILES for p in root.glob(pattern) if p.is_file()}
     return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(found)}
@@ -452,6 +459,7 @@ class Loop:
             job["noise_pct"] = out.get("model_noise_pct") if in_model else out["noise_pct"]
             if out["passed"]:
                 job["baseline_us"] = results.objective_us(out)
+                job["baseline_shapes"] = _shape_summary(out)
                 self._set_best(job, out)
         elif status == "keep":
             job["best_sha"] = row["commit"]
@@ -477,6 +485,7 @@ class Loop:
         job["best_pct_peak"], job["best_host_us"] = out["pct_peak"], out.get("model_host_us")
         job["best_vs_pytorch"] = out.get("model_vs_pytorch") or out["speedup_vs_pytorch"]
         job["measured_on"] = out.get("device")
+        job["best_shapes"] = _shape_summary(out)
 
     def _abandon(self) -> None:
         """The loop stops on an error: the experiment in flight is undone, unless it was decided."""
