@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_orchestrate import FAKE_KERNEL, FakeBench, git_env, make_repo, rows
+from test_orchestrate import FAKE_KERNEL, FakeBench, git_env, make_repo, repo_files, rows
 
 from autokernel import report
 from autokernel.agents import make_agent
@@ -60,14 +60,6 @@ def model_bench(path, **options) -> dict:
             "log": f"---\nmodel_us: {model_us}\n"}
 
 
-@pytest.fixture
-def repo(tmp_path, monkeypatch):
-    git_env(monkeypatch)
-    files = {name: (ROOT / name).read_text() for name in ("reference.py", "program.md", ".gitignore")}
-    return make_repo(tmp_path / "repo", {**files, "kernel.py": "# the kernel under optimization\n",
-                                         "kernels/fake.py": FAKE_KERNEL})
-
-
 class Lines:
     """A ui that keeps what the loop says, as plain strings."""
 
@@ -79,6 +71,12 @@ class Lines:
 
     def status(self, text):
         pass
+
+
+@pytest.fixture
+def repo(tmp_path, monkeypatch):
+    git_env(monkeypatch)
+    return make_repo(tmp_path / "repo", repo_files())
 
 
 def commit_all(repo) -> None:
