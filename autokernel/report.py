@@ -4,8 +4,10 @@ Everything here is read from results.tsv (the rows of one tag) and, for each ker
 model's time, from the loop's state; nothing is recomputed from git. A kernel's time is its time in
 the model (model_us: every model shape, weighted by its calls per forward) when it has model shapes,
 else its primary shape's latency. The end-to-end estimate is Amdahl's law over the kernels the plan
-ranked: a kernel taking a fraction f of the model's time and now s times faster than PyTorch gives
-1 / ((1 - sum f) + sum f / s), with s >= 1 (verify.py leaves out a kernel the model is faster without).
+ranked: a kernel taking a fraction f of the model's time, of which a fraction r is left, gives
+1 / ((1 - sum f) + sum f r). r is the kernel's best time in the model over the time the profile measured
+for its type (both GPU time per forward pass), or 1 / s for a kernel without model shapes (s: its speedup
+over PyTorch), and never above 1 (verify.py leaves out a kernel the model is faster without).
 It is printed beside the last end-to-end measurement, workspace/verify.json as verify.py writes it, so
 that the estimate is never the only number; `orchestrate.py run --verify` takes that measurement.
 """
@@ -114,6 +116,7 @@ def kernel_summaries(rows: list[dict], jobs: list[dict]) -> list[dict]:
         job = by_source.get(source, {})
         out.append({
             "kernel": job.get("name", Path(source).stem), "source": source, "f": job.get("f"),
+            "time_us": job.get("time_us"),
             "status": job.get("status", ""), "reason": job.get("reason", ""),
             "runs": len(mine), "kept": sum(r["status"] == "keep" for r in mine),
             "baseline_us": objective_us(base) if base else None,
@@ -141,12 +144,21 @@ def _best_so_far(rows: list[dict]) -> list[float | None]:
 
 
 def amdahl(summaries: list[dict]) -> float | None:
-    """End-to-end speedup if every kernel with a plan share ran at its best speedup over PyTorch."""
+    """End-to-end speedup if every kernel with a plan share ran at its best (see remaining_fraction)."""
     ranked = [s for s in summaries if s["f"]]
     if not ranked:
         return None
     rest = 1.0 - sum(s["f"] for s in ranked)
-    return 1.0 / (rest + sum(s["f"] / max(1.0, s["best_vs_pytorch"] or 1.0) for s in ranked))
+    return 1.0 / (rest + sum(s["f"] * remaining_fraction(s) for s in ranked))
+
+
+def remaining_fraction(summary: dict) -> float:
+    """What is left of the type's profiled time: its best time in the model over the time the profile
+    measured for it (the model's own ops, which the registry's reference may not match), else one over
+    its speedup against PyTorch; never above 1 (verify.py leaves out a kernel the model is faster without)."""
+    if summary.get("in_model") and summary.get("time_us") and summary.get("best_us"):
+        return min(1.0, summary["best_us"] / summary["time_us"])
+    return 1.0 / max(1.0, summary["best_vs_pytorch"] or 1.0)
 
 
 def shape_lines(jobs: list[dict]) -> list[str]:

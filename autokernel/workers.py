@@ -241,7 +241,7 @@ class Driver:
         names = [j["name"] for j in jobs]
         if len(set(names)) != len(names):
             raise LoopError(f"two kernel files share a name ({', '.join(names)}): rename one")
-        keep = ("name", "type", "source", "f", "s", "gain")
+        keep = ("name", "type", "source", "f", "s", "gain", "time_us")
         queue = {"version": 1, "tag": self.tag, "base": self.git.head(), "gpus": self.gpus,
                  "jobs": [{k: j[k] for k in keep} for j in jobs], "assigned": {}}
         self._save_queue(queue)
@@ -293,7 +293,7 @@ class Driver:
                                "per_kernel_minutes": self.minutes[job["name"]], "worker": f"gpu{gpu}",
                                "results_path": str(self.root / "results.tsv")})
         spec = {"config": asdict(config), "agent": self.agent, "source": source, "parent": os.getpid(),
-                "entry": {k: job.get(k) for k in ("f", "s", "gain")}}
+                "entry": {k: job.get(k) for k in ("f", "s", "gain", "time_us")}}
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": device_for(gpu, os.environ), "PYTHONUNBUFFERED": "1"}
         log = self._log_path(job)
         log.parent.mkdir(parents=True, exist_ok=True)

@@ -307,3 +307,12 @@ def test_report_shows_each_model_shape_before_and_after(repo):
     lines = report.shape_lines(loop.state.jobs)
     assert lines[0] == "model at the model's shapes (us per call; calls per forward):"
     assert lines[2].split()[:6] == ["M=8", "N=96", "x10", "30.0", "us", "->"]
+
+
+def test_the_estimate_uses_the_time_in_the_model_against_the_profiled_time():
+    norm = {"f": 0.4, "time_us": 1000.0, "best_us": 250.0, "in_model": True, "best_vs_pytorch": 10.0}
+    mlp = {"f": 0.2, "time_us": 500.0, "best_us": 600.0, "in_model": True, "best_vs_pytorch": 0.8}
+    by_hand = {"f": 0.1, "best_us": 5.0, "in_model": False, "best_vs_pytorch": 2.0}
+    assert report.remaining_fraction(norm) == 0.25  # not 1 / 10: the model's own ops took 1000 us
+    assert report.remaining_fraction(mlp) == 1.0  # slower than the model's own: left out by verify.py
+    assert report.amdahl([norm, mlp, by_hand]) == pytest.approx(1 / (0.3 + 0.4 * 0.25 + 0.2 + 0.1 / 2))
