@@ -22,6 +22,7 @@ from pathlib import Path
 
 from rich.markup import escape
 
+from autokernel.plan import fraction_left
 from autokernel.results import objective_us
 
 VERIFY_JSON = Path("workspace/verify.json")  # verify.py's full report, written on every run
@@ -153,12 +154,8 @@ def amdahl(summaries: list[dict]) -> float | None:
 
 
 def remaining_fraction(summary: dict) -> float:
-    """What is left of the type's profiled time: its best time in the model over the time the profile
-    measured for it (the model's own ops, which the registry's reference may not match), else one over
-    its speedup against PyTorch; never above 1 (verify.py leaves out a kernel the model is faster without)."""
-    if summary.get("in_model") and summary.get("time_us") and summary.get("best_us"):
-        return min(1.0, summary["best_us"] / summary["time_us"])
-    return 1.0 / max(1.0, summary["best_vs_pytorch"] or 1.0)
+    return fraction_left(summary.get("time_us"), summary.get("best_us"), summary.get("in_model"),
+                         summary["best_vs_pytorch"])
 
 
 def shape_lines(jobs: list[dict]) -> list[str]:

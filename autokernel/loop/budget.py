@@ -2,16 +2,19 @@
 
 A kernel type that takes a share f of the model's time and already runs s times faster than PyTorch
 still takes f / s of it: that is all the end-to-end time more work on it can save, and only the part
-above its roofline can be saved at all. So a kernel's potential is f / s x (1 - its fraction of peak),
-with s the speedup measured at the model's shapes on a GPU once its baseline ran (the plan's s
-before). Kernels are worked on in order of potential, and each, when it starts, gets the time left
-times its share of the potential of the kernels not done yet; a kernel that finishes early leaves
-its time to the others. A type the plan expects no gain from (gain <= 1: its starter is no faster
-than PyTorch) has no potential: it goes last, on whatever time the others leave. Kernels given by
-hand (--kernel, no plan share) split the time evenly.
+above its roofline can be saved at all. So a kernel's potential is f x (what is left) x (1 - its
+fraction of peak); what is left is its time in the model over the time the profile measured for its
+type once its baseline ran on a GPU (fraction_left), 1 / s before (s: the plan's speedup). Kernels
+are worked on in order of potential, and each, when it starts, gets the time left times its share of
+the potential of the kernels not done yet; a kernel that finishes early leaves its time to the
+others. A type the plan expects no gain from (gain <= 1: its starter is no faster than PyTorch) has
+no potential: it goes last, on whatever time the others leave. Kernels given by hand (--kernel, no
+plan share) split the time evenly.
 """
 
 from __future__ import annotations
+
+from autokernel.plan import fraction_left
 
 MAX_PCT_PEAK = 95.0  # % of the roofline; beyond this the room left is noise, not potential
 NO_GAIN = 1.0 + 1e-9  # a plan gain at or under this means the type cannot speed the model up
@@ -24,11 +27,12 @@ def potential(job: dict) -> float | None:
         return None
     if job.get("gain") is not None and job["gain"] <= NO_GAIN:
         return 0.0
-    measured = job.get("best_vs_pytorch") if job.get("measured_on") == "cuda" else None
-    speedup = measured or job.get("s") or 1.0
-    peak = job.get("best_pct_peak") if job.get("measured_on") == "cuda" else None
+    on_gpu = job.get("measured_on") == "cuda"
+    left = fraction_left(job.get("time_us"), job.get("best_us"), on_gpu and job.get("objective") == "model_us",
+                         (job.get("best_vs_pytorch") if on_gpu else None) or job.get("s"))
+    peak = job.get("best_pct_peak") if on_gpu else None
     room = 1.0 - min(float(peak), MAX_PCT_PEAK) / 100 if peak else 1.0
-    return f / speedup * room
+    return f * left * room
 
 
 def shares(jobs: list[dict]) -> dict[str, float]:
