@@ -6,7 +6,7 @@
     python orchestrate.py run --agent openai --base-url http://localhost:8000/v1 --model qwen2.5-coder
     python orchestrate.py run --plan workspace/plan.json --gpus 0,1,2,3   # one worker per GPU (or --gpus all)
     python orchestrate.py run --hours 0.5 --verify                 # then verify.py on the plan's model
-    python orchestrate.py status | next | report
+    python orchestrate.py status | next | report [--verify]
 
 Experiments live on branch autokernel/<tag>: one commit per experiment, kept or reset. Every
 experiment is a row in results.tsv. Killed at any moment, `run` with the same tag resumes.
@@ -84,6 +84,7 @@ def parse_args(argv=None):
             cmd.add_argument("--plan", help="plan to rank by when no loop has started")
         if name == "report":
             cmd.add_argument("--png", default="progress.png", help="where to write the plot")
+            cmd.add_argument("--verify", action="store_true", help="run verify.py on the plan's model first")
     for cmd in sub.choices.values():
         cmd.add_argument("--tag", help="experiment tag; branch autokernel/<tag> (default: the last one)")
     return p.parse_args(argv)
@@ -131,6 +132,7 @@ def cmd_run(args, root: Path) -> int:
         ui.print(f"[bold]loop stopped[/bold]: {why}")
     if args.verify:
         run_verify(root, args.plan, args.device)
+        args.verify = False  # measured just now: the report does not measure again
     return cmd_report(args, root)
 
 
@@ -210,6 +212,8 @@ def print_next(job: dict, root: Path, seed: int) -> int:
 
 
 def cmd_report(args, root: Path) -> int:
+    if getattr(args, "verify", False):
+        run_verify(root, getattr(args, "plan", None), None)
     state = StateFile(root, args.tag).read()
     jobs = state["jobs"] if state else (load_jobs(root, args.plan, None) if getattr(args, "plan", None) else [])
     rows = [r for r in results.read_rows(root / "results.tsv") if r["tag"] == args.tag]
