@@ -206,22 +206,12 @@ class Driver:
             fresh = sorted((j for j in todo if j not in started), key=budget.order_key)
             self.todo = deque(started + fresh)  # resume first, then by the gain left (loop/budget.py)
             self.respawns = {j["name"]: 0 for j in todo}
-            self.minutes = self._minutes(todo)
+            self.minutes = budget.parallel_minutes(todo, self.cfg.hours, len(self.gpus), self.cfg.per_kernel_minutes)
             self._say(f"{len(self.gpus)} worker(s) on {len(todo)} kernel(s) of tag {self.tag}, minutes per kernel: "
                       + ", ".join(f"{n} {m:.0f}" for n, m in self.minutes.items())
                       + f"; logs in {WORKER_LOGS}/{self.tag}/")
             self._run_workers()
             return self._summary()
-
-    def _minutes(self, todo: list[dict]) -> dict[str, float]:
-        """--per-kernel-minutes, else each kernel's Amdahl share of the workers' hours (at most the run's);
-        a type with nothing to gain runs last, until the run's end."""
-        hours_min = self.cfg.hours * 60
-        if self.cfg.per_kernel_minutes:
-            return {j["name"]: self.cfg.per_kernel_minutes for j in todo}
-        split = budget.shares([{**j, "status": "pending"} for j in todo])
-        return {name: min(hours_min, share * hours_min * len(self.gpus)) if share else hours_min
-                for name, share in split.items()}
 
     def _run_workers(self) -> None:
         run_threads([threading.Thread(target=self._worker, args=(g,), daemon=True) for g in self.gpus], self._stop)

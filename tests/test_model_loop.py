@@ -288,13 +288,10 @@ def test_report_puts_the_estimate_beside_verify_and_builds_its_command(repo):
     assert "older than the last kept experiment" in report.estimate_lines(1.3, verify, "9999-01-01T00:00:00")[1]
 
 
-def test_workers_share_their_gpu_hours_by_amdahl(tmp_path):
-    from autokernel.workers import Driver
-
-    driver = Driver(tmp_path, LoopConfig(tag="t", hours=1.0), {"name": "builtin", "options": {}}, ["0", "1"])
+def test_workers_share_their_gpu_hours_by_amdahl():
     jobs = [{"name": n, "f": f, "s": s, "gain": 1 / ((1 - f) + f / s)}
             for n, f, s in (("norm", 0.4, 10.0), ("mlp", 0.4, 1.1), ("matmul", 0.2, 1.0))]
-    minutes = driver._minutes(jobs)
+    minutes = budget.parallel_minutes(jobs, hours=1.0, slots=2)
     share = 0.04 / (0.4 / 1.1 + 0.04)
     assert minutes == {"norm": pytest.approx(share * 120), "mlp": 60.0, "matmul": 60.0}  # capped at the run
 

@@ -45,6 +45,16 @@ def shares(jobs: list[dict]) -> dict[str, float]:
     return {name: w / total for name, w in weights.items()}
 
 
+def parallel_minutes(jobs: list[dict], hours: float, slots: int, per_kernel: float | None = None) -> dict:
+    """Minutes per kernel when `slots` GPUs work at once (--gpus, --ray): --per-kernel-minutes, else each
+    kernel's share of the slots' hours, at most the run's; a type with nothing to gain runs last, until the end."""
+    if per_kernel:
+        return {j["name"]: per_kernel for j in jobs}
+    split = shares([{**j, "status": "pending"} for j in jobs])
+    run = hours * 60
+    return {name: min(run, share * run * min(slots, len(jobs))) if share else run for name, share in split.items()}
+
+
 def order_key(job: dict) -> tuple:
     """Sort key of the pending queue: most potential first, no-gain types last, then the plan's gain."""
     p = potential(job)
