@@ -35,6 +35,9 @@ from autokernel.report import format_duration, format_us, progress_line
 # A full harness run takes 10-30 s on a GPU; a candidate still going after this long is a hang (seen on
 # an H200: a one-warp, 8192-wide single-pass rmsnorm compiled for minutes), and the night moves on.
 LOOP_BENCH_TIMEOUT_S = {"cuda": 120, "cpu": 600}
+# The baseline also compiles torch.compile's reference (max-autotune) at every model shape: minutes for a GEMM
+# type with several shapes, where an experiment reuses those times.
+BASELINE_TIMEOUT_FACTOR = 4
 # what an experiment's outcome keeps of the harness result (the loop state and the agent read them)
 OUTCOME_KEYS = ("latency_us", "noise_pct", "pct_peak", "speedup_vs_pytorch", "model_us", "model_noise_pct",
                 "model_vs_pytorch", "model_host_us", "model_timing", "model_shapes", "device")
@@ -402,6 +405,7 @@ class Loop:
             from autokernel.gpu import pick_device
 
             timeout = LOOP_BENCH_TIMEOUT_S[pick_device(self.cfg.device)]
+            timeout *= 1 if reuse_baselines else BASELINE_TIMEOUT_FACTOR
         return bench(str(self.root / KERNEL_PATH), device=self.cfg.device, quick=self.cfg.quick,
                      timeout=timeout, dtype=self.cfg.dtype, reuse_baselines=reuse_baselines)
 
