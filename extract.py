@@ -6,9 +6,14 @@
 
 For each of the top N types of the plan (ranked by Amdahl gain), kernels/<type>.py is copied to
 workspace/kernels/NN_<type>.py with `MODEL_SHAPES = [...]` set to the shapes the profile recorded;
-bench.py adds them to its shape sweep and times the first as the primary shape:
+and `MODEL_CALLS = [...]` to the calls per forward pass of each. bench.py adds the shapes to its sweep,
+times the first as the primary shape, and scores the kernel by its time in the model:
 
     python bench.py workspace/kernels/01_rmsnorm.py
+
+The files are recorded in workspace/plan.json (each entry's `kernel_file`; a plan given from elsewhere,
+such as profiles/, is copied there with them), which is where `orchestrate.py run` takes them from
+(with --output-dir DIR: DIR/plan.json).
 
 Exit status: 0 when every requested kernel was written, 1 when a starter is missing (the others are
 still written) or the plan cannot be read.
@@ -19,6 +24,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
+WORKSPACE_PLAN = ROOT / "workspace" / "plan.json"
+DEFAULT_OUTPUT_DIR = ROOT / "workspace" / "kernels"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,20 +33,20 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="extract.py", description=doc[0].split(": ", 1)[1].capitalize(),
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="Examples:\n" + doc[1] + "\n\n" + "\n\n".join(doc[2:]))
-    p.add_argument("--plan", type=Path, default=ROOT / "workspace" / "plan.json",
+    p.add_argument("--plan", type=Path, default=WORKSPACE_PLAN,
                    help="plan written by profile.py, or one shipped in profiles/ (default workspace/plan.json)")
     p.add_argument("--top", type=int, default=3, help="how many types to extract, best gain first (default 3)")
     p.add_argument("--backend", choices=["triton", "cuda"], default="triton",
                    help="triton: kernels/<type>.py; cuda: kernels/cuda/<type>.py (default triton)")
-    p.add_argument("--output-dir", type=Path, default=ROOT / "workspace" / "kernels",
+    p.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT_DIR,
                    help="where the kernel files go (default workspace/kernels)")
     p.add_argument("--debug", action="store_true", help="show the full traceback on errors")
     return p
 
 
 def run(args) -> int:
-    from autokernel.extraction import extract
-    from autokernel.plan import read_plan
+    from autokernel.extraction import extract, record_kernel_files
+    from autokernel.plan import read_plan, write_json
 
     if args.top < 1:
         raise ValueError("--top must be at least 1")
@@ -57,6 +64,10 @@ def run(args) -> int:
                   f"({len(r.shapes)} model shapes; primary {primary})")
     written = [r for r in results if r.path is not None]
     if written:
+        target = plan_out(args.output_dir)
+        recorded = write_json(record_kernel_files(plan, results, ROOT), target)
+        copied = "" if args.plan.resolve() == target else f" (a copy of {_rel(args.plan)})"
+        print(f"kernel files recorded in {_rel(recorded)}{copied}: `python orchestrate.py run` takes them")
         print(f"next: python bench.py {_rel(written[0].path)}")
     missing = [r for r in results if r.path is None]
     if missing:
@@ -64,6 +75,13 @@ def run(args) -> int:
               f"{', '.join(r.type for r in missing)}", file=sys.stderr)
         return 1
     return 0
+
+
+def plan_out(output_dir: Path) -> Path:
+    """Where the plan with its kernel files goes: workspace/plan.json for the workspace's kernels (the
+    loop's default plan), else beside the kernel files."""
+    output_dir = output_dir.resolve()
+    return WORKSPACE_PLAN if output_dir == DEFAULT_OUTPUT_DIR else output_dir / "plan.json"
 
 
 def _rel(path: Path) -> str:

@@ -5,7 +5,8 @@
     python orchestrate.py run --agent command --agent-cmd "claude -p --dangerously-skip-permissions"
     python orchestrate.py run --agent openai --base-url http://localhost:8000/v1 --model qwen2.5-coder
     python orchestrate.py run --plan workspace/plan.json --gpus 0,1,2,3   # one worker per GPU (or --gpus all)
-    python orchestrate.py status | next | report
+    python orchestrate.py run --hours 0.5 --verify                 # then verify.py on the plan's model
+    python orchestrate.py status | next | report [--verify]
 
 Experiments live on branch autokernel/<tag>: one commit per experiment, kept or reset. Every
 experiment is a row in results.tsv. Killed at any moment, `run` with the same tag resumes.
@@ -19,7 +20,7 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
-from autokernel import results
+from autokernel import report, results
 from autokernel.agents import AGENT_NAMES, AgentUnavailable, make_agent
 from autokernel.agents.builtin import next_move
 from autokernel.gitlog import KERNEL_PATH, GitError, GitLog
@@ -73,6 +74,9 @@ def parse_args(argv=None):
     run.add_argument("--ray", metavar="ADDRESS", help="each kernel as a task on the Ray cluster at ADDRESS (as "
                                                       "`ray start` prints it), or `local` to start one here "
                                                       "(pip install 'autokernel[ray]'); see autokernel/raycluster.py")
+    run.add_argument("--verify", action="store_true",
+                     help="when the loop stops, run verify.py on the plan's model (--cuda-graph on a GPU), so that the "
+                          "report shows the measured end-to-end speedup beside the estimate")
     for name, text in (("status", "where the loop stands"), ("next", "what the loop will try next"),
                        ("report", "per-kernel results, Amdahl estimate, progress.png")):
         cmd = sub.add_parser(name, help=text)
@@ -80,6 +84,7 @@ def parse_args(argv=None):
             cmd.add_argument("--plan", help="plan to rank by when no loop has started")
         if name == "report":
             cmd.add_argument("--png", default="progress.png", help="where to write the plot")
+            cmd.add_argument("--verify", action="store_true", help="run verify.py on the plan's model first")
     for cmd in sub.choices.values():
         cmd.add_argument("--tag", help="experiment tag; branch autokernel/<tag> (default: the last one)")
     return p.parse_args(argv)
@@ -125,7 +130,29 @@ def cmd_run(args, root: Path) -> int:
             ui.print(f"tag {args.tag} exists: resuming its queue (--plan/--kernel apply to a new --tag)")
         why = Loop(root, config, agent, jobs, ui=ui).run()
         ui.print(f"[bold]loop stopped[/bold]: {why}")
+    if args.verify:
+        run_verify(root, args.plan, args.device)
+        args.verify = False  # measured just now: the report does not measure again
     return cmd_report(args, root)
+
+
+def run_verify(root: Path, plan: str | None, device: str | None) -> int:
+    """verify.py on the model the plan was profiled on, writing workspace/verify.json for the report."""
+    import json
+    import subprocess
+
+    plan_path = Path(plan) if plan else root / "workspace" / "plan.json"
+    plan_path = plan_path if plan_path.is_absolute() else root / plan_path
+    try:
+        cmd = report.verify_command(json.loads(plan_path.read_text()), device)
+    except (OSError, ValueError) as e:
+        print(f"--verify: cannot run verify.py: {e}", file=sys.stderr)
+        return 1
+    print(f"verifying end to end: {report.shell_line(cmd)}", flush=True)
+    code = subprocess.run(cmd, cwd=root).returncode
+    if code:
+        print(f"--verify: verify.py exited with {code}; see its output above", file=sys.stderr)
+    return code
 
 
 def cmd_status(args, root: Path) -> int:
@@ -185,6 +212,8 @@ def print_next(job: dict, root: Path, seed: int) -> int:
 
 
 def cmd_report(args, root: Path) -> int:
+    if getattr(args, "verify", False):
+        run_verify(root, getattr(args, "plan", None), None)
     state = StateFile(root, args.tag).read()
     jobs = state["jobs"] if state else (load_jobs(root, args.plan, None) if getattr(args, "plan", None) else [])
     rows = [r for r in results.read_rows(root / "results.tsv") if r["tag"] == args.tag]
@@ -195,9 +224,9 @@ def cmd_report(args, root: Path) -> int:
     summaries = kernel_summaries(rows, jobs)
     console = LiveLine()
     console.print(report_table(summaries, args.tag))
-    estimate = amdahl(summaries)
-    if estimate:
-        console.print(f"end-to-end estimate (Amdahl over the plan's shares): {estimate:.3f}x over PyTorch")
+    print("\n".join(report.shape_lines(jobs)))
+    kept = [r["timestamp"] for r in rows if r["status"] in ("baseline", "keep")]
+    print("\n".join(report.estimate_lines(amdahl(summaries), report.read_verify(root), max(kept) if kept else None)))
     png = Path(getattr(args, "png", "progress.png"))
     png = write_progress_png(summaries, png if png.is_absolute() else root / png, args.tag)
     console.print(f"progress plot: {png}")

@@ -2,9 +2,12 @@
 
 The starter kernels/<type>.py (or kernels/cuda/<type>.py) is copied to workspace/kernels/NN_<type>.py,
 NN being the type's rank in the plan, with its `MODEL_SHAPES = [...]` line set to the shapes the
-profile recorded, the most expensive first: bench.py adds them to its sweep and times the first as
-the primary shape. The line is found with `ast` (so a multi-line literal is replaced whole) and
-inserted after KERNEL_TYPE when the starter has none. Nothing else in the file changes.
+profile recorded, the most expensive first, and `MODEL_CALLS = [...]` to how often the model calls
+each per forward pass: bench.py adds the shapes to its sweep, times the first as the primary shape,
+and scores the kernel by its time in the model (sum of calls x time per call, autokernel/modeltime.py).
+The lines are found with `ast` (so a multi-line literal is replaced whole) and inserted after
+KERNEL_TYPE when the starter has none. Nothing else in the file changes. When the plan lives in the
+workspace, each extracted entry records its `kernel_file` there, which is what the loop takes.
 """
 
 from __future__ import annotations
@@ -32,26 +35,45 @@ class Extracted:
     problem: str = ""
 
 
+CALLS_NOTE = "calls per forward pass of each MODEL_SHAPES entry: the weights of the kernel's time in the model"
+
+
 def model_shapes(entry: dict) -> list[dict]:
     """The entry's shapes as registry shape dicts, the most time first (plan order)."""
     return [s["shape"] for s in entry.get("shapes", []) if isinstance(s, dict) and s.get("shape")]
 
 
-def set_model_shapes(source: str, shapes: list[dict], note: str = "") -> str:
-    """The source with `MODEL_SHAPES = shapes` replacing the old assignment, or added after KERNEL_TYPE."""
+def model_calls(entry: dict) -> list[int]:
+    """Calls per forward pass of each of model_shapes(entry); 1 where the profile recorded none."""
+    return [int(s.get("calls") or 1) for s in entry.get("shapes", []) if isinstance(s, dict) and s.get("shape")]
+
+
+def set_model_shapes(source: str, shapes: list[dict], note: str = "", calls: list[int] | None = None) -> str:
+    """The source with `MODEL_SHAPES = shapes` (and `MODEL_CALLS = calls`) replacing the old assignments,
+    or added after KERNEL_TYPE."""
+    source = _set_literal(source, "MODEL_SHAPES", shapes, note, "KERNEL_TYPE")
+    if calls is not None:
+        if len(calls) != len(shapes):
+            raise ExtractError(f"{len(calls)} call counts for {len(shapes)} model shapes")
+        source = _set_literal(source, "MODEL_CALLS", list(calls), CALLS_NOTE, "MODEL_SHAPES")
+    return source
+
+
+def _set_literal(source: str, name: str, value, note: str, anchor_name: str) -> str:
     tree = ast.parse(source)
     lines = source.splitlines(keepends=True)
-    literal = pprint.pformat(shapes, width=100, sort_dicts=False)
-    block = (f"# {note}\n" if note else "") + f"MODEL_SHAPES = {literal}\n"
-    old = _assignment(tree, "MODEL_SHAPES")
+    literal = pprint.pformat(value, width=100, sort_dicts=False)
+    block = (f"# {note}\n" if note else "") + f"{name} = {literal}\n"
+    old = _assignment(tree, name)
     if old is not None:
         first, last = _with_comment_above(lines, old.lineno - 1), old.end_lineno
         return "".join(lines[:first]) + block + "".join(lines[last:])
-    anchor = _assignment(tree, "KERNEL_TYPE")
+    anchor = _assignment(tree, anchor_name)
     if anchor is None:
-        raise ExtractError("the starter declares no KERNEL_TYPE")
+        raise ExtractError(f"the starter declares no {anchor_name}")
     at = anchor.end_lineno
-    return "".join(lines[:at]) + "\n" + block + "".join(lines[at:])
+    gap = "\n" if anchor_name == "KERNEL_TYPE" else ""
+    return "".join(lines[:at]) + gap + block + "".join(lines[at:])
 
 
 def _assignment(tree: ast.Module, name: str) -> ast.Assign | None:
@@ -65,7 +87,7 @@ def _assignment(tree: ast.Module, name: str) -> ast.Assign | None:
 
 def _with_comment_above(lines: list[str], index: int) -> int:
     """Include the "# from ..." note an earlier extraction wrote above the assignment."""
-    if index > 0 and lines[index - 1].startswith("# shapes of "):
+    if index > 0 and lines[index - 1].startswith(("# shapes of ", f"# {CALLS_NOTE}")):
         return index - 1
     return index
 
@@ -97,6 +119,20 @@ def extract(plan: dict, top: int, backend: str, out_dir: Path, root: Path) -> li
         if declared != type_:
             raise ExtractError(f"{src} declares KERNEL_TYPE = {declared!r}, expected {type_!r}")
         out = out_dir / f"{rank:02d}_{type_}.py"
-        out.write_text(set_model_shapes(text, shapes, note) if shapes else text)
+        out.write_text(set_model_shapes(text, shapes, note, model_calls(entry)) if shapes else text)
         results.append(Extracted(type_, rank, out, shapes))
     return results
+
+
+def record_kernel_files(plan: dict, extracted: list[Extracted], root: Path) -> dict:
+    """The plan with each extracted entry's `kernel_file` (relative to root when inside it): the file the
+    loop takes for that type. Entries extracted before but not now keep theirs."""
+    files = {e.type: e.path for e in extracted if e.path is not None}
+    entries = []
+    for entry in plan["entries"]:
+        path = files.get(entry["type"])
+        if path is not None:
+            path = path.resolve()
+            entry = {**entry, "kernel_file": str(path.relative_to(root)) if path.is_relative_to(root) else str(path)}
+        entries.append(entry)
+    return {**plan, "entries": entries}

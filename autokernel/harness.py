@@ -200,6 +200,9 @@ def _timing(harness: Harness, module, dtype, reuse_baselines: bool) -> dict:
     out = {k: v for k, v in result.__dict__.items() if k != "ceilings"}
     out.update(speedup_vs_pytorch=result.speedup_vs_pytorch, speedup_vs_compile=result.speedup_vs_compile,
                shape=shape_label(shape), dtype=dtype_name(dtype))
+    from autokernel import modeltime  # every model shape, weighted by its calls: the loop's objective
+
+    out.update(modeltime.measure_model(harness, module, dtype, reuse_baselines))
     return out
 
 

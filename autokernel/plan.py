@@ -41,6 +41,15 @@ def amdahl_gain(f: float, s: float) -> float:
     return 1.0 / ((1.0 - f) + f / s)
 
 
+def fraction_left(profiled_us, best_us, in_model: bool, speedup) -> float:
+    """What is left of a type's profiled time: its best time in the model over the time the profile
+    measured for it (the model's own ops, which the registry's reference may not match), else one over
+    its speedup against PyTorch; never above 1 (verify.py leaves out a kernel the model is faster without)."""
+    if in_model and profiled_us and best_us:
+        return min(1.0, best_us / profiled_us)
+    return 1.0 / max(1.0, speedup or 1.0)
+
+
 def load_speedups(path: str | Path = STARTERS_JSON) -> dict[str, float]:
     """Measured speedups of the starters over PyTorch, {} when none were measured."""
     path = Path(path)

@@ -44,7 +44,7 @@ from pathlib import Path
 
 from autokernel import results
 from autokernel.gitlog import KERNEL_PATH, GitLog
-from autokernel.loop import LoopConfig
+from autokernel.loop import LoopConfig, budget
 from autokernel.loop.state import LoopError, StateFile, load_jobs, lock_holder, repo_lock, write_json_atomic
 from autokernel.raynode import kernel_task
 from autokernel.report import format_us
@@ -194,8 +194,7 @@ class RayDriver:
             raise LoopError("--device cuda, but the Ray cluster has no GPU")
         self.device = "cuda" if gpus and self.cfg.device != "cpu" else "cpu"
         slots = gpus if self.device == "cuda" else int(ray.cluster_resources().get("CPU", 1))
-        self.per_kernel_minutes = self.cfg.per_kernel_minutes or \
-            self.cfg.hours * 60 * min(slots, len(todo)) / len(todo)
+        self.minutes = budget.parallel_minutes(todo, self.cfg.hours, slots, self.cfg.per_kernel_minutes)
         self.deadline = time.time() + self.cfg.hours * 3600
         self.benched = {j["name"]: 0 for j in todo}
         tarball = io.BytesIO()
@@ -207,8 +206,8 @@ class RayDriver:
             num_gpus=1 if self.device == "cuda" else 0, num_cpus=1, max_retries=0, num_returns="streaming",
             runtime_env={"env_vars": env} if env else None)
         mode = f"{gpus} GPU(s)" if self.device == "cuda" else "CPU mode (no GPU: timings are not figures)"
-        self._say(f"Ray cluster: {mode}; {len(todo)} kernel(s) of tag {self.tag} as tasks, "
-                  f"{self.per_kernel_minutes:.0f} min per kernel")
+        self._say(f"Ray cluster: {mode}; {len(todo)} kernel(s) of tag {self.tag} as tasks, minutes per kernel: "
+                  + ", ".join(f"{n} {m:.0f}" for n, m in self.minutes.items()))
 
     def _run_tasks(self, todo: list[dict]) -> None:
         run_threads([threading.Thread(target=self._kernel, args=(j,), daemon=True) for j in todo], self._stop)
@@ -233,7 +232,7 @@ class RayDriver:
         taken = [branch_name(self.tag, n) for n in names if self.git.branch_exists(branch_name(self.tag, n))]
         if taken:
             raise LoopError(f"branch {taken[0]} exists but no record of tag {self.tag}: choose another --tag")
-        keep = ("name", "type", "source", "f", "s", "gain")
+        keep = ("name", "type", "source", "f", "s", "gain", "time_us")
         record = {"version": 1, "tag": self.tag, "base": self.git.head(), "pending": {},
                   "jobs": [{**{k: j[k] for k in keep}, "kernel": self._read_kernel(j["source"])} for j in jobs],
                   "kernels": {n: {"status": "pending", "reason": "", "node": "", "attempts": 0, "tip": None,
@@ -306,7 +305,7 @@ class RayDriver:
         name, mine = job["name"], self.record["kernels"][job["name"]]
         left = None if self.cfg.max_experiments is None else self.cfg.max_experiments - self.benched[name]
         config = {**asdict(self.cfg), "tag": f"{self.tag}/{name}", "max_experiments": left, "device": self.device,
-                  "per_kernel_minutes": self.per_kernel_minutes, "results_path": None, "worker": None}
+                  "per_kernel_minutes": self.minutes[name], "results_path": None, "worker": None}
         resume = None
         if mine["tip"]:
             rows = [dict(r, kernel_file=remote_source(job["source"])) for r in ray_rows(self.root, self.tag)

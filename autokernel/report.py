@@ -1,16 +1,35 @@
 """What the user sees of the loop: the live line, the per-kernel report, the Amdahl estimate, progress.png.
 
 Everything here is read from results.tsv (the rows of one tag) and, for each kernel's share of the
-model's time, from the loop's state; nothing is recomputed from git. The end-to-end estimate is
-Amdahl's law over the kernels the plan ranked: a kernel taking a fraction f of the model's time and
-now s times faster than PyTorch gives 1 / ((1 - sum f) + sum f / s).
+model's time, from the loop's state; nothing is recomputed from git. A kernel's time is its time in
+the model (model_us: every model shape, weighted by its calls per forward) when it has model shapes,
+else its primary shape's latency. The end-to-end estimate is Amdahl's law over the kernels the plan
+ranked: a kernel taking a fraction f of the model's time, of which a fraction r is left, gives
+1 / ((1 - sum f) + sum f r). r is the kernel's best time in the model over the time the profile measured
+for its type (both GPU time per forward pass), or 1 / s for a kernel without model shapes (s: its speedup
+over PyTorch), and never above 1 (verify.py leaves out a kernel the model is faster without).
+It is printed beside the last end-to-end measurement, workspace/verify.json as verify.py writes it, so
+that the estimate is never the only number; `orchestrate.py run --verify` takes that measurement.
 """
 
 from __future__ import annotations
 
+import json
+import shlex
+import sys
+from datetime import datetime, timezone
 from pathlib import Path
 
 from rich.markup import escape
+
+from autokernel.plan import fraction_left
+from autokernel.results import objective_us
+
+VERIFY_JSON = Path("workspace/verify.json")  # verify.py's full report, written on every run
+# verify.py's timing rows the estimate is compared with: GPU time alone (the profile's f is GPU time),
+# then the model as an eager user runs it
+VERIFY_ROWS = (("optimized_graph", "with CUDA graphs (GPU time, the estimate's counterpart)"),
+               ("optimized", "in eager mode (launch costs included)"), ("optimized_compile", "under torch.compile"))
 
 PNG_DPI = 120  # progress.png resolution
 NON_TTY_WIDTH = 200  # characters per line when the output goes to a file
@@ -50,7 +69,7 @@ def progress_line(row: dict, job: dict, seconds_left: float) -> str:
                if job.get("baseline_us") and job.get("best_us") else "no correct version yet")
     vs_torch = f", {format_x(job['best_vs_pytorch'])} pytorch" if job.get("best_vs_pytorch") else ""
     return (f"exp {row['experiment']:>3} {escape(job['name'])} [{STATUS_STYLE.get(status, 'white')}]"
-            f"{status:<8}[/] {format_us(row.get('latency_us')):>10}  {escape(row['description'][:90])}"
+            f"{status:<8}[/] {format_us(objective_us(row)):>10}  {escape(row['description'][:90])}"
             f"  | best {speedup}{vs_torch}, kept {job['kept']}/{job['experiments']}"
             f" | {format_duration(seconds_left)} left")
 
@@ -98,11 +117,15 @@ def kernel_summaries(rows: list[dict], jobs: list[dict]) -> list[dict]:
         job = by_source.get(source, {})
         out.append({
             "kernel": job.get("name", Path(source).stem), "source": source, "f": job.get("f"),
+            "time_us": job.get("time_us"),
             "status": job.get("status", ""), "reason": job.get("reason", ""),
             "runs": len(mine), "kept": sum(r["status"] == "keep" for r in mine),
-            "baseline_us": _float(base["latency_us"]) if base else None,
-            "best_us": _float(best["latency_us"]) if best else None,
-            "best_vs_pytorch": _float(best["speedup_vs_pytorch"]) if best else None,
+            "baseline_us": objective_us(base) if base else None,
+            "best_us": objective_us(best) if best else None,
+            "best_vs_pytorch": (_float(best.get("model_vs_pytorch")) or _float(best["speedup_vs_pytorch"]))
+            if best else None,
+            "host_us": _float(best.get("host_us")) if best else None,
+            "in_model": bool(best and _float(best.get("model_us"))),
             "series": _best_so_far(mine),
         })
     return out
@@ -113,7 +136,7 @@ def _best_so_far(rows: list[dict]) -> list[float | None]:
     base = best = None
     series = []
     for r in rows:
-        latency = _float(r["latency_us"])
+        latency = objective_us(r)
         if r["status"] in ("baseline", "keep") and r["correctness"] == "PASS" and latency:
             base = base or latency
             best = latency
@@ -122,26 +145,108 @@ def _best_so_far(rows: list[dict]) -> list[float | None]:
 
 
 def amdahl(summaries: list[dict]) -> float | None:
-    """End-to-end speedup if every kernel with a plan share ran at its best speedup over PyTorch."""
+    """End-to-end speedup if every kernel with a plan share ran at its best (see remaining_fraction)."""
     ranked = [s for s in summaries if s["f"]]
     if not ranked:
         return None
     rest = 1.0 - sum(s["f"] for s in ranked)
-    return 1.0 / (rest + sum(s["f"] / (s["best_vs_pytorch"] or 1.0) for s in ranked))
+    return 1.0 / (rest + sum(s["f"] * remaining_fraction(s) for s in ranked))
+
+
+def remaining_fraction(summary: dict) -> float:
+    return fraction_left(summary.get("time_us"), summary.get("best_us"), summary.get("in_model"),
+                         summary["best_vs_pytorch"])
+
+
+def shape_lines(jobs: list[dict]) -> list[str]:
+    """Each kernel's time per call at each model shape, baseline -> best, beside eager and compile."""
+    lines = []
+    for job in jobs:
+        before = {json.dumps(s["shape"]): s for s in job.get("baseline_shapes") or []}
+        best = job.get("best_shapes") or []
+        if best:
+            lines.append(f"{job['name']} at the model's shapes (us per call; calls per forward):")
+        for s in best:
+            base = before.get(json.dumps(s["shape"]), {}).get("us")
+            label = " ".join(f"{k}={v}" for k, v in s["shape"].items())
+            lines.append(f"  {label:<28} x{s['calls']:<4} {format_us(base)} -> {format_us(s['us'])}"
+                         f"  eager {format_us(s['eager_us'])}  compile {format_us(s['compile_us'])}"
+                         f"  host {format_us(s['host_us'])}")
+    return lines
+
+
+# ------------------------------------------------------------------------------ the measurement beside it
+def read_verify(root: Path) -> dict | None:
+    """verify.py's last report (workspace/verify.json) with its file time, or None when there is none."""
+    path = root / VERIFY_JSON
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("timing"), dict):
+        return None
+    written = datetime.fromtimestamp(path.stat().st_mtime, timezone.utc)
+    return {**data, "written": written.isoformat(timespec="seconds")}
+
+
+def estimate_lines(estimate: float | None, verify: dict | None, last_kept: str | None) -> list[str]:
+    """The Amdahl estimate beside verify.py's measurement (or what to run to get one).
+    last_kept: ISO time of the tag's last kept experiment; a measurement older than it is said to be."""
+    lines = []
+    if estimate:
+        lines.append(f"end-to-end estimate (Amdahl over the plan's shares): {estimate:.3f}x over PyTorch eager")
+    if verify is None:
+        return lines + ["no end-to-end measurement yet: run verify.py (or `orchestrate.py run --verify`); "
+                        "the estimate alone is not a measurement"]
+    where = "CPU mode, not a performance figure" if verify.get("cpu_mode") else (verify.get("gpu") or "GPU")
+    stale = " (older than the last kept experiment: run verify.py again)" if last_kept and \
+        verify["written"] < last_kept else ""
+    lines.append(f"measured by verify.py, {verify.get('model', '?')} input {verify.get('input_shape')} "
+                 f"({where}, {verify['written']}){stale}:")
+    for row, label in VERIFY_ROWS:
+        r = verify["timing"].get(row)
+        if r and r.get("speedup_vs_eager"):
+            off = f"; the estimate is off by {100 * (estimate / r['speedup_vs_eager'] - 1):+.1f}%" \
+                if estimate and row == "optimized_graph" else ""
+            lines.append(f"  {r['speedup_vs_eager']:.3f}x over eager {label}{off}")
+    if not verify["timing"]:
+        lines.append("  (no timing: correctness only, or the optimized model failed its check)")
+    return lines
+
+
+def verify_command(plan: dict, device: str | None = None, json_path: Path = VERIFY_JSON) -> list[str]:
+    """verify.py's command line for the model a plan was profiled on (profile.py records how it ran)."""
+    source = plan.get("source")
+    if not source or not plan.get("class_name"):
+        raise ValueError("the plan does not say which model it profiled (no source/class_name): run verify.py "
+                         "by hand")
+    where = "--model" if source.endswith(".py") else "--module"
+    cmd = [sys.executable, "verify.py", where, source, "--class-name", plan["class_name"]]
+    if plan.get("config"):
+        cmd += ["--config", str(plan["config"])]
+    cmd += ["--input-shape", ",".join(map(str, plan.get("input_shape") or [])), "--dtype", plan.get("dtype", "float16")]
+    device = device or ("cpu" if plan.get("cpu_mode") else "cuda")
+    cmd += ["--device", device] + (["--cuda-graph"] if device == "cuda" else [])
+    return cmd + ["--json", str(json_path)]
+
+
+def shell_line(cmd: list[str]) -> str:
+    return shlex.join(["python", *cmd[1:]])
 
 
 def report_table(summaries: list[dict], tag: str):
     from rich.table import Table
 
     table = Table(title=f"AutoKernel report: tag {tag}")
-    for col in ("kernel", "share f", "baseline", "best", "vs baseline", "vs pytorch", "runs", "kept", "state"):
-        table.add_column(col, justify="left" if col in ("kernel", "state") else "right")
+    for col in ("kernel", "share f", "time", "baseline", "best", "vs baseline", "vs pytorch", "host/call", "runs",
+                "kept", "state"):
+        table.add_column(col, justify="left" if col in ("kernel", "time", "state") else "right")
     for s in summaries:
         gain = f"{s['baseline_us'] / s['best_us']:.2f}x" if s["baseline_us"] and s["best_us"] else "-"
-        table.add_row(escape(s["kernel"]), f"{s['f']:.1%}" if s["f"] else "-", format_us(s["baseline_us"]),
-                      format_us(s["best_us"]), gain,
-                      format_x(s["best_vs_pytorch"]), str(s["runs"]),
-                      str(s["kept"]), escape(f"{s['status']} {s['reason']}".strip()))
+        table.add_row(escape(s["kernel"]), f"{s['f']:.1%}" if s["f"] else "-",
+                      "in model" if s["in_model"] else "one call", format_us(s["baseline_us"]),
+                      format_us(s["best_us"]), gain, format_x(s["best_vs_pytorch"]), format_us(s["host_us"]),
+                      str(s["runs"]), str(s["kept"]), escape(f"{s['status']} {s['reason']}".strip()))
     return table
 
 

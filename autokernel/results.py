@@ -4,6 +4,12 @@ One row per experiment, tab-separated, header once. A row is written whole or no
 formatted first, then written with a single write() under an exclusive lock, so that concurrent
 writers (several loops, a bench.py beside a loop) never interleave, and a kill leaves no half row.
 The file is untracked by git, so `git reset --hard` in the loop never touches it.
+
+model_us is the kernel's time in the model (sum over the model's shapes of calls per forward x GPU
+time per call, autokernel/modeltime.py), the loop's objective when the kernel carries MODEL_SHAPES;
+model_vs_pytorch and model_vs_compile compare it with eager's and torch.compile's at the same shapes;
+host_us is the host's cost to launch one call. A file begun before a column existed keeps its header:
+new rows are written in its columns, and reading fills the missing ones with "".
 """
 
 from __future__ import annotations
@@ -18,12 +24,14 @@ from pathlib import Path
 COLUMNS = [
     "experiment", "timestamp", "tag", "kernel_type", "kernel_file", "commit", "status", "correctness",
     "latency_us", "throughput_tflops", "bandwidth_gb_s", "pct_peak", "speedup_vs_pytorch",
-    "speedup_vs_compile", "peak_vram_mb", "device", "worker", "agent", "description",
+    "speedup_vs_compile", "model_us", "model_vs_pytorch", "model_vs_compile", "host_us", "peak_vram_mb",
+    "device", "worker", "agent", "description",
 ]
+MODEL_COLUMNS = ("model_us", "model_vs_pytorch", "model_vs_compile", "host_us")  # added with issue 16
 
 # the columns a harness result (autokernel.runner.run_bench) fills in by itself
 METRIC_COLUMNS = ("correctness", "latency_us", "throughput_tflops", "bandwidth_gb_s", "pct_peak",
-                  "speedup_vs_pytorch", "speedup_vs_compile", "peak_vram_mb")
+                  "speedup_vs_pytorch", "speedup_vs_compile", *MODEL_COLUMNS, "peak_vram_mb")
 
 STATUSES = ("baseline", "keep", "revert", "crash", "timeout", "pass", "fail")
 
@@ -44,13 +52,24 @@ def _clean(value) -> str:
     return " ".join(str(value).split())
 
 
-def format_row(row: dict) -> str:
+def objective_us(row: dict) -> float | None:
+    """What the loop minimizes, from a row or a harness result: the time in the model when measured,
+    else the primary shape's latency."""
+    for key in ("model_us", "latency_us"):
+        try:
+            return float(row[key])
+        except (KeyError, TypeError, ValueError):
+            continue
+    return None
+
+
+def format_row(row: dict, columns: list[str] = COLUMNS) -> str:
     unknown = set(row) - set(COLUMNS)
     if unknown:
         raise ValueError(f"unknown results.tsv columns: {sorted(unknown)}")
     if row.get("status") not in STATUSES:
         raise ValueError(f"status must be one of {STATUSES}, got {row.get('status')!r}")
-    return "\t".join(_clean(row.get(col)) for col in COLUMNS) + "\n"
+    return "\t".join(_clean(row.get(col)) for col in columns) + "\n"
 
 
 def append_row(row: dict, path: str | Path = DEFAULT_PATH) -> dict:
@@ -65,7 +84,8 @@ def append_row(row: dict, path: str | Path = DEFAULT_PATH) -> dict:
             existing = f.read()
             if not row.get("experiment"):
                 row["experiment"] = max(0, len(existing.splitlines()) - 1) + 1
-            text = format_row(row)
+            header = existing.split("\n", 1)[0].split("\t") if existing else COLUMNS
+            text = format_row(row, header if set(header) <= set(COLUMNS) else COLUMNS)
             if not existing:
                 text = "\t".join(COLUMNS) + "\n" + text
             elif not existing.endswith("\n"):
@@ -85,4 +105,6 @@ def read_rows(path: str | Path = DEFAULT_PATH) -> list[dict]:
         return []
     reader = csv.DictReader(io.StringIO(path.read_text(encoding="utf-8")), delimiter="\t",
                             quoting=csv.QUOTE_NONE)
-    return [r for r in reader if None not in r and all(r.get(c) is not None for c in COLUMNS)]
+    old = [c for c in MODEL_COLUMNS if c not in (reader.fieldnames or [])]  # a file begun before them
+    return [{**r, **dict.fromkeys(old, "")} for r in reader
+            if None not in r and all(r.get(c) is not None for c in COLUMNS if c not in old)]

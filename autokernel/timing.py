@@ -189,7 +189,8 @@ def cuda_graphed(fn: Callable, example: tuple, warmup: int = 3) -> Callable:
 
     What a deployment that serves fixed shapes does (vLLM, TensorRT-LLM): timing both the original
     and the optimized model this way separates GPU time from host overhead. The output tensor is
-    the graph's own buffer, overwritten by the next replay.
+    the graph's own buffer, overwritten by the next replay; `replay.inputs` are the captured input
+    buffers (what the graph reads, and what a kernel that writes its inputs leaves changed).
     """
     static = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in example)
     side = torch.cuda.Stream()
@@ -209,4 +210,5 @@ def cuda_graphed(fn: Callable, example: tuple, warmup: int = 3) -> Callable:
         graph.replay()
         return out
 
+    replay.inputs = static
     return replay

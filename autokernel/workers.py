@@ -15,8 +15,9 @@ starts the unfinished kernels again first and each loop reconciles the experimen
 A worker that dies on its own (a signal, an OOM kill) is started again on its kernel, up to
 MAX_RESPAWNS times; a worker outlives no driver (PR_SET_PDEATHSIG), so no orphan holds a worktree.
 
-Budgets: --hours bounds the whole run; each kernel gets --per-kernel-minutes (default: hours x
-workers / kernels); --max-experiments counts benches per kernel in this run.
+Budgets: --hours bounds the whole run; each kernel gets --per-kernel-minutes (default: its Amdahl share,
+autokernel/loop/budget.py, of hours x workers, at most the hours; a type with nothing to gain runs last,
+until the end); --max-experiments counts benches per kernel in this run.
 
 CPU mode: with no GPU, `--gpus 0,1` still starts two workers; the ids are only labels (the
 harness children run on the CPU cores through Triton's interpreter) and timings are not figures.
@@ -38,7 +39,7 @@ from pathlib import Path
 
 from autokernel import results
 from autokernel.gitlog import KERNEL_PATH, GitLog, is_artifact
-from autokernel.loop import Loop, LoopConfig
+from autokernel.loop import Loop, LoopConfig, budget
 from autokernel.loop.state import LoopError, StateFile, load_jobs, lock_holder, new_job, repo_lock, write_json_atomic
 from autokernel.report import format_us
 
@@ -202,12 +203,13 @@ class Driver:
             if not todo:
                 return "every kernel is done"
             started = [j for j in todo if kernel_state(self.root, self.tag, j["name"])]
-            self.todo = deque(started + [j for j in todo if j not in started])  # resume first, then Amdahl order
+            fresh = sorted((j for j in todo if j not in started), key=budget.order_key)
+            self.todo = deque(started + fresh)  # resume first, then by the gain left (loop/budget.py)
             self.respawns = {j["name"]: 0 for j in todo}
-            minutes = self.cfg.per_kernel_minutes or self.cfg.hours * 60 * len(self.gpus) / len(todo)
-            self.per_kernel_minutes = minutes
-            self._say(f"{len(self.gpus)} worker(s) on {len(todo)} kernel(s) of tag {self.tag}, "
-                      f"{minutes:.0f} min per kernel; logs in {WORKER_LOGS}/{self.tag}/")
+            self.minutes = budget.parallel_minutes(todo, self.cfg.hours, len(self.gpus), self.cfg.per_kernel_minutes)
+            self._say(f"{len(self.gpus)} worker(s) on {len(todo)} kernel(s) of tag {self.tag}, minutes per kernel: "
+                      + ", ".join(f"{n} {m:.0f}" for n, m in self.minutes.items())
+                      + f"; logs in {WORKER_LOGS}/{self.tag}/")
             self._run_workers()
             return self._summary()
 
@@ -229,7 +231,7 @@ class Driver:
         names = [j["name"] for j in jobs]
         if len(set(names)) != len(names):
             raise LoopError(f"two kernel files share a name ({', '.join(names)}): rename one")
-        keep = ("name", "type", "source", "f", "s", "gain")
+        keep = ("name", "type", "source", "f", "s", "gain", "time_us")
         queue = {"version": 1, "tag": self.tag, "base": self.git.head(), "gpus": self.gpus,
                  "jobs": [{k: j[k] for k in keep} for j in jobs], "assigned": {}}
         self._save_queue(queue)
@@ -278,10 +280,10 @@ class Driver:
             wt = self._worktree(job)
             source = self._source_in(wt, job["source"])
         config = LoopConfig(**{**asdict(self.cfg), "tag": f"{self.tag}/{job['name']}", "hours": self._hours_left(),
-                               "per_kernel_minutes": self.per_kernel_minutes, "worker": f"gpu{gpu}",
+                               "per_kernel_minutes": self.minutes[job["name"]], "worker": f"gpu{gpu}",
                                "results_path": str(self.root / "results.tsv")})
         spec = {"config": asdict(config), "agent": self.agent, "source": source, "parent": os.getpid(),
-                "entry": {k: job.get(k) for k in ("f", "s", "gain")}}
+                "entry": {k: job.get(k) for k in ("f", "s", "gain", "time_us")}}
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": device_for(gpu, os.environ), "PYTHONUNBUFFERED": "1"}
         log = self._log_path(job)
         log.parent.mkdir(parents=True, exist_ok=True)

@@ -3,55 +3,31 @@
     python scripts/launch_overhead.py
 
 For each function: host microseconds per call (enqueue only, no sync), the harness's timing (events,
-L2 flushed), and pure device time from a CUDA graph replay. A kernel whose host time exceeds its device
+L2 flushed), and pure device time from a CUDA graph replay: the protocols of autokernel/modeltime.py,
+which the harness uses for a kernel's time at the model's shapes. A kernel whose host time exceeds its device
 time is launch-bound: in a model's forward it starves the GPU unless the model runs under a graph.
 """
 
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from autokernel import timing  # noqa: E402
+from autokernel import modeltime, timing  # noqa: E402
 from autokernel.kernelfile import import_kernel  # noqa: E402
 from autokernel.registry import get_spec  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-CALLS = 200
 
 
 def host_us(fn, args) -> float:
-    fn(*args)
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(CALLS):
-        fn(*args)
-    elapsed = time.perf_counter() - start
-    torch.cuda.synchronize()
-    return elapsed / CALLS * 1e6
+    return modeltime.host_cost_us(fn, args, "cuda")
 
 
 def graph_us(fn, args) -> float:
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        fn(*args)  # warm up (and compile) outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(20):
-            fn(*args)
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(10):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / 200
+    return modeltime.graph_time(fn, [args])[0].median_us
 
 
 def report(name, fn, args):

@@ -31,6 +31,17 @@ def test_model_shapes_are_inserted_after_kernel_type_then_replaced():
         set_model_shapes('"""no type"""\n', many)
 
 
+def test_call_counts_follow_the_shapes_and_are_replaced_whole():
+    once = set_model_shapes(STARTER, [{"M": 128, "N": 768}, {"M": 1, "N": 768}], "shapes of a model", [33, 1])
+    assert declarations(once)["MODEL_CALLS"] == [33, 1]
+    assert once.index("MODEL_SHAPES") < once.index("MODEL_CALLS") < once.index("BLOCK")
+    twice = set_model_shapes(once, [{"M": 64, "N": 768}], "shapes of a model", [16])
+    assert declarations(twice)["MODEL_CALLS"] == [16] and twice.count("MODEL_CALLS") == 1
+    assert twice.count("# calls per forward pass") == 1
+    with pytest.raises(ExtractError, match="2 call counts for 1 model shapes"):
+        set_model_shapes(STARTER, [{"M": 1, "N": 8}], "", [1, 2])
+
+
 def _plan(*types):
     return {"model": "TinyModel", "input_shape": [2, 64], "dtype": "float32", "entries": [
         {"type": t, "rank": i + 1, "f": 0.1, "shapes": [{"shape": {"M": 128, "N": 64 * (i + 1)}, "time_us": 1.0}]}

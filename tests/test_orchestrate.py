@@ -73,12 +73,16 @@ def make_repo(path: Path, files: dict) -> Path:
     return path
 
 
+def repo_files() -> dict:
+    """The files of a test repository: what the loop needs, and the fake kernel."""
+    files = {name: (ROOT / name).read_text() for name in ("reference.py", "program.md", ".gitignore")}
+    return {**files, "kernel.py": "# the kernel under optimization\n", "kernels/fake.py": FAKE_KERNEL}
+
+
 @pytest.fixture
 def repo(tmp_path, monkeypatch):
     git_env(monkeypatch)
-    files = {name: (ROOT / name).read_text() for name in ("reference.py", "program.md", ".gitignore")}
-    return make_repo(tmp_path / "repo", {**files, "kernel.py": "# the kernel under optimization\n",
-                                         "kernels/fake.py": FAKE_KERNEL})
+    return make_repo(tmp_path / "repo", repo_files())
 
 
 def run_loop(repo, agent="builtin", bench=None, **config):

@@ -161,3 +161,28 @@ def test_kill_9_during_an_experiment_then_resume(project):
     assert not git.is_ancestor(inflight["candidate"], "autokernel/t")
     state = json.loads((repo / "workspace/loop_state.json").read_text())
     assert state["inflight"] is None and state["next_experiment"] == 3
+
+
+def test_the_pipeline_plan_extract_loop_optimizes_the_models_own_kernel(tmp_path):
+    """extract.py records the file in workspace/plan.json; a bare `run` takes it, says so, and scores it by
+    its time in the model (MODEL_SHAPES x MODEL_CALLS)."""
+    repo, env = copy_project(tmp_path, PROJECT + ["extract.py"])
+    shapes = [{"shape": {"M": 16, "N": 64}, "calls": 9, "time_us": 3.0}, {"shape": {"M": 4, "N": 40}, "calls": 1,
+                                                                           "time_us": 1.0}]
+    plan = {"model": "TestModel", "input_shape": [2, 8], "entries": [
+        {"type": "rmsnorm", "rank": 1, "f": 0.3, "s": 2.0, "gain": 1.18, "shapes": shapes}]}
+    (repo / "workspace").mkdir()
+    (repo / "workspace" / "profiled.plan.json").write_text(json.dumps(plan))
+    extracted = subprocess.run([sys.executable, "extract.py", "--plan", "workspace/profiled.plan.json", "--top", "1"],
+                               cwd=repo, env=env, capture_output=True, text=True, timeout=RUN_LIMIT_S)
+    assert extracted.returncode == 0, extracted.stdout + extracted.stderr
+    done = orchestrate(repo, env, "--max-experiments", "2")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "rmsnorm: workspace/kernels/01_rmsnorm.py (2 model shape(s))" in done.stdout
+    rows = check_git_matches_results(repo)
+    assert {r["kernel_file"] for r in rows} == {"workspace/kernels/01_rmsnorm.py"}
+    baseline = rows[0]
+    assert baseline["status"] == "baseline" and float(baseline["model_us"]) > 0 and float(baseline["host_us"]) > 0
+    state = json.loads((repo / "workspace/loop_state.json").read_text())
+    assert state["jobs"][0]["objective"] == "model_us"
+    assert state["jobs"][0]["baseline_us"] == pytest.approx(float(baseline["model_us"]), rel=1e-3)

@@ -39,3 +39,16 @@ def test_unknown_status_or_column_is_refused(tmp_path):
         results.append_row({"status": "great"}, tmp_path / "r.tsv")
     with pytest.raises(ValueError, match="unknown results.tsv columns"):
         results.append_row({"status": "keep", "speed": 3}, tmp_path / "r.tsv")
+
+
+def test_a_log_begun_before_the_model_columns_stays_whole(tmp_path):
+    path = tmp_path / "results.tsv"
+    old = [c for c in results.COLUMNS if c not in results.MODEL_COLUMNS]
+    path.write_text("\t".join(old) + "\n" + "\t".join("1" if c == "experiment" else "keep" if c == "status" else ""
+                                                       for c in old) + "\n")
+    results.append_row({"status": "keep", "latency_us": 9.0, "model_us": 90.0, "description": "new"}, path)
+    lines = path.read_text().splitlines()
+    assert all(len(line.split("\t")) == len(old) for line in lines)  # written in the file's own columns
+    first, second = results.read_rows(path)
+    assert second["latency_us"] == "9" and second["model_us"] == "" and second["experiment"] == "2"
+    assert results.objective_us(second) == 9.0  # the time in the model is not in this file: the latency

@@ -40,6 +40,7 @@ class Task:
     history: list[dict] = field(default_factory=list)  # results.tsv rows of this kernel, oldest first
     last_log: str = ""  # what the harness printed for the last experiment
     seed: int = 0
+    model_shapes: list = field(default_factory=list)  # observe(): per-shape times of the experiment observed
 
     @property
     def kernel_file(self) -> Path:
@@ -64,6 +65,10 @@ class Agent:
 
     def observe(self, task: Task, proposal: Proposal | None, status: str) -> None:
         """Learn the outcome (baseline/keep/revert/crash/timeout) of a proposal; None for the baseline."""
+
+    def finish(self, task: Task) -> Proposal | None:
+        """One last change when the loop ends the kernel (kept only if it beats the best), or None."""
+        return None
 
 
 def make_agent(name: str, **options) -> Agent:

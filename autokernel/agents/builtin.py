@@ -14,6 +14,14 @@ ties are broken by a seeded shuffle, so a run is reproducible.
 
 Edits are made by rewriting the literal in the `NAME = value` line, leaving comments and the rest of
 the file untouched.
+
+Shape specialization. A kernel the model calls at several shapes is timed at each (modeltime.py), and
+the agent remembers every tried configuration's time per shape. When the loop ends the kernel, the
+agent's last move (finish) is a per-shape table when some shape was fastest, by more than
+TABLE_MIN_GAIN_PCT, under another configuration than the best single one: `SHAPE_CONFIGS` maps the
+tensor arguments' shapes to that configuration, and a new `kernel_fn` (same signature) sets those
+tunables for the call and hands over to the single-configuration one. The loop keeps the table only
+if the model's time with it beats the best single configuration, like any other change.
 """
 
 from __future__ import annotations
@@ -21,11 +29,14 @@ from __future__ import annotations
 import ast
 import itertools
 import json
+import math
 import random
+import textwrap
 from typing import NamedTuple
 
 from autokernel.agents import Agent, Proposal, Task
 from autokernel.kernelfile import declarations
+from autokernel.results import objective_us
 
 
 class Move(NamedTuple):
@@ -147,8 +158,107 @@ def next_move(source: str, memory: dict, seed: int) -> Proposal | None:
     return None
 
 
+# ------------------------------------------------------------------------------ shape specialization
+TABLE_MIN_GAIN_PCT = 2.0  # a shape joins the table only when another configuration was this much faster there
+TABLE_MARK = "# --- per-shape configurations (builtin agent)"
+
+
+def record_shape_times(memory: dict, config: dict, model_shapes: list[dict]) -> None:
+    """Remember a timed configuration's time per model shape (keyed by the arguments' shapes)."""
+    if not model_shapes:
+        return
+    memory["shapes"] = [{"key": s["arg_shapes"], "calls": s["calls"]} for s in model_shapes]
+    memory.setdefault("shape_us", []).append({"config": config, "us": [s["us"] for s in model_shapes]})
+
+
+def shape_table(memory: dict, best: dict) -> dict | None:
+    """{shape key (json): configuration} for the shapes where another configuration than `best` was
+    fastest by more than TABLE_MIN_GAIN_PCT, when the table's predicted time in the model beats best's;
+    else None. Needs two or more model shapes (one shape has one best configuration)."""
+    shapes, runs = memory.get("shapes") or [], memory.get("shape_us") or []
+    mine = next((r["us"] for r in reversed(runs) if config_key(r["config"]) == config_key(best)), None)
+    if len(shapes) < 2 or mine is None or len(mine) != len(shapes):
+        return None
+    table, predicted = {}, list(mine)
+    for i, shape in enumerate(shapes):
+        fastest = min((r for r in runs if len(r["us"]) == len(shapes)), key=lambda r: r["us"][i])
+        if fastest["us"][i] < mine[i] * (1 - TABLE_MIN_GAIN_PCT / 100):
+            table[json.dumps(shape["key"])] = fastest["config"]
+            predicted[i] = fastest["us"][i]
+    calls = [s["calls"] for s in shapes]
+    if not table or sum(c * t for c, t in zip(calls, predicted)) >= sum(c * t for c, t in zip(calls, mine)):
+        return None
+    return table
+
+
+def launch_key(arg_shapes: list[list[int]]) -> tuple:
+    """How the dispatching kernel_fn recognises a shape: (elements, last dimension) of each tensor argument,
+    so that a model passing (1, 2048, 768) where the harness timed (2048, 768) still finds its entry."""
+    return tuple((math.prod(shape), shape[-1] if shape else 1) for shape in arg_shapes)
+
+
+def apply_table(source: str, table: dict, best: dict) -> str | None:
+    """The source ending with the per-shape table and its dispatching kernel_fn; None when the file's
+    kernel_fn cannot be wrapped (no torch import, *args or keyword-only parameters)."""
+    fn = next((n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == "kernel_fn"), None)
+    if fn is None or "import torch" not in source or TABLE_MARK in source or fn.args.vararg or fn.args.kwarg \
+            or fn.args.kwonlyargs or fn.body[0].lineno == fn.lineno:
+        return None
+    lines = source.splitlines(keepends=True)
+    header = "".join(lines[fn.lineno - 1:fn.body[0].lineno - 1]).rstrip()
+    if not header.endswith(":"):  # a comment after the colon, or a docstring on the def line
+        return None
+    params = ", ".join(a.arg for a in fn.args.posonlyargs + fn.args.args)
+    names = sorted({n for config in table.values() for n in config if config[n] != best.get(n)})
+    entries = "".join(f"    {launch_key(json.loads(key))!r}: {tuple(config[n] for n in names)!r},\n"
+                      for key, config in table.items())
+    saved = ", ".join(f"_saved_{i}" for i in range(len(names)))
+    block = textwrap.dedent(f"""
+
+
+        {TABLE_MARK} ---------------------------------------------------
+        # The model calls this kernel at several shapes and some were fastest under another configuration
+        # than the constants above: at launch the tensor arguments' sizes pick it (other shapes keep them).
+        SHAPE_TABLE_NAMES = {tuple(names)!r}
+        SHAPE_CONFIGS = {{
+        {{entries}}}}
+        _single_config_kernel_fn = kernel_fn
+
+
+        def _with_config(config, args):
+            global {", ".join(names)}
+            {saved}, = {", ".join(names)},
+            {", ".join(names)}, = config
+            try:
+                return _single_config_kernel_fn(*args)
+            finally:
+                {", ".join(names)}, = {saved},
+
+
+        {{header}}
+            args = ({params},)
+            key = tuple((a.numel(), a.shape[-1] if a.dim() else 1) for a in args if isinstance(a, torch.Tensor))
+            config = SHAPE_CONFIGS.get(key)
+            return _single_config_kernel_fn(*args) if config is None else _with_config(config, args)
+        """)
+    block = block.replace("{entries}", entries).replace("{header}", header.strip())
+    return source.rstrip() + "\n\n\n" + block.strip("\n") + "\n"
+
+
 class BuiltinAgent(Agent):
     name = "builtin"
+
+    def finish(self, task: Task) -> Proposal | None:
+        """The per-shape table, when the shapes disagree on their best configuration (see the docstring)."""
+        source = task.kernel_file.read_text()
+        best = tunable_space(source)[1]
+        table = shape_table(task.memory, best)
+        new = apply_table(source, table, best) if table else None
+        if new is None:
+            return None
+        task.kernel_file.write_text(new)
+        picks = "; ".join(f"{key}: {describe_move(best, config) or 'as above'}" for key, config in table.items())
+        return Proposal(f"per-shape table ({picks})", {"table": table})
 
     def propose(self, task: Task) -> Proposal | None:
         source = task.kernel_file.read_text()
@@ -166,6 +276,7 @@ class BuiltinAgent(Agent):
         if not config:
             return
         task.memory.setdefault("tried", []).append(config)
+        record_shape_times(task.memory, config, task.model_shapes)
         if status == "keep" and proposal is not None:
             task.memory["momentum"] = proposal.meta.get("directions", {})
             task.memory["flat"] = []  # under the new configuration every tunable may matter again
@@ -180,8 +291,10 @@ FLAT_PCT = 1.0  # a revert this close to the best says the moved tunable does no
 def _made_no_difference(history: list[dict]) -> bool:
     """Whether the last experiment timed within FLAT_PCT of the best kept (or baseline) before it."""
     try:
-        last = float(history[-1]["latency_us"])
-        best = min(float(r["latency_us"]) for r in history[:-1] if r["status"] in ("baseline", "keep"))
-    except (ValueError, KeyError, IndexError):
+        last = objective_us(history[-1])
+        best = min(objective_us(r) for r in history[:-1] if r["status"] in ("baseline", "keep"))
+    except (ValueError, KeyError, IndexError, TypeError):
         return False  # a crash, a timeout, no baseline yet: nothing learnt about sensitivity
+    if last is None:
+        return False
     return abs(last - best) <= FLAT_PCT / 100 * best

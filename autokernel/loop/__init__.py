@@ -27,12 +27,24 @@ from pathlib import Path
 from autokernel import results
 from autokernel.agents import Agent, AgentError, Proposal, Task
 from autokernel.gitlog import KERNEL_PATH, GitError, GitLog
+from autokernel.kernelfile import KernelFileError, declarations
+from autokernel.loop import budget
 from autokernel.loop.state import LoopError, StateFile, job_row_history, repo_lock
 from autokernel.report import format_duration, format_us, progress_line
 
 # A full harness run takes 10-30 s on a GPU; a candidate still going after this long is a hang (seen on
 # an H200: a one-warp, 8192-wide single-pass rmsnorm compiled for minutes), and the night moves on.
 LOOP_BENCH_TIMEOUT_S = {"cuda": 120, "cpu": 600}
+# The baseline also compiles torch.compile's reference (max-autotune) at every model shape: minutes for a GEMM
+# type with several shapes, where an experiment reuses those times.
+BASELINE_TIMEOUT_FACTOR = 4
+# what an experiment's outcome keeps of the harness result (the loop state and the agent read them)
+OUTCOME_KEYS = ("latency_us", "noise_pct", "pct_peak", "speedup_vs_pytorch", "model_us", "model_noise_pct",
+                "model_vs_pytorch", "model_host_us", "model_timing", "model_shapes", "device")
+MODEL_DECLARATIONS = ("MODEL_SHAPES", "MODEL_CALLS")  # what the objective is made of: never the agent's edit
+# The host clock of two benches of the same launcher differs by a few percent; a launcher that really costs
+# more (another launch, a torch op, a sync) costs tens of percent. Within this margin the GPU decides.
+HOST_NOISE_PCT = 5.0
 MIN_GAIN_PCT = 1.0  # a change must beat the best by more than this (or the baseline noise, if larger)
 LAST_LOG_CHARS = 8000  # of the harness output kept for the next prompt
 # KernelBench: the bridge, and the read-only problem copies that are its references
@@ -59,20 +71,39 @@ class LoopConfig:
     worker: str | None = None  # the results.tsv worker column; default the host name
 
 
-def decide(result: dict, best_us: float | None, threshold_pct: float) -> tuple[str, str]:
-    """(status, why) of a benched candidate: keep, revert, crash or timeout."""
+def decide(result: dict, best_us: float | None, threshold_pct: float,
+           best_host_us: float | None = None) -> tuple[str, str]:
+    """(status, why) of a benched candidate: keep, revert, crash or timeout.
+
+    Times are the objective (results.objective_us: the time in the model when the kernel has model
+    shapes). A change faster on the GPU is still reverted when the host's cost per forward pass
+    (model_host_us, measured on a GPU only) grew by more than the GPU time it saves (beyond the host
+    clock's noise, HOST_NOISE_PCT): in an eager model the host would eat the gain."""
     status = result.get("status")
     if status in ("crash", "timeout"):
         return status, _first_line(result.get("reason")) or status
     if status != "pass" or result.get("correctness") != "PASS":
         return "revert", f"FAIL at {result.get('failed_stage') or 'harness'}: {_first_line(result.get('reason'))}"
-    latency = result["latency_us"]
+    value = results.objective_us(result)
     if best_us is None:
         return "keep", "first correct version"
-    gain = 100.0 * (best_us - latency) / best_us
-    if gain > threshold_pct:
-        return "keep", f"{gain:.1f}% faster than {format_us(best_us)}"
-    return "revert", f"{gain:+.1f}% vs {format_us(best_us)}, needs > {threshold_pct:.1f}%"
+    gain = 100.0 * (best_us - value) / best_us
+    if gain <= threshold_pct:
+        return "revert", f"{gain:+.1f}% vs {format_us(best_us)}, needs > {threshold_pct:.1f}%"
+    host = result.get("model_host_us")
+    if best_host_us is not None and host is not None and result.get("model_timing") == "cuda_graph":
+        grew, saved = host - best_host_us, best_us - value
+        if grew > saved + best_host_us * HOST_NOISE_PCT / 100:
+            return "revert", (f"{gain:.1f}% faster on the GPU, but the host's cost per forward grew by "
+                              f"{format_us(grew)}, more than the {format_us(saved)} saved")
+    return "keep", f"{gain:.1f}% faster than {format_us(best_us)}"
+
+
+def _shape_summary(out: dict) -> list[dict]:
+    """Per model shape, what the report shows of a kept version: calls, and the kernel's, eager's,
+    torch.compile's and the host's microseconds per call."""
+    keys = ("shape", "calls", "us", "eager_us", "compile_us", "host_us")
+    return [{k: s.get(k) for k in keys} for s in out.get("model_shapes") or []]
 
 
 def harness_hashes(root: Path) -> dict[str, str]:
@@ -149,9 +180,12 @@ class Loop:
             self._say(f"resumed {branch} at experiment {self.state.data['next_experiment']}")
         self.state.data["seed"] = self.cfg.seed  # `orchestrate.py next` shows the same search order
         self.harness = harness_hashes(self.root)
-        pending = [j for j in self.state.jobs if j["status"] != "done"]
-        minutes = self.cfg.per_kernel_minutes or self.cfg.hours * 60 / max(1, len(pending))
-        self.kernel_budget_s = minutes * 60
+        for job in self.state.jobs:
+            job["budget_s"] = None  # each run shares its own hours (set when the kernel starts)
+        if self.cfg.per_kernel_minutes is None:
+            self._say("time by Amdahl (each kernel's share of what is left when it starts):")
+            for line in budget.describe(self.state.jobs, self._time_left()):
+                self._say(line)
 
     def _reconcile(self) -> None:
         """Finish or undo the experiment a kill interrupted (see the module docstring)."""
@@ -198,7 +232,7 @@ class Loop:
             if job is None:
                 return "every kernel is done"
             reason = self._kernel_finished(job)
-            if reason:
+            if reason and not self._finale_due(job):
                 self._finish(job, reason)
                 continue
             stop = self._run_budget_left()
@@ -208,7 +242,13 @@ class Loop:
             if job["baseline_sha"] is None:
                 self._baseline(job)
             else:
-                self._experiment(job)
+                self._experiment(job, final=bool(reason))
+
+    @staticmethod
+    def _finale_due(job: dict) -> bool:
+        """A finished kernel gets one last experiment of the agent's choosing (Agent.finish: the builtin
+        agent's per-shape table), once, when it has a correct best to start from."""
+        return bool(job["best_us"]) and not job.get("finale_done")
 
     def _run_budget_left(self) -> str | None:
         if time.time() - self.started >= self.cfg.hours * 3600:
@@ -226,9 +266,21 @@ class Loop:
             return f"{job['best_pct_peak']:.0f}% of peak reached"
         if job["baseline_us"] and job["best_us"] and job["baseline_us"] / job["best_us"] >= self.cfg.target_speedup:
             return f"{job['baseline_us'] / job['best_us']:.2f}x over the baseline reached"
-        if job["seconds"] >= self.kernel_budget_s:
-            return f"its {self.kernel_budget_s / 60:.0f} min budget is used"
+        if job.get("exhausted"):
+            return "the agent has nothing left to try"
+        if job["seconds"] >= self._budget_s(job):
+            return f"its {self._budget_s(job) / 60:.1f} min budget is used"
         return None
+
+    def _budget_s(self, job: dict) -> float:
+        """The kernel's time: --per-kernel-minutes, else its Amdahl share of this run's time left when it
+        started (budget.py), on top of what earlier runs spent on it."""
+        if self.cfg.per_kernel_minutes is not None:
+            return self.cfg.per_kernel_minutes * 60
+        if job.get("budget_s") is None:
+            job["budget_s"] = job["seconds"] + budget.shares(self.state.jobs)[job["name"]] * self._time_left()
+            self.state.save()
+        return job["budget_s"]
 
     def _finish(self, job: dict, reason: str) -> None:
         job["status"], job["reason"] = "done", reason
@@ -262,25 +314,37 @@ class Loop:
         (self.root / KERNEL_PATH).write_text(source.read_text())
         self._bench_commit(job, inflight, Proposal(f"baseline from {job['source']}"))
 
-    def _experiment(self, job: dict) -> None:
-        inflight = self._begin(job, "experiment")
+    def _experiment(self, job: dict, final: bool = False) -> None:
+        inflight = self._begin(job, "finale" if final else "experiment")
         task = self._task(job, inflight["experiment"])
         log_before = self.results_path.read_bytes() if self.results_path.exists() else None
-        self._status(job, "agent at work")
+        self._status(job, "agent at work" + (" (its last move)" if final else ""))
         try:
-            proposal = self.agent.propose(task)
+            proposal = self.agent.finish(task) if final else self.agent.propose(task)
         except AgentError as e:
             return self._discard(job, inflight, Proposal("(agent failed)"), str(e))
         if proposal is None:
             self._undo(inflight)
             self.state.data["inflight"] = None
-            return self._finish(job, "the agent has nothing left to try")
+            job["finale_done" if final else "exhausted"] = True
+            return self.state.save()
         others = self._touched(inflight, log_before)
         if others:
             return self._discard(job, inflight, proposal, f"touched other files: {', '.join(others[:5])}")
         if KERNEL_PATH not in self.git.changes():
             return self._discard(job, inflight, proposal, "kernel.py is unchanged")
+        if self._model_shapes_changed(job):
+            return self._discard(job, inflight, proposal, "changed MODEL_SHAPES or MODEL_CALLS: the model's shapes "
+                                                          "and call counts are the objective, not the agent's to edit")
         self._bench_commit(job, inflight, proposal)
+
+    def _model_shapes_changed(self, job: dict) -> bool:
+        try:
+            before = declarations(self.git.file_at(job["baseline_sha"], KERNEL_PATH))
+            now = declarations((self.root / KERNEL_PATH).read_text())
+        except KernelFileError:
+            return False  # a file that does not parse is the harness's to report
+        return any(before.get(name) != now.get(name) for name in MODEL_DECLARATIONS)
 
     def _touched(self, inflight: dict, log_before: bytes | None) -> list[str]:
         """Paths other than kernel.py the agent changed; undoes any commit or branch switch it made."""
@@ -324,7 +388,7 @@ class Loop:
             status, why = "baseline", _first_line(result.get("reason")) if result.get("status") != "pass" else ""
         else:
             threshold = max(self.cfg.min_gain_pct, job.get("noise_pct") or 0.0)
-            status, why = decide(result, job["best_us"], threshold)
+            status, why = decide(result, job["best_us"], threshold, job.get("best_host_us"))
         sha = self.git.amend_message(self._message(subject, status, why, result, job))
         if status not in ("keep", "baseline"):
             self.git.reset_kernel(inflight["base"])
@@ -341,6 +405,7 @@ class Loop:
             from autokernel.gpu import pick_device
 
             timeout = LOOP_BENCH_TIMEOUT_S[pick_device(self.cfg.device)]
+            timeout *= 1 if reuse_baselines else BASELINE_TIMEOUT_FACTOR
         return bench(str(self.root / KERNEL_PATH), device=self.cfg.device, quick=self.cfg.quick,
                      timeout=timeout, dtype=self.cfg.dtype, reuse_baselines=reuse_baselines)
 
@@ -353,13 +418,14 @@ class Loop:
                             "(git checkout -- <file>) and start the loop again.")
 
     def _message(self, subject: str, status: str, why: str, result: dict, job: dict) -> str:
-        latency = result.get("latency_us") if result.get("status") == "pass" else None
+        latency = results.objective_us(result) if result.get("status") == "pass" else None
         parts = [status] + ([format_us(latency)] if latency else [])
         base = job["baseline_us"] or (latency if status == "baseline" else None)
         if latency and base:
             parts.append(f"{base / latency:.2f}x baseline")
-        body = [f"{k}: {result.get(k)}" for k in ("correctness", "latency_us", "speedup_vs_pytorch",
-                                                  "speedup_vs_compile", "pct_peak", "device", "gpu")]
+        body = [f"{k}: {result.get(k)}" for k in ("correctness", "model_us", "model_vs_pytorch", "host_us",
+                                                  "latency_us", "speedup_vs_pytorch", "speedup_vs_compile",
+                                                  "pct_peak", "device", "gpu") if k in result]
         return f"{subject} | {' '.join(parts)}\n\n{why}\n\n" + "\n".join(body)
 
     # ---------------------------------------------------------------------- recording
@@ -378,7 +444,7 @@ class Loop:
         inflight["outcome"] = {
             "status": status, "passed": passed, "seconds": time.time() - inflight["started"],
             "log": (result.get("log") or "")[-LAST_LOG_CHARS:] or why,
-            **{k: result.get(k) for k in ("latency_us", "noise_pct", "pct_peak", "speedup_vs_pytorch")},
+            **{k: result.get(k) for k in OUTCOME_KEYS},
         }
         self.state.save()
         results.append_row(row, self.results_path)
@@ -389,23 +455,29 @@ class Loop:
         """Move the state past a recorded experiment (also used when resuming)."""
         out, row = inflight["outcome"], inflight["row"]
         job["experiments"] += 1
+        if inflight["kind"] == "finale":
+            job["finale_done"] = True
         job["seconds"] += out["seconds"]
         status = out["status"]
         if status == "baseline":
             job["baseline_sha"] = job["best_sha"] = row["commit"]
-            job["noise_pct"] = out["noise_pct"]
+            in_model = out.get("model_us") is not None
+            job["objective"] = "model_us" if in_model else "latency_us"
+            job["noise_pct"] = out.get("model_noise_pct") if in_model else out["noise_pct"]
             if out["passed"]:
-                job["baseline_us"] = job["best_us"] = out["latency_us"]
-                job["best_pct_peak"], job["best_vs_pytorch"] = out["pct_peak"], out["speedup_vs_pytorch"]
+                job["baseline_us"] = results.objective_us(out)
+                job["baseline_shapes"] = _shape_summary(out)
+                self._set_best(job, out)
         elif status == "keep":
-            job["best_sha"], job["best_us"] = row["commit"], out["latency_us"]
-            job["best_pct_peak"], job["best_vs_pytorch"] = out["pct_peak"], out["speedup_vs_pytorch"]
+            job["best_sha"] = row["commit"]
+            self._set_best(job, out)
             job["kept"] += 1
             job["reverts_in_row"] = 0
         else:
             job["reverts_in_row"] += 1
         proposal = inflight.get("proposal") or {}
         task = self._task(job, inflight["experiment"])
+        task.model_shapes = out.get("model_shapes") or []
         self.agent.observe(task, None if status == "baseline" else
                            Proposal(proposal.get("description", ""), proposal.get("meta", {})), status)
         if status in ("keep", "baseline"):
@@ -413,6 +485,14 @@ class Loop:
         self.state.data.update(head=self.git.head(), next_experiment=inflight["experiment"] + 1,
                                last_log=out["log"], inflight=None)
         self.state.save()
+
+    @staticmethod
+    def _set_best(job: dict, out: dict) -> None:
+        job["best_us"] = results.objective_us(out)
+        job["best_pct_peak"], job["best_host_us"] = out["pct_peak"], out.get("model_host_us")
+        job["best_vs_pytorch"] = out.get("model_vs_pytorch") or out["speedup_vs_pytorch"]
+        job["measured_on"] = out.get("device")
+        job["best_shapes"] = _shape_summary(out)
 
     def _abandon(self) -> None:
         """The loop stops on an error: the experiment in flight is undone, unless it was decided."""

@@ -16,7 +16,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from autokernel import results
-from autokernel.kernelfile import KernelFileError, kernel_type, read_source
+from autokernel.kernelfile import KernelFileError, declarations, kernel_type, read_source
+from autokernel.loop import budget
 
 STATE_FILE = "workspace/loop_state.json"
 LOCK_FILE = "workspace/orchestrate.lock"
@@ -124,10 +125,10 @@ class StateFile:
 
 
 def next_job(jobs: list[dict]) -> dict | None:
-    """The kernel being worked on, else the pending one with the most end-to-end gain left."""
+    """The kernel being worked on, else the pending one with the most end-to-end gain left (budget.py)."""
     active = [j for j in jobs if j["status"] == "active"]
     pending = [j for j in jobs if j["status"] == "pending"]
-    return (active or sorted(pending, key=lambda j: -(j.get("gain") or 0.0)) or [None])[0]
+    return (active or sorted(pending, key=budget.order_key) or [None])[0]
 
 
 # ------------------------------------------------------------------------------ the queue
@@ -140,15 +141,15 @@ def new_job(root: Path, source: str, entry: dict | None = None) -> dict:
         raise LoopError(str(e)) from None
     rel = str(path.resolve().relative_to(root)) if path.resolve().is_relative_to(root) else str(path)
     return {"name": path.stem, "type": found_type, "source": rel, "f": entry.get("f"), "s": entry.get("s"),
-            "gain": entry.get("gain"), "status": "pending", "reason": "", "baseline_sha": None,
-            "baseline_us": None, "noise_pct": None, "best_sha": None, "best_us": None, "best_pct_peak": None,
-            "best_vs_pytorch": None, "experiments": 0, "kept": 0, "reverts_in_row": 0, "seconds": 0.0,
-            "memory": {}}
+            "gain": entry.get("gain"), "time_us": entry.get("time_us"), "status": "pending", "reason": "",
+            "baseline_sha": None, "baseline_us": None, "noise_pct": None, "best_sha": None, "best_us": None,
+            "best_pct_peak": None, "best_vs_pytorch": None, "experiments": 0, "kept": 0, "reverts_in_row": 0,
+            "seconds": 0.0, "memory": {}}
 
 
 def load_jobs(root: Path, plan: str | Path | None = None, kernels: list[str] | None = None,
               warn=print) -> list[dict]:
-    """The queue from --kernel files, or from the plan (ranked by end-to-end gain)."""
+    """The queue from --kernel files, or from the plan (its extracted kernel files, ranked by gain)."""
     if kernels:
         return [new_job(root, k) for k in kernels]
     plan_path = Path(plan) if plan else root / "workspace" / "plan.json"
@@ -159,14 +160,61 @@ def load_jobs(root: Path, plan: str | Path | None = None, kernels: list[str] | N
     entries = json.loads(plan_path.read_text()).get("entries", [])
     jobs = []
     for entry in sorted(entries, key=lambda e: -(e.get("gain") or 0.0)):
-        source = entry.get("kernel_file") or f"kernels/{entry['type']}.py"
-        if not (root / source).is_file() and not Path(source).is_file():
-            warn(f"skipped {entry['type']}: no kernel file {source} (run extract.py)")
+        source = plan_kernel_file(root, entry, warn)
+        if source is None:
             continue
         jobs.append(new_job(root, source, entry))
     if not jobs:
         raise LoopError(f"no kernel of {plan_path} has a kernel file: run extract.py first")
     return jobs
+
+
+def plan_kernel_file(root: Path, entry: dict, warn=print) -> str | None:
+    """The file the loop optimizes for a plan entry, saying which: the one extract.py recorded, else
+    workspace/kernels/NN_<type>.py, else (with a warning) the starter kernels/<type>.py, which times
+    its own shapes instead of the model's. None when there is no file at all."""
+    type_ = entry["type"]
+    found = [f for f in (entry.get("kernel_file"), _extracted_name(entry)) if f and _exists(root, f)]
+    if found:
+        source = found[0]
+        shapes = _declared(root, source).get("MODEL_SHAPES") or []
+        planned = [s["shape"] for s in entry.get("shapes", []) if isinstance(s, dict) and s.get("shape")]
+        if planned and shapes != planned:
+            warn(f"{type_}: {source} does not carry this plan's shapes (extracted from another plan? "
+                 "run extract.py again); taken anyway")
+        else:
+            warn(f"{type_}: {source} ({len(shapes)} model shape(s))")
+        return source
+    starter = f"kernels/{type_}.py"
+    if not _exists(root, starter):
+        warn(f"skipped {type_}: no kernel file (run extract.py)")
+        return None
+    warn(f"warning: {type_}: no extracted kernel in the plan or workspace/kernels (run extract.py); falling back "
+         f"to the starter {starter}, which is timed at its own shapes, not the model's")
+    return starter
+
+
+EXTRACTED_DIR = "workspace/kernels"
+
+
+def _extracted_name(entry: dict) -> str | None:
+    return f"{EXTRACTED_DIR}/{int(entry['rank']):02d}_{entry['type']}.py" if entry.get("rank") else None
+
+
+def _path(root: Path, source: str) -> Path:
+    return Path(source) if Path(source).is_absolute() else root / source  # never the current directory's
+
+
+def _exists(root: Path, source: str) -> bool:
+    return _path(root, source).is_file()
+
+
+def _declared(root: Path, source: str) -> dict:
+    path = _path(root, source)
+    try:
+        return declarations(read_source(path), path.name)
+    except KernelFileError:
+        return {}
 
 
 def job_row_history(results_path: Path, tag: str, source: str) -> list[dict]:

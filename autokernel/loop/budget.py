@@ -1,0 +1,77 @@
+"""The night's time shared by Amdahl's law: each kernel gets time in proportion to what it may still gain.
+
+A kernel type that takes a share f of the model's time and already runs s times faster than PyTorch
+still takes f / s of it: that is all the end-to-end time more work on it can save, and only the part
+above its roofline can be saved at all. So a kernel's potential is f x (what is left) x (1 - its
+fraction of peak); what is left is its time in the model over the time the profile measured for its
+type once its baseline ran on a GPU (fraction_left), 1 / s before (s: the plan's speedup). Kernels
+are worked on in order of potential, and each, when it starts, gets the time left times its share of
+the potential of the kernels not done yet; a kernel that finishes early leaves its time to the
+others. A type the plan expects no gain from (gain <= 1: its starter is no faster than PyTorch) has
+no potential: it goes last, on whatever time the others leave. Kernels given by hand (--kernel, no
+plan share) split the time evenly.
+"""
+
+from __future__ import annotations
+
+from autokernel.plan import fraction_left
+
+MAX_PCT_PEAK = 95.0  # % of the roofline; beyond this the room left is noise, not potential
+NO_GAIN = 1.0 + 1e-9  # a plan gain at or under this means the type cannot speed the model up
+
+
+def potential(job: dict) -> float | None:
+    """Share of the model's time the kernel may still save; None for a kernel without a plan share."""
+    f = job.get("f")
+    if not f:
+        return None
+    if job.get("gain") is not None and job["gain"] <= NO_GAIN:
+        return 0.0
+    on_gpu = job.get("measured_on") == "cuda"
+    left = fraction_left(job.get("time_us"), job.get("best_us"), on_gpu and job.get("objective") == "model_us",
+                         (job.get("best_vs_pytorch") if on_gpu else None) or job.get("s"))
+    peak = job.get("best_pct_peak") if on_gpu else None
+    room = 1.0 - min(float(peak), MAX_PCT_PEAK) / 100 if peak else 1.0
+    return f * left * room
+
+
+def shares(jobs: list[dict]) -> dict[str, float]:
+    """Each unfinished kernel's fraction of the time left (summing to 1, or to 0 with nothing to do)."""
+    todo = [j for j in jobs if j["status"] != "done"]
+    weights = {j["name"]: potential(j) for j in todo}
+    if any(w is None for w in weights.values()) or not sum(weights.values()):
+        return {name: 1.0 / len(todo) for name in weights}  # by hand, or only no-gain types left: evenly
+    total = sum(weights.values())
+    return {name: w / total for name, w in weights.items()}
+
+
+def parallel_minutes(jobs: list[dict], hours: float, slots: int, per_kernel: float | None = None) -> dict:
+    """Minutes per kernel when `slots` GPUs work at once (--gpus, --ray): --per-kernel-minutes, else each
+    kernel's share of the slots' hours, at most the run's; a type with nothing to gain runs last, until the end."""
+    if per_kernel:
+        return {j["name"]: per_kernel for j in jobs}
+    split = shares([{**j, "status": "pending"} for j in jobs])
+    run = hours * 60
+    return {name: min(run, share * run * min(slots, len(jobs))) if share else run for name, share in split.items()}
+
+
+def order_key(job: dict) -> tuple:
+    """Sort key of the pending queue: most potential first, no-gain types last, then the plan's gain."""
+    p = potential(job)
+    return (p == 0.0, -(p or 0.0), -(job.get("gain") or 0.0))
+
+
+def describe(jobs: list[dict], seconds_left: float) -> list[str]:
+    """What the run says about the split, one line per kernel not done."""
+    split = shares(jobs)
+    lines = []
+    for job in sorted((j for j in jobs if j["status"] != "done"), key=order_key):
+        p = potential(job)
+        if p == 0.0 and split[job["name"]] == 0.0:
+            lines.append(f"  {job['name']}: plan gain {job.get('gain') or 1.0:.3f}x, nothing to gain over PyTorch: "
+                         "queued last, on the time the others leave")
+            continue
+        why = f"may still save {p:.1%} of the model's time" if p is not None else "no plan share: even split"
+        lines.append(f"  {job['name']}: {split[job['name']]:.0%} of the time left "
+                     f"(~{split[job['name']] * seconds_left / 60:.0f} min; {why})")
+    return lines

@@ -1,0 +1,315 @@
+"""The loop on the model's own kernels: plan -> extracted file -> loop, the time in the model as the
+objective, the night shared by Amdahl, the per-shape table, and the report beside verify.py's figure.
+
+A stand-in harness (`model_bench`) reports per-shape times from the kernel file's BLOCK (and its
+per-shape table, when it has one), so these run in seconds; tests/test_modeltime.py runs the real one.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_orchestrate import FAKE_KERNEL, FakeBench, git_env, make_repo, repo_files, rows
+
+from autokernel import report
+from autokernel.agents import make_agent
+from autokernel.agents.builtin import apply_table, launch_key, record_shape_times, shape_table, tunable_space
+from autokernel.extraction import set_model_shapes
+from autokernel.kernelfile import declarations, import_kernel
+from autokernel.loop import Loop, LoopConfig, budget, decide
+from autokernel.loop.state import load_jobs
+
+ROOT = Path(__file__).resolve().parent.parent
+SHAPES = [{"M": 64, "N": 128}, {"M": 8, "N": 96}]
+ARGS = [[[64, 128], [128]], [[8, 96], [96]]]  # the tensor arguments' shapes at each model shape
+TIMES = {32: (100.0, 20.0), 64: (80.0, 30.0), 128: (60.0, 50.0)}  # us per call at each shape, by BLOCK
+MODEL_KERNEL = '''"""A stand-in kernel the model calls at two shapes; the fake bench times it by BLOCK."""
+import torch
+
+KERNEL_TYPE = "rmsnorm"
+BLOCK = 64
+TUNABLES = {"BLOCK": [32, 64, 128]}
+
+
+def kernel_fn(x, weight, eps=1e-6):
+    return x
+'''
+
+
+def model_kernel(calls) -> str:
+    return set_model_shapes(MODEL_KERNEL, SHAPES, "shapes of a test model", calls)
+
+
+def model_bench(path, **options) -> dict:
+    """What the harness reports for a kernel with model shapes, from BLOCK and any SHAPE_CONFIGS."""
+    decl = declarations(Path(path).read_text())
+    table = {key: dict(zip(decl["SHAPE_TABLE_NAMES"], values)) for key, values in decl.get("SHAPE_CONFIGS", {}).items()}
+    shapes = []
+    for i, (shape, calls, args) in enumerate(zip(decl["MODEL_SHAPES"], decl["MODEL_CALLS"], ARGS)):
+        block = table.get(launch_key(args), {}).get("BLOCK", decl["BLOCK"])
+        shapes.append({"shape": shape, "calls": calls, "arg_shapes": args, "us": TIMES[block][i], "noise_pct": 0.5,
+                       "eager_us": 100.0, "compile_us": None, "host_us": 5.0, "graphed": True})
+    model_us = sum(s["calls"] * s["us"] for s in shapes)
+    eager = sum(s["calls"] * 100.0 for s in shapes)
+    return {"status": "pass", "correctness": "PASS", "latency_us": shapes[0]["us"], "noise_pct": 0.5,
+            "speedup_vs_pytorch": 100.0 / shapes[0]["us"], "pct_peak": None, "gpu": "fake", "device": "cuda",
+            "model_us": model_us, "model_noise_pct": 0.5, "model_vs_pytorch": eager / model_us, "host_us": 5.0,
+            "model_host_us": 5.0 * sum(decl["MODEL_CALLS"]), "model_timing": "cuda_graph", "model_shapes": shapes,
+            "log": f"---\nmodel_us: {model_us}\n"}
+
+
+class Lines:
+    """A ui that keeps what the loop says, as plain strings."""
+
+    def __init__(self):
+        self.lines = []
+
+    def print(self, text):
+        self.lines.append(text)
+
+    def status(self, text):
+        pass
+
+
+@pytest.fixture
+def repo(tmp_path, monkeypatch):
+    git_env(monkeypatch)
+    return make_repo(tmp_path / "repo", repo_files())
+
+
+def commit_all(repo) -> None:
+    subprocess.run(["git", "add", "-A"], cwd=repo, check=True)
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "kernels"], cwd=repo,
+                   check=True)
+
+
+def write_plan(repo, entries) -> Path:
+    path = repo / "workspace" / "plan.json"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps({"model": "TestModel", "source": "models/llama.py", "class_name": "LlamaModel",
+                                "config": "tiny", "input_shape": [2, 64], "dtype": "float32", "cpu_mode": True,
+                                "entries": entries}))
+    return path
+
+
+def entry(type_, rank, f, s, shapes=()):
+    return {"type": type_, "rank": rank, "f": f, "s": s, "gain": 1 / ((1 - f) + f / s),
+            "shapes": [{"shape": sh, "calls": 3, "time_us": 1.0} for sh in shapes]}
+
+
+# ------------------------------------------------------------------------------ plan -> extract -> loop
+def test_the_loop_takes_the_extracted_kernels_and_says_which(repo):
+    kernels = repo / "workspace" / "kernels"
+    kernels.mkdir(parents=True)
+    (kernels / "01_rmsnorm.py").write_text(set_model_shapes(FAKE_KERNEL, SHAPES[:1], "shapes", [3]))
+    (repo / "kernels" / "softmax.py").write_text(FAKE_KERNEL.replace('"rmsnorm"', '"softmax"'))
+    plan = write_plan(repo, [entry("rmsnorm", 1, 0.3, 2.0, SHAPES[:1]), entry("softmax", 2, 0.2, 2.0, SHAPES[1:]),
+                             entry("layernorm", 3, 0.1, 2.0)])
+    said = []
+    jobs = load_jobs(repo, plan, warn=said.append)
+    assert [(j["type"], j["source"]) for j in jobs] == [("rmsnorm", "workspace/kernels/01_rmsnorm.py"),
+                                                        ("softmax", "kernels/softmax.py")]
+    assert said[0] == "rmsnorm: workspace/kernels/01_rmsnorm.py (1 model shape(s))"
+    assert said[1].startswith("warning: softmax: no extracted kernel") and "falling back" in said[1]
+    assert said[2].startswith("skipped layernorm")
+    # a kernel_file recorded by extract.py wins over the NN_<type>.py name; other shapes are warned about
+    (kernels / "mine.py").write_text(set_model_shapes(FAKE_KERNEL, SHAPES[1:], "shapes", [3]))
+    data = json.loads(plan.read_text())
+    data["entries"][0]["kernel_file"] = "workspace/kernels/mine.py"
+    plan.write_text(json.dumps(data))
+    said.clear()
+    assert load_jobs(repo, plan, warn=said.append)[0]["source"] == "workspace/kernels/mine.py"
+    assert "does not carry this plan's shapes" in said[0]
+
+
+def test_extract_records_the_kernel_files_and_call_counts(repo_root, tmp_path):
+    plan = tmp_path / "in.plan.json"
+    plan.write_text(json.dumps({"model": "m", "entries": [
+        {"type": "rmsnorm", "rank": 1, "f": 0.3, "s": 2.0, "gain": 1.2,
+         "shapes": [{"shape": SHAPES[0], "calls": 33, "time_us": 5.0},
+                    {"shape": SHAPES[1], "calls": 2, "time_us": 1.0}]}]}))
+    out = tmp_path / "kernels"
+    proc = subprocess.run([sys.executable, "extract.py", "--plan", str(plan), "--top", "1", "--output-dir", str(out)],
+                          cwd=repo_root, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    decl = declarations((out / "01_rmsnorm.py").read_text())
+    assert decl["MODEL_SHAPES"] == SHAPES and decl["MODEL_CALLS"] == [33, 2]
+    recorded = json.loads((out / "plan.json").read_text())
+    assert recorded["entries"][0]["kernel_file"] == str((out / "01_rmsnorm.py").resolve())
+
+
+# ------------------------------------------------------------------------------ the weighted objective
+def test_decide_on_the_time_in_the_model_and_the_host_cost():
+    best = {"model_us": 100.0, "model_host_us": 50.0}
+    faster_alone = {"status": "pass", "correctness": "PASS", "latency_us": 10.0, "model_us": 120.0,
+                    "model_host_us": 50.0, "model_timing": "cuda_graph"}
+    assert decide(faster_alone, best["model_us"], 1.0, best["model_host_us"])[0] == "revert"
+    gains_20 = {**faster_alone, "model_us": 80.0}
+    assert decide(gains_20, 100.0, 1.0, 50.0)[0] == "keep"
+    host_eats_it = {**gains_20, "model_host_us": 75.0}  # 20 us saved on the GPU, 25 us more on the host
+    assert decide({**gains_20, "model_host_us": 72.0}, 100.0, 1.0, 50.0)[0] == "keep"  # 2 us over: host noise
+    status, why = decide(host_eats_it, 100.0, 1.0, 50.0)
+    assert status == "revert" and "host's cost per forward grew" in why
+    assert decide({**host_eats_it, "model_timing": "cpu_host_clock"}, 100.0, 1.0, 50.0)[0] == "keep"
+
+
+def run_model_loop(repo, calls, **config):
+    (repo / "kernels" / "model.py").write_text(model_kernel(calls))
+    commit_all(repo)
+    loop = Loop(repo, LoopConfig(tag="t", max_reverts=3, **config), make_agent("builtin"),
+                load_jobs(repo, kernels=["kernels/model.py"]), bench=model_bench)
+    return loop, loop.run()
+
+
+def test_the_loop_keeps_on_the_time_in_the_model_not_the_primary_shape(repo):
+    loop, why = run_model_loop(repo, [1, 10])  # the second shape is called ten times as often
+    log = rows(repo)
+    kept = [r for r in log if r["status"] in ("baseline", "keep")]
+    assert [float(r["model_us"]) for r in kept][:2] == [380.0, 300.0]  # BLOCK 64, then 32 (100 + 10 x 20)
+    block_128 = next(r for r in log if r["description"].startswith("BLOCK 64 -> 128") or
+                     r["description"].startswith("BLOCK 32 -> 128"))
+    assert block_128["status"] == "revert" and float(block_128["latency_us"]) == 60.0  # fastest alone, slower here
+    assert all(r["host_us"] == "5" for r in kept)
+    assert float(kept[0]["model_vs_pytorch"]) == pytest.approx(1100 / 380, rel=1e-3)  # written to 4 digits
+    job = loop.state.jobs[0]
+    assert job["objective"] == "model_us" and job["best_us"] == float(kept[-1]["model_us"])
+
+
+def test_the_builtin_agent_ends_with_a_per_shape_table_kept_only_when_faster(repo):
+    loop, why = run_model_loop(repo, [10, 1])  # 32: 1020, 64: 830, 128: 650; shape 2 alone is fastest at 32
+    log = rows(repo)
+    last = log[-1]
+    assert last["description"].startswith("per-shape table") and last["status"] == "keep"
+    assert float(last["model_us"]) == 620.0  # 10 x 60 at BLOCK 128 + 1 x 20 at BLOCK 32
+    optimized = (repo / "workspace/kernels/model_optimized.py").read_text()
+    assert declarations(optimized)["SHAPE_CONFIGS"] == {((768, 96), (96, 96)): (32,)}
+    assert loop.state.jobs[0]["finale_done"] and why == "every kernel is done"
+
+
+def test_the_per_shape_table_dispatches_by_the_arguments_sizes(tmp_path):
+    source = MODEL_KERNEL.replace("return x", "return BLOCK")
+    best = tunable_space(source)[1]
+    memory = {}
+    record_shape_times(memory, best, [{"arg_shapes": a, "calls": 1, "us": 10.0} for a in ARGS])
+    record_shape_times(memory, {"BLOCK": 32}, [{"arg_shapes": ARGS[0], "calls": 1, "us": 12.0},
+                                               {"arg_shapes": ARGS[1], "calls": 1, "us": 5.0}])
+    assert shape_table({**memory, "shapes": memory["shapes"][:1]}, best) is None  # one shape: no table
+    path = tmp_path / "k.py"
+    path.write_text(apply_table(source, shape_table(memory, best), best))
+    import torch
+
+    module = import_kernel(path)
+    assert module.kernel_fn(torch.empty(8, 96), torch.empty(96)) == 32
+    assert module.kernel_fn(torch.empty(1, 8, 96), torch.empty(96)) == 32  # the model's 3-D view of it
+    assert module.kernel_fn(torch.empty(64, 128), torch.empty(128)) == 64
+    assert module.BLOCK == 64  # put back after the call
+
+
+def test_the_agent_may_not_edit_the_model_shapes(repo):
+    class ShrinkShapes:
+        name = "shrink"
+
+        def propose(self, task):
+            text = task.kernel_file.read_text()
+            task.kernel_file.write_text(text.replace("MODEL_CALLS = [10, 1]", "MODEL_CALLS = [1, 1]"))
+            from autokernel.agents import Proposal
+
+            return Proposal("fewer calls")
+
+        def observe(self, *args):
+            pass
+
+        def finish(self, task):
+            return None
+
+    (repo / "kernels" / "model.py").write_text(model_kernel([10, 1]))
+    commit_all(repo)
+    Loop(repo, LoopConfig(tag="t", max_reverts=1), ShrinkShapes(), load_jobs(repo, kernels=["kernels/model.py"]),
+         bench=model_bench).run()
+    last = rows(repo)[-1]
+    assert last["status"] == "revert" and "changed MODEL_SHAPES or MODEL_CALLS" in last["description"]
+
+
+# ------------------------------------------------------------------------------ the night by Amdahl
+def test_budget_follows_the_gain_left_and_no_gain_types_go_last():
+    jobs = [{"name": n, "status": "pending", "f": f, "s": s, "gain": 1 / ((1 - f) + f / s)}
+            for n, f, s in (("norm", 0.4, 10.0), ("mlp", 0.4, 1.1), ("matmul", 0.2, 1.0))]
+    assert budget.potential(jobs[0]) == pytest.approx(0.04) and budget.potential(jobs[2]) == 0.0
+    split = budget.shares(jobs)
+    assert split["mlp"] == pytest.approx(0.4 / 1.1 / (0.4 / 1.1 + 0.04)) and split["matmul"] == 0.0
+    assert [j["name"] for j in sorted(jobs, key=budget.order_key)] == ["mlp", "norm", "matmul"]
+    jobs[0]["status"] = jobs[1]["status"] = "done"
+    assert budget.shares(jobs) == {"matmul": 1.0}  # the others done: what is left is its
+    measured = {**jobs[1], "status": "pending", "measured_on": "cuda", "best_vs_pytorch": 2.0, "best_pct_peak": 50}
+    assert budget.potential(measured) == pytest.approx(0.4 / 2.0 * 0.5)  # measured speedup, room to the roof
+    assert budget.shares([{"name": "a", "status": "pending"}, {"name": "b", "status": "pending"}]) == \
+        {"a": 0.5, "b": 0.5}  # --kernel files: no plan share, even split
+
+
+def test_the_loop_shares_its_hours_by_amdahl_and_says_so(repo):
+    for name in ("norm", "mlp", "matmul"):
+        (repo / "kernels" / f"{name}.py").write_text(FAKE_KERNEL)
+    plan = write_plan(repo, [{**entry("rmsnorm", 1, 0.4, 10.0), "kernel_file": "kernels/norm.py"},
+                             {**entry("rmsnorm", 2, 0.4, 1.1), "kernel_file": "kernels/mlp.py"},
+                             {**entry("rmsnorm", 3, 0.2, 1.0), "kernel_file": "kernels/matmul.py"}])
+    commit_all(repo)
+    ui = Lines()
+    loop = Loop(repo, LoopConfig(tag="t", hours=1.0, max_reverts=1), make_agent("builtin"),
+                load_jobs(repo, plan, warn=ui.print), bench=FakeBench(), ui=ui)
+    loop.run()
+    order = list(dict.fromkeys(r["kernel_file"] for r in rows(repo)))
+    assert order == ["kernels/mlp.py", "kernels/norm.py", "kernels/matmul.py"]
+    jobs = {j["name"]: j for j in loop.state.jobs}
+    assert jobs["mlp"]["budget_s"] / 3600 == pytest.approx(0.4 / 1.1 / (0.4 / 1.1 + 0.04), rel=0.01)
+    assert any(line.startswith("  matmul: plan gain 1.000x") and "queued last" in line for line in ui.lines)
+
+
+# ------------------------------------------------------------------------------ the morning report
+def test_report_puts_the_estimate_beside_verify_and_builds_its_command(repo):
+    plan = json.loads(write_plan(repo, []).read_text())
+    cmd = report.verify_command(plan)
+    assert cmd[1:] == ["verify.py", "--model", "models/llama.py", "--class-name", "LlamaModel", "--config", "tiny",
+                       "--input-shape", "2,64", "--dtype", "float32", "--device", "cpu", "--json",
+                       "workspace/verify.json"]
+    assert "--cuda-graph" in report.verify_command({**plan, "cpu_mode": False})
+    assert report.read_verify(repo) is None
+    assert "no end-to-end measurement yet" in report.estimate_lines(1.3, None, None)[-1]
+    (repo / "workspace" / "verify.json").write_text(json.dumps({
+        "model": "TestModel", "input_shape": [1, 2048], "gpu": "NVIDIA H200", "cpu_mode": False,
+        "timing": {"eager": {"ms": 10.0, "speedup_vs_eager": 1.0},
+                   "optimized": {"ms": 9.0, "speedup_vs_eager": 1.111},
+                   "optimized_graph": {"ms": 8.0, "speedup_vs_eager": 1.25}}}))
+    verify = report.read_verify(repo)
+    lines = report.estimate_lines(1.3, verify, None)
+    assert any("1.250x over eager with CUDA graphs" in line and "off by +4.0%" in line for line in lines)
+    assert any(line.strip() == "1.111x over eager in eager mode (launch costs included)" for line in lines)
+    assert "older than the last kept experiment" in report.estimate_lines(1.3, verify, "9999-01-01T00:00:00")[1]
+
+
+def test_workers_share_their_gpu_hours_by_amdahl():
+    jobs = [{"name": n, "f": f, "s": s, "gain": 1 / ((1 - f) + f / s)}
+            for n, f, s in (("norm", 0.4, 10.0), ("mlp", 0.4, 1.1), ("matmul", 0.2, 1.0))]
+    minutes = budget.parallel_minutes(jobs, hours=1.0, slots=2)
+    share = 0.04 / (0.4 / 1.1 + 0.04)
+    assert minutes == {"norm": pytest.approx(share * 120), "mlp": 60.0, "matmul": 60.0}  # capped at the run
+
+
+def test_report_shows_each_model_shape_before_and_after(repo):
+    loop, _ = run_model_loop(repo, [1, 10])
+    job = loop.state.jobs[0]
+    assert [s["us"] for s in job["baseline_shapes"]] == [80.0, 30.0]  # BLOCK 64
+    assert [s["calls"] for s in job["best_shapes"]] == [1, 10]
+    lines = report.shape_lines(loop.state.jobs)
+    assert lines[0] == "model at the model's shapes (us per call; calls per forward):"
+    assert lines[2].split()[:6] == ["M=8", "N=96", "x10", "30.0", "us", "->"]
+
+
+def test_the_estimate_uses_the_time_in_the_model_against_the_profiled_time():
+    norm = {"f": 0.4, "time_us": 1000.0, "best_us": 250.0, "in_model": True, "best_vs_pytorch": 10.0}
+    mlp = {"f": 0.2, "time_us": 500.0, "best_us": 600.0, "in_model": True, "best_vs_pytorch": 0.8}
+    by_hand = {"f": 0.1, "best_us": 5.0, "in_model": False, "best_vs_pytorch": 2.0}
+    assert report.remaining_fraction(norm) == 0.25  # not 1 / 10: the model's own ops took 1000 us
+    assert report.remaining_fraction(mlp) == 1.0  # slower than the model's own: left out by verify.py
+    assert report.amdahl([norm, mlp, by_hand]) == pytest.approx(1 / (0.3 + 0.4 * 0.25 + 0.2 + 0.1 / 2))

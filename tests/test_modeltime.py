@@ -1,0 +1,98 @@
+"""The time in the model through the real harness, on the CPU (Triton's interpreter): every model shape
+timed and weighted by its calls, the host's cost beside it, labelled as no performance figure.
+The GPU path (CUDA-graph replay) runs under the `gpu` marker."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from autokernel import modeltime, results
+from autokernel.extraction import set_model_shapes
+from autokernel.registry import get_spec
+
+ROOT = Path(__file__).resolve().parent.parent
+SHAPES = [{"M": 16, "N": 64}, {"M": 4, "N": 40}]
+
+
+def extracted_rmsnorm(tmp_path, calls) -> Path:
+    path = tmp_path / "01_rmsnorm.py"
+    path.write_text(set_model_shapes((ROOT / "kernels" / "rmsnorm.py").read_text(), SHAPES, "shapes of a test",
+                                     calls))
+    return path
+
+
+def bench_json(kernel: Path, tmp_path) -> dict:
+    out = tmp_path / "r.json"
+    proc = subprocess.run([sys.executable, "bench.py", str(kernel), "--device", "cpu", "--quick", "--no-log",
+                           "--seed", "1", "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return json.loads(out.read_text())
+
+
+def test_every_model_shape_is_timed_and_weighted_by_its_calls(tmp_path):
+    r = bench_json(extracted_rmsnorm(tmp_path, [7, 3]), tmp_path)
+    shapes = r["model_shapes"]
+    assert [s["shape"] for s in shapes] == SHAPES and [s["calls"] for s in shapes] == [7, 3]
+    assert [s["arg_shapes"] for s in shapes] == [[[16, 64], [64]], [[4, 40], [40]]]
+    assert r["model_us"] == pytest.approx(7 * shapes[0]["us"] + 3 * shapes[1]["us"])
+    assert r["model_eager_us"] == pytest.approx(7 * shapes[0]["eager_us"] + 3 * shapes[1]["eager_us"])
+    assert r["model_host_us"] == pytest.approx(7 * shapes[0]["host_us"] + 3 * shapes[1]["host_us"])
+    assert r["host_us"] == pytest.approx(r["model_host_us"] / 10)
+    assert r["model_timing"] == "cpu_host_clock" and r["model_compile_us"] is None  # not a performance figure
+    assert results.objective_us(r) == r["model_us"] != r["latency_us"]
+
+
+def test_a_kernel_without_model_shapes_keeps_todays_result(tmp_path):
+    kernel = tmp_path / "rmsnorm.py"
+    kernel.write_text((ROOT / "kernels" / "rmsnorm.py").read_text())
+    r = bench_json(kernel, tmp_path)
+    assert "model_us" not in r and results.objective_us(r) == r["latency_us"]
+
+
+def test_weights_and_host_cost_on_the_cpu():
+    class Module:
+        MODEL_SHAPES = SHAPES
+        MODEL_CALLS = [5]  # not one per shape: every shape once
+
+    assert modeltime.weighted_shapes(Module, SHAPES) == [(SHAPES[0], 1), (SHAPES[1], 1)]
+    Module.MODEL_CALLS = [5, 2]
+    assert modeltime.weighted_shapes(Module, SHAPES[1:]) == [(SHAPES[1], 2)]  # the harness dropped one
+    calls = []
+    assert modeltime.host_cost_us(lambda: calls.append(1), (), "cpu") > 0
+    assert len(calls) == modeltime.CPU_HOST_CALLS
+
+
+def test_a_kernel_that_writes_its_inputs_fails_the_model_timing():
+    """The oracle sees copies of the inputs taken before the call, so a kernel that overwrites its input
+    with something its output matches is caught, not scored (the honest path: the tests above)."""
+    spec = get_spec("rmsnorm")
+    gen = torch.Generator().manual_seed(0)
+    make = lambda: spec.make_inputs(SHAPES[1], torch.float32, "cpu", gen)
+
+    def writer(x, weight, eps=1e-6):
+        x.zero_()
+        return torch.zeros_like(x)
+
+    with pytest.raises(Exception, match="modified its input 0"):
+        modeltime.time_shape(writer, spec, make, SHAPES[1], 1, torch.float32, "cpu", reuse=True)
+
+
+@pytest.mark.gpu
+def test_graph_replay_catches_a_kernel_that_does_nothing_while_captured():
+    spec = get_spec("rmsnorm")
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    make = lambda: spec.make_inputs(SHAPES[0], torch.float16, "cuda", gen)
+    first = make()
+    cached = spec.reference(*first)
+
+    def lazy(x, weight, eps=1e-6):  # right on the first inputs, and launches nothing afterwards
+        return cached
+
+    with pytest.raises(Exception, match="fresh inputs|timed replay"):
+        modeltime.time_shape(lazy, spec, make, SHAPES[0], 1, torch.float16, "cuda", reuse=True)
+    honest = modeltime.time_shape(spec.reference, spec, make, SHAPES[0], 1, torch.float16, "cuda", reuse=True)
+    assert honest.graphed and honest.us > 0 and honest.host_us > 0
