@@ -6,7 +6,12 @@ import: the harness calls `prepare_interpreter()` in its child process when it r
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent  # the checkout autokernel/ lives in
 
 
 def interpreting() -> bool:
@@ -41,3 +46,17 @@ def _patch_bf16_dot() -> None:
 
     create_dot._autokernel_bf16 = True
     builder.create_dot = create_dot
+
+
+def load_root_module(name: str):
+    """A top-level module of the checkout (reference.py) when the checkout is not on sys.path: autokernel
+    was pip-installed in editable mode and is imported from the user's own directory."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, ROOT / f"{name}.py")
+    if spec is None or not (ROOT / f"{name}.py").is_file():
+        raise ModuleNotFoundError(f"no module named {name!r} (nor {ROOT / name}.py)")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
