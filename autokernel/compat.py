@@ -60,3 +60,25 @@ def load_root_module(name: str):
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def has_triton_op() -> bool:
+    """torch.library.triton_op and wrap_triton (torch >= 2.6): Triton kernels Inductor can trace into."""
+    import torch
+
+    return hasattr(torch.library, "triton_op") and hasattr(torch.library, "wrap_triton")
+
+
+def wrap_triton_enabled() -> bool:
+    """False inside a triton_op called eagerly on real tensors (its kernels run as they are), True when traced."""
+    from torch._library.triton import is_wrap_triton_enabled
+
+    return is_wrap_triton_enabled()
+
+
+def is_triton_kernel(value) -> bool:
+    """A @triton.jit function, or one under @triton.autotune: what wrap_triton takes."""
+    from triton.runtime.autotuner import Autotuner
+    from triton.runtime.jit import JITFunction
+
+    return isinstance(value, (JITFunction, Autotuner))

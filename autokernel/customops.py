@@ -25,8 +25,10 @@ fits the kernel and the original function otherwise, and records each call site 
 
 from __future__ import annotations
 
+import inspect
 import re
 import sys
+import types
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -34,7 +36,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from autokernel import kernelfile
+from autokernel import compat, kernelfile
 
 NAMESPACE = "autokernel"
 
@@ -69,7 +71,8 @@ OUTPUT_SHAPES = {
 
 _IMPLS: dict[str, Callable] = {}  # kernel type -> the kernel_fn its op runs now
 _LABELS: dict[str, str] = {}  # kernel type -> the file it came from, for error messages
-_DEFINED: dict[str, object] = {}  # kernel type -> its CustomOpDef (kept alive)
+_DEFINED: dict[str, object] = {}  # kernel type -> its op definitions (kept alive)
+_TRACEABLE: dict[str, Callable | None] = {}  # kernel type -> kernel_fn as torch.compile traces it (see _traceable)
 
 
 class KernelCallError(RuntimeError):
@@ -158,6 +161,7 @@ def install(kernel_type: str, kernel_fn: Callable, label: str) -> None:
     _define(kernel_type)
     _IMPLS[kernel_type] = kernel_fn
     _LABELS[kernel_type] = label
+    _TRACEABLE[kernel_type] = _traceable(kernel_fn) if compat.has_triton_op() else None
 
 
 def op(kernel_type: str):
@@ -189,10 +193,14 @@ def _run(kernel_type: str, *args) -> torch.Tensor:
 
 
 def _define(kernel_type: str) -> None:
+    """`autokernel::<type>`: a triton_op where torch has them (Inductor traces into the kernel file and launches
+    its Triton kernels from its own generated code), else an opaque custom op; see _traceable."""
     if kernel_type in _DEFINED:
         return
     if kernel_type not in SCHEMAS:
         raise ValueError(f"no custom-op schema for kernel type {kernel_type!r}")
+    name = f"{NAMESPACE}::{kernel_type}"
+    native = compat.has_triton_op()
 
     def run(*args):
         return _run(kernel_type, *args)
@@ -200,10 +208,55 @@ def _define(kernel_type: str) -> None:
     def fake(*args):
         return _fake_output(kernel_type, args)
 
-    definition = torch.library.custom_op(f"{NAMESPACE}::{kernel_type}", run, mutates_args=(),
-                                         schema=SCHEMAS[kernel_type])
-    definition.register_fake(fake)
-    _DEFINED[kernel_type] = definition
+    opaque = torch.library.custom_op(name + "_opaque" if native else name, run, mutates_args=(),
+                                     schema=SCHEMAS[kernel_type])
+    opaque.register_fake(fake)
+    _DEFINED[kernel_type] = opaque
+    if not native:
+        return
+    opaque_op = getattr(getattr(torch.ops, NAMESPACE), f"{kernel_type}_opaque").default
+
+    def traced(*args):
+        if not compat.wrap_triton_enabled():  # the op called eagerly on real tensors: the kernel as it is
+            return _run(kernel_type, *args)
+        traceable = _TRACEABLE.get(kernel_type)  # traced (fake tensors): Triton launches become graph nodes
+        return traceable(*args) if traceable is not None else opaque_op(*args)
+
+    traced.__signature__ = _signature(SCHEMAS[kernel_type])  # triton_op infers its schema from the signature
+    _DEFINED[kernel_type] = (opaque, torch.library.triton_op(name, traced, mutates_args=()))
+
+
+_SCHEMA_TYPES = {"Tensor": torch.Tensor, "float": float, "bool": bool, "int": int, "float?": float | None}
+
+
+def _signature(schema: str) -> inspect.Signature:
+    """The Python signature of a schema string such as "(Tensor x, float eps) -> Tensor"."""
+    params = schema.split(")", 1)[0].lstrip("(").split(", ")
+    return inspect.Signature([inspect.Parameter(p.split()[1], inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                                annotation=_SCHEMA_TYPES[p.split()[0]]) for p in params],
+                             return_annotation=torch.Tensor)
+
+
+def _traceable(kernel_fn: Callable) -> Callable | None:
+    """kernel_fn as torch.compile can trace it: a copy of its module's functions over a namespace in which each
+    @triton.jit kernel is wrapped by torch.library.wrap_triton, so that under FakeTensors a launch records the
+    kernel and its arguments (Inductor then launches it from its own code) and on real tensors runs it as is.
+
+    Done here rather than in the kernel file so that kernel files stay plain Triton (the harness calls them
+    eagerly, where wrap_triton's dispatch would cost host time). None when the file launches no @triton.jit
+    kernel through a module-level name (a CUDA C++ kernel): that type stays an opaque op under compile."""
+    namespace = kernel_fn.__globals__
+    kernels = {n: v for n, v in namespace.items() if compat.is_triton_kernel(v)}
+    if not kernels or compat.interpreting():  # the interpreter's kernels cannot be traced
+        return None
+    copy = dict(namespace)
+    copy.update({n: torch.library.wrap_triton(v) for n, v in kernels.items()})
+    for n, v in namespace.items():
+        if inspect.isfunction(v) and v.__globals__ is namespace:  # the file's own helpers, not imported ones
+            rebuilt = types.FunctionType(v.__code__, copy, v.__name__, v.__defaults__, v.__closure__)
+            rebuilt.__kwdefaults__ = v.__kwdefaults__
+            copy[n] = rebuilt
+    return copy.get(kernel_fn.__name__)
 
 
 def _fake_output(kernel_type: str, args) -> torch.Tensor:

@@ -124,3 +124,26 @@ def test_the_export_installs_and_runs_without_this_repository(repo_root, tmp_pat
     assert result["file"].startswith(str(target))
     assert result["ran"] == ["layernorm", "softmax"]
     assert result["rel_l2"] < swap.REL_L2_TOLERANCE[torch.float32]
+
+
+@pytest.mark.gpu
+def test_inductor_launches_the_kernels_from_its_own_code(llama, tmp_path):
+    """Under torch.compile the kernels are triton_ops: Inductor's generated code launches them (no call back
+    into Python's op dispatch), and mode="reduce-overhead" (CUDA graphs) runs them too."""
+    from torch._inductor.utils import run_and_get_code
+
+    model = llama.to("cuda", torch.float16)
+    ids = torch.randint(0, model.config.vocab_size, (1, 64), device="cuda")
+    types = ["rmsnorm", "rotary_embedding", "flash_attention", "fused_mlp", "matmul"]
+    with torch.no_grad():
+        want = model(ids)
+        optimized = autokernel.optimize(model, tmp_path, types, quiet=True)
+        got, code = run_and_get_code(torch.compile(optimized), ids)
+        code = "\n".join(code)
+        assert swap.rel_l2(got, want) < swap.REL_L2_TOLERANCE[torch.float16]
+        assert "_rmsnorm_kernel" in code and "_opaque" not in code and "torch.ops.autokernel" not in code
+        torch._dynamo.reset()
+        graphed = torch.compile(optimized, mode="reduce-overhead")
+        for _ in range(3):  # warm-up, record, replay
+            got = graphed(ids)
+        assert swap.rel_l2(got, want) < swap.REL_L2_TOLERANCE[torch.float16]
