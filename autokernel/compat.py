@@ -82,3 +82,66 @@ def is_triton_kernel(value) -> bool:
     from triton.runtime.jit import JITFunction
 
     return isinstance(value, (JITFunction, Autotuner))
+
+
+# ------------------------------------------------------------------ cheap launches of compiled Triton kernels
+
+
+def fast_launch_enabled() -> bool:
+    """FastLaunch for the kernels optimize() plugs in; AUTOKERNEL_FAST_LAUNCH=0 launches through Triton's own path."""
+    return os.environ.get("AUTOKERNEL_FAST_LAUNCH", "1") != "0" and not interpreting()
+
+
+class _Uncacheable(Exception):
+    """An argument whose specialization this cache does not model (a TMA descriptor, ...): launch the slow way."""
+
+
+class FastLaunch:
+    """A @triton.jit kernel whose launches skip JITFunction.run's per-call work once a call pattern is known.
+
+    JITFunction.run binds the arguments, computes their specialization (dtypes, 16-byte alignment, integer
+    values of 1 or multiples of 16), hashes it into a cache key, evaluates the grid and only then launches:
+    tens of microseconds of host time per call on an H200 host, against a few of GPU work for a norm at a
+    model's shapes. Here the first call of a pattern goes through JITFunction.run, which compiles and returns
+    the CompiledKernel; later calls whose key matches (tensor dtypes, devices and 16-byte alignment; exact
+    integer and bool values; float types; constexpr and option values: a finer key than Triton's own, so a
+    hit is never a kernel compiled for other arguments) launch that CompiledKernel straight through
+    CompiledKernel[grid](*args), the launch path Triton keeps public across its 3.x versions.
+    """
+
+    def __init__(self, kernel):
+        import inspect
+
+        self.kernel = kernel
+        self.params = [(p.name, p.default) for p in inspect.signature(kernel.fn).parameters.values()]
+        self.cache: dict = {}
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.launch(grid, args, kwargs)
+
+    def launch(self, grid, args, kwargs):
+        try:
+            key = (tuple(map(_arg_key, args)), tuple(sorted(kwargs.items())), grid)
+            compiled = self.cache.get(key)
+        except (_Uncacheable, TypeError):  # TypeError: an unhashable argument
+            return self.kernel[grid](*args, **kwargs)
+        if compiled is None:
+            compiled = self.kernel[grid](*args, **kwargs)
+            if callable(getattr(compiled, "__getitem__", None)) and isinstance(grid, tuple):
+                self.cache[key] = compiled
+            return compiled
+        launch_grid = (*grid, 1, 1)[:3]
+        compiled[launch_grid](*args, *(kwargs.get(n, d) for n, d in self.params[len(args):]))
+        return compiled
+
+
+def _arg_key(a):
+    import torch
+
+    if isinstance(a, torch.Tensor):
+        return a.dtype, a.device.index, a.data_ptr() % 16 == 0
+    if isinstance(a, float):
+        return float  # not specialized on its value: eps and scales change without a recompile
+    if a is None or isinstance(a, (int, bool, str)):
+        return type(a), a
+    raise _Uncacheable(type(a).__name__)

@@ -159,7 +159,7 @@ def load(choice: KernelChoice) -> Callable:
 def install(kernel_type: str, kernel_fn: Callable, label: str) -> None:
     """Make `autokernel::<type>` run kernel_fn from now on (defining the op on first use)."""
     _define(kernel_type)
-    _IMPLS[kernel_type] = kernel_fn
+    _IMPLS[kernel_type] = _fast(kernel_fn)
     _LABELS[kernel_type] = label
     _TRACEABLE[kernel_type] = _traceable(kernel_fn) if compat.has_triton_op() else None
 
@@ -238,19 +238,35 @@ def _signature(schema: str) -> inspect.Signature:
 
 
 def _traceable(kernel_fn: Callable) -> Callable | None:
-    """kernel_fn as torch.compile can trace it: a copy of its module's functions over a namespace in which each
-    @triton.jit kernel is wrapped by torch.library.wrap_triton, so that under FakeTensors a launch records the
-    kernel and its arguments (Inductor then launches it from its own code) and on real tensors runs it as is.
+    """kernel_fn as torch.compile can trace it: its @triton.jit kernels wrapped by torch.library.wrap_triton, so
+    that under FakeTensors a launch records the kernel and its arguments (Inductor then launches it from its
+    own code) and on real tensors runs it as is. Done here rather than in the kernel file so that kernel files
+    stay plain Triton (the harness calls them eagerly, where wrap_triton's dispatch would cost host time).
+    None when the file launches no @triton.jit kernel (a CUDA C++ kernel): that type stays an opaque op."""
+    if compat.interpreting():  # the interpreter's kernels cannot be traced
+        return None
+    return _rebound(kernel_fn, compat.is_triton_kernel, torch.library.wrap_triton)
 
-    Done here rather than in the kernel file so that kernel files stay plain Triton (the harness calls them
-    eagerly, where wrap_triton's dispatch would cost host time). None when the file launches no @triton.jit
-    kernel through a module-level name (a CUDA C++ kernel): that type stays an opaque op under compile."""
+
+def _fast(kernel_fn: Callable) -> Callable:
+    """kernel_fn with its @triton.jit kernels launched through compat.FastLaunch (a cached CompiledKernel per
+    call pattern); kernel_fn itself in the interpreter or with AUTOKERNEL_FAST_LAUNCH=0."""
+    if not compat.fast_launch_enabled():
+        return kernel_fn
+    from triton.runtime.jit import JITFunction
+
+    return _rebound(kernel_fn, lambda v: isinstance(v, JITFunction), compat.FastLaunch) or kernel_fn
+
+
+def _rebound(kernel_fn: Callable, is_kernel: Callable, wrap: Callable) -> Callable | None:
+    """A copy of kernel_fn's module functions over a namespace in which every kernel (is_kernel) is wrap(kernel);
+    the kernel file's module is left as it is. None when the module holds no such kernel."""
     namespace = kernel_fn.__globals__
-    kernels = {n: v for n, v in namespace.items() if compat.is_triton_kernel(v)}
-    if not kernels or compat.interpreting():  # the interpreter's kernels cannot be traced
+    kernels = {n: v for n, v in namespace.items() if is_kernel(v)}
+    if not kernels:
         return None
     copy = dict(namespace)
-    copy.update({n: torch.library.wrap_triton(v) for n, v in kernels.items()})
+    copy.update({n: wrap(v) for n, v in kernels.items()})
     for n, v in namespace.items():
         if inspect.isfunction(v) and v.__globals__ is namespace:  # the file's own helpers, not imported ones
             rebuilt = types.FunctionType(v.__code__, copy, v.__name__, v.__defaults__, v.__closure__)
