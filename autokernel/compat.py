@@ -87,9 +87,16 @@ def is_triton_kernel(value) -> bool:
 # ------------------------------------------------------------------ cheap launches of compiled Triton kernels
 
 
+FAST_LAUNCH_TRITON = (3, 2)  # from triton 3.2 a CompiledKernel is launched with every parameter, constexprs included
+
+
 def fast_launch_enabled() -> bool:
     """FastLaunch for the kernels optimize() plugs in; AUTOKERNEL_FAST_LAUNCH=0 launches through Triton's own path."""
-    return os.environ.get("AUTOKERNEL_FAST_LAUNCH", "1") != "0" and not interpreting()
+    import triton
+
+    version = tuple(int(p) for p in triton.__version__.split(".")[:2] if p.isdigit())
+    return (os.environ.get("AUTOKERNEL_FAST_LAUNCH", "1") != "0" and not interpreting()
+            and version >= FAST_LAUNCH_TRITON)
 
 
 class _Uncacheable(Exception):

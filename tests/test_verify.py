@@ -318,3 +318,4 @@ def test_verify_reports_the_prune_mode_and_writes_its_report(repo_root, tmp_path
     args = verify.build_parser().parse_args(["--model", "m.py", "--class-name", "M", "--deploy", "eager", "--compile"])
     assert verify.deploy_mode(args) == "eager"
     assert set(verify.DEPLOY_CHOICES) == set(endtoend.DEPLOY_MODES)
+    assert args.report == repo_root / "workspace" / "verify.json"  # where the morning report reads it
