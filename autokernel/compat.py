@@ -111,9 +111,10 @@ class FastLaunch:
     tens of microseconds of host time per call on an H200 host, against a few of GPU work for a norm at a
     model's shapes. Here the first call of a pattern goes through JITFunction.run, which compiles and returns
     the CompiledKernel; later calls whose key matches (tensor dtypes, devices and 16-byte alignment; exact
-    integer and bool values; float types; constexpr and option values: a finer key than Triton's own, so a
-    hit is never a kernel compiled for other arguments) launch that CompiledKernel straight through
-    CompiledKernel[grid](*args), the launch path Triton keeps public across its 3.x versions.
+    integer and bool values; float types; TMA descriptors by base, shape, strides and block; constexpr and
+    option values: a finer key than Triton's own, so a hit is never a kernel compiled for other arguments)
+    launch that CompiledKernel straight through CompiledKernel[grid](*args), the launch path Triton keeps
+    public across its 3.x versions (descriptors are expanded by its launcher, as on Triton's own path).
     """
 
     def __init__(self, kernel):
@@ -151,4 +152,7 @@ def _arg_key(a):
         return float  # not specialized on its value: eps and scales change without a recompile
     if a is None or isinstance(a, (int, bool, str)):
         return type(a), a
+    if isinstance(getattr(a, "base", None), torch.Tensor) and hasattr(a, "block_shape"):  # a host TMA descriptor
+        return (type(a), _arg_key(a.base), tuple(a.shape), tuple(a.strides), tuple(a.block_shape),
+                getattr(a, "padding", None))
     raise _Uncacheable(type(a).__name__)

@@ -52,11 +52,27 @@ def test_a_known_call_pattern_launches_the_compiled_kernel_in_parameter_order():
 def test_arguments_it_does_not_model_always_take_the_slow_path():
     kernel = StandIn()
     launch = compat.FastLaunch(kernel)
-    descriptor = object()  # a TMA descriptor, say: its specialization is Triton's business
+    unknown = object()  # an argument type Triton may specialize in ways this cache does not know
     for _ in range(2):
-        launch[(1,)](descriptor, descriptor, 8, 1.0)
+        launch[(1,)](unknown, unknown, 8, 1.0)
         launch[lambda meta: (1,)](torch.zeros(8), torch.zeros(8), 8, 1.0)  # a grid function
     assert len(kernel.slow) == 4 and kernel.fast == []
+
+
+class Descriptor:  # the fields of triton.tools.tensor_descriptor.TensorDescriptor the key reads
+    def __init__(self, base, block_shape):
+        self.base, self.shape, self.strides, self.block_shape = base, base.shape, base.stride(), block_shape
+
+
+def test_tma_descriptors_are_keyed_by_base_shape_and_block():
+    kernel = StandIn()
+    launch = compat.FastLaunch(kernel)
+    a, b = torch.zeros(64, 32), torch.zeros(64, 32)
+    launch[(2,)](Descriptor(a, [16, 16]), Descriptor(b, [16, 16]), 64, 1.0)
+    launch[(2,)](Descriptor(b, [16, 16]), Descriptor(a, [16, 16]), 64, 1.0)  # same pattern, other tensors
+    launch[(2,)](Descriptor(a, [32, 16]), Descriptor(b, [16, 16]), 64, 1.0)  # another block: recompiled
+    launch[(2,)](Descriptor(a.t(), [16, 16]), Descriptor(b, [16, 16]), 64, 1.0)  # another layout
+    assert len(kernel.slow) == 3 and len(kernel.fast) == 1
 
 
 @pytest.mark.gpu
