@@ -28,7 +28,6 @@ from __future__ import annotations
 import inspect
 import re
 import sys
-import types
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -36,7 +35,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from autokernel import compat, kernelfile
+from autokernel import compat, kernelfile, launchers
 
 NAMESPACE = "autokernel"
 
@@ -72,7 +71,7 @@ OUTPUT_SHAPES = {
 _IMPLS: dict[str, Callable] = {}  # kernel type -> the kernel_fn its op runs now
 _LABELS: dict[str, str] = {}  # kernel type -> the file it came from, for error messages
 _DEFINED: dict[str, object] = {}  # kernel type -> its op definitions (kept alive)
-_TRACEABLE: dict[str, Callable | None] = {}  # kernel type -> kernel_fn as torch.compile traces it (see _traceable)
+_TRACEABLE: dict[str, Callable | None] = {}  # kernel type -> kernel_fn as torch.compile traces it
 
 
 class KernelCallError(RuntimeError):
@@ -159,9 +158,9 @@ def load(choice: KernelChoice) -> Callable:
 def install(kernel_type: str, kernel_fn: Callable, label: str) -> None:
     """Make `autokernel::<type>` run kernel_fn from now on (defining the op on first use)."""
     _define(kernel_type)
-    _IMPLS[kernel_type] = _fast(kernel_fn)
+    _IMPLS[kernel_type] = launchers.fast(kernel_fn)
     _LABELS[kernel_type] = label
-    _TRACEABLE[kernel_type] = _traceable(kernel_fn) if compat.has_triton_op() else None
+    _TRACEABLE[kernel_type] = launchers.traceable(kernel_fn) if compat.has_triton_op() else None
 
 
 def op(kernel_type: str):
@@ -194,7 +193,7 @@ def _run(kernel_type: str, *args) -> torch.Tensor:
 
 def _define(kernel_type: str) -> None:
     """`autokernel::<type>`: a triton_op where torch has them (Inductor traces into the kernel file and launches
-    its Triton kernels from its own generated code), else an opaque custom op; see _traceable."""
+    its Triton kernels from its own generated code), else an opaque custom op; see launchers.traceable."""
     if kernel_type in _DEFINED:
         return
     if kernel_type not in SCHEMAS:
@@ -235,44 +234,6 @@ def _signature(schema: str) -> inspect.Signature:
     return inspect.Signature([inspect.Parameter(p.split()[1], inspect.Parameter.POSITIONAL_OR_KEYWORD,
                                                 annotation=_SCHEMA_TYPES[p.split()[0]]) for p in params],
                              return_annotation=torch.Tensor)
-
-
-def _traceable(kernel_fn: Callable) -> Callable | None:
-    """kernel_fn as torch.compile can trace it: its @triton.jit kernels wrapped by torch.library.wrap_triton, so
-    that under FakeTensors a launch records the kernel and its arguments (Inductor then launches it from its
-    own code) and on real tensors runs it as is. Done here rather than in the kernel file so that kernel files
-    stay plain Triton (the harness calls them eagerly, where wrap_triton's dispatch would cost host time).
-    None when the file launches no @triton.jit kernel (a CUDA C++ kernel): that type stays an opaque op."""
-    if compat.interpreting():  # the interpreter's kernels cannot be traced
-        return None
-    return _rebound(kernel_fn, compat.is_triton_kernel, torch.library.wrap_triton)
-
-
-def _fast(kernel_fn: Callable) -> Callable:
-    """kernel_fn with its @triton.jit kernels launched through compat.FastLaunch (a cached CompiledKernel per
-    call pattern); kernel_fn itself in the interpreter or with AUTOKERNEL_FAST_LAUNCH=0."""
-    if not compat.fast_launch_enabled():
-        return kernel_fn
-    from triton.runtime.jit import JITFunction
-
-    return _rebound(kernel_fn, lambda v: isinstance(v, JITFunction), compat.FastLaunch) or kernel_fn
-
-
-def _rebound(kernel_fn: Callable, is_kernel: Callable, wrap: Callable) -> Callable | None:
-    """A copy of kernel_fn's module functions over a namespace in which every kernel (is_kernel) is wrap(kernel);
-    the kernel file's module is left as it is. None when the module holds no such kernel."""
-    namespace = kernel_fn.__globals__
-    kernels = {n: v for n, v in namespace.items() if is_kernel(v)}
-    if not kernels:
-        return None
-    copy = dict(namespace)
-    copy.update({n: wrap(v) for n, v in kernels.items()})
-    for n, v in namespace.items():
-        if inspect.isfunction(v) and v.__globals__ is namespace:  # the file's own helpers, not imported ones
-            rebuilt = types.FunctionType(v.__code__, copy, v.__name__, v.__defaults__, v.__closure__)
-            rebuilt.__kwdefaults__ = v.__kwdefaults__
-            copy[n] = rebuilt
-    return copy.get(kernel_fn.__name__)
 
 
 def _fake_output(kernel_type: str, args) -> torch.Tensor:

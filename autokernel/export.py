@@ -20,7 +20,7 @@ from pathlib import Path
 
 from autokernel import compat
 
-RUNTIME = ("compat", "customops", "deploy", "kernelfile", "swap")  # autokernel modules optimize() runs on
+RUNTIME = ("compat", "customops", "deploy", "kernelfile", "launchers", "swap")  # autokernel modules optimize() runs on
 CUDA_RUNTIME = ("cuda_build", "cuda_prelude")  # what a CUDA C++ kernel file imports
 VERSION = "0.1.0"  # of the exported package
 

@@ -7,7 +7,7 @@ that every starter gives bitwise the same output through it.
 import pytest
 import torch
 
-from autokernel import compat, customops
+from autokernel import compat, launchers
 
 
 class StandIn:
@@ -84,7 +84,7 @@ def test_every_starter_gives_the_same_output_through_cheap_launches(repo_root, k
 
     spec = get_spec(kernel_type)
     kernel_fn = kernelfile.import_kernel(repo_root / "kernels" / f"{kernel_type}.py").kernel_fn
-    fast = customops._fast(kernel_fn)
+    fast = launchers.fast(kernel_fn)
     assert fast is not kernel_fn
     gen = torch.Generator(device="cuda").manual_seed(0)
     for shape in spec.shapes[:3]:
