@@ -266,6 +266,17 @@ class Site:
         return asdict(self)
 
 
+GRAD_REASON = "a gradient is wanted (the kernels have no backward: the original op runs)"
+
+
+def grad_reason(*tensors) -> str | None:
+    """Why a call must run the original op to keep autograd working, or None: training through an optimized
+    model stays correct (and as fast as the original), inference under no_grad gets the kernels."""
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        return GRAD_REASON
+    return None
+
+
 def in_eager() -> bool:
     """False while dynamo traces: call counting stays out of compiled graphs."""
     return not torch.compiler.is_compiling()
@@ -312,7 +323,7 @@ def _sdpa_wrapper(sites: CallSites):
 
     def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                                      scale=None, enable_gqa=False):
-        reason = _attention_unfit(query, key, value, attn_mask, dropout_p, enable_gqa)
+        reason = _attention_unfit(query, key, value, attn_mask, dropout_p, enable_gqa) or grad_reason(query, key, value)
         if in_eager():
             sites.hit("F.scaled_dot_product_attention", "flash_attention", reason)
         if reason:
@@ -340,7 +351,7 @@ def _softmax_wrappers(sites: CallSites):
     def run(name, x, dim, dtype, fallback):
         if dtype is not None:  # softmax(x, dtype=float32) is the softmax of x cast first
             x = x.to(dtype)
-        reason = _softmax_unfit(x, dim)
+        reason = _softmax_unfit(x, dim) or grad_reason(x)
         if in_eager():
             sites.hit(name, "softmax", reason, depth=3)
         return fallback(x) if reason else kernel(x)
@@ -367,7 +378,7 @@ def _layer_norm_wrapper(sites: CallSites):
     original, kernel = _ORIGINALS["layer_norm"], op("layernorm")
 
     def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
-        reason = _norm_unfit(input, normalized_shape, weight, bias)
+        reason = _norm_unfit(input, normalized_shape, weight, bias) or grad_reason(input, weight, bias)
         if in_eager():
             sites.hit("F.layer_norm", "layernorm", reason)
         if reason:
@@ -383,7 +394,7 @@ def _rms_norm_wrapper(sites: CallSites):
     original, kernel = _ORIGINALS["rms_norm"], op("rmsnorm")
 
     def rms_norm(input, normalized_shape, weight=None, eps=None):
-        reason = _norm_unfit(input, normalized_shape, weight)
+        reason = _norm_unfit(input, normalized_shape, weight) or grad_reason(input, weight)
         if in_eager():
             sites.hit("F.rms_norm", "rmsnorm", reason)
         if reason:
@@ -399,9 +410,10 @@ def _linear_wrapper(sites: CallSites):
 
     def linear(input, weight, bias=None):
         fits = weight.dim() == 2 and input.dtype == weight.dtype and input.dtype in KERNEL_DTYPES
+        reason = grad_reason(input, weight, bias) if fits else "mixed dtypes or a non-2-D weight"
         if in_eager():
-            sites.hit("F.linear", "matmul", None if fits else "mixed dtypes or a non-2-D weight")
-        if not fits:
+            sites.hit("F.linear", "matmul", reason)
+        if reason:
             return original(input, weight, bias)
         y = kernel(input, weight.t())
         return y if bias is None else y + bias
@@ -421,6 +433,7 @@ def _cross_entropy_wrapper(sites: CallSites):
             reason = f"reduction={reduction!r}, ignore_index={ignore_index} (the kernel: mean, -100)"
         elif input.dim() != 2 or target.dim() != 1 or target.dtype != torch.long or input.dtype not in KERNEL_DTYPES:
             reason = "not [N, V] logits with [N] integer targets"
+        reason = reason or grad_reason(input)
         if in_eager():
             sites.hit("F.cross_entropy", "cross_entropy", reason)
         if reason:
@@ -461,9 +474,10 @@ def rotary_x_cos_sin(fn, sites: CallSites, name: str):
     def rotary(x, cos, sin):
         fits = (x.dim() >= 2 and x.dtype in KERNEL_DTYPES and cos.dtype == sin.dtype == x.dtype
                 and tuple(cos.shape) == tuple(sin.shape) == (x.shape[-2], x.shape[-1] // 2))
+        reason = grad_reason(x, cos, sin) if fits else "tables not [seq, head_dim/2] in x's dtype"
         if in_eager():
-            sites.hit(name, "rotary_embedding", None if fits else "tables not [seq, head_dim/2] in x's dtype")
-        return kernel(x, cos, sin) if fits else fn(x, cos, sin)
+            sites.hit(name, "rotary_embedding", reason)
+        return fn(x, cos, sin) if reason else kernel(x, cos, sin)
 
     return rotary
 
@@ -479,9 +493,10 @@ def rotary_q_k_cos_sin(fn, sites: CallSites, name: str):
                 and cos.dim() == 3 and cos.shape[0] == 1 and tuple(cos.shape) == tuple(sin.shape)
                 and cos.shape[1:] == (q.shape[2], d) and q.dtype in KERNEL_DTYPES
                 and q.dtype == k.dtype == cos.dtype == sin.dtype)
+        reason = grad_reason(q, k, cos, sin) if fits else "tables not [1, seq, head_dim] in q's dtype"
         if in_eager():
-            sites.hit(name, "rotary_embedding", None if fits else "tables not [1, seq, head_dim] in q's dtype")
-        if not fits:
+            sites.hit(name, "rotary_embedding", reason)
+        if reason:
             return fn(q, k, cos, sin, position_ids, unsqueeze_dim)
         c, s = cos[0, :, : d // 2], sin[0, :, : d // 2]
         return kernel(q, c, s), kernel(k, c, s)

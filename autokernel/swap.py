@@ -76,10 +76,12 @@ class _KernelModule(nn.Module):
 
     def _fits(self, x, weight) -> bool:
         ok = x.dtype == weight.dtype and x.dtype in KERNEL_DTYPES and x.numel() > 0
+        why = customops.grad_reason(x, weight) if ok else None
         if in_eager():
-            self.site.calls += ok
-            self.site.fallbacks += not ok
-        return ok
+            self.site.calls += ok and not why
+            self.site.fallbacks += not ok or bool(why)
+            self.site.reason = why or self.site.reason
+        return ok and not why
 
 
 class KernelLinear(_KernelModule):

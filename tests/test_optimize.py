@@ -58,6 +58,19 @@ def test_a_wrong_kernel_in_the_kernels_directory_changes_the_output(llama, repo_
     assert err > 100 * swap.REL_L2_TOLERANCE[torch.float32]  # ~5%: the file's kernel is what runs
 
 
+def test_where_a_gradient_is_wanted_the_original_ops_run_and_train(llama, tmp_path):
+    ids = torch.randint(0, llama.config.vocab_size, (1, 8), generator=torch.Generator().manual_seed(0))
+    optimized = autokernel.optimize(llama, tmp_path, ["rmsnorm", "matmul", "rotary_embedding"], quiet=True)
+    optimized(ids).sum().backward()  # the weights require grad: every site runs the original op
+    grads = {n: p.grad.clone() for n, p in llama.named_parameters()}  # shared weights: the same .grad
+    llama.zero_grad()
+    llama(ids).sum().backward()
+    assert all(torch.equal(grads[n], p.grad) for n, p in llama.named_parameters())
+    sites = [s for s in optimized.autokernel.sites() if s.kernel_type in ("rmsnorm", "matmul")]
+    assert sites and all(s.calls == 0 and s.fallbacks > 0 for s in sites if s.swapped or s.fallbacks)
+    assert any(s.reason == customops.GRAD_REASON for s in sites)
+
+
 def test_optimize_compiles_without_graph_breaks(llama, tmp_path):
     ids = torch.randint(0, llama.config.vocab_size, (1, 8), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
