@@ -69,6 +69,11 @@ def has_triton_op() -> bool:
     return hasattr(torch.library, "triton_op") and hasattr(torch.library, "wrap_triton")
 
 
+def native_compile_enabled() -> bool:
+    """Kernels traced into Inductor's code under torch.compile; AUTOKERNEL_TRITON_OP=0 keeps them opaque ops."""
+    return has_triton_op() and os.environ.get("AUTOKERNEL_TRITON_OP", "1") != "0"
+
+
 def wrap_triton_enabled() -> bool:
     """False inside a triton_op called eagerly on real tensors (its kernels run as they are), True when traced."""
     from torch._library.triton import is_wrap_triton_enabled

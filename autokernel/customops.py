@@ -160,7 +160,7 @@ def install(kernel_type: str, kernel_fn: Callable, label: str) -> None:
     _define(kernel_type)
     _IMPLS[kernel_type] = launchers.fast(kernel_fn)
     _LABELS[kernel_type] = label
-    _TRACEABLE[kernel_type] = launchers.traceable(kernel_fn) if compat.has_triton_op() else None
+    _TRACEABLE[kernel_type] = launchers.traceable(kernel_fn) if compat.native_compile_enabled() else None
 
 
 def op(kernel_type: str):

@@ -2,6 +2,7 @@
 this repository. CPU: the kernels run through Triton's interpreter on the shipped tiny models.
 """
 
+import ast
 import importlib.util
 import json
 import shutil
@@ -160,3 +161,20 @@ def test_inductor_launches_the_kernels_from_its_own_code(llama, tmp_path):
         for _ in range(3):  # warm-up, record, replay
             got = graphed(ids)
         assert swap.rel_l2(got, want) < swap.REL_L2_TOLERANCE[torch.float16]
+
+
+def test_an_exported_cuda_kernel_brings_its_build_helper(repo_root, tmp_path):
+    from autokernel import export
+
+    package = export.write_package(tmp_path, {"rmsnorm": repo_root / "kernels" / "cuda" / "rmsnorm.py",
+                                              "softmax": repo_root / "kernels" / "softmax.py"}, name="mixed")
+    kernel = (package / "kernels" / "rmsnorm.py").read_text()
+    assert "from mixed._runtime import cuda_build" in kernel and "from autokernel" not in kernel
+    assert (package / "kernels" / "softmax.py").read_text() == (repo_root / "kernels" / "softmax.py").read_text()
+    runtime = {p.name for p in (package / "_runtime").glob("*.py")}
+    assert {"cuda_build.py", "cuda_prelude.py", "customops.py", "swap.py", "reference.py"} <= runtime
+    for path in package.rglob("*.py"):  # every file parses, and none imports this repository's modules
+        imported = [(n.module or "", n.level) if isinstance(n, ast.ImportFrom) else (a.name, 0)
+                    for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, (ast.Import, ast.ImportFrom))
+                    for a in (n.names if isinstance(n, ast.Import) else [None])]
+        assert not [m for m, level in imported if level == 0 and m.split(".")[0] in ("autokernel", "reference")], path
