@@ -171,7 +171,8 @@ def run(args) -> dict:
         if timed and device == "cuda" and not args.keep_all:
             optimized, pruned = endtoend.prune(model, optimized, inputs, device, mode)
             _mark_pruned(sites, pruned)
-        timings = endtoend.time_models(model, optimized, inputs, device, args.compile, graphs) if timed else {}
+        timings, timing_errors = endtoend.time_models(model, optimized, inputs, device, args.compile, graphs) \
+            if timed else ({}, {})
         graph = endtoend.graph_breaks(optimized, inputs(endtoend.CHECK_SEED)) \
             if args.compile and correctness["status"] == "PASS" else None
     kept = [t for t in checked_types if t not in pruned]
@@ -185,7 +186,8 @@ def run(args) -> dict:
         "sites": sites, "swapped_types": kept, "pruned": pruned,
         "prune": {"mode": mode, "decided": timed and device == "cuda" and not args.keep_all, "left_out": pruned},
         "unused_types": sorted(set(choices) - set(checked_types)),
-        "correctness": correctness, "timing": timings, "graph": graph, "export": exported,
+        "correctness": correctness, "timing": timings, "timing_errors": timing_errors, "graph": graph,
+        "export": exported,
         "compile_backend": endtoend.backend_for(device),
         "torch": torch.__version__, "triton": _triton_version(), "command": "python " + shlex.join(sys.argv),
     }
@@ -241,6 +243,8 @@ def show(report: dict) -> None:
         console.print(f"left out after timing: {t}: {why}")
     if report["timing"]:
         console.print(_timing_table(report))
+    for row, error in report["timing_errors"].items():
+        console.print(f"[red]not timed[/red]: {row}: {error}")
     if report["graph"]:
         g = report["graph"]
         console.print(f"torch.compile of the optimized model: {g['graphs']} graph(s), {g['graph_breaks']} break(s)"
@@ -254,6 +258,7 @@ def summary(report: dict) -> dict:
     """The greppable key: value lines."""
     t, c, g = report["timing"], report["correctness"], report["graph"] or {}
     ms = lambda k: t[k]["ms"] if k in t else None
+    speedup = lambda row, base: t.get(row, {}).get(f"speedup_vs_{base}")
     return {"correctness": c["status"], "blamed": ",".join(c.get("blamed", [])) or None,
             "worst_rel_l2": c.get("worst_rel_l2"), "swapped_types": ",".join(report["swapped_types"]),
             "eager_ms": ms("eager"), "compile_ms": ms("compile"), "optimized_ms": ms("optimized"),
@@ -261,12 +266,11 @@ def summary(report: dict) -> dict:
             "compile_graph_ms": ms("compile_graph"), "optimized_graph_ms": ms("optimized_graph"),
             "optimized_compile_graph_ms": ms("optimized_compile_graph"), "pruned": ",".join(report["pruned"]) or None,
             "deploy_mode": report["prune"]["mode"],
-            "speedup_vs_eager": t["optimized"]["speedup_vs_eager"] if t else None,
-            "speedup_vs_compile": t["optimized"]["speedup_vs_compile"] if t else None,
-            "compiled_speedup_vs_compile": t["optimized_compile"]["speedup_vs_compile"]
-            if "optimized_compile" in t else None,
-            "graph_speedup_vs_eager": t["optimized_graph"]["speedup_vs_eager"] if "optimized_graph" in t else None,
-            "graph_speedup_vs_compile": t["optimized_graph"]["speedup_vs_compile"] if "optimized_graph" in t else None,
+            "speedup_vs_eager": speedup("optimized", "eager"), "speedup_vs_compile": speedup("optimized", "compile"),
+            "compiled_speedup_vs_compile": speedup("optimized_compile", "compile"),
+            "graph_speedup_vs_eager": speedup("optimized_graph", "eager"),
+            "graph_speedup_vs_compile": speedup("optimized_graph", "compile"),
+            "timing_errors": ",".join(report.get("timing_errors") or {}) or None,
             "graph_breaks": g.get("graph_breaks"), "device": report["gpu"] or "cpu", "cpu_mode": report["cpu_mode"]}
 
 
@@ -318,8 +322,8 @@ def _timing_table(report):
              "optimized_compile": "optimized + torch.compile"}
     for k, r in report["timing"].items():
         name = names[k.removesuffix("_graph")] + (", CUDA graph" if k.endswith("_graph") else "")
-        table.add_row(name, f"{r['ms']:.3f}", f"{r['noise_pct']:.1f}%", f"{r['speedup_vs_eager']:.2f}x",
-                      f"{r['speedup_vs_compile']:.2f}x")
+        ratios = [f"{r[key]:.2f}x" if key in r else "-" for key in ("speedup_vs_eager", "speedup_vs_compile")]
+        table.add_row(name, f"{r['ms']:.3f}", f"{r['noise_pct']:.1f}%", *ratios)
     return table
 
 

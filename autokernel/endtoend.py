@@ -149,28 +149,38 @@ def in_mode(fn: Callable, mode: str, backend: str, example: tuple) -> Callable:
 
 
 def time_models(model, optimized: swap.Optimized, inputs: Callable, device: str, with_compile: bool,
-                with_graphs: bool = False) -> dict:
+                with_graphs: bool = False) -> tuple[dict, dict]:
     """Median latency of the original (eager, compiled) and the optimized model, one process, one protocol.
 
     Rows: eager, compile, optimized, optimized_compile (with_compile), and each again as <row>_graph
-    replayed from a CUDA graph (with_graphs); each with its speedup over the original in its mode."""
+    replayed from a CUDA graph (with_graphs); each with its speedup over the original in its mode.
+    Returns (rows, {row: error}): a mode that fails (a compile error, a capture error) is reported, and
+    the other rows are still timed."""
     backend = backend_for(device)
     sets = [inputs(TIMING_SEED + i) for i in range(TIMING_INPUTS)]
     module = optimized.module()
-    runs = {"eager": model, "compile": torch.compile(model, backend=backend), "optimized": module}
+    makers = {"eager": lambda: model, "compile": lambda: torch.compile(model, backend=backend),
+              "optimized": lambda: module}
     if with_compile:
-        runs["optimized_compile"] = torch.compile(module, backend=backend)
-    if with_graphs:  # every row again, replayed from a CUDA graph, and compared with its graphed original
-        runs.update({f"{name}_graph": timing.cuda_graphed(fn, sets[0]) for name, fn in list(runs.items())})
-    result = {}
-    for name, fn in runs.items():
-        t = timing.time_fn(fn, sets, device)
+        makers["optimized_compile"] = lambda: torch.compile(module, backend=backend)
+    names = list(makers) + ([f"{name}_graph" for name in makers] if with_graphs else [])
+    result, errors = {}, {}
+    for name in names:
+        try:
+            fn = makers[name.removesuffix("_graph")]()
+            if name.endswith("_graph"):  # replayed from a CUDA graph, compared with its graphed original
+                fn = timing.cuda_graphed(fn, sets[0])
+            t = timing.time_fn(fn, sets, device)
+        except Exception as e:  # one failing mode must not hide the others
+            errors[name] = _error_line(e)
+            continue
         result[name] = {"ms": t.median_us / 1e3, "noise_pct": t.spread_pct, "runs": len(t.samples_us)}
     for name, r in result.items():
         mode = "_graph" if name.endswith("_graph") else ""
-        r["speedup_vs_eager"] = result["eager" + mode]["ms"] / r["ms"]
-        r["speedup_vs_compile"] = result["compile" + mode]["ms"] / r["ms"]
-    return result
+        for base in ("eager", "compile"):
+            if base + mode in result:
+                r[f"speedup_vs_{base}"] = result[base + mode]["ms"] / r["ms"]
+    return result, errors
 
 
 def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, mode: str = "eager"):
@@ -179,34 +189,51 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, mode:
     A kernel that beats PyTorch at the harness's shape can still lose at this model's shapes (a
     Triton matmul against cuBLAS at N=256), or in the mode the model is deployed in (under
     torch.compile, against Inductor's fused kernels); the end-to-end time in that mode is what
-    counts. Greedy, in the order of the types; then, if the original itself is faster still, every
-    kernel goes. Returns (optimized, {type: why it was left out}).
+    counts. A model that fails to run in that mode counts as infinitely slow, so a type that breaks
+    the mode is left out too. Greedy, in the order of the types; then, if the original itself is
+    faster still, every kernel goes. Returns (optimized, {type: why it was left out}).
     """
     if mode not in DEPLOY_MODES:
         raise ValueError(f"deploy mode {mode!r}: one of {', '.join(DEPLOY_MODES)}")
     sets = [inputs(TIMING_SEED + i) for i in range(TIMING_INPUTS)]
     backend = backend_for(device)
+    failures = {}
 
     def ms(fn) -> float:
         if mode.startswith("compile"):
             torch._dynamo.reset()  # every trial compiles anew; stale traces would count against the recompile limit
-        return timing.time_fn(in_mode(fn, mode, backend, sets[0]), sets, device).median_us / 1e3
+        try:
+            return timing.time_fn(in_mode(fn, mode, backend, sets[0]), sets, device).median_us / 1e3
+        except Exception as e:
+            failures[id(fn)] = _error_line(e)
+            return float("inf")
 
-    keep, best, dropped = optimized.swapped_types(), ms(optimized.module()), {}
+    def why(trial_ms, best_ms, failed) -> str:
+        if failed:
+            return f"the model fails in {mode} mode with it ({failed})"
+        return f"the model is faster without it in {mode} mode ({trial_ms:.3f} ms vs {best_ms:.3f} ms)"
+
+    module = optimized.module()
+    keep, best = optimized.swapped_types(), ms(module)
+    failed, dropped = failures.get(id(module)), {}
     for kernel_type in list(keep):
         trial = swap.build(model, [t for t in keep if t != kernel_type])
         trial_ms = ms(trial.module())
-        if trial_ms < best * (1 - PRUNE_MARGIN):
-            dropped[kernel_type] = f"the model is faster without it in {mode} mode ({trial_ms:.3f} ms vs {best:.3f} ms)"
+        if trial_ms < best * (1 - PRUNE_MARGIN) or (failed and trial_ms < best):
+            dropped[kernel_type] = why(trial_ms, best, failed)
             keep.remove(kernel_type)
-            optimized, best = trial, trial_ms
+            optimized, best, failed = trial, trial_ms, failures.get(id(trial.module()))
     original_ms = ms(model) if keep else best
-    if original_ms < best * (1 - PRUNE_MARGIN):
+    if original_ms < best * (1 - PRUNE_MARGIN) or (failed and original_ms < best):
         for kernel_type in keep:
-            dropped[kernel_type] = (f"together the kernels lose in {mode} mode (original {original_ms:.3f} ms "
-                                    f"vs {best:.3f} ms)")
+            dropped[kernel_type] = why(original_ms, best, failed) if failed else (
+                f"together the kernels lose in {mode} mode (original {original_ms:.3f} ms vs {best:.3f} ms)")
         optimized = swap.build(model, [])
     return optimized, dropped
+
+
+def _error_line(e: Exception) -> str:
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
 
 
 def graph_breaks(optimized: swap.Optimized, args) -> dict:
