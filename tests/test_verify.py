@@ -303,6 +303,32 @@ def test_prune_times_in_the_deploy_mode_and_drops_what_loses_there(monkeypatch):
         endtoend.prune(None, Candidate([]), lambda seed: (), "cuda", mode="turbo")
 
 
+def test_a_mode_that_fails_is_reported_and_its_kernel_left_out(monkeypatch):
+    """A type under which the model fails to compile is left out by a prune in compile mode, with the error;
+    the timing reports the failing row and still times the others."""
+    from autokernel import timing
+
+    def fake_compile(fn, backend=None, mode=None):
+        if "matmul" in fn.types:
+            raise RuntimeError("inductor could not lower the matmul kernel")
+        return _Costed(fn.types, {"rmsnorm": -1.0})
+
+    monkeypatch.setattr(swap, "build", lambda model, types: Candidate(types))
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    monkeypatch.setattr(torch._dynamo, "reset", lambda: None)
+    monkeypatch.setattr(timing, "time_fn", lambda fn, sets, device: timing.Timing(fn.ms * 1e3, [fn.ms * 1e3]))
+    optimized, dropped = endtoend.prune(Candidate([]), Candidate(["matmul", "rmsnorm"]), lambda seed: (), "cuda",
+                                        mode="compile")
+    assert optimized.types == ["rmsnorm"] and "fails in compile mode" in dropped["matmul"]
+    assert "could not lower" in dropped["matmul"]
+
+    monkeypatch.setattr(Candidate, "ms", 10.0, raising=False)  # eager rows: the candidate itself is timed
+    rows, errors = endtoend.time_models(Candidate([]), Candidate(["matmul"]), lambda seed: (), "cuda",
+                                        with_compile=True)
+    assert set(rows) == {"eager", "compile", "optimized"} and list(errors) == ["optimized_compile"]
+    assert rows["optimized"]["speedup_vs_eager"] == 1.0 and "could not lower" in errors["optimized_compile"]
+
+
 class _Costed:  # what torch.compile made of a candidate: its time under compile
     def __init__(self, types, cost):
         self.ms = 10.0 + sum(cost[t] for t in types)
