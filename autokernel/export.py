@@ -81,8 +81,8 @@ TYPES = {types!r}
 
 def optimize(model, types=None, exclude=(), quiet=False):
     """The model with this package's kernels in place (a copy over the same weights); one line says what."""
-    return deploy.optimize(model, KERNELS, TYPES if types is None else types, exclude=exclude, starters=None,
-                           quiet=quiet)
+    return deploy.optimize(model, KERNELS, TYPES if types is None else types, exclude=exclude, verified=None,
+                           starters=None, quiet=quiet)
 '''
 
 

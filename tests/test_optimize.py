@@ -59,6 +59,24 @@ def test_a_wrong_kernel_in_the_kernels_directory_changes_the_output(llama, repo_
     assert err > 100 * swap.REL_L2_TOLERANCE[torch.float32]  # ~5%: the file's kernel is what runs
 
 
+def test_optimize_follows_the_prune_of_verify_report_for_this_model(llama, tmp_path, capsys):
+    kernels = tmp_path / "kernels"
+    kernels.mkdir()
+    report = {"model": "LlamaModel (0.1M parameters)", "correctness": {"status": "PASS"},
+              "prune": {"mode": "compile"}, "pruned": {"matmul": "the model is faster without it"}}
+    (tmp_path / "verify.json").write_text(json.dumps(report))
+    optimized = autokernel.optimize(llama, kernels, ["rmsnorm", "matmul"])
+    assert set(optimized.autokernel.choices) == {"rmsnorm"}
+    assert "compile mode" in optimized.autokernel.left_out["matmul"]
+    assert "left out as verify.py decided: matmul" in capsys.readouterr().out
+    report["model"] = "GPT2Model (0.1M parameters)"  # about another model: not followed
+    (tmp_path / "verify.json").write_text(json.dumps(report))
+    assert set(autokernel.optimize(llama, kernels, ["rmsnorm", "matmul"], quiet=True).autokernel.choices) == {
+        "rmsnorm", "matmul"}
+    with pytest.raises(FileNotFoundError):
+        autokernel.optimize(llama, kernels, ["rmsnorm"], verified=tmp_path / "missing.json")
+
+
 def test_where_a_gradient_is_wanted_the_original_ops_run_and_train(llama, tmp_path):
     ids = torch.randint(0, llama.config.vocab_size, (1, 8), generator=torch.Generator().manual_seed(0))
     optimized = autokernel.optimize(llama, tmp_path, ["rmsnorm", "matmul", "rotary_embedding"], quiet=True)
