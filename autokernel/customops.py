@@ -6,15 +6,19 @@ there, else the shipped starter `kernels/<type>.py`. A file counts for a type by
 declares (read with ast, not by name alone); among several files of one kind the lowest rank number
 (the type's biggest share of the profile) wins, and the others are reported as passed over.
 
-Why custom ops: a Triton launch is opaque to torch.compile, so calling kernel_fn from a model makes
-dynamo break the graph at every call. Registered as `autokernel::<type>` with a fake implementation
-that only computes the output's shape and dtype, a kernel becomes one node of the graph, and the
-optimized model compiles whole. The ops are defined once per process (torch.library cannot redefine
-a name); what each op runs is looked up at call time in `_IMPLS`, so verify.py can plug in other
-files (or a single type, to find the kernel behind a mismatch) without redefining anything. Outside a
-compile, with no gradient wanted, the model calls the kernel straight: the op only matters to a graph,
-and its dispatch (autograd wrapper, redispatch, alias checks) costs ~10 us of host time per call, which a
-model of a hundred kernel calls per forward pays in full whenever it runs without a CUDA graph.
+Why ops: a Triton launch is opaque to torch.compile, so calling kernel_fn from a model makes dynamo
+break the graph at every call. Registered as `autokernel::<type>`, a kernel becomes one node of the
+graph and the optimized model compiles whole. Where torch has `torch.library.triton_op` (>= 2.6) the
+op is one: traced, its body is the kernel file with each Triton launch recorded (launchers.traceable),
+so Inductor launches the kernels from its own generated code, and a compiled model pays no Python op
+dispatch per call; a file it cannot trace (CUDA C++) runs behind an opaque custom op `<type>_opaque`
+whose fake only computes the output's shape and dtype. The ops are defined once per process
+(torch.library cannot redefine a name); what each op runs is looked up at call time (`_IMPLS`,
+`_TRACEABLE`), so verify.py can plug in other files (or a single type, to find the kernel behind a
+mismatch) without redefining anything. Outside a compile the model calls the kernel straight (through
+launchers.fast): the op only matters to a graph, and its dispatch (autograd wrapper, redispatch,
+alias checks) costs ~10 us of host time per call, which a model of a hundred kernel calls per forward
+pays in full whenever it runs without a CUDA graph. A call that needs a gradient runs the original op.
 
 Drop-in replacements: for each torch function a kernel stands for (F.scaled_dot_product_attention,
 F.softmax and torch.softmax, F.layer_norm, F.rms_norm, F.linear, F.cross_entropy, and rotary helpers
