@@ -40,6 +40,8 @@ def optimize(model: nn.Module, kernels: str | Path = DEFAULT_KERNELS, types: Ite
     the types it left out for this model class are left out too (default "auto": the report beside the
     kernels directory, if it is about this model's class; None: none). starters: where types without a
     file in `kernels` fall back to (None: no fallback, only the files in `kernels`)."""
+    if isinstance(getattr(model, "autokernel", None), swap.Optimized):  # optimized before: start from the original
+        model = model.autokernel.original
     if _device_type(model) == "cpu" and not compat.interpreting():
         why = "left as it is: Triton kernels need a CUDA device (or TRITON_INTERPRET=1 for the CPU interpreter)"
         _say(f"autokernel: {type(model).__name__} {why}", quiet)

@@ -422,4 +422,6 @@ def build(model: nn.Module, types) -> Optimized:
     module_sites = _replace_modules(clone, types)
     call_sites = CallSites()
     patches, notes = _function_patches(model, types, call_sites)
-    return Optimized(clone, patches, module_sites, notes, call_sites, types)
+    optimized = Optimized(clone, patches, module_sites, notes, call_sites, types)
+    optimized.original = model  # optimize() of an optimized model starts again from it
+    return optimized

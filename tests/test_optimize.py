@@ -45,6 +45,8 @@ def test_optimize_matches_the_original_and_leaves_it_alone(llama, tmp_path, caps
     ran = {s.kernel_type for s in optimized.autokernel.sites() if s.calls}
     assert ran == {"rmsnorm", "matmul", "rotary_embedding"}
     assert F.linear is customops._ORIGINALS["linear"]  # patches live only during the optimized model's call
+    again = autokernel.optimize(optimized, tmp_path / "none", ["rmsnorm"], quiet=True)  # from the original
+    assert type(again.norm).__name__ == "KernelRMSNorm" and type(again.layers[0].attn.wq).__name__ == "Linear"
 
 
 def test_a_wrong_kernel_in_the_kernels_directory_changes_the_output(llama, repo_root, tmp_path):
