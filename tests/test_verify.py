@@ -282,8 +282,6 @@ def test_prune_leaves_out_only_the_types_the_model_is_faster_without(monkeypatch
 def test_prune_times_in_the_deploy_mode_and_drops_what_loses_there(monkeypatch):
     """Under torch.compile the rmsnorm kernel loses (compile fuses the norm into its neighbours): the prune,
     timing the compiled model, leaves it out, and says which mode decided."""
-    from autokernel import timing
-
     compiled_cost = {"rmsnorm": +0.8, "matmul": -1.0}
     compiled = []
 
@@ -291,10 +289,7 @@ def test_prune_times_in_the_deploy_mode_and_drops_what_loses_there(monkeypatch):
         compiled.append(fn.types)
         return _Costed(fn.types, compiled_cost)
 
-    monkeypatch.setattr(swap, "build", lambda model, types: Candidate(types))
-    monkeypatch.setattr(torch, "compile", fake_compile)
-    monkeypatch.setattr(torch._dynamo, "reset", lambda: None)
-    monkeypatch.setattr(timing, "time_fn", lambda fn, sets, device: timing.Timing(fn.ms * 1e3, [fn.ms * 1e3]))
+    made_up_compile(monkeypatch, fake_compile)
     optimized, dropped = endtoend.prune(Candidate([]), Candidate(["rmsnorm", "matmul"]), lambda seed: (), "cuda",
                                         mode="compile")
     assert optimized.types == ["matmul"] and list(dropped) == ["rmsnorm"]
@@ -306,17 +301,13 @@ def test_prune_times_in_the_deploy_mode_and_drops_what_loses_there(monkeypatch):
 def test_a_mode_that_fails_is_reported_and_its_kernel_left_out(monkeypatch):
     """A type under which the model fails to compile is left out by a prune in compile mode, with the error;
     the timing reports the failing row and still times the others."""
-    from autokernel import timing
 
     def fake_compile(fn, backend=None, mode=None):
         if "matmul" in fn.types:
             raise RuntimeError("inductor could not lower the matmul kernel")
         return _Costed(fn.types, {"rmsnorm": -1.0})
 
-    monkeypatch.setattr(swap, "build", lambda model, types: Candidate(types))
-    monkeypatch.setattr(torch, "compile", fake_compile)
-    monkeypatch.setattr(torch._dynamo, "reset", lambda: None)
-    monkeypatch.setattr(timing, "time_fn", lambda fn, sets, device: timing.Timing(fn.ms * 1e3, [fn.ms * 1e3]))
+    made_up_compile(monkeypatch, fake_compile)
     optimized, dropped = endtoend.prune(Candidate([]), Candidate(["matmul", "rmsnorm"]), lambda seed: (), "cuda",
                                         mode="compile")
     assert optimized.types == ["rmsnorm"] and "fails in compile mode" in dropped["matmul"]
@@ -327,6 +318,16 @@ def test_a_mode_that_fails_is_reported_and_its_kernel_left_out(monkeypatch):
                                         with_compile=True)
     assert set(rows) == {"eager", "compile", "optimized"} and list(errors) == ["optimized_compile"]
     assert rows["optimized"]["speedup_vs_eager"] == 1.0 and "could not lower" in errors["optimized_compile"]
+
+
+def made_up_compile(monkeypatch, fake_compile):
+    """Candidates built by swap.build, compiled by fake_compile, timed by the .ms it gives them."""
+    from autokernel import timing
+
+    monkeypatch.setattr(swap, "build", lambda model, types: Candidate(types))
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    monkeypatch.setattr(torch._dynamo, "reset", lambda: None)
+    monkeypatch.setattr(timing, "time_fn", lambda fn, sets, device: timing.Timing(fn.ms * 1e3, [fn.ms * 1e3]))
 
 
 class _Costed:  # what torch.compile made of a candidate: its time under compile
