@@ -6,6 +6,7 @@
 # Steps (each fits one 10-minute device command; minutes measured on nothing yet, estimated):
 #   tests                 GPU tests of cheap launches and native compile (tests/test_launch.py,
 #                         tests/test_optimize.py, the GPU tests of tests/test_verify.py)         ~4 min
+#   starters              the harness on the three starters whose TMA checks changed (GPU starter tests) ~4 min
 #   launch                scripts/launch_overhead.py: host us per call, kernel / fast / op      ~2 min
 #   MODEL-MODE            verify.py --compile --cuda-graph --deploy MODE on MODEL, B1 fp16: the eight
 #                         timing rows, the prune decided in MODE                   eager ~3, compile* ~8 min
@@ -17,7 +18,7 @@ LOG=${1:?usage: gpu_issue17.sh LOGDIR [STEP ...]}
 shift
 mkdir -p "$LOG"
 STEPS=("$@")
-[ ${#STEPS[@]} -eq 0 ] && STEPS=(tests launch tinyllama-eager tinyllama-compile_graph mistral-eager
+[ ${#STEPS[@]} -eq 0 ] && STEPS=(tests starters launch tinyllama-eager tinyllama-compile_graph mistral-eager
                                  mistral-compile_graph qwen2-eager qwen2-compile_graph table)
 declare -A CONFIG=([tinyllama]=benchmarks/hf/tinyllama [mistral]=benchmarks/hf/mistral-1b
                    [qwen2]=benchmarks/hf/qwen2-1.5b)
@@ -52,6 +53,9 @@ for step in "${STEPS[@]}"; do
     tests)
       python3 -m pytest -q -m gpu tests/test_launch.py tests/test_optimize.py tests/test_verify.py 2>&1 \
         | tee "$LOG/tests.log" | tail -15 ;;
+    starters)
+      python3 -m pytest -q -m gpu tests/test_starters.py -k "matmul or fused_mlp or flash_attention" 2>&1 \
+        | tee "$LOG/starters.log" | tail -8 ;;
     launch)
       python3 scripts/launch_overhead.py --json "$LOG/launch.json" 2>&1 | tee "$LOG/launch.log" ;;
     table)
