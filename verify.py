@@ -28,10 +28,16 @@ Timing: the original model eager, torch.compile of the original, the optimized m
 (median of many runs, L2 flushed between runs). With --cuda-graph every row is timed again replayed
 from a CUDA graph (the GPU time alone, no Python or launch overhead, as a fixed-shape server runs)
 and compared with the original's graphed rows. Before timing, on a GPU, each kernel type is left out
-in turn and stays out if the model is more than 1% faster without it (a kernel can win at the
-harness's shape and lose at the model's); --keep-all times them all. Without a GPU the kernels run
-through Triton's CPU interpreter and the compiler backend is aot_eager (inductor's C++ build would
-dominate a test run): those timings only show that the pipeline runs and are labelled so.
+in turn and stays out if the model is more than 1% faster without it, timed in the mode the model
+will be deployed in (--deploy eager | graph | compile | compile_graph): a kernel can win at the
+harness's shape and lose at the model's, or win eager and lose under torch.compile; --keep-all
+times them all. Without a GPU the kernels run through Triton's CPU interpreter and the compiler
+backend is aot_eager (inductor's C++ build would dominate a test run): those timings only show that
+the pipeline runs and are labelled so.
+
+The model verify.py checks and times is `autokernel.optimize(model)`, what user code calls. Every run
+writes its full report to workspace/verify.json (--report FILE elsewhere); --export DIR writes the
+kept kernels as a package that `pip install DIR` installs and that runs without this repository.
 
 Exit status: 0 when the optimized model matches, 1 when it does not, 2 when it could not be run.
 """
@@ -46,12 +52,10 @@ from pathlib import Path
 from autokernel.cli import add_model_arguments
 
 ROOT = Path(__file__).resolve().parent
-CHECK_INPUTS = 3  # fresh inputs the optimized model must match the original on
-TIMING_INPUTS = 2  # input sets the timed runs rotate through
-CHECK_SEED, TIMING_SEED = 1, 1000  # seeds of the checked and of the timed inputs (distinct sets)
-GPU_BACKEND, CPU_BACKEND = "inductor", "aot_eager"  # torch.compile backends (see the docstring)
 DEFAULT_KERNELS = ROOT / "workspace" / "kernels"
-PRUNE_MARGIN = 0.01  # a kernel type is left out when the model runs this much faster without it
+DEFAULT_REPORT = ROOT / "workspace" / "verify.json"  # read by the morning report (orchestrate.py report)
+CHECK_INPUTS = 3  # fresh inputs the optimized model must match the original on (autokernel.endtoend's default)
+DEPLOY_CHOICES = ("eager", "graph", "compile", "compile_graph")  # autokernel.endtoend.DEPLOY_MODES, torch-free
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     how.add_argument("--cuda-graph", action="store_true",
                      help="GPU: also time the original and the optimized model replayed from a CUDA graph "
                           "(no Python or launch overhead: the GPU time alone)")
+    how.add_argument("--deploy", choices=DEPLOY_CHOICES,
+                     help="GPU: the mode the model will run in, which the prune times (default: compile_graph "
+                          "with --compile --cuda-graph, compile with --compile, graph with --cuda-graph, else eager)")
     how.add_argument("--keep-all", action="store_true",
                      help="GPU: time every correct kernel plugged in, even those the model is faster without "
                           "(by default each is left out in turn and kept only if it helps)")
@@ -77,7 +84,14 @@ def build_parser() -> argparse.ArgumentParser:
                      help=f"fresh inputs to compare outputs on (default {CHECK_INPUTS})")
     how.add_argument("--no-timing", action="store_true", help="check correctness only")
     out = p.add_argument_group("output")
-    out.add_argument("--json", metavar="FILE", help="write the full report as JSON")
+    out.add_argument("--report", metavar="FILE", type=Path, default=DEFAULT_REPORT,
+                     help="where the full report is written as JSON on every run (default workspace/verify.json)")
+    out.add_argument("--json", metavar="FILE", help="also write the full report as JSON here")
+    out.add_argument("--export", metavar="DIR", type=Path,
+                     help="when the model passes: write the kept kernels as a Python package that installs with "
+                          "`pip install DIR` and runs without this repository (see autokernel/export.py)")
+    out.add_argument("--package-name", default="autokernel_kernels",
+                     help="the exported package's import name (default autokernel_kernels)")
     out.add_argument("--debug", action="store_true", help="show the full traceback on errors")
     return p
 
@@ -95,9 +109,13 @@ def main(argv=None) -> int:
         print(f"verify.py: error: {_explain(e)}", file=sys.stderr)
         return 2
     show(report)
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2, default=str) + "\n")
-        print(f"wrote {args.json}")
+    for path in filter(None, (args.report, args.json)):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(report, indent=2, default=str) + "\n")
+        print(f"wrote {path}")
+    if report["export"]:
+        print(f"exported {', '.join(report['export']['types']) or 'no kernel'} to {report['export']['path']}: "
+              f"pip install {report['export']['path']}")
     return 0 if report["correctness"]["status"] == "PASS" else 1
 
 
@@ -114,11 +132,20 @@ def _pick_device(requested) -> str:
     return device
 
 
+def deploy_mode(args) -> str:
+    """The mode the prune times: --deploy, else the most deployed-looking mode the flags time."""
+    if args.deploy:
+        return args.deploy
+    return {(True, True): "compile_graph", (True, False): "compile", (False, True): "graph"}.get(
+        (args.compile, args.cuda_graph), "eager")
+
+
 def run(args) -> dict:
     device = _pick_device(args.device)
     import torch
 
-    from autokernel import gpu, swap
+    from autokernel import endtoend, gpu
+    from autokernel.deploy import optimize
     from autokernel.models import describe_model, load_model, parse_shape
     from autokernel.registry import dtype_name, parse_dtype
 
@@ -127,46 +154,51 @@ def run(args) -> dict:
         raise ValueError("--checks must be at least 1")
     if not args.kernels.is_dir() and args.kernels != DEFAULT_KERNELS:
         raise ValueError(f"--kernels {args.kernels}: no such directory")
-    choices = load_kernels(args.kernels, [t.strip() for t in args.types.split(",") if t.strip()] or None)
+    types = [t.strip() for t in args.types.split(",") if t.strip()] or None
     model = load_model(args.class_name, model_file=args.model, module=args.module, config=args.config,
                        pretrained=args.pretrained, device=device, dtype=dtype)
     inputs = lambda seed: _inputs(model, shape, device, dtype, seed)
+    mode = deploy_mode(args)
     with torch.no_grad():
-        optimized = swap.build(model, list(choices))
-        correctness = check(model, optimized, inputs, dtype, args.checks)
+        optimized = optimize(model, args.kernels, types, starters=ROOT / "kernels", verified=None,
+                             quiet=True).autokernel  # the prune below decides afresh
+        choices = optimized.choices
+        correctness = endtoend.check(model, optimized, inputs, dtype, args.checks)
         sites = [s.to_dict() for s in optimized.sites()]  # calls counted over the checked forwards only
         checked_types = optimized.swapped_types()
         timed = not args.no_timing and correctness["status"] == "PASS"
         graphs = args.cuda_graph and device == "cuda"
         pruned = {}
         if timed and device == "cuda" and not args.keep_all:
-            optimized, pruned = prune(model, optimized, inputs, device, graphs)
+            optimized, pruned = endtoend.prune(model, optimized, inputs, device, mode)
             _mark_pruned(sites, pruned)
-        timings = time_models(model, optimized, inputs, device, args.compile, graphs) if timed else {}
-        graph = graph_breaks(optimized, inputs(CHECK_SEED)) if args.compile and correctness["status"] == "PASS" \
-            else None
+        timings, timing_errors = endtoend.time_models(model, optimized, inputs, device, args.compile, graphs) \
+            if timed else ({}, {})
+        graph = endtoend.graph_breaks(optimized, inputs(endtoend.CHECK_SEED)) \
+            if args.compile and correctness["status"] == "PASS" else None
+    kept = [t for t in checked_types if t not in pruned]
+    exported = _export(args, choices, kept) if args.export and correctness["status"] == "PASS" else None
     return {
         "model": describe_model(model), "class_name": args.class_name, "source": args.model or args.module,
         "config": args.config, "input_shape": list(shape), "dtype": dtype_name(dtype), "device": device,
         "gpu": gpu.device_name(device) if device == "cuda" else None, "cpu_mode": device == "cpu",
         "kernels": {t: {"path": _rel(c.path), "source": c.source, "passed_over": [_rel(p) for p in c.passed_over]}
                     for t, c in choices.items()},
-        "sites": sites, "swapped_types": [t for t in checked_types if t not in pruned], "pruned": pruned,
+        "sites": sites, "swapped_types": kept, "pruned": pruned,
+        "prune": {"mode": mode, "decided": timed and device == "cuda" and not args.keep_all, "left_out": pruned},
         "unused_types": sorted(set(choices) - set(checked_types)),
-        "correctness": correctness, "timing": timings, "graph": graph,
-        "compile_backend": GPU_BACKEND if device == "cuda" else CPU_BACKEND,
+        "correctness": correctness, "timing": timings, "timing_errors": timing_errors, "graph": graph,
+        "export": exported,
+        "compile_backend": endtoend.backend_for(device),
         "torch": torch.__version__, "triton": _triton_version(), "command": "python " + shlex.join(sys.argv),
     }
 
 
-def load_kernels(kernels_dir: Path, types: list[str] | None) -> dict:
-    """The best file of every type (see autokernel/customops.py), each plugged into its custom op."""
-    from autokernel import customops
+def _export(args, choices: dict, kept: list[str]) -> dict:
+    from autokernel import export
 
-    choices = customops.find_kernels(kernels_dir, ROOT / "kernels", types)
-    for choice in choices.values():
-        customops.load(choice)
-    return choices
+    package = export.write_package(args.export, {t: choices[t].path for t in kept}, name=args.package_name)
+    return {"path": str(args.export), "package": package.name, "types": kept}
 
 
 def _inputs(model, shape, device, dtype, seed: int) -> tuple:
@@ -178,192 +210,10 @@ def _inputs(model, shape, device, dtype, seed: int) -> tuple:
     return example_inputs(model, shape, device, dtype, seed=seed)
 
 
-# ------------------------------------------------------------------------------ correctness
-def check(model, optimized, inputs, dtype, n_inputs: int = CHECK_INPUTS) -> dict:
-    """Compare the optimized model with the original on n_inputs fresh inputs; blame on a mismatch."""
-    from autokernel import customops, swap
-
-    tol = swap.REL_L2_TOLERANCE[dtype]
-    runs, cases = [], []
-    for i in range(n_inputs):
-        args = inputs(CHECK_SEED + i)
-        want = forward(model, args)
-        try:
-            got = forward(optimized.model, args, optimized.patched)
-        except customops.KernelCallError as e:
-            return {"status": "FAIL", "tolerance_rel_l2": tol, "inputs": runs, "blamed": [e.kernel_type],
-                    "reason": str(e).splitlines()[0], "forwards": i}
-        runs.append(compare(got, want, tol))
-        cases.append((args, want))
-    failed = [c for c, r in zip(cases, runs) if not r["ok"]]
-    result = {"status": "FAIL" if failed else "PASS", "tolerance_rel_l2": tol, "inputs": runs,
-              "worst_rel_l2": max(r["rel_l2"] for r in runs), "forwards": n_inputs}
-    if failed:
-        result["blame"] = blame(model, optimized.swapped_types(), failed[:1], tol)
-        result["blamed"] = [t for t, r in result["blame"].items() if not r["ok"]]
-        result["reason"] = _mismatch_reason(result)
-    return result
-
-
-def forward(model, args, scope=None):
-    """(main output, next-token loss or None) of one forward, inside `scope` (the patches) if given."""
-    import contextlib
-
-    with (scope or contextlib.nullcontext)():
-        out = _main_output(model(*args))
-        return out, _lm_loss(model, args, out)
-
-
-def _main_output(out):
-    """The tensor to compare: the output itself, or the logits / last hidden state / first tensor."""
-    import torch
-
-    for name in ("logits", "last_hidden_state"):
-        if getattr(out, name, None) is not None:
-            return getattr(out, name)
-    if isinstance(out, dict):
-        out = list(out.values())
-    if isinstance(out, (tuple, list)):
-        out = next((o for o in out if isinstance(o, torch.Tensor)), None)
-    if not isinstance(out, torch.Tensor):
-        raise TypeError(f"the model returned {type(out).__name__}: verify.py compares tensors or logits")
-    return out
-
-
-def _lm_loss(model, args, logits):
-    """The loss a training step computes on a language model's logits: next-token cross-entropy.
-
-    Computed through F.cross_entropy, so that in the optimized model it runs the cross_entropy kernel."""
-    import torch.nn.functional as F
-
-    from autokernel.models import config_value
-
-    vocab, ids = config_value(model, "vocab_size"), args[0] if args else None
-    if (vocab is None or ids is None or ids.is_floating_point() or ids.dim() != 2 or ids.shape[1] < 2
-            or logits.dim() != 3 or tuple(logits.shape) != (*ids.shape, vocab)):
-        return None
-    return F.cross_entropy(logits[:, :-1].reshape(-1, vocab), ids[:, 1:].reshape(-1))
-
-
-def compare(got, want, tol: float) -> dict:
-    """Norm-wise and elementwise errors of (output, loss) against the original's."""
-    import torch
-
-    from autokernel.swap import rel_l2
-
-    (out, loss), (ref, ref_loss) = got, want
-    if out.shape != ref.shape:
-        return {"ok": False, "rel_l2": float("inf"), "reason": f"output shape {tuple(out.shape)}, "
-                                                              f"expected {tuple(ref.shape)}"}
-    bad = int((~torch.isfinite(out) & torch.isfinite(ref)).sum())
-    diff = (out.double() - ref.double()).abs().nan_to_num(float("inf"))
-    scale = float(ref.double().abs().max()) or 1.0
-    r = {"rel_l2": float("inf") if bad else rel_l2(out, ref), "max_abs": float(diff.max()),
-         "max_rel": float(diff.max()) / scale, "nonfinite": bad}
-    if loss is not None and ref_loss is not None:
-        r["loss"], r["ref_loss"] = float(loss), float(ref_loss)
-        r["loss_rel"] = abs(float(loss) - float(ref_loss)) / max(abs(float(ref_loss)), 1e-12)
-    r["ok"] = r["rel_l2"] <= tol and r.get("loss_rel", 0.0) <= tol
-    return r
-
-
-def blame(model, types, cases, tol) -> dict:
-    """Each swapped type alone in the model: its error on the failing inputs."""
-    from autokernel import customops, swap
-
-    found = {}
-    for t in types:
-        single = swap.build(model, [t])
-        results = []
-        for args, want in cases:
-            try:
-                results.append(compare(forward(single.model, args, single.patched), want, tol))
-            except customops.KernelCallError as e:
-                results.append({"ok": False, "rel_l2": float("inf"), "reason": str(e).splitlines()[0]})
-        found[t] = max(results, key=lambda r: (not r["ok"], r["rel_l2"]))
-    return found
-
-
-def _mismatch_reason(result) -> str:
-    worst = max(result["inputs"], key=lambda r: r["rel_l2"])
-    what = f"relative L2 error {worst['rel_l2']:.3g} > {result['tolerance_rel_l2']:g}"
-    if worst.get("nonfinite"):
-        what = f"{worst['nonfinite']} NaN/Inf outputs where the original is finite"
-    elif worst.get("loss_rel", 0) > result["tolerance_rel_l2"]:
-        what = f"loss off by {worst['loss_rel']:.3g} (relative)"
-    if result["blamed"]:
-        return f"{what}; alone over the tolerance: {', '.join(result['blamed'])}"
-    errors = {t: r["rel_l2"] for t, r in result["blame"].items()}
-    top = max(errors, key=errors.get) if errors else "none"
-    return f"{what}; no kernel alone exceeds the tolerance, their errors add up (largest alone: {top})"
-
-
 def _mark_pruned(sites: list[dict], pruned: dict) -> None:
     for site in sites:
         if site["swapped"] and site["kernel_type"] in pruned:
             site["swapped"], site["reason"] = False, pruned[site["kernel_type"]]
-
-
-# ------------------------------------------------------------------------------ timing
-def time_models(model, optimized, inputs, device: str, with_compile: bool, with_graphs: bool = False) -> dict:
-    """Median latency of the original (eager, compiled) and the optimized model, one process, one protocol."""
-    import torch
-
-    from autokernel import timing
-
-    backend = GPU_BACKEND if device == "cuda" else CPU_BACKEND
-    sets = [inputs(TIMING_SEED + i) for i in range(TIMING_INPUTS)]
-    runs = {"eager": model, "compile": torch.compile(model, backend=backend), "optimized": optimized}
-    if with_compile:
-        runs["optimized_compile"] = optimized.compiled(backend)
-    if with_graphs:  # every row again, replayed from a CUDA graph, and compared with its graphed original
-        runs.update({f"{name}_graph": timing.cuda_graphed(fn, sets[0]) for name, fn in list(runs.items())})
-    result = {}
-    for name, fn in runs.items():
-        t = timing.time_fn(fn, sets, device)
-        result[name] = {"ms": t.median_us / 1e3, "noise_pct": t.spread_pct, "runs": len(t.samples_us)}
-    for name, r in result.items():
-        mode = "_graph" if name.endswith("_graph") else ""
-        r["speedup_vs_eager"] = result["eager" + mode]["ms"] / r["ms"]
-        r["speedup_vs_compile"] = result["compile" + mode]["ms"] / r["ms"]
-    return result
-
-
-def prune(model, optimized, inputs, device: str, graphs: bool):
-    """Leave out, one type at a time, each kernel whose removal makes the whole model faster.
-
-    A kernel that beats PyTorch at the harness's shape can still lose at this model's shapes (a
-    Triton matmul against cuBLAS at N=256), and the end-to-end time is what counts. Greedy, in the
-    order of the types; timed like time_models (from a CUDA graph with --cuda-graph).
-    """
-    from autokernel import swap, timing
-
-    sets = [inputs(TIMING_SEED + i) for i in range(TIMING_INPUTS)]
-
-    def ms(candidate) -> float:
-        fn = timing.cuda_graphed(candidate, sets[0]) if graphs else candidate
-        return timing.time_fn(fn, sets, device).median_us / 1e3
-
-    keep, best, dropped = optimized.swapped_types(), ms(optimized), {}
-    for kernel_type in list(keep):
-        trial = swap.build(model, [t for t in keep if t != kernel_type])
-        trial_ms = ms(trial)
-        if trial_ms < best * (1 - PRUNE_MARGIN):
-            dropped[kernel_type] = f"the model is faster without it ({trial_ms:.3f} ms vs {best:.3f} ms)"
-            keep.remove(kernel_type)
-            optimized, best = trial, trial_ms
-    return optimized, dropped
-
-
-def graph_breaks(optimized, args) -> dict:
-    """Graphs and graph breaks dynamo makes of the optimized model (0 breaks: the kernels are graph nodes)."""
-    import torch._dynamo
-
-    with optimized.patched():
-        explained = torch._dynamo.explain(optimized.model)(*args)
-    torch._dynamo.reset()  # explain's traces are not the ones to time
-    return {"graphs": explained.graph_count, "graph_breaks": explained.graph_break_count,
-            "break_reasons": [str(b.reason) for b in explained.break_reasons][:10]}
 
 
 # ------------------------------------------------------------------------------ report
@@ -387,10 +237,15 @@ def show(report: dict) -> None:
                       f"max rel {r.get('max_rel', float('nan')):.3g}{loss}")
     for t, r in c.get("blame", {}).items():
         console.print(f"  {t} alone: rel L2 {r['rel_l2']:.3g} {'ok' if r['ok'] else 'OVER'}")
+    if report["prune"]["decided"]:
+        console.print(f"prune: timed in {report['prune']['mode']} mode (--deploy), "
+                      f"{len(report['pruned'])} type(s) left out")
     for t, why in report["pruned"].items():
         console.print(f"left out after timing: {t}: {why}")
     if report["timing"]:
         console.print(_timing_table(report))
+    for row, error in report["timing_errors"].items():
+        console.print(f"[red]not timed[/red]: {row}: {error}")
     if report["graph"]:
         g = report["graph"]
         console.print(f"torch.compile of the optimized model: {g['graphs']} graph(s), {g['graph_breaks']} break(s)"
@@ -404,18 +259,19 @@ def summary(report: dict) -> dict:
     """The greppable key: value lines."""
     t, c, g = report["timing"], report["correctness"], report["graph"] or {}
     ms = lambda k: t[k]["ms"] if k in t else None
+    speedup = lambda row, base: t.get(row, {}).get(f"speedup_vs_{base}")
     return {"correctness": c["status"], "blamed": ",".join(c.get("blamed", [])) or None,
             "worst_rel_l2": c.get("worst_rel_l2"), "swapped_types": ",".join(report["swapped_types"]),
             "eager_ms": ms("eager"), "compile_ms": ms("compile"), "optimized_ms": ms("optimized"),
             "optimized_compile_ms": ms("optimized_compile"), "eager_graph_ms": ms("eager_graph"),
             "compile_graph_ms": ms("compile_graph"), "optimized_graph_ms": ms("optimized_graph"),
             "optimized_compile_graph_ms": ms("optimized_compile_graph"), "pruned": ",".join(report["pruned"]) or None,
-            "speedup_vs_eager": t["optimized"]["speedup_vs_eager"] if t else None,
-            "speedup_vs_compile": t["optimized"]["speedup_vs_compile"] if t else None,
-            "compiled_speedup_vs_compile": t["optimized_compile"]["speedup_vs_compile"]
-            if "optimized_compile" in t else None,
-            "graph_speedup_vs_eager": t["optimized_graph"]["speedup_vs_eager"] if "optimized_graph" in t else None,
-            "graph_speedup_vs_compile": t["optimized_graph"]["speedup_vs_compile"] if "optimized_graph" in t else None,
+            "deploy_mode": report["prune"]["mode"],
+            "speedup_vs_eager": speedup("optimized", "eager"), "speedup_vs_compile": speedup("optimized", "compile"),
+            "compiled_speedup_vs_compile": speedup("optimized_compile", "compile"),
+            "graph_speedup_vs_eager": speedup("optimized_graph", "eager"),
+            "graph_speedup_vs_compile": speedup("optimized_graph", "compile"),
+            "timing_errors": ",".join(report.get("timing_errors") or {}) or None,
             "graph_breaks": g.get("graph_breaks"), "device": report["gpu"] or "cpu", "cpu_mode": report["cpu_mode"]}
 
 
@@ -467,8 +323,8 @@ def _timing_table(report):
              "optimized_compile": "optimized + torch.compile"}
     for k, r in report["timing"].items():
         name = names[k.removesuffix("_graph")] + (", CUDA graph" if k.endswith("_graph") else "")
-        table.add_row(name, f"{r['ms']:.3f}", f"{r['noise_pct']:.1f}%", f"{r['speedup_vs_eager']:.2f}x",
-                      f"{r['speedup_vs_compile']:.2f}x")
+        ratios = [f"{r[key]:.2f}x" if key in r else "-" for key in ("speedup_vs_eager", "speedup_vs_compile")]
+        table.add_row(name, f"{r['ms']:.3f}", f"{r['noise_pct']:.1f}%", *ratios)
     return table
 
 

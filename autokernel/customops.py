@@ -6,15 +6,19 @@ there, else the shipped starter `kernels/<type>.py`. A file counts for a type by
 declares (read with ast, not by name alone); among several files of one kind the lowest rank number
 (the type's biggest share of the profile) wins, and the others are reported as passed over.
 
-Why custom ops: a Triton launch is opaque to torch.compile, so calling kernel_fn from a model makes
-dynamo break the graph at every call. Registered as `autokernel::<type>` with a fake implementation
-that only computes the output's shape and dtype, a kernel becomes one node of the graph, and the
-optimized model compiles whole. The ops are defined once per process (torch.library cannot redefine
-a name); what each op runs is looked up at call time in `_IMPLS`, so verify.py can plug in other
-files (or a single type, to find the kernel behind a mismatch) without redefining anything. Outside a
-compile, with no gradient wanted, the model calls the kernel straight: the op only matters to a graph,
-and its dispatch (autograd wrapper, redispatch, alias checks) costs ~10 us of host time per call, which a
-model of a hundred kernel calls per forward pays in full whenever it runs without a CUDA graph.
+Why ops: a Triton launch is opaque to torch.compile, so calling kernel_fn from a model makes dynamo
+break the graph at every call. Registered as `autokernel::<type>`, a kernel becomes one node of the
+graph and the optimized model compiles whole. Where torch has `torch.library.triton_op` (>= 2.6) the
+op is one: traced, its body is the kernel file with each Triton launch recorded (launchers.traceable),
+so Inductor launches the kernels from its own generated code, and a compiled model pays no Python op
+dispatch per call; a file it cannot trace (CUDA C++) runs behind an opaque custom op `<type>_opaque`
+whose fake only computes the output's shape and dtype. The ops are defined once per process
+(torch.library cannot redefine a name); what each op runs is looked up at call time (`_IMPLS`,
+`_TRACEABLE`), so verify.py can plug in other files (or a single type, to find the kernel behind a
+mismatch) without redefining anything. Outside a compile the model calls the kernel straight (through
+launchers.fast): the op only matters to a graph, and its dispatch (autograd wrapper, redispatch,
+alias checks) costs ~10 us of host time per call, which a model of a hundred kernel calls per forward
+pays in full whenever it runs without a CUDA graph. A call that needs a gradient runs the original op.
 
 Drop-in replacements: for each torch function a kernel stands for (F.scaled_dot_product_attention,
 F.softmax and torch.softmax, F.layer_norm, F.rms_norm, F.linear, F.cross_entropy, and rotary helpers
@@ -25,6 +29,7 @@ fits the kernel and the original function otherwise, and records each call site 
 
 from __future__ import annotations
 
+import inspect
 import re
 import sys
 from collections.abc import Callable
@@ -34,8 +39,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from autokernel import kernelfile
-from autokernel.registry import get_spec, kernel_types
+from autokernel import compat, kernelfile, launchers
 
 NAMESPACE = "autokernel"
 
@@ -70,7 +74,8 @@ OUTPUT_SHAPES = {
 
 _IMPLS: dict[str, Callable] = {}  # kernel type -> the kernel_fn its op runs now
 _LABELS: dict[str, str] = {}  # kernel type -> the file it came from, for error messages
-_DEFINED: dict[str, object] = {}  # kernel type -> its CustomOpDef (kept alive)
+_DEFINED: dict[str, object] = {}  # kernel type -> its op definitions (kept alive)
+_TRACEABLE: dict[str, Callable | None] = {}  # kernel type -> kernel_fn as torch.compile traces it
 
 
 class KernelCallError(RuntimeError):
@@ -103,7 +108,12 @@ def _declared_type(path: Path) -> str | None:
 
 def find_kernels(kernels_dir: Path, starters_dir: Path, types: list[str] | None = None) -> dict[str, KernelChoice]:
     """The best kernel file of every requested type (every type with a custom-op schema by default)."""
-    wanted = list(types) if types else [t for t in kernel_types() if t in SCHEMAS]
+    if types:
+        wanted = list(types)
+    else:
+        from autokernel.registry import kernel_types  # here, not at import: an exported package has no registry
+
+        wanted = [t for t in kernel_types() if t in SCHEMAS]
     unknown = [t for t in wanted if t not in SCHEMAS]
     if unknown:
         raise ValueError(f"no custom op for kernel type(s) {', '.join(unknown)}; known: {', '.join(SCHEMAS)}")
@@ -134,12 +144,17 @@ def find_kernels(kernels_dir: Path, starters_dir: Path, types: list[str] | None 
 def load(choice: KernelChoice) -> Callable:
     """Import the file, check kernel_fn's signature against the reference, and plug it into its op."""
     try:
+        from autokernel.registry import get_spec
+    except ImportError:  # an exported package: its kernels were checked against the references on export
+        get_spec = None
+    try:
         module = kernelfile.import_kernel(choice.path)
     except kernelfile.KernelFileError:
         raise
     except Exception as e:  # a syntax error, a Triton API this version lacks, ...
         raise kernelfile.KernelFileError(f"cannot import {choice.path}: {type(e).__name__}: {e}") from e
-    kernelfile.check_signature(module.kernel_fn, get_spec(choice.type).reference)
+    if get_spec is not None:
+        kernelfile.check_signature(module.kernel_fn, get_spec(choice.type).reference)
     install(choice.type, module.kernel_fn, str(choice.path))
     return module.kernel_fn
 
@@ -147,8 +162,9 @@ def load(choice: KernelChoice) -> Callable:
 def install(kernel_type: str, kernel_fn: Callable, label: str) -> None:
     """Make `autokernel::<type>` run kernel_fn from now on (defining the op on first use)."""
     _define(kernel_type)
-    _IMPLS[kernel_type] = kernel_fn
+    _IMPLS[kernel_type] = launchers.fast(kernel_fn)
     _LABELS[kernel_type] = label
+    _TRACEABLE[kernel_type] = launchers.traceable(kernel_fn) if compat.native_compile_enabled() else None
 
 
 def op(kernel_type: str):
@@ -180,10 +196,14 @@ def _run(kernel_type: str, *args) -> torch.Tensor:
 
 
 def _define(kernel_type: str) -> None:
+    """`autokernel::<type>`: a triton_op where torch has them (Inductor traces into the kernel file and launches
+    its Triton kernels from its own generated code), else an opaque custom op; see launchers.traceable."""
     if kernel_type in _DEFINED:
         return
     if kernel_type not in SCHEMAS:
         raise ValueError(f"no custom-op schema for kernel type {kernel_type!r}")
+    name = f"{NAMESPACE}::{kernel_type}"
+    native = compat.has_triton_op()
 
     def run(*args):
         return _run(kernel_type, *args)
@@ -191,10 +211,33 @@ def _define(kernel_type: str) -> None:
     def fake(*args):
         return _fake_output(kernel_type, args)
 
-    definition = torch.library.custom_op(f"{NAMESPACE}::{kernel_type}", run, mutates_args=(),
-                                         schema=SCHEMAS[kernel_type])
-    definition.register_fake(fake)
-    _DEFINED[kernel_type] = definition
+    opaque = torch.library.custom_op(name + "_opaque" if native else name, run, mutates_args=(),
+                                     schema=SCHEMAS[kernel_type])
+    opaque.register_fake(fake)
+    _DEFINED[kernel_type] = opaque
+    if not native:
+        return
+    opaque_op = getattr(getattr(torch.ops, NAMESPACE), f"{kernel_type}_opaque").default
+
+    def traced(*args):
+        if not compat.wrap_triton_enabled():  # the op called eagerly on real tensors: the kernel as it is
+            return _run(kernel_type, *args)
+        traceable = _TRACEABLE.get(kernel_type)  # traced (fake tensors): Triton launches become graph nodes
+        return traceable(*args) if traceable is not None else opaque_op(*args)
+
+    traced.__signature__ = _signature(SCHEMAS[kernel_type])  # triton_op infers its schema from the signature
+    _DEFINED[kernel_type] = (opaque, torch.library.triton_op(name, traced, mutates_args=()))
+
+
+_SCHEMA_TYPES = {"Tensor": torch.Tensor, "float": float, "bool": bool, "int": int, "float?": float | None}
+
+
+def _signature(schema: str) -> inspect.Signature:
+    """The Python signature of a schema string such as "(Tensor x, float eps) -> Tensor"."""
+    params = schema.split(")", 1)[0].lstrip("(").split(", ")
+    return inspect.Signature([inspect.Parameter(p.split()[1], inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                                annotation=_SCHEMA_TYPES[p.split()[0]]) for p in params],
+                             return_annotation=torch.Tensor)
 
 
 def _fake_output(kernel_type: str, args) -> torch.Tensor:
@@ -225,6 +268,17 @@ class Site:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+GRAD_REASON = "a gradient is wanted (the kernels have no backward: the original op runs)"
+
+
+def grad_reason(*tensors) -> str | None:
+    """Why a call must run the original op to keep autograd working, or None: training through an optimized
+    model stays correct (and as fast as the original), inference under no_grad gets the kernels."""
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        return GRAD_REASON
+    return None
 
 
 def in_eager() -> bool:
@@ -273,7 +327,7 @@ def _sdpa_wrapper(sites: CallSites):
 
     def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                                      scale=None, enable_gqa=False):
-        reason = _attention_unfit(query, key, value, attn_mask, dropout_p, enable_gqa)
+        reason = _attention_unfit(query, key, value, attn_mask, dropout_p, enable_gqa) or grad_reason(query, key, value)
         if in_eager():
             sites.hit("F.scaled_dot_product_attention", "flash_attention", reason)
         if reason:
@@ -301,7 +355,7 @@ def _softmax_wrappers(sites: CallSites):
     def run(name, x, dim, dtype, fallback):
         if dtype is not None:  # softmax(x, dtype=float32) is the softmax of x cast first
             x = x.to(dtype)
-        reason = _softmax_unfit(x, dim)
+        reason = _softmax_unfit(x, dim) or grad_reason(x)
         if in_eager():
             sites.hit(name, "softmax", reason, depth=3)
         return fallback(x) if reason else kernel(x)
@@ -328,7 +382,7 @@ def _layer_norm_wrapper(sites: CallSites):
     original, kernel = _ORIGINALS["layer_norm"], op("layernorm")
 
     def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
-        reason = _norm_unfit(input, normalized_shape, weight, bias)
+        reason = _norm_unfit(input, normalized_shape, weight, bias) or grad_reason(input, weight, bias)
         if in_eager():
             sites.hit("F.layer_norm", "layernorm", reason)
         if reason:
@@ -344,7 +398,7 @@ def _rms_norm_wrapper(sites: CallSites):
     original, kernel = _ORIGINALS["rms_norm"], op("rmsnorm")
 
     def rms_norm(input, normalized_shape, weight=None, eps=None):
-        reason = _norm_unfit(input, normalized_shape, weight)
+        reason = _norm_unfit(input, normalized_shape, weight) or grad_reason(input, weight)
         if in_eager():
             sites.hit("F.rms_norm", "rmsnorm", reason)
         if reason:
@@ -360,9 +414,10 @@ def _linear_wrapper(sites: CallSites):
 
     def linear(input, weight, bias=None):
         fits = weight.dim() == 2 and input.dtype == weight.dtype and input.dtype in KERNEL_DTYPES
+        reason = grad_reason(input, weight, bias) if fits else "mixed dtypes or a non-2-D weight"
         if in_eager():
-            sites.hit("F.linear", "matmul", None if fits else "mixed dtypes or a non-2-D weight")
-        if not fits:
+            sites.hit("F.linear", "matmul", reason)
+        if reason:
             return original(input, weight, bias)
         y = kernel(input, weight.t())
         return y if bias is None else y + bias
@@ -382,6 +437,7 @@ def _cross_entropy_wrapper(sites: CallSites):
             reason = f"reduction={reduction!r}, ignore_index={ignore_index} (the kernel: mean, -100)"
         elif input.dim() != 2 or target.dim() != 1 or target.dtype != torch.long or input.dtype not in KERNEL_DTYPES:
             reason = "not [N, V] logits with [N] integer targets"
+        reason = reason or grad_reason(input)
         if in_eager():
             sites.hit("F.cross_entropy", "cross_entropy", reason)
         if reason:
@@ -409,6 +465,12 @@ def function_replacements(types, sites: CallSites) -> dict:
     return found
 
 
+# the kernel type behind each drop-in wrapper, by the wrapper's name (for the summary of what was swapped)
+FUNCTION_TYPES = {"scaled_dot_product_attention": "flash_attention", "f_softmax": "softmax",
+                  "torch_softmax": "softmax", "layer_norm": "layernorm", "rms_norm": "rmsnorm", "linear": "matmul",
+                  "cross_entropy": "cross_entropy", "rotary": "rotary_embedding"}
+
+
 def rotary_x_cos_sin(fn, sites: CallSites, name: str):
     """fn(x, cos, sin) with cos, sin [seq, head_dim / 2]: the reference's own convention."""
     kernel = op("rotary_embedding")
@@ -416,9 +478,10 @@ def rotary_x_cos_sin(fn, sites: CallSites, name: str):
     def rotary(x, cos, sin):
         fits = (x.dim() >= 2 and x.dtype in KERNEL_DTYPES and cos.dtype == sin.dtype == x.dtype
                 and tuple(cos.shape) == tuple(sin.shape) == (x.shape[-2], x.shape[-1] // 2))
+        reason = grad_reason(x, cos, sin) if fits else "tables not [seq, head_dim/2] in x's dtype"
         if in_eager():
-            sites.hit(name, "rotary_embedding", None if fits else "tables not [seq, head_dim/2] in x's dtype")
-        return kernel(x, cos, sin) if fits else fn(x, cos, sin)
+            sites.hit(name, "rotary_embedding", reason)
+        return fn(x, cos, sin) if reason else kernel(x, cos, sin)
 
     return rotary
 
@@ -434,9 +497,10 @@ def rotary_q_k_cos_sin(fn, sites: CallSites, name: str):
                 and cos.dim() == 3 and cos.shape[0] == 1 and tuple(cos.shape) == tuple(sin.shape)
                 and cos.shape[1:] == (q.shape[2], d) and q.dtype in KERNEL_DTYPES
                 and q.dtype == k.dtype == cos.dtype == sin.dtype)
+        reason = grad_reason(q, k, cos, sin) if fits else "tables not [1, seq, head_dim] in q's dtype"
         if in_eager():
-            sites.hit(name, "rotary_embedding", None if fits else "tables not [1, seq, head_dim] in q's dtype")
-        if not fits:
+            sites.hit(name, "rotary_embedding", reason)
+        if reason:
             return fn(q, k, cos, sin, position_ids, unsqueeze_dim)
         c, s = cos[0, :, : d // 2], sin[0, :, : d // 2]
         return kernel(q, c, s), kernel(k, c, s)

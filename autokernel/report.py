@@ -227,7 +227,7 @@ def verify_command(plan: dict, device: str | None = None, json_path: Path = VERI
     cmd += ["--input-shape", ",".join(map(str, plan.get("input_shape") or [])), "--dtype", plan.get("dtype", "float16")]
     device = device or ("cpu" if plan.get("cpu_mode") else "cuda")
     cmd += ["--device", device] + (["--cuda-graph"] if device == "cuda" else [])
-    return cmd + ["--json", str(json_path)]
+    return cmd + ["--report", str(json_path)]
 
 
 def shell_line(cmd: list[str]) -> str:

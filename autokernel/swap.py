@@ -25,6 +25,7 @@ why. Calls are counted in eager runs only, so that the counting code is never tr
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import re
 import sys
@@ -34,8 +35,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-import reference
-from autokernel import customops
+from autokernel import compat, customops
+
+try:
+    import reference
+except ModuleNotFoundError:  # autokernel imported from outside its checkout (an editable install)
+    reference = compat.load_root_module("reference")
 from autokernel.customops import KERNEL_DTYPES, CallSites, Site, in_eager
 
 # Relative L2 error, by dtype, within which a probed site must match its reference; verify.py uses the
@@ -71,10 +76,12 @@ class _KernelModule(nn.Module):
 
     def _fits(self, x, weight) -> bool:
         ok = x.dtype == weight.dtype and x.dtype in KERNEL_DTYPES and x.numel() > 0
+        why = customops.grad_reason(x, weight) if ok else None
         if in_eager():
-            self.site.calls += ok
-            self.site.fallbacks += not ok
-        return ok
+            self.site.calls += ok and not why
+            self.site.fallbacks += not ok or bool(why)
+            self.site.reason = why or self.site.reason
+        return ok and not why
 
 
 class KernelLinear(_KernelModule):
@@ -344,6 +351,30 @@ class Optimized:
         self.model, self.patches, self.types = model, patches, types
         self.module_sites, self.notes, self.call_sites = module_sites, notes, call_sites
 
+    def module(self) -> nn.Module:
+        """The model itself with the kernels in place, as users call it: its forward applies the function
+        patches for the call's duration, so model(...), model.generate(...), torch.compile(model) (dynamo
+        traces the patches: no graph break) and CUDA graphs all run the kernels. `.autokernel` is this."""
+        model = self.model
+        if "forward" in vars(model):
+            return model
+        inner, patches = model.forward, self.patches
+
+        @functools.wraps(inner)  # generate() reads forward's signature
+        def forward(*args, **kwargs):
+            saved = [getattr(owner, name) for owner, name, _ in patches]
+            for owner, name, new in patches:
+                setattr(owner, name, new)
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                for (owner, name, _), old in zip(patches, saved):
+                    setattr(owner, name, old)
+
+        model.forward = forward
+        model.autokernel = self  # a plain attribute (not a submodule): state_dict and .to() ignore it
+        return model
+
     @contextmanager
     def patched(self):
         saved = [(owner, name, getattr(owner, name)) for owner, name, _ in self.patches]
@@ -356,18 +387,24 @@ class Optimized:
                 setattr(owner, name, old)
 
     def __call__(self, *args, **kwargs):
-        with self.patched():
-            return self.model(*args, **kwargs)
+        return self.module()(*args, **kwargs)
 
-    def compiled(self, backend: str = "inductor"):
-        """torch.compile of the model, traced and run with the patches in place."""
-        inner = torch.compile(self.model, backend=backend)
+    def compiled(self, backend: str = "inductor", mode: str | None = None):
+        """torch.compile of the model as a user compiles it (the patches are traced with it)."""
+        return torch.compile(self.module(), backend=backend, mode=mode)
 
-        def run(*args, **kwargs):
-            with self.patched():
-                return inner(*args, **kwargs)
-
-        return run
+    def planned(self) -> dict[str, list[str]]:
+        """Kernel type -> what it replaces, before any call: "Linear x10" (modules), "F.linear" (functions)."""
+        found: dict[str, dict[str, int]] = {}
+        for site in self.module_sites:
+            if site.swapped:
+                what = found.setdefault(site.kernel_type, {})
+                kind = site.what.split("(")[0].split(" ")[0]
+                what[kind] = what.get(kind, 0) + 1
+        for owner, name, new in self.patches:
+            prefix = {F: "F.", torch: "torch."}.get(owner, getattr(owner, "__name__", "").rsplit(".", 1)[-1] + ".")
+            found.setdefault(customops.FUNCTION_TYPES[new.__name__], {})[prefix + name] = 0
+        return {t: [f"{w} x{n}" if n else w for w, n in what.items()] for t, what in sorted(found.items())}
 
     def sites(self) -> list[Site]:
         return self.module_sites + list(self.call_sites.sites.values()) + self.notes
@@ -385,4 +422,6 @@ def build(model: nn.Module, types) -> Optimized:
     module_sites = _replace_modules(clone, types)
     call_sites = CallSites()
     patches, notes = _function_patches(model, types, call_sites)
-    return Optimized(clone, patches, module_sites, notes, call_sites, types)
+    optimized = Optimized(clone, patches, module_sites, notes, call_sites, types)
+    optimized.original = model  # optimize() of an optimized model starts again from it
+    return optimized

@@ -228,7 +228,16 @@ def _tma_applies(q, k, v, block_m, scale):
         return False
     if q.numel() == 0 or q.shape[2] % block_m or scale <= 0:
         return False
-    return all(t.shape == q.shape and t.is_contiguous() and t.data_ptr() % 16 == 0 for t in (q, k, v))
+    return all(t.shape == q.shape and t.is_contiguous() and _address(t) % 16 == 0 for t in (q, k, v))
+
+
+def _address(t):
+    """t's data pointer; traced under torch.compile (a FakeTensor has none) its offset into an allocation,
+    which PyTorch's allocators align to at least 256 bytes."""
+    try:
+        return t.data_ptr()
+    except RuntimeError:
+        return t.storage_offset() * t.element_size()
 
 
 def _use_tma(q, k, v, causal, block_m, scale):

@@ -210,8 +210,17 @@ def _tma_ok(*tensors):
     first = tensors[0]
     if TensorDescriptor is None or not first.is_cuda or torch.cuda.get_device_capability(first.device)[0] < 9:
         return False
-    return all(t.stride(1) == 1 and t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0
+    return all(t.stride(1) == 1 and _address(t) % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0
                for t in tensors)
+
+
+def _address(t):
+    """t's data pointer; traced under torch.compile (a FakeTensor has none) its offset into an allocation,
+    which PyTorch's allocators align to at least 256 bytes."""
+    try:
+        return t.data_ptr()
+    except RuntimeError:
+        return t.storage_offset() * t.element_size()
 
 
 def _gemm(a, a2, w1, w2, c, c2, gated, split_a, split_out):

@@ -191,9 +191,18 @@ def _tma_ok(a, b, c):
         return False
     b_rows = b if b.stride(1) == 1 else b.t()
     for t in (a, b_rows, c):
-        if t.stride(1) != 1 or t.data_ptr() % 16 or (t.stride(0) * t.element_size()) % 16:
+        if t.stride(1) != 1 or _address(t) % 16 or (t.stride(0) * t.element_size()) % 16:
             return False
     return True
+
+
+def _address(t):
+    """t's data pointer; traced under torch.compile (a FakeTensor has none) its offset into an allocation,
+    which PyTorch's allocators align to at least 256 bytes."""
+    try:
+        return t.data_ptr()
+    except RuntimeError:
+        return t.storage_offset() * t.element_size()
 
 
 def _launch_tma(a, b, c, cfg, num_sms):

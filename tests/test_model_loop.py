@@ -271,7 +271,7 @@ def test_report_puts_the_estimate_beside_verify_and_builds_its_command(repo):
     plan = json.loads(write_plan(repo, []).read_text())
     cmd = report.verify_command(plan)
     assert cmd[1:] == ["verify.py", "--model", "models/llama.py", "--class-name", "LlamaModel", "--config", "tiny",
-                       "--input-shape", "2,64", "--dtype", "float32", "--device", "cpu", "--json",
+                       "--input-shape", "2,64", "--dtype", "float32", "--device", "cpu", "--report",
                        "workspace/verify.json"]
     assert "--cuda-graph" in report.verify_command({**plan, "cpu_mode": False})
     assert report.read_verify(repo) is None

@@ -14,7 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import verify
-from autokernel import customops, swap
+from autokernel import customops, endtoend, swap
 
 MODELS = {  # model file -> (class, input shape, the kernel types that must have run in it)
     "llama": ("LlamaModel", "1,8", {"matmul", "rmsnorm", "fused_mlp", "rotary_embedding", "flash_attention",
@@ -35,7 +35,7 @@ def run_verify(repo_root, tmp_path, capsys, model, *extra, device="cpu"):
     cls, shape, _ = MODELS[model]
     out = tmp_path / "report.json"
     argv = ["--model", str(repo_root / "models" / f"{model}.py"), "--class-name", cls, "--config", "tiny",
-            "--input-shape", shape, "--device", device, "--checks", "1", "--json", str(out), *extra]
+            "--input-shape", shape, "--device", device, "--checks", "1", "--report", str(out), *extra]
     code = verify.main(argv)
     printed = capsys.readouterr()
     report = json.loads(out.read_text()) if out.exists() else None
@@ -101,7 +101,8 @@ def test_compile_path_times_all_four_and_has_no_graph_breaks(repo_root, tmp_path
 def test_bad_input_is_one_clear_error(repo_root, tmp_path, capsys, interpreter):
     code, _, printed = run_verify(repo_root, tmp_path, capsys, "llama", "--types", "rmsnorm,bogus")
     assert code == 2 and "bogus" in printed.err and "Traceback" not in printed.err
-    code = verify.main(["--model", str(tmp_path / "nope.py"), "--class-name", "X", "--device", "cpu"])
+    code = verify.main(["--model", str(tmp_path / "nope.py"), "--class-name", "X", "--device", "cpu",
+                        "--report", str(tmp_path / "verify.json")])
     assert code == 2 and "model file not found" in capsys.readouterr().err
 
 
@@ -239,33 +240,109 @@ def test_a_huggingface_llama_verifies_with_the_starters(tmp_path, capsys, interp
     out = tmp_path / "report.json"
     code = verify.main(["--module", "transformers", "--class-name", "AutoModelForCausalLM", "--config",
                         str(tmp_path / "cfg"), "--input-shape", "1,16", "--device", "cpu", "--checks", "1",
-                        "--no-timing", "--json", str(out)])
+                        "--no-timing", "--report", str(out)])
     printed = capsys.readouterr()
     assert code == 0, printed.out + printed.err
     report = json.loads(out.read_text())
     assert {"rmsnorm", "matmul", "fused_mlp"} <= set(report["swapped_types"])
 
 
+class Candidate:  # a stand-in for swap.Optimized whose end-to-end time is made up from its types
+    COST_MS = {"rmsnorm": -2.0, "matmul": +1.5, "rotary_embedding": -0.5, "fused_mlp": +0.05}  # vs PyTorch
+
+    def __init__(self, types):
+        self.types = list(types)
+
+    def swapped_types(self):
+        return list(self.types)
+
+    def module(self):
+        return self
+
+
+def fake_time_fn(candidate, sets, device, keep_outputs=False):
+    from autokernel import timing
+
+    ms = 10.0 + sum(Candidate.COST_MS[t] for t in candidate.types)
+    return timing.Timing(ms * 1e3, [ms * 1e3])
+
+
 def test_prune_leaves_out_only_the_types_the_model_is_faster_without(monkeypatch):
     """The greedy prune on made-up end-to-end times: a kernel that costs time goes, the others stay."""
     from autokernel import timing
 
-    cost_ms = {"rmsnorm": -2.0, "matmul": +1.5, "rotary_embedding": -0.5, "fused_mlp": +0.05}  # vs PyTorch
-
-    class Candidate:
-        def __init__(self, types):
-            self.types = list(types)
-
-        def swapped_types(self):
-            return list(self.types)
-
-    def fake_time_fn(candidate, sets, device):
-        ms = 10.0 + sum(cost_ms[t] for t in candidate.types)
-        return timing.Timing(ms * 1e3, [ms * 1e3])
-
     monkeypatch.setattr(swap, "build", lambda model, types: Candidate(types))
     monkeypatch.setattr(timing, "time_fn", fake_time_fn)
-    optimized, dropped = verify.prune(None, Candidate(cost_ms), lambda seed: (), "cuda", graphs=False)
+    optimized, dropped = endtoend.prune(Candidate([]), Candidate(Candidate.COST_MS), lambda seed: (), "cuda")
     # fused_mlp costs 0.05 ms of ~7.5: under the 1% margin, so it stays (noise is not a reason)
     assert optimized.types == ["rmsnorm", "rotary_embedding", "fused_mlp"]
-    assert list(dropped) == ["matmul"] and "faster without it" in dropped["matmul"]
+    assert list(dropped) == ["matmul"] and "faster without it in eager mode" in dropped["matmul"]
+
+
+def test_prune_times_in_the_deploy_mode_and_drops_what_loses_there(monkeypatch):
+    """Under torch.compile the rmsnorm kernel loses (compile fuses the norm into its neighbours): the prune,
+    timing the compiled model, leaves it out, and says which mode decided."""
+    compiled_cost = {"rmsnorm": +0.8, "matmul": -1.0}
+    compiled = []
+
+    def fake_compile(fn, backend=None, mode=None):
+        compiled.append(fn.types)
+        return _Costed(fn.types, compiled_cost)
+
+    made_up_compile(monkeypatch, fake_compile)
+    optimized, dropped = endtoend.prune(Candidate([]), Candidate(["rmsnorm", "matmul"]), lambda seed: (), "cuda",
+                                        mode="compile")
+    assert optimized.types == ["matmul"] and list(dropped) == ["rmsnorm"]
+    assert "compile mode" in dropped["rmsnorm"] and ["rmsnorm", "matmul"] in compiled
+    with pytest.raises(ValueError, match="deploy mode"):
+        endtoend.prune(None, Candidate([]), lambda seed: (), "cuda", mode="turbo")
+
+
+def test_a_mode_that_fails_is_reported_and_its_kernel_left_out(monkeypatch):
+    """A type under which the model fails to compile is left out by a prune in compile mode, with the error;
+    the timing reports the failing row and still times the others."""
+
+    def fake_compile(fn, backend=None, mode=None):
+        if "matmul" in fn.types:
+            raise RuntimeError("inductor could not lower the matmul kernel")
+        return _Costed(fn.types, {"rmsnorm": -1.0})
+
+    made_up_compile(monkeypatch, fake_compile)
+    optimized, dropped = endtoend.prune(Candidate([]), Candidate(["matmul", "rmsnorm"]), lambda seed: (), "cuda",
+                                        mode="compile")
+    assert optimized.types == ["rmsnorm"] and "fails in compile mode" in dropped["matmul"]
+    assert "could not lower" in dropped["matmul"]
+
+    monkeypatch.setattr(Candidate, "ms", 10.0, raising=False)  # eager rows: the candidate itself is timed
+    rows, errors = endtoend.time_models(Candidate([]), Candidate(["matmul"]), lambda seed: (), "cuda",
+                                        with_compile=True)
+    assert set(rows) == {"eager", "compile", "optimized"} and list(errors) == ["optimized_compile"]
+    assert rows["optimized"]["speedup_vs_eager"] == 1.0 and "could not lower" in errors["optimized_compile"]
+
+
+def made_up_compile(monkeypatch, fake_compile):
+    """Candidates built by swap.build, compiled by fake_compile, timed by the .ms it gives them."""
+    from autokernel import timing
+
+    monkeypatch.setattr(swap, "build", lambda model, types: Candidate(types))
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    monkeypatch.setattr(torch._dynamo, "reset", lambda: None)
+    monkeypatch.setattr(timing, "time_fn", lambda fn, sets, device: timing.Timing(fn.ms * 1e3, [fn.ms * 1e3]))
+
+
+class _Costed:  # what torch.compile made of a candidate: its time under compile
+    def __init__(self, types, cost):
+        self.ms = 10.0 + sum(cost[t] for t in types)
+
+
+def test_verify_reports_the_prune_mode_and_writes_its_report(repo_root, tmp_path, capsys, interpreter):
+    code, report, printed = run_verify(repo_root, tmp_path, capsys, "custom", "--kernels", str(tmp_path),
+                                       "--types", "softmax", "--no-timing", "--compile")
+    assert code == 0, printed.out + printed.err
+    assert report["prune"] == {"mode": "compile", "decided": False, "left_out": {}}  # no GPU: no prune
+    args = verify.build_parser().parse_args(["--model", "m.py", "--class-name", "M", "--cuda-graph"])
+    assert verify.deploy_mode(args) == "graph"
+    args = verify.build_parser().parse_args(["--model", "m.py", "--class-name", "M", "--deploy", "eager", "--compile"])
+    assert verify.deploy_mode(args) == "eager"
+    assert set(verify.DEPLOY_CHOICES) == set(endtoend.DEPLOY_MODES)
+    assert args.report == repo_root / "workspace" / "verify.json"  # where the morning report reads it

@@ -1,0 +1,57 @@
+"""How a plugged-in kernel_fn launches its Triton kernels: cheaply when called eagerly, visibly when traced.
+
+Both are copies of the kernel file's functions over a namespace in which each kernel is wrapped
+(`rebound`); the kernel file's own module is left as it is, so the harness, which imports the file
+itself, times exactly what the agent wrote. `fast`: each @triton.jit kernel behind compat.FastLaunch,
+a cached CompiledKernel per call pattern (a few microseconds of host time per launch instead of
+JITFunction.run's tens). `traceable`: each kernel behind torch.library.wrap_triton, for the
+triton_op that torch.compile traces (customops).
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+from collections.abc import Callable
+
+import torch
+
+from autokernel import compat
+
+
+def traceable(kernel_fn: Callable) -> Callable | None:
+    """kernel_fn as torch.compile can trace it: its @triton.jit kernels wrapped by torch.library.wrap_triton, so
+    that under FakeTensors a launch records the kernel and its arguments (Inductor then launches it from its
+    own code) and on real tensors runs it as is. Done here rather than in the kernel file so that kernel files
+    stay plain Triton (the harness calls them eagerly, where wrap_triton's dispatch would cost host time).
+    None when the file launches no @triton.jit kernel (a CUDA C++ kernel): that type stays an opaque op."""
+    if compat.interpreting():  # the interpreter's kernels cannot be traced
+        return None
+    return rebound(kernel_fn, compat.is_triton_kernel, torch.library.wrap_triton)
+
+
+def fast(kernel_fn: Callable) -> Callable:
+    """kernel_fn with its @triton.jit kernels launched through compat.FastLaunch (a cached CompiledKernel per
+    call pattern); kernel_fn itself in the interpreter or with AUTOKERNEL_FAST_LAUNCH=0."""
+    if not compat.fast_launch_enabled():
+        return kernel_fn
+    from triton.runtime.jit import JITFunction
+
+    return rebound(kernel_fn, lambda v: isinstance(v, JITFunction), compat.FastLaunch) or kernel_fn
+
+
+def rebound(kernel_fn: Callable, is_kernel: Callable, wrap: Callable) -> Callable | None:
+    """A copy of kernel_fn's module functions over a namespace in which every kernel (is_kernel) is wrap(kernel);
+    the kernel file's module is left as it is. None when the module holds no such kernel."""
+    namespace = kernel_fn.__globals__
+    kernels = {n: v for n, v in namespace.items() if is_kernel(v)}
+    if not kernels:
+        return None
+    copy = dict(namespace)
+    copy.update({n: wrap(v) for n, v in kernels.items()})
+    for n, v in namespace.items():
+        if inspect.isfunction(v) and v.__globals__ is namespace:  # the file's own helpers, not imported ones
+            rebuilt = types.FunctionType(v.__code__, copy, v.__name__, v.__defaults__, v.__closure__)
+            rebuilt.__kwdefaults__ = v.__kwdefaults__
+            copy[n] = rebuilt
+    return copy.get(kernel_fn.__name__)

@@ -1,0 +1,224 @@
+"""autokernel.optimize(model) in user code, and verify.py --export's package installed and run without
+this repository. CPU: the kernels run through Triton's interpreter on the shipped tiny models.
+"""
+
+import ast
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import autokernel
+import verify
+from autokernel import customops, swap
+
+PLANTED = "rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)"  # the rmsnorm starter's normalization line
+
+
+@pytest.fixture
+def llama(repo_root):
+    spec = importlib.util.spec_from_file_location("llama_for_optimize", repo_root / "models" / "llama.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # as a user's import would: its rotary helper is found through it
+    spec.loader.exec_module(module)
+    yield module.LlamaModel("tiny").eval()
+    del sys.modules[spec.name]
+
+
+def test_optimize_matches_the_original_and_leaves_it_alone(llama, tmp_path, capsys):
+    ids = torch.randint(0, llama.config.vocab_size, (1, 8), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = llama(ids)
+        optimized = autokernel.optimize(llama, tmp_path / "none", ["rmsnorm", "matmul", "rotary_embedding"])
+        got = optimized(ids)
+        again = llama(ids)
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("autokernel: LlamaModel with") and "rmsnorm (starter): RMSNorm x5" in line
+    assert swap.rel_l2(got, want) < swap.REL_L2_TOLERANCE[torch.float32]
+    assert torch.equal(again, want) and type(llama.norm).__name__ == "RMSNorm"  # the original is untouched
+    assert optimized.norm.weight is llama.norm.weight  # a copy of the module tree over the same weights
+    ran = {s.kernel_type for s in optimized.autokernel.sites() if s.calls}
+    assert ran == {"rmsnorm", "matmul", "rotary_embedding"}
+    assert F.linear is customops._ORIGINALS["linear"]  # patches live only during the optimized model's call
+    again = autokernel.optimize(optimized, tmp_path / "none", ["rmsnorm"], quiet=True)  # from the original
+    assert type(again.norm).__name__ == "KernelRMSNorm" and type(again.layers[0].attn.wq).__name__ == "Linear"
+
+
+def test_a_wrong_kernel_in_the_kernels_directory_changes_the_output(llama, repo_root, tmp_path):
+    source = (repo_root / "kernels" / "rmsnorm.py").read_text()
+    assert PLANTED in source, "the planted bug no longer fits the starter"
+    (tmp_path / "01_rmsnorm_optimized.py").write_text(source.replace(PLANTED, PLANTED + " * 1.05"))
+    ids = torch.randint(0, llama.config.vocab_size, (1, 8), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        optimized = autokernel.optimize(llama, tmp_path, ["rmsnorm"], quiet=True)
+        err = swap.rel_l2(optimized(ids), llama(ids))
+    assert optimized.autokernel.choices["rmsnorm"].source == "optimized"
+    assert err > 100 * swap.REL_L2_TOLERANCE[torch.float32]  # ~5%: the file's kernel is what runs
+
+
+def test_optimize_follows_the_prune_of_verify_report_for_this_model(llama, tmp_path, capsys):
+    kernels = tmp_path / "kernels"
+    kernels.mkdir()
+    report = {"model": "LlamaModel (0.1M parameters)", "correctness": {"status": "PASS"},
+              "prune": {"mode": "compile"}, "pruned": {"matmul": "the model is faster without it"}}
+    (tmp_path / "verify.json").write_text(json.dumps(report))
+    optimized = autokernel.optimize(llama, kernels, ["rmsnorm", "matmul"])
+    assert set(optimized.autokernel.choices) == {"rmsnorm"}
+    assert "compile mode" in optimized.autokernel.left_out["matmul"]
+    assert "left out as verify.py decided: matmul" in capsys.readouterr().out
+    report["model"] = "GPT2Model (0.1M parameters)"  # about another model: not followed
+    (tmp_path / "verify.json").write_text(json.dumps(report))
+    assert set(autokernel.optimize(llama, kernels, ["rmsnorm", "matmul"], quiet=True).autokernel.choices) == {
+        "rmsnorm", "matmul"}
+    with pytest.raises(FileNotFoundError):
+        autokernel.optimize(llama, kernels, ["rmsnorm"], verified=tmp_path / "missing.json")
+
+
+def test_where_a_gradient_is_wanted_the_original_ops_run_and_train(llama, tmp_path):
+    ids = torch.randint(0, llama.config.vocab_size, (1, 8), generator=torch.Generator().manual_seed(0))
+    optimized = autokernel.optimize(llama, tmp_path, ["rmsnorm", "matmul", "rotary_embedding"], quiet=True)
+    optimized(ids).sum().backward()  # the weights require grad: every site runs the original op
+    grads = {n: p.grad.clone() for n, p in llama.named_parameters()}  # shared weights: the same .grad
+    llama.zero_grad()
+    llama(ids).sum().backward()
+    assert all(torch.equal(grads[n], p.grad) for n, p in llama.named_parameters())
+    sites = [s for s in optimized.autokernel.sites() if s.kernel_type in ("rmsnorm", "matmul")]
+    assert sites and all(s.calls == 0 and s.fallbacks > 0 for s in sites if s.swapped or s.fallbacks)
+    assert any(s.reason == customops.GRAD_REASON for s in sites)
+
+
+def test_optimize_compiles_without_graph_breaks(llama, tmp_path):
+    ids = torch.randint(0, llama.config.vocab_size, (1, 8), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        optimized = autokernel.optimize(llama, tmp_path, ["rmsnorm", "rotary_embedding"], quiet=True)
+        explained = torch._dynamo.explain(optimized)(ids)
+        torch._dynamo.reset()
+        got = torch.compile(optimized, backend="aot_eager")(ids)
+        torch._dynamo.reset()
+        assert swap.rel_l2(got, llama(ids)) < swap.REL_L2_TOLERANCE[torch.float32]
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+
+
+USER_SCRIPT = """
+import importlib.abc, json, os, sys
+
+class NoAutokernel(importlib.abc.MetaPathFinder):  # this repository, even pip-installed, is not importable
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("autokernel", "reference", "verify"):
+            raise ImportError(f"{name} must not be needed")
+
+sys.meta_path.insert(0, NoAutokernel())
+os.environ["TRITON_INTERPRET"] = "1"
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import exported_kernels
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm, self.proj = nn.LayerNorm(64), nn.Linear(64, 10)
+
+    def forward(self, x):
+        return F.softmax(self.proj(self.norm(x)), dim=-1)
+
+torch.manual_seed(0)
+model, x = Net().eval(), torch.randn(4, 64)
+with torch.no_grad():
+    optimized = exported_kernels.optimize(model, quiet=True)
+    err = float((optimized(x) - model(x)).norm() / model(x).norm())
+ran = sorted({s.kernel_type for s in optimized.autokernel.sites() if s.calls})
+print(json.dumps({"rel_l2": err, "ran": ran, "file": exported_kernels.__file__}))
+"""
+
+
+@pytest.mark.slow
+def test_the_export_installs_and_runs_without_this_repository(repo_root, tmp_path, capsys):
+    out, report = tmp_path / "export", tmp_path / "verify.json"
+    code = verify.main(["--model", str(repo_root / "models" / "custom.py"), "--class-name", "CustomModel",
+                        "--config", "tiny", "--input-shape", "2,64", "--device", "cpu", "--checks", "1",
+                        "--no-timing", "--types", "layernorm,softmax", "--kernels", str(tmp_path),
+                        "--report", str(report), "--export", str(out), "--package-name", "exported_kernels"])
+    assert code == 0, capsys.readouterr()
+    assert json.loads(report.read_text())["export"]["types"] == ["layernorm", "softmax"]
+    target, user = tmp_path / "site", tmp_path / "user"
+    user.mkdir()
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                    "--target", str(target), str(out)], check=True, cwd=user)
+    shutil.rmtree(out)  # what runs is the installed copy, not the export directory
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(target), "HOME": str(user)}
+    done = subprocess.run([sys.executable, "-c", USER_SCRIPT], cwd=user, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["file"].startswith(str(target))
+    assert result["ran"] == ["layernorm", "softmax"]
+    assert result["rel_l2"] < swap.REL_L2_TOLERANCE[torch.float32]
+
+
+@pytest.mark.gpu
+def test_inductor_launches_the_kernels_from_its_own_code(llama, tmp_path):
+    """Under torch.compile the kernels are triton_ops: Inductor's generated code launches them (no call back
+    into Python's op dispatch), and mode="reduce-overhead" (CUDA graphs) runs them too."""
+    from torch._inductor.utils import run_and_get_code
+
+    model = llama.to("cuda", torch.float16)
+    ids = torch.randint(0, model.config.vocab_size, (1, 64), device="cuda")
+    types = ["rmsnorm", "rotary_embedding", "flash_attention", "fused_mlp", "matmul"]
+    with torch.no_grad():
+        want = model(ids)
+        optimized = autokernel.optimize(model, tmp_path, types, quiet=True)
+        got, code = run_and_get_code(torch.compile(optimized), ids)
+        code = "\n".join(code)
+        assert swap.rel_l2(got, want) < swap.REL_L2_TOLERANCE[torch.float16]
+        assert "_rmsnorm_kernel" in code and "_opaque" not in code and "torch.ops.autokernel" not in code
+        torch._dynamo.reset()
+        graphed = torch.compile(optimized, mode="reduce-overhead")
+        for _ in range(3):  # warm-up, record, replay
+            got = graphed(ids)
+        assert swap.rel_l2(got, want) < swap.REL_L2_TOLERANCE[torch.float16]
+
+
+def test_an_exported_cuda_kernel_brings_its_build_helper(repo_root, tmp_path):
+    from autokernel import export
+
+    package = export.write_package(tmp_path, {"rmsnorm": repo_root / "kernels" / "cuda" / "rmsnorm.py",
+                                              "softmax": repo_root / "kernels" / "softmax.py"}, name="mixed")
+    kernel = (package / "kernels" / "rmsnorm.py").read_text()
+    assert "from mixed._runtime import cuda_build" in kernel and "from autokernel" not in kernel
+    assert (package / "kernels" / "softmax.py").read_text() == (repo_root / "kernels" / "softmax.py").read_text()
+    runtime = {p.name for p in (package / "_runtime").glob("*.py")}
+    assert {"cuda_build.py", "cuda_prelude.py", "customops.py", "swap.py", "reference.py"} <= runtime
+    for path in package.rglob("*.py"):  # every file parses, and none imports this repository's modules
+        imported = [(n.module or "", n.level) if isinstance(n, ast.ImportFrom) else (a.name, 0)
+                    for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, (ast.Import, ast.ImportFrom))
+                    for a in (n.names if isinstance(n, ast.Import) else [None])]
+        assert not [m for m, level in imported if level == 0 and m.split(".")[0] in ("autokernel", "reference")], path
+    build = package / "_runtime" / "cuda_build.py"  # and what it imports (its static check of CUDA C++) too
+    for node in ast.walk(ast.parse(build.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            wanted = [node.module] if node.module else [a.name for a in node.names]
+            assert all((package / "_runtime" / f"{m}.py").is_file() for m in wanted), wanted
+
+
+def test_exported_triton_kernels_pass_the_static_check(repo_root, tmp_path):
+    from autokernel import export, sourcecheck
+
+    kernels = {p.stem: p for p in (repo_root / "kernels").glob("*.py") if p.stem != "__init__"}
+    package = export.write_package(tmp_path, kernels, name="checked")
+    for path in (package / "kernels").glob("*.py"):
+        assert sourcecheck.violations(path.read_text(), path.name) == [], path
+
+
+@pytest.mark.xfail(strict=True, reason="the static check allows the build helper only as autokernel.cuda_build; "
+                   "an export imports its own copy (<package>._runtime.cuda_build): a decision for the checker")
+def test_an_exported_cuda_kernel_passes_the_static_check(repo_root, tmp_path):
+    from autokernel import export, sourcecheck
+
+    package = export.write_package(tmp_path, {"rmsnorm": repo_root / "kernels" / "cuda" / "rmsnorm.py"}, name="mixed")
+    path = package / "kernels" / "rmsnorm.py"
+    assert sourcecheck.violations(path.read_text(), path.name) == []
