@@ -96,3 +96,36 @@ def test_every_starter_gives_the_same_output_through_cheap_launches(repo_root, k
         assert torch.equal(got, want), (kernel_type, shape)
     launches = [v for v in fast.__globals__.values() if isinstance(v, compat.FastLaunch)]
     assert any(launch.cache for launch in launches)
+
+
+def test_the_launch_copies_of_a_per_shape_table_pick_its_configuration(repo_root, tmp_path):
+    """A kernel file the builtin agent ended with a SHAPE_CONFIGS table (issue 16) launches under optimize()
+    from copies over a namespace: the table's configuration reaches the launch, and is put back after."""
+    import json
+
+    from autokernel.agents.builtin import apply_table, tunable_space
+    from autokernel.kernelfile import import_kernel
+
+    source = (repo_root / "kernels" / "rmsnorm.py").read_text()
+    best = tunable_space(source)[1]
+    path = tmp_path / "rmsnorm.py"
+    path.write_text(apply_table(source, {json.dumps([[8, 96], [96]]): {**best, "NUM_WARPS": 8}}, best))
+    module = import_kernel(path)
+    warps = []
+
+    def recording(kernel):
+        class Launch:
+            def __getitem__(self, grid):
+                def run(*args, **kwargs):
+                    warps.append(kwargs.get("num_warps"))
+                    return kernel[grid](*args, **kwargs)
+
+                return run
+
+        return Launch()
+
+    copy = launchers.rebound(module.kernel_fn, lambda v: hasattr(v, "fn") and hasattr(v, "__getitem__"), recording)
+    for rows, cols in ((8, 96), (4, 40)):
+        x, w = torch.randn(rows, cols), torch.randn(cols)
+        torch.testing.assert_close(copy(x, w), module.kernel_fn(x, w))
+    assert warps[0] == 8 and warps[1] != 8 and copy.__globals__["NUM_WARPS"] == module.NUM_WARPS == 0

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from test_orchestrate import FAKE_KERNEL, FakeBench, git_env, make_repo, repo_files, rows
 
-from autokernel import report
+from autokernel import report, sourcecheck
 from autokernel.agents import make_agent
 from autokernel.agents.builtin import apply_table, launch_key, record_shape_times, shape_table, tunable_space
 from autokernel.extraction import set_model_shapes
@@ -205,6 +205,22 @@ def test_the_per_shape_table_dispatches_by_the_arguments_sizes(tmp_path):
     assert module.kernel_fn(torch.empty(1, 8, 96), torch.empty(96)) == 32  # the model's 3-D view of it
     assert module.kernel_fn(torch.empty(64, 128), torch.empty(128)) == 64
     assert module.BLOCK == 64  # put back after the call
+
+
+@pytest.mark.parametrize("starter", sorted(p.name for p in (ROOT / "kernels").glob("*.py")))
+def test_a_starter_with_a_per_shape_table_passes_the_static_check(starter):
+    """The file the builtin agent writes at the end (its SHAPE_CONFIGS table and dispatching kernel_fn)
+    must still pass the harness's static check, or the loop's last step fails as a guard."""
+    source = set_model_shapes((ROOT / "kernels" / starter).read_text(), SHAPES, "shapes of a test", [2, 1])
+    best = tunable_space(source)[1]
+    moved = next(n for n, v in best.items() if type(v) is int)
+    memory = {}
+    record_shape_times(memory, best, [{"arg_shapes": a, "calls": 1, "us": 10.0} for a in ARGS])
+    record_shape_times(memory, {**best, moved: best[moved] * 2 or 64}, [{"arg_shapes": ARGS[0], "calls": 1, "us": 12.0},
+                                                                  {"arg_shapes": ARGS[1], "calls": 1, "us": 5.0}])
+    table = apply_table(source, shape_table(memory, best), best)
+    assert table is not None and "SHAPE_CONFIGS" in table
+    assert sourcecheck.violations(table, starter) == []
 
 
 def test_the_agent_may_not_edit_the_model_shapes(repo):
