@@ -10,7 +10,7 @@ kernel, PyTorch eager, torch.compile) is captured in a CUDA graph per input set 
 and the replays are timed by the one protocol (timing.time_gpu: events, L2 flushed, median): GPU
 time without launch gaps. The replays' outputs are checked against the oracle, and a graph replayed
 on fresh inputs must give their answer, so a kernel that launches nothing while captured and returns
-an old tensor fails. The host's cost per call is measured on its own (HOST_CALLS calls enqueued without
+an old tensor fails. The host's cost per call is measured on its own (timing.host_cost_us: calls enqueued without
 a sync) and reported beside it: a kernel faster on the GPU but slower to launch can lose in an eager
 model. A kernel that cannot be captured is timed call by call instead (`graphed: false`).
 
@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
-import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 
@@ -32,9 +30,6 @@ import torch
 from autokernel import checking, gpu, perf, timing
 from autokernel.registry import dtype_name, shape_label
 
-HOST_CALLS = 100  # calls enqueued per host-cost sample, far below the ~1000 launches a CUDA queue holds
-HOST_ROUNDS = 5  # host-cost samples; the median is reported (the host clock is noisy)
-CPU_HOST_CALLS = 2  # in the interpreter: enough to run the path, the figure means nothing there
 GRAPH_CACHE = perf.BASELINE_CACHE.with_name("model_baseline_cache.json")  # torch.compile's graphed times
 METHOD = {"cuda": "cuda_graph", "cpu": "cpu_host_clock"}
 
@@ -92,33 +87,12 @@ def weighted_shapes(module, kept: list[dict]) -> list[tuple[dict, int]]:
 
 
 # ------------------------------------------------------------------------------ measuring
-def host_cost_us(fn, args: tuple, device: str, calls: int = HOST_CALLS, rounds: int = HOST_ROUNDS) -> float:
-    """Host microseconds per call: `calls` calls enqueued back to back without a sync (the GPU runs behind),
-    median of `rounds`. What a launch-bound eager model pays per call whatever the GPU does."""
-    if device != "cuda":
-        calls, rounds = CPU_HOST_CALLS, 1
-    samples = []
-    for _ in range(rounds):
-        _sync(device)
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn(*args)
-        samples.append((time.perf_counter() - start) / calls * 1e6)
-    _sync(device)
-    return statistics.median(samples)
-
-
 def graph_time(fn, input_sets: list[tuple]) -> tuple[timing.Timing, list]:
     """fn's GPU time replayed from CUDA graphs (one per input set), by timing.time_gpu; and the graphs,
     whose replay(*inputs) runs the captured work on new inputs."""
     graphs = [timing.cuda_graphed(fn, inputs) for inputs in input_sets]
     timed = timing.time_gpu(lambda k: graphs[k](), [(k,) for k in range(len(graphs))], keep_outputs=True)
     return timed, graphs
-
-
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
 
 
 def _time(fn, input_sets: list[tuple], device: str, fresh=None) -> tuple[timing.Timing, list | None]:
@@ -176,7 +150,7 @@ def time_shape(fn, spec, make_inputs, shape: dict, calls: int, dtype, device: st
         perf._roofline_guard(timed.median_us * 1e-6, spec.bytes_moved(shape, dtype), spec.flops(shape))
     graphed = graphs is not None
     del graphs  # their memory pools go before the baselines capture theirs
-    host = host_cost_us(fn, make_inputs(), device)
+    host = timing.host_cost_us(fn, make_inputs(), device)
     if after_kernel is not None:
         after_kernel()
     eager = _time(spec.reference, pristine, device)[0].median_us

@@ -3,7 +3,8 @@
 On a GPU: warm-up, then each run is timed with CUDA events around one call, the L2 cache is flushed
 before every run (so repeated runs over one buffer do not measure the cache), inputs are rotated
 among several sets, and the median is reported together with the spread. On the CPU (Triton's
-interpreter) the host clock is used, and the number is not a performance figure.
+interpreter) the host clock is used, and the number is not a performance figure. The host's own cost of
+a call (host_cost_us: calls enqueued without a sync) is measured here too.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ MAX_RUNS = 500  # at most this many, even for fast kernels
 TARGET_MS = 300  # aim to spend about this long timing one function
 L2_FLUSH_BYTES = 256 * 1024 * 1024  # larger than any current GPU's L2 (H100 50 MB, B200 126 MB)
 CPU_RUNS = 3  # the interpreter is slow; these timings only show that timing works
+HOST_CALLS = 100  # calls enqueued per host-cost sample, far below the ~1000 launches a CUDA queue holds
+HOST_ROUNDS = 5  # host-cost samples; the median is reported (the host clock is noisy)
+CPU_HOST_CALLS = 2  # in the interpreter: enough to run the path, the figure means nothing there
 
 
 @dataclass
@@ -139,6 +143,23 @@ def time_fn(fn: Callable, input_sets: Sequence[tuple] | None, device: str, keep_
     if device == "cuda":
         return time_gpu(fn, input_sets, keep_outputs=keep_outputs, fresh=fresh, check_runs=check_runs)
     return time_cpu(fn, input_sets, keep_outputs=keep_outputs, fresh=fresh, check_runs=check_runs)
+
+
+def host_cost_us(fn, args: tuple, device: str, calls: int = HOST_CALLS, rounds: int = HOST_ROUNDS) -> float:
+    """Host microseconds per call: `calls` calls enqueued back to back without a sync (the GPU runs behind),
+    median of `rounds`. What a launch-bound eager model pays per call whatever the GPU does."""
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    if device != "cuda":
+        calls, rounds = CPU_HOST_CALLS, 1
+    samples = []
+    for _ in range(rounds):
+        sync()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn(*args)
+        samples.append((time.perf_counter() - start) / calls * 1e6)
+    sync()
+    return statistics.median(samples)
 
 
 def host_clock_us(fn: Callable, input_sets: Sequence[tuple], calls: int) -> float | None:

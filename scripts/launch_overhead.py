@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def host_us(fn, args) -> float:
-    return modeltime.host_cost_us(fn, args, "cuda")
+    return timing.host_cost_us(fn, args, "cuda")
 
 
 def graph_us(fn, args) -> float:
