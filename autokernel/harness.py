@@ -225,6 +225,8 @@ def _load(path: str, device: str = "cuda"):
     import torch._inductor.config  # noqa: F401
     import triton.language  # noqa: F401
 
+    if device == "cuda":  # CUDA's lazy initialization replaces torch.cuda.default_generators: do it first
+        torch.cuda.init()
     known = _known_spec(ktype)
     watch = integrity.Watch(*([known] if known else []))
     module = kernelfile.import_kernel(path)  # a user's own type may register its spec on import

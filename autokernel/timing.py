@@ -164,20 +164,25 @@ def host_cost_us(fn, args: tuple, device: str, calls: int = HOST_CALLS, rounds: 
 
 def host_clock_us(fn: Callable, input_sets: Sequence[tuple], calls: int) -> float | None:
     """GPU time per call of fn by the host clock, with no CUDA event involved: the GPU spins while the host
-    queues `calls` calls, which then run back to back, so launch costs are hidden; the spin alone is
-    timed the same way and subtracted. The device-wide synchronize waits for work on every stream.
-    None when the host could not queue the batch within the longest spin."""
-    cycles = _spin_cycles_per_us() * SPIN_START_US
+    queues the calls, which then run back to back, so launch costs are hidden; the spin alone is timed
+    the same way and subtracted. The device-wide synchronize waits for work on every stream. The batch is
+    cut to what the host can queue within SPIN_MAX_US. None when even that spin did not hide the queueing."""
+    queue_us = _spin_batch_us(fn, input_sets, HOST_PROBE_CALLS, 0)[1] / HOST_PROBE_CALLS
+    calls = max(1, min(calls, int(SPIN_COVER * SPIN_MAX_US / max(queue_us, 1.0) / 2)))
+    spin_us = min(SPIN_MAX_US, max(SPIN_MIN_US, 2 * calls * queue_us))
     for _ in range(SPIN_TRIES):
-        spin_us = statistics.median(_spin_batch_us(None, (), 0, cycles)[0] for _ in range(3))
+        cycles = _spin_cycles_per_us() * spin_us
+        alone_us = statistics.median(_spin_batch_us(None, (), 0, cycles)[0] for _ in range(3))
         batch_us, queued_us = _spin_batch_us(fn, input_sets, calls, cycles)
-        if queued_us < SPIN_COVER * spin_us:
-            return max(batch_us - spin_us, 0.0) / calls
-        cycles *= 4  # the host took longer to queue the calls than the GPU spun: spin longer
+        if queued_us < SPIN_COVER * alone_us:
+            return max(batch_us - alone_us, 0.0) / calls
+        spin_us = min(SPIN_MAX_US, spin_us * 4)  # the host was slower than the probe said: spin longer
     return None
 
 
-SPIN_START_US = 2000  # the first spin; a slow host gets up to SPIN_TRIES longer ones
+HOST_PROBE_CALLS = 3  # calls queued (not synchronized) to learn the host's cost per call
+SPIN_MIN_US = 2000  # the shortest spin that hides the queueing
+SPIN_MAX_US = 500_000  # the longest; the batch is cut to what the host queues within it
 SPIN_TRIES = 3
 SPIN_COVER = 0.8  # the calls must be queued within this part of the spin, else it did not hide them
 _spin_rate: float | None = None
@@ -196,7 +201,8 @@ def _spin_batch_us(fn, input_sets, calls: int, cycles: float) -> tuple[float, fl
     """(wall time from the spin's launch to the device being idle, time to queue the calls), in us."""
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    torch.cuda._sleep(int(cycles))
+    if cycles:
+        torch.cuda._sleep(int(cycles))
     for i in range(calls):
         fn(*input_sets[i % len(input_sets)])
     queued = time.perf_counter()
