@@ -195,6 +195,12 @@ def _run(kernel_type: str, *args) -> torch.Tensor:
     return out if out.is_contiguous() else out.contiguous()
 
 
+# Types Inductor cannot compile from the kernel file's own code, left opaque ops under torch.compile. The flash
+# kernel's tl.dot with a rescaled accumulator fails Inductor's compile of user kernels (triton 3.6, torch 2.11 on
+# the H200, 2026-11-23: "acc.type.element_ty == out_dtype" in semantic.dot), while it compiles as a plain kernel.
+OPAQUE_UNDER_COMPILE = frozenset({"flash_attention"})
+
+
 def _define(kernel_type: str) -> None:
     """`autokernel::<type>`: a triton_op where torch has them (Inductor traces into the kernel file and launches
     its Triton kernels from its own generated code), else an opaque custom op; see launchers.traceable."""
@@ -222,7 +228,8 @@ def _define(kernel_type: str) -> None:
     def traced(*args):
         if not compat.wrap_triton_enabled():  # the op called eagerly on real tensors: the kernel as it is
             return _run(kernel_type, *args)
-        traceable = _TRACEABLE.get(kernel_type)  # traced (fake tensors): Triton launches become graph nodes
+        traceable = None if kernel_type in OPAQUE_UNDER_COMPILE else _TRACEABLE.get(kernel_type)
+        # traced (fake tensors): Triton launches become graph nodes
         return traceable(*args) if traceable is not None else opaque_op(*args)
 
     traced.__signature__ = _signature(SCHEMAS[kernel_type])  # triton_op infers its schema from the signature
