@@ -1,7 +1,7 @@
 """extract.py: turn the plan's best-ranked kernel types into kernel files with the model's shapes.
 
     python extract.py                          # workspace/plan.json, top 3, Triton starters
-    python extract.py --plan profiles/llama_compact_h100.json --top 5
+    python extract.py --plan profiles/llama_compact_1x2048_fp16_h200.plan.json --top 5
     python extract.py --backend cuda           # CUDA C++ starters from kernels/cuda/
 
 For each of the top N types of the plan (ranked by Amdahl gain), kernels/<type>.py is copied to

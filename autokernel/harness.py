@@ -259,7 +259,7 @@ def run(path: str, device: str, quick: bool, seed: int, dtype: str, timed: bool 
     except guards.GuardFailed as e:
         return _guard_failed(result, e)
     except (kernelfile.KernelFileError, KeyError) as e:
-        result["reason"] = str(e).strip('"')
+        result["reason"] = e.args[0] if isinstance(e, KeyError) and e.args else str(e)  # KeyError's str() quotes
         return result
     except Exception as e:
         result["reason"] = f"importing {os.path.basename(path)} failed: {type(e).__name__}: {e}"

@@ -52,7 +52,7 @@ def test_a_missing_kernel_file_is_one_clear_error_and_no_row(tmp_path):
 @pytest.mark.parametrize("source, message", [
     (STARTER.replace("def kernel_fn(x, weight, eps=1e-6):", "def kernel_fn(x, weight, eps=1e-6)"),
      "syntax error in candidate.py line"),
-    (STARTER.replace('KERNEL_TYPE = "rmsnorm"', ""), "does not declare KERNEL_TYPE"),
+    (STARTER.replace('KERNEL_TYPE = "rmsnorm"', ""), 'does not declare KERNEL_TYPE = "<type>"'),
     (STARTER.replace('KERNEL_TYPE = "rmsnorm"', 'KERNEL_TYPE = "rmsnrom"'), "unknown kernel type 'rmsnrom'"),
     (STARTER.replace("def kernel_fn(x, weight, eps=1e-6):", "def kernel_fn(x, w, eps=1e-6):"),
      "kernel_fn(x, w, eps) does not match rmsnorm_ref(x, weight, eps)"),
