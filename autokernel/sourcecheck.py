@@ -37,7 +37,7 @@ DENIED_MODULES = ("torch.library", "torch.utils", "torch.ops", "torch.backends",
                   "torch.jit", "torch.compiler", "torch.export", "torch.package", "torch.serialization",
                   "torch.cuda.graphs", "torch.cuda.streams", "torch.cuda.memory", "torch.autograd.profiler",
                   "triton.runtime", "triton.compiler", "triton.backends", "triton.knobs", "triton.testing",
-                  "triton.tools", "triton.profiler", "triton.tools.disasm")
+                  "triton.tools", "triton.profiler")
 # The project's helpers a kernel file may take, by name: the CUDA build helper, and what a user's own
 # kernel type needs to register its spec beside its kernel.
 PROJECT_IMPORTS = {"autokernel": frozenset({"cuda_build"}),
