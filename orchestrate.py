@@ -260,15 +260,19 @@ def _sigterm(signum, frame):
     raise KeyboardInterrupt  # `kill` stops the loop the way Ctrl-C does: a last row, a clean tree
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
+def dispatch(args) -> int:
     root = Path(args.repo).resolve()
     args.tag = args.tag or default_tag(root)
     commands = {"run": cmd_run, "status": cmd_status, "next": cmd_next, "report": cmd_report}
+    return commands[args.command](args, root)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     previous = signal.signal(signal.SIGTERM, _sigterm)
     known = ("LoopError", "GitError", "AgentUnavailable")
     try:
-        return cli.run_main("orchestrate.py", lambda: commands[args.command](args, root), args.debug, known=known)
+        return cli.run_main("orchestrate.py", lambda: dispatch(args), args.debug, known=known)
     except KeyboardInterrupt:
         print("interrupted: the experiment in flight was undone and logged; run again to resume",
               file=sys.stderr)
