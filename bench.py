@@ -6,7 +6,10 @@
 Stages: smoke, shape sweep (fp16/bf16/fp32), numerical stability, determinism, edge cases. Then
 timing against PyTorch eager and torch.compile with the roofline. The kernel runs in a child process
 with a time limit. The report ends with greppable `key: value` lines after `---`, and one row is
-appended to results.tsv. The exit code is 0 only for a correct kernel.
+appended to results.tsv.
+
+Exit status: 0 for a correct kernel, 1 for an incorrect one (a crash or a timeout included), 2 when
+nothing was benched (bad arguments, a missing kernel file, an unknown dtype, --device cuda without a GPU).
 """
 
 import argparse
@@ -14,7 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-from autokernel import kernelfile, results, runner
+from autokernel import cli, kernelfile, results
 
 SUMMARY_KEYS = ["correctness", "status", "kernel_type", "failed_stage", "model_us", "model_vs_pytorch",
                 "model_vs_compile", "host_us", "latency_us", "throughput_tflops",
@@ -22,16 +25,16 @@ SUMMARY_KEYS = ["correctness", "status", "kernel_type", "failed_stage", "model_u
                 "compile_us", "noise_pct", "peak_vram_mb", "shape", "dtype", "device", "gpu", "wall_s"]
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(
+def build_parser() -> argparse.ArgumentParser:
+    p = cli.Parser(
+        prog="bench.py",
         description="Check a kernel file in five correctness stages, time it against PyTorch, log the result.",
-        epilog="Exit code 0 only for a correct kernel. Without a GPU it runs through Triton's CPU "
-               "interpreter on small shapes: those timings are not performance figures.")
+        epilog="Exit code 0 for a correct kernel, 1 for an incorrect one, 2 for bad input. Without a GPU it runs "
+               "through Triton's CPU interpreter on small shapes: those timings are not performance figures.")
     p.add_argument("kernel", nargs="?", default="kernel.py", help="kernel file (default: kernel.py)")
     p.add_argument("--quick", action="store_true", help="fewer shapes per stage (all five stages still run)")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
-                   help="cuda, or cpu for Triton's interpreter (default: cuda when a GPU is visible)")
-    p.add_argument("--dtype", default="fp16", help="dtype of the timing run: fp16, bf16 or fp32 (default fp16)")
+    cli.add_device_argument(p)
+    p.add_argument("--dtype", default="fp16", help=f"dtype of the timing run: {cli.DTYPE_HELP} (default fp16)")
     p.add_argument("--timeout", type=float, default=None,
                    help="seconds before the run counts as a hang (default 300 on a GPU, 600 on the CPU)")
     p.add_argument("--seed", type=int, default=None, help="input seed (default: fresh each run)")
@@ -45,7 +48,12 @@ def parse_args(argv=None):
                    help="benchmark every starter in kernels/ against eager, torch.compile and Liger on the GPU, "
                         "and write BENCHMARKS.md and benchmarks/starters.json")
     p.add_argument("--types", default="", help="with --suite: comma-separated kernel types (default: all)")
-    return p.parse_args(argv)
+    cli.add_debug_argument(p)
+    return p
+
+
+def parse_args(argv=None):
+    return build_parser().parse_args(argv)
 
 
 def summary_lines(result: dict) -> list[str]:
@@ -76,29 +84,28 @@ def run_suite(args) -> int:
     from autokernel import gpu, suite
 
     if not gpu.has_cuda():
-        print("error: --suite measures performance and needs a CUDA GPU", file=sys.stderr)
-        return 2
+        raise cli.UsageError("--suite measures performance and needs a CUDA GPU")
     command = "python bench.py --suite" + (f" --types {args.types}" if args.types else "")
     return suite.run_suite([t for t in args.types.split(",") if t], command)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    known = ("KernelFileError", "ValueError", "RuntimeError")  # e.g. --device cuda without a GPU
+    return cli.run_main("bench.py", lambda: run(args), args.debug, known=known)
+
+
+def run(args) -> int:
     if args.suite:
         return run_suite(args)
+    cli.dtype_name(args.dtype)  # an unknown dtype is no experiment: no row
     path = Path(args.kernel)
-    try:
-        kernelfile.read_source(path)  # a missing file is no experiment: no row
-    except kernelfile.KernelFileError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    try:
-        result = runner.run_bench(path, device=args.device, quick=args.quick, timeout=args.timeout,
-                                  dtype=args.dtype, seed=args.seed, echo=True,
-                                  reuse_baselines=args.reuse_baselines)
-    except (RuntimeError, ValueError) as e:  # e.g. --device cuda without a GPU
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    kernelfile.read_source(path)  # a missing file is no experiment: no row
+    from autokernel import runner  # torch: after the checks that need none
+
+    result = runner.run_bench(path, device=args.device, quick=args.quick, timeout=args.timeout,
+                              dtype=args.dtype, seed=args.seed, echo=True,
+                              reuse_baselines=args.reuse_baselines)
     if result["status"] in ("crash", "timeout"):
         print(f"{result['status'].upper()}: {result['reason']}")
     print("---")
@@ -110,7 +117,7 @@ def main(argv=None) -> int:
         print(f"logged: experiment {row['experiment']} in {args.results}")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1, default=str))
-    return 0 if result["correctness"] == "PASS" else 1
+    return 0 if result["correctness"] == "PASS" else cli.EXIT_FAILURE
 
 
 if __name__ == "__main__":

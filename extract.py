@@ -16,12 +16,14 @@ such as profiles/, is copied there with them), which is where `orchestrate.py ru
 (with --output-dir DIR: DIR/plan.json).
 
 Exit status: 0 when every requested kernel was written, 1 when a starter is missing (the others are
-still written) or the plan cannot be read.
+still written), 2 when nothing could be extracted (bad arguments, a plan that is missing or unreadable).
 """
 
 import argparse
 import sys
 from pathlib import Path
+
+from autokernel import cli
 
 ROOT = Path(__file__).resolve().parent
 WORKSPACE_PLAN = ROOT / "workspace" / "plan.json"
@@ -30,9 +32,8 @@ DEFAULT_OUTPUT_DIR = ROOT / "workspace" / "kernels"
 
 def build_parser() -> argparse.ArgumentParser:
     doc = __doc__.split("\n\n")
-    p = argparse.ArgumentParser(prog="extract.py", description=doc[0].split(": ", 1)[1].capitalize(),
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="Examples:\n" + doc[1] + "\n\n" + "\n\n".join(doc[2:]))
+    p = cli.Parser(prog="extract.py", description=doc[0].split(": ", 1)[1].capitalize(),
+                   epilog="Examples:\n" + doc[1] + "\n\n" + "\n\n".join(doc[2:]))
     p.add_argument("--plan", type=Path, default=WORKSPACE_PLAN,
                    help="plan written by profile.py, or one shipped in profiles/ (default workspace/plan.json)")
     p.add_argument("--top", type=int, default=3, help="how many types to extract, best gain first (default 3)")
@@ -40,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="triton: kernels/<type>.py; cuda: kernels/cuda/<type>.py (default triton)")
     p.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT_DIR,
                    help="where the kernel files go (default workspace/kernels)")
-    p.add_argument("--debug", action="store_true", help="show the full traceback on errors")
+    cli.add_debug_argument(p)
     return p
 
 
@@ -49,7 +50,7 @@ def run(args) -> int:
     from autokernel.plan import read_plan, write_json
 
     if args.top < 1:
-        raise ValueError("--top must be at least 1")
+        raise cli.UsageError("--top must be at least 1")
     plan = read_plan(args.plan)
     results = extract(plan, args.top, args.backend, args.output_dir, ROOT)
     where = "CPU time" if plan.get("cpu_mode") else f"device time on {plan.get('device', 'a GPU')}"
@@ -73,7 +74,7 @@ def run(args) -> int:
     if missing:
         print(f"extract.py: {len(missing)} of {len(results)} starters do not exist yet: "
               f"{', '.join(r.type for r in missing)}", file=sys.stderr)
-        return 1
+        return cli.EXIT_FAILURE
     return 0
 
 
@@ -93,15 +94,7 @@ def _rel(path: Path) -> str:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        return run(args)
-    except Exception as e:  # one line naming the problem, unless --debug
-        if args.debug:
-            raise
-        known = ("PlanError", "ExtractError", "ValueError")
-        text = str(e) if type(e).__name__ in known else f"{type(e).__name__}: {e} (--debug shows where)"
-        print(f"extract.py: error: {text}", file=sys.stderr)
-        return 1
+    return cli.run_main("extract.py", lambda: run(args), args.debug, known=("PlanError", "ExtractError", "ValueError"))
 
 
 if __name__ == "__main__":

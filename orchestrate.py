@@ -12,6 +12,9 @@ Experiments live on branch autokernel/<tag>: one commit per experiment, kept or 
 experiment is a row in results.tsv. Killed at any moment, `run` with the same tag resumes.
 With --gpus, each worker runs this loop on its own kernel in a git worktree, on branch
 autokernel/<tag>/<kernel> (see autokernel/workers.py); in CPU mode the ids are only worker labels.
+
+Exit status: 0 when the command ran, 2 when it could not (bad arguments, a missing plan or kernel file, an
+unknown dtype, --device cuda without a GPU, a dirty tree or a second loop), 130 when interrupted.
 """
 
 import argparse
@@ -20,10 +23,10 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
-from autokernel import report, results
-from autokernel.agents import AGENT_NAMES, AgentUnavailable, make_agent
+from autokernel import cli, report, results
+from autokernel.agents import AGENT_NAMES, make_agent
 from autokernel.agents.builtin import next_move
-from autokernel.gitlog import KERNEL_PATH, GitError, GitLog
+from autokernel.gitlog import KERNEL_PATH, GitLog
 from autokernel.loop import Loop, LoopConfig, LoopError
 from autokernel.loop.state import STATE_FILE, StateFile, load_jobs, lock_holder, next_job
 from autokernel.raycluster import latest_ray_tag, ray_jobs, ray_rows, read_record
@@ -42,10 +45,10 @@ def default_tag(root: Path) -> str:
     return latest_tag(root) or latest_ray_tag(root) or datetime.now().strftime("%b%d").lower()
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+def build_parser() -> argparse.ArgumentParser:
+    p = cli.Parser(prog="orchestrate.py", description=__doc__.split("\n\n")[0], epilog=__doc__)
     p.add_argument("--repo", default=".", help="repository root (default: the current directory)")
+    cli.add_debug_argument(p)
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="start or resume the loop")
     what = run.add_mutually_exclusive_group()
@@ -64,10 +67,11 @@ def parse_args(argv=None):
     run.add_argument("--target-speedup", type=float, default=2.0, help="move on at this speedup over baseline")
     run.add_argument("--target-pct-peak", type=float, default=90.0, help="move on at this %% of the roofline")
     run.add_argument("--min-gain", type=float, default=1.0, help="keep only if faster by more than this %%")
-    run.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when a GPU is visible")
+    cli.add_device_argument(run)
     run.add_argument("--quick", action="store_true", help="fewer shapes per harness stage")
-    run.add_argument("--dtype", default="fp16", help="dtype of the timing run (default fp16)")
-    run.add_argument("--bench-timeout", type=float, help="seconds before a bench counts as a hang")
+    run.add_argument("--dtype", default="fp16", help=f"dtype of the timing run: {cli.DTYPE_HELP} (default fp16)")
+    run.add_argument("--bench-timeout", type=float, help="seconds before a bench counts as a hang "
+                                                         "(default 120 on a GPU, 600 on the CPU)")
     run.add_argument("--seed", type=int, default=0, help="seed of the builtin agent's search order")
     run.add_argument("--gpus", help="one worker per GPU, each on its own kernel: 0,1,2,3 or all "
                                     "(--max-experiments then counts per kernel; CPU mode: ids are labels)")
@@ -87,7 +91,13 @@ def parse_args(argv=None):
             cmd.add_argument("--verify", action="store_true", help="run verify.py on the plan's model first")
     for cmd in sub.choices.values():
         cmd.add_argument("--tag", help="experiment tag; branch autokernel/<tag> (default: the last one)")
-    return p.parse_args(argv)
+        cmd.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                         help="show the full traceback on errors")  # also after the command
+    return p
+
+
+def parse_args(argv=None):
+    return build_parser().parse_args(argv)
 
 
 def agent_options(args) -> dict:
@@ -102,7 +112,20 @@ def build_agent(args):
     return make_agent(args.agent, **agent_options(args))
 
 
+def check_run_input(args) -> str | None:
+    """The device the loop asks for (None: auto), or UsageError: checked before any branch, commit or row."""
+    cli.dtype_name(args.dtype)
+    device = None if args.device == "auto" else args.device
+    if device == "cuda" and not args.ray:  # a Ray cluster's GPUs are not this machine's
+        from autokernel.gpu import has_cuda
+
+        if not has_cuda():
+            raise cli.UsageError("--device cuda was asked for, but no CUDA GPU is visible to PyTorch")
+    return device
+
+
 def cmd_run(args, root: Path) -> int:
+    args.device = check_run_input(args)
     config = LoopConfig(tag=args.tag, hours=args.hours, max_experiments=args.max_experiments,
                         per_kernel_minutes=args.per_kernel_minutes, max_reverts=args.max_reverts,
                         target_speedup=args.target_speedup, target_pct_peak=args.target_pct_peak,
@@ -237,17 +260,19 @@ def _sigterm(signum, frame):
     raise KeyboardInterrupt  # `kill` stops the loop the way Ctrl-C does: a last row, a clean tree
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
+def dispatch(args) -> int:
     root = Path(args.repo).resolve()
     args.tag = args.tag or default_tag(root)
     commands = {"run": cmd_run, "status": cmd_status, "next": cmd_next, "report": cmd_report}
+    return commands[args.command](args, root)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     previous = signal.signal(signal.SIGTERM, _sigterm)
+    known = ("LoopError", "GitError", "AgentUnavailable")
     try:
-        return commands[args.command](args, root)
-    except (LoopError, GitError, AgentUnavailable) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        return cli.run_main("orchestrate.py", lambda: dispatch(args), args.debug, known=known)
     except KeyboardInterrupt:
         print("interrupted: the experiment in flight was undone and logged; run again to resume",
               file=sys.stderr)

@@ -1,11 +1,14 @@
 """profile.py: profile a PyTorch model and rank its kernel types by Amdahl's law.
 
-    python profile.py --model models/llama.py --class-name LlamaModel --input-shape 1,512 --dtype float16
+    python profile.py --model models/llama.py --class-name LlamaModel --input-shape 1,512 --dtype fp16
     python profile.py --module transformers --class-name AutoModelForCausalLM --config gpt2 --input-shape 1,256
 
 Writes workspace/profile.json (time by kernel type, shape, module and op) and workspace/plan.json
 (each type's share f, expected speedup s and end-to-end gain, ranked), and prints the plan. On a
 machine without a GPU it profiles CPU time, and says so. extract.py turns the plan into kernels.
+
+Exit status: 0 when the plan was written, 2 when it could not be (bad arguments, a missing model file,
+an unknown dtype, --device cuda without a GPU, a forward that fails or runs out of memory).
 
 About the name: this file shadows the standard library's `profile` module for any Python started in
 the repository root (the script's directory, or the current directory with -c, -m and pytest, comes
@@ -40,18 +43,17 @@ if __name__ == "profile":  # imported by cProfile & co. from the repository root
     _stdlib_profile()
 
 
-from autokernel.cli import add_model_arguments  # noqa: E402  (after the stdlib hand-over above)
+from autokernel import cli  # noqa: E402  (after the stdlib hand-over above)
 
 ROOT = Path(__file__).resolve().parent
 DEFAULT_OUTPUT = ROOT / "workspace"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = cli.Parser(
         prog="profile.py", description="Profile a PyTorch model and rank its kernel types by Amdahl's law.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Examples:\n" + "\n".join(__doc__.split("\n\n")[1].splitlines()))
-    how = add_model_arguments(p)
+    how = cli.add_model_arguments(p)
     how.add_argument("--steps", type=int, default=3, help="profiled forward passes (default 3)")
     out = p.add_argument_group("output")
     out.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT,
@@ -59,11 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("--starters", type=Path, default=ROOT / "benchmarks" / "starters.json",
                      help="measured starter speedups (default benchmarks/starters.json)")
     out.add_argument("--export-trace", metavar="FILE", help="also write a Chrome trace (chrome://tracing)")
-    out.add_argument("--debug", action="store_true", help="show the full traceback on errors")
+    cli.add_debug_argument(out)
     return p
 
 
 def run(args) -> int:
+    cli.check_model_arguments(args)  # before torch's import: bad input fails at once
     import torch
 
     from autokernel import gpu, plan, profiling
@@ -135,26 +138,19 @@ def show(the_plan: dict) -> None:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if (args.model is None) == (args.module is None):
-        build_parser().error("give either --model FILE or --module PACKAGE")
-    try:
-        return run(args)
-    except Exception as e:  # every failure becomes one line naming the problem
-        if args.debug:
-            raise
-        print(f"profile.py: error: {_explain(e, args)}", file=sys.stderr)
-        return 2 if _is_oom(e) else 1
+        parser.error("give either --model FILE or --module PACKAGE")
+    return cli.run_main("profile.py", lambda: run(args), args.debug, explain=lambda e: _explain(e, args))
 
 
 def _explain(e: Exception, args) -> str:
     if _is_oom(e):
         where = "the GPU" if "cuda" in str(e).lower() or type(e).__name__ == "OutOfMemoryError" else "the host"
         return (f"out of memory on {where} with input shape {args.input_shape} in {args.dtype}: try a smaller "
-                "--input-shape, a smaller --config, or --dtype float16")
-    known = ("ModelError", "PlanError", "ForwardError", "ValueError")
-    text = str(e).splitlines()[0] if str(e) else type(e).__name__
-    return text if type(e).__name__ in known else f"{type(e).__name__}: {text} (--debug shows where)"
+                "--input-shape, a smaller --config, or --dtype fp16")
+    return cli.error_text(e, known=("ModelError", "PlanError", "ForwardError", "ValueError", "RuntimeError"))
 
 
 if __name__ == "__main__":

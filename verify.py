@@ -49,7 +49,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from autokernel.cli import add_model_arguments
+from autokernel import cli
 
 ROOT = Path(__file__).resolve().parent
 DEFAULT_KERNELS = ROOT / "workspace" / "kernels"
@@ -60,11 +60,10 @@ DEPLOY_CHOICES = ("eager", "graph", "compile", "compile_graph")  # autokernel.en
 
 def build_parser() -> argparse.ArgumentParser:
     doc = __doc__.split("\n\n")
-    p = argparse.ArgumentParser(prog="verify.py", description=doc[0].split(": ", 1)[1].capitalize(),
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="Examples:\n" + doc[1] + "\n\n" + "\n\n".join(doc[2:]))
-    how = add_model_arguments(p, presets="tiny, compact, tinyllama, ...",
-                              source_title="the model (a file and class, or a package), as for profile.py")
+    p = cli.Parser(prog="verify.py", description=doc[0].split(": ", 1)[1].capitalize(),
+                   epilog="Examples:\n" + doc[1] + "\n\n" + "\n\n".join(doc[2:]))
+    how = cli.add_model_arguments(p, presets="tiny, compact, tinyllama, ...",
+                                  source_title="the model (a file and class, or a package), as for profile.py")
     how.add_argument("--kernels", metavar="DIR", type=Path, default=DEFAULT_KERNELS,
                      help="where optimized and extracted kernels are looked for (default workspace/kernels); "
                           "types without one there use the starter in kernels/")
@@ -92,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "`pip install DIR` and runs without this repository (see autokernel/export.py)")
     out.add_argument("--package-name", default="autokernel_kernels",
                      help="the exported package's import name (default autokernel_kernels)")
-    out.add_argument("--debug", action="store_true", help="show the full traceback on errors")
+    cli.add_debug_argument(out)
     return p
 
 
@@ -101,13 +100,11 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if (args.model is None) == (args.module is None):
         parser.error("give either --model FILE or --module PACKAGE")
-    try:
-        report = run(args)
-    except Exception as e:  # every failure a user can cause becomes one line naming it
-        if args.debug:
-            raise
-        print(f"verify.py: error: {_explain(e)}", file=sys.stderr)
-        return 2
+    return cli.run_main("verify.py", lambda: run_and_show(args), args.debug, explain=_explain)
+
+
+def run_and_show(args) -> int:
+    report = run(args)
     show(report)
     for path in filter(None, (args.report, args.json)):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -116,7 +113,7 @@ def main(argv=None) -> int:
     if report["export"]:
         print(f"exported {', '.join(report['export']['types']) or 'no kernel'} to {report['export']['path']}: "
               f"pip install {report['export']['path']}")
-    return 0 if report["correctness"]["status"] == "PASS" else 1
+    return 0 if report["correctness"]["status"] == "PASS" else cli.EXIT_FAILURE
 
 
 def _pick_device(requested) -> str:
@@ -141,6 +138,7 @@ def deploy_mode(args) -> str:
 
 
 def run(args) -> dict:
+    cli.check_model_arguments(args)  # before torch's import: bad input fails at once
     device = _pick_device(args.device)
     import torch
 
@@ -341,8 +339,7 @@ def _triton_version():
 
 def _explain(e: Exception) -> str:
     known = ("ModelError", "KernelFileError", "ValueError", "KeyError", "RuntimeError", "KernelCallError")
-    text = str(e).splitlines()[0].strip("'\"") if str(e) else type(e).__name__
-    return text if type(e).__name__ in known else f"{type(e).__name__}: {text} (--debug shows where)"
+    return cli.error_text(e, known)
 
 
 if __name__ == "__main__":

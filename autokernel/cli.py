@@ -1,6 +1,99 @@
-"""Command-line pieces that more than one script shares (kept free of torch so that --help is instant)."""
+"""Command-line pieces that the five scripts share (kept free of torch so that --help is instant).
+
+The conventions, written once here:
+  - an error is one line on stderr, `<script>: error: <what>`; --debug shows the full traceback instead;
+  - exit code 2 when the script could not do its job (bad arguments, a missing file, an unknown kernel
+    type or dtype, a GPU asked for where there is none); 1 only where a script ran and its result is a
+    failure (bench.py: an incorrect kernel; verify.py: a correctness FAIL; extract.py: a missing starter);
+  - --device auto | cpu | cuda (auto: cuda when a GPU is visible), dtypes spelled fp16 | bf16 | fp32;
+  - every option's default is shown in --help.
+"""
 
 import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+EXIT_FAILURE = 1  # the script ran and its verdict is a failure
+EXIT_ERROR = 2  # the script could not run: bad input, as argparse's own errors
+DEVICE_CHOICES = ("auto", "cpu", "cuda")
+DTYPE_ALIASES = {"fp16": "fp16", "float16": "fp16", "half": "fp16", "bf16": "bf16", "bfloat16": "bf16",
+                 "fp32": "fp32", "float32": "fp32", "float": "fp32"}  # autokernel.registry.parse_dtype's table
+DTYPE_HELP = "fp16 | bf16 | fp32 (float16, bfloat16, float32 also accepted)"
+DEVICE_HELP = "auto: cuda when a GPU is visible, else cpu (Triton's interpreter: timings are not figures)"
+
+
+class UsageError(Exception):
+    """Bad input found by a script itself: one line, exit code 2."""
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the docstring epilogs as written and appends `(default: X)` to an option's help that does
+    not state its default itself."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if text is argparse.SUPPRESS or "default" in text or "%(default)" in text:
+            return text
+        if any(action.default is v for v in (None, False, argparse.SUPPRESS)) or action.default == "":
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with the shared formatter and a one-line error (no usage block), exit code 2."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message):
+        self.exit(EXIT_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def add_debug_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--debug", action="store_true", help="show the full traceback on errors")
+
+
+def add_device_argument(parser: argparse.ArgumentParser, help: str = DEVICE_HELP) -> None:
+    parser.add_argument("--device", choices=DEVICE_CHOICES, default="auto", help=f"{help} (default auto)")
+
+
+def dtype_name(name: str) -> str:
+    """fp16, bf16 or fp32 for any accepted spelling; UsageError otherwise (torch-free, so checked early)."""
+    try:
+        return DTYPE_ALIASES[name.lower()]
+    except KeyError:
+        raise UsageError(f"unknown dtype {name!r}; use one of fp16, bf16, fp32") from None
+
+
+def check_model_arguments(args) -> None:
+    """What profile.py and verify.py can reject before importing torch: an unknown dtype, a missing file."""
+    dtype_name(args.dtype)
+    if args.model and not Path(args.model).is_file():
+        raise UsageError(f"model file not found: {args.model}")
+
+
+def error_text(e: BaseException, known: tuple[str, ...] = ()) -> str:
+    """The first line of an error; an exception type the script does not expect is named, with a hint."""
+    message = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)  # KeyError's str() is a repr
+    text = message.strip().splitlines()[0] if message.strip() else type(e).__name__
+    if isinstance(e, UsageError) or type(e).__name__ in known:
+        return text
+    return f"{type(e).__name__}: {text} (--debug shows where)"
+
+
+def run_main(prog: str, body: Callable[[], int], debug: bool, explain: Callable[[Exception], str] | None = None,
+             known: tuple[str, ...] = ()) -> int:
+    """body()'s exit code; an exception becomes `<prog>: error: <one line>` and exit code 2, or with
+    --debug its traceback."""
+    try:
+        return body()
+    except Exception as e:
+        if debug:
+            raise
+        print(f"{prog}: error: {explain(e) if explain else error_text(e, known)}", file=sys.stderr)
+        return EXIT_ERROR
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, presets: str = "tiny, compact, 7b, ...",
@@ -16,6 +109,6 @@ def add_model_arguments(parser: argparse.ArgumentParser, presets: str = "tiny, c
                      help="transformers: load weights from the local cache instead of random ones")
     how = parser.add_argument_group("how to run it")
     how.add_argument("--input-shape", default="1,512", help="input shape, batch,seq for token models (default 1,512)")
-    how.add_argument("--dtype", default="float16", help="float16 | bfloat16 | float32 (default float16)")
-    how.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda when a GPU is visible")
+    how.add_argument("--dtype", default="fp16", help=f"{DTYPE_HELP} (default fp16)")
+    add_device_argument(how)
     return how

@@ -100,7 +100,7 @@ def test_extract_cli_embeds_the_profiled_shapes(repo_root, llama_plan, tmp_path)
 
 def test_extract_cli_errors_are_one_line(repo_root, tmp_path):
     r = _run(repo_root, "extract.py", "--plan", str(tmp_path / "none.json"))
-    assert r.returncode == 1 and "plan not found" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 2 and "plan not found" in r.stderr and "Traceback" not in r.stderr
 
 
 @pytest.mark.slow

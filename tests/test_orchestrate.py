@@ -256,11 +256,11 @@ def test_harness_change_stops_the_loop(repo):
 
 def test_refuses_a_dirty_tree_and_a_second_loop(repo, capsys):
     (repo / "reference.py").write_text("# local edit\n")
-    assert orchestrate.main(["--repo", str(repo), "run", "--kernel", "kernels/fake.py"]) == 1
+    assert orchestrate.main(["--repo", str(repo), "run", "--kernel", "kernels/fake.py"]) == 2
     assert "uncommitted changes (M reference.py)" in capsys.readouterr().err
     subprocess.run(["git", "checkout", "reference.py"], cwd=repo, check=True)
     with repo_lock(repo):
-        assert orchestrate.main(["--repo", str(repo), "run", "--kernel", "kernels/fake.py"]) == 1
+        assert orchestrate.main(["--repo", str(repo), "run", "--kernel", "kernels/fake.py"]) == 2
     assert f"another loop (pid {os.getpid()}) is running" in capsys.readouterr().err
     assert not (repo / "results.tsv").exists()
 

@@ -137,10 +137,10 @@ def test_without_ray_or_with_gpus_a_clear_error(project, monkeypatch, capsys):
     repo, _ = project
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` fails as where it is not installed
     args = ["--repo", str(repo), "run", "--tag", "t", "--kernel", "kernels/rmsnorm.py", "--ray", "local"]
-    assert orchestrate.main(args) == 1
+    assert orchestrate.main(args) == 2
     assert "pip install 'autokernel[ray]'" in capsys.readouterr().err
     assert raycluster.read_record(repo, "t") is None  # nothing was started
-    assert orchestrate.main(args + ["--gpus", "0,1"]) == 1
+    assert orchestrate.main(args + ["--gpus", "0,1"]) == 2
     assert "--ray and --gpus: choose one" in capsys.readouterr().err
 
 
@@ -163,7 +163,7 @@ def test_an_unreachable_cluster_a_clear_error(project, capsys):
     pytest.importorskip("ray")
     repo, _ = project
     args = ["--repo", str(repo), "run", "--tag", "t", "--kernel", "kernels/rmsnorm.py", "--ray", "127.0.0.1:1"]
-    assert orchestrate.main(args) == 1  # at once: Ray itself would retry for minutes
+    assert orchestrate.main(args) == 2  # at once: Ray itself would retry for minutes
     assert "cannot reach the Ray cluster at '127.0.0.1:1'" in capsys.readouterr().err
     assert raycluster.read_record(repo, "t") is None
 
