@@ -2,7 +2,7 @@
 # GPU session: a compressed night on a model, exactly as the README's pipeline runs it. Results under $OUT.
 #   bash scripts/gpu_night.sh start 0.13     # fresh copy in /tmp/night, profile, extract --top 4, 0.13 h of loop
 #   bash scripts/gpu_night.sh resume 0.13    # the same tag, 0.13 h more (repeat)
-#   bash scripts/gpu_night.sh finish         # verify.py --cuda-graph: the starters, then (report --verify) the loop's
+#   bash scripts/gpu_night.sh finish         # report --verify (verify.py --cuda-graph on the loop's kernels), then on the starters
 #   bash scripts/gpu_night.sh background 0.33  # start, 0.33 h of loop and finish in a process session that outlives
 #   bash scripts/gpu_night.sh poll 540       #   the device tool's 10-minute commands; poll waits up to 540 s for it
 # MODEL_ARGS picks the model (default: models/llama.py at TinyLlama-1.1B's shape); for Hugging Face's class:
@@ -42,6 +42,9 @@ if [ "$STEP" = start ] || [ "$STEP" = resume ]; then
   grep -E "^  |: workspace/|warning|time by Amdahl|loop stopped|done" "$OUT/loop.txt" | tail -30
 fi
 if [ "$STEP" = finish ] || [ "$STEP" = all ]; then
+  stamp report --verify
+  timeout 580 python3 orchestrate.py report --tag night --verify --png "$OUT/progress.png" 2>&1 | tee "$OUT/report.txt" \
+    | tail -60
   # the starters the loop began from (the extracted files, no *_optimized.py), timed as the report's verify times
   stamp verify starters; rm -rf /tmp/starters && mkdir -p /tmp/starters
   cp workspace/kernels/[0-9]*.py /tmp/starters/ && cp workspace/plan.json /tmp/starters/ 2>/dev/null
@@ -50,9 +53,6 @@ print(shlex.join(verify_command(json.load(open('workspace/plan.json')))[1:-2]))"
   # shellcheck disable=SC2046
   timeout 580 python3 $(cat /tmp/verify_args.txt) --kernels /tmp/starters --report "$OUT/verify_starters.json" \
     > "$OUT/verify_starters.txt" 2>&1; tail -25 "$OUT/verify_starters.txt"
-  stamp report --verify
-  timeout 580 python3 orchestrate.py report --tag night --verify --png "$OUT/progress.png" 2>&1 | tee "$OUT/report.txt" \
-    | tail -60
   tar czf "$OUT/kernels.tgz" workspace/kernels workspace/plan.json 2>/dev/null
 fi
 cp results.tsv "$OUT/results.tsv" 2>/dev/null; cp workspace/*.json "$OUT/" 2>/dev/null
