@@ -6,6 +6,8 @@ import: the harness calls `prepare_interpreter()` in its child process when it r
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib.util
 import os
 import sys
@@ -95,6 +97,12 @@ def is_triton_kernel(value) -> bool:
 FAST_LAUNCH_TRITON = (3, 2)  # from triton 3.2 a CompiledKernel is launched with every parameter, constexprs included
 
 
+def replay_enabled() -> bool:
+    """Launches replayed per input signature (autokernel/replay.py) where FastLaunch is on; AUTOKERNEL_REPLAY=0
+    keeps FastLaunch alone."""
+    return fast_launch_enabled() and os.environ.get("AUTOKERNEL_REPLAY", "1") != "0"
+
+
 def fast_launch_enabled() -> bool:
     """FastLaunch for the kernels optimize() plugs in; AUTOKERNEL_FAST_LAUNCH=0 launches through Triton's own path."""
     import triton
@@ -161,3 +169,96 @@ def _arg_key(a):
         return (type(a), _arg_key(a.base), tuple(a.shape), tuple(a.strides), tuple(a.block_shape),
                 getattr(a, "padding", None))
     raise _Uncacheable(type(a).__name__)
+
+
+# ------------------------------------------------------------------ launches replayed straight (autokernel/replay.py)
+
+
+def is_jit_kernel(value) -> bool:
+    """A plain @triton.jit function: what replay.py records launches of (an autotuned one is not)."""
+    from triton.runtime.jit import JITFunction
+
+    return isinstance(value, JITFunction)
+
+
+def raw_launcher(compiled) -> tuple | None:
+    """(launcher, function, packed metadata) of a CompiledKernel: from triton 3.2 its launcher is called as
+    run(grid x, y, z, stream, function, packed metadata, launch metadata, enter hook, exit hook, *every argument),
+    constexprs included (CompiledKernel.__getitem__'s own call, unchanged through 3.9). None before 3.2."""
+    if _triton_version() < FAST_LAUNCH_TRITON:
+        return None
+    try:
+        return compiled.run, compiled.function, compiled.packed_metadata
+    except AttributeError:
+        return None
+
+
+def launch_arguments(kernel, args: tuple, kwargs: dict) -> list:
+    """Every parameter of a @triton.jit kernel as its launcher takes them, in order, defaults applied; launch
+    options (num_warps, num_stages, ...) are not parameters and are left out (they are in the metadata)."""
+    import inspect
+
+    params = inspect.signature(kernel.fn).parameters
+    bound = inspect.signature(kernel.fn).bind(*args, **{k: v for k, v in kwargs.items() if k in params})
+    bound.apply_defaults()
+    return list(bound.arguments.values())
+
+
+def raw_stream(device: int) -> int:
+    """The current CUDA stream of a device as the launcher takes it (0 on the CPU)."""
+    import torch
+
+    return torch._C._cuda_getCurrentRawStream(device) if device >= 0 else 0
+
+
+@functools.cache
+def _hook_owner():
+    """Where Triton keeps its launch hooks: triton.knobs.runtime from 3.4, CompiledKernel before."""
+    try:
+        from triton import knobs
+
+        return knobs.runtime
+    except ImportError:
+        from triton.compiler.compiler import CompiledKernel
+
+        return CompiledKernel
+
+
+def launch_hooks_set() -> bool:
+    """A launch hook is set (a profiler such as proton): launches must go through Triton's own path."""
+    owner = _hook_owner()
+    hooks = (getattr(owner, "launch_enter_hook", None), getattr(owner, "launch_exit_hook", None))
+    return any(bool(h.calls) if hasattr(h, "calls") else h is not None for h in hooks)
+
+
+@contextlib.contextmanager
+def count_launches():
+    """Counts the Triton launches made inside, by Triton's launch-enter hook: yields [count], or None when another
+    hook is set already (3.4's single hook) and cannot be shared."""
+    counter = [0]
+
+    def hook(*_):
+        counter[0] += 1
+
+    owner = _hook_owner()
+    current = getattr(owner, "launch_enter_hook", None)
+    if hasattr(current, "add"):  # a HookChain (triton >= 3.5)
+        current.add(hook)
+        try:
+            yield counter
+        finally:
+            current.remove(hook)
+    elif current is None:
+        owner.launch_enter_hook = hook
+        try:
+            yield counter
+        finally:
+            owner.launch_enter_hook = None
+    else:
+        yield None
+
+
+def _triton_version() -> tuple:
+    import triton
+
+    return tuple(int(p) for p in triton.__version__.split(".")[:2] if p.isdigit())

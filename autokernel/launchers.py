@@ -4,7 +4,7 @@ Both are copies of the kernel file's functions over a namespace in which each ke
 (`rebound`); the kernel file's own module is left as it is, so the harness, which imports the file
 itself, times exactly what the agent wrote. `fast`: each @triton.jit kernel behind compat.FastLaunch,
 a cached CompiledKernel per call pattern (a few microseconds of host time per launch instead of
-JITFunction.run's tens). `traceable`: each kernel behind torch.library.wrap_triton, for the
+JITFunction.run's tens), and the whole call replayed per input signature where it can be (replay.py). `traceable`: each kernel behind torch.library.wrap_triton, for the
 triton_op that torch.compile traces (customops).
 """
 
@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import torch
 
-from autokernel import compat
+from autokernel import compat, replay
 
 
 def traceable(kernel_fn: Callable) -> Callable | None:
@@ -37,7 +37,13 @@ def fast(kernel_fn: Callable) -> Callable:
         return kernel_fn
     from triton.runtime.jit import JITFunction
 
-    return rebound(kernel_fn, lambda v: isinstance(v, JITFunction), compat.FastLaunch) or kernel_fn
+    quick = rebound(kernel_fn, lambda v: isinstance(v, JITFunction), compat.FastLaunch)
+    if quick is None:  # no Triton kernel: a CUDA C++ file
+        return kernel_fn
+    if not compat.replay_enabled() or any(getattr(v, "__name__", "") == "autokernel.cuda_build"
+                                          for v in kernel_fn.__globals__.values()):
+        return quick
+    return replay.Replayed(kernel_fn, quick)
 
 
 def rebound(kernel_fn: Callable, is_kernel: Callable, wrap: Callable) -> Callable | None:

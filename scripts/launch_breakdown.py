@@ -3,8 +3,8 @@
     python scripts/launch_breakdown.py [--json FILE]
 
 For each starter at a model shape, host microseconds per call (timing.host_cost_us: calls enqueued
-without a sync) of: the whole op call, kernel_fn as optimize() plugs it in (FastLaunch), kernel_fn as
-the harness calls it (JITFunction.run), kernel_fn with its launches replaced by a no-op (the wrapper's
+without a sync) of: the whole op call, kernel_fn as optimize() plugs it in (replayed, autokernel/replay.py),
+kernel_fn with FastLaunch alone, kernel_fn as the harness calls it (JITFunction.run), kernel_fn with its launches replaced by a no-op (the wrapper's
 own torch calls), and each recorded launch alone through JITFunction.run, FastLaunch, CompiledKernel[grid]
 and the compiled launcher called straight (compiled.run with the stream and metadata fetched once).
 Beside them, the floor of this host: a Python call, torch.empty_like, torch.add. Issue 17's target is
@@ -97,7 +97,13 @@ def main():
         case = {}
         with torch.no_grad():
             case["op"] = host(customops.op(ktype), args)
-        case["fast_kernel_fn"] = host(customops._IMPLS[ktype], args)
+        installed = customops._IMPLS[ktype]
+        case["replayed_kernel_fn"] = host(installed, args)
+        if hasattr(installed, "reasons"):
+            case["not_replayed"] = {str(k): v for k, v in installed.reasons().items()}
+        fastlaunch = launchers.rebound(fn, compat.is_jit_kernel, compat.FastLaunch)
+        if fastlaunch is not None:
+            case["fastlaunch_kernel_fn"] = host(fastlaunch, args)
         case["kernel_fn"] = host(fn, args)
         stubbed = launchers.rebound(fn, compat.is_triton_kernel, NoLaunch)
         if stubbed is not None:
@@ -120,7 +126,9 @@ def main():
         rows[f"{ktype} {shape}"] = case
         print(f"{ktype} {shape}:")
         for k, v in case.items():
-            if k != "launches":
+            if k == "not_replayed":
+                print(f"    not replayed: {v}")
+            elif k != "launches":
                 print(f"    {k:<36} {v:8.2f} us")
         for row in case["launches"]:
             print("    launch " + "  ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}"

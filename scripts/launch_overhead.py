@@ -7,8 +7,8 @@ L2 flushed), and pure device time from a CUDA graph replay: the protocols of aut
 which the harness uses for a kernel's time at the model's shapes. A kernel whose host time exceeds its device
 time is launch-bound: in a model's forward it starves the GPU unless the model runs under a graph.
 Each starter is measured three ways at a model's shapes: `kernel` (kernel_fn as the harness calls it,
-launched by Triton's JITFunction.run), `fast` (kernel_fn as optimize() plugs it in: the compiled kernel
-launched through autokernel.compat.FastLaunch) and `op` (what the model's swapped site calls: the op
+launched by Triton's JITFunction.run), `fast` (kernel_fn as optimize() plugs it in: its launches
+replayed per input signature, autokernel/replay.py) and `op` (what the model's swapped site calls: the op
 wrapper's checks and error naming around the fast kernel_fn). Issue 17's target: `op` <= 10 us.
 """
 
