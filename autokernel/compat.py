@@ -156,6 +156,13 @@ class FastLaunch:
         return compiled
 
 
+def is_host_descriptor(a) -> bool:
+    """A host-side TMA descriptor (triton.tools.tensor_descriptor.TensorDescriptor and its kin)."""
+    import torch
+
+    return isinstance(getattr(a, "base", None), torch.Tensor) and hasattr(a, "block_shape")
+
+
 def _arg_key(a):
     import torch
 
@@ -165,7 +172,7 @@ def _arg_key(a):
         return float  # not specialized on its value: eps and scales change without a recompile
     if a is None or isinstance(a, (int, bool, str)):
         return type(a), a
-    if isinstance(getattr(a, "base", None), torch.Tensor) and hasattr(a, "block_shape"):  # a host TMA descriptor
+    if is_host_descriptor(a):
         return (type(a), _arg_key(a.base), tuple(a.shape), tuple(a.strides), tuple(a.block_shape),
                 getattr(a, "padding", None))
     raise _Uncacheable(type(a).__name__)

@@ -229,8 +229,12 @@ def _define(kernel_type: str) -> None:
         if not compat.wrap_triton_enabled():  # the op called eagerly on real tensors: the kernel as it is
             return _run(kernel_type, *args)
         traceable = None if kernel_type in OPAQUE_UNDER_COMPILE else _TRACEABLE.get(kernel_type)
-        # traced (fake tensors): Triton launches become graph nodes
-        return traceable(*args) if traceable is not None else opaque_op(*args)
+        if traceable is not None:  # traced (fake tensors): Triton launches become graph nodes
+            try:
+                return traceable(*args)
+            except launchers.NotTraceable:  # a launch Inductor would misread: the kernel runs as an opaque op
+                pass
+        return opaque_op(*args)
 
     traced.__signature__ = _signature(SCHEMAS[kernel_type])  # triton_op infers its schema from the signature
     _DEFINED[kernel_type] = (opaque, torch.library.triton_op(name, traced, mutates_args=()))

@@ -170,6 +170,10 @@ def time_models(model, optimized: swap.Optimized, inputs: Callable, device: str,
             fn = makers[name.removesuffix("_graph")]()
             if name.endswith("_graph"):  # replayed from a CUDA graph, compared with its graphed original
                 fn = timing.cuda_graphed(fn, sets[0])
+            wrong = wrong_output(fn, model, sets[-1]) if name.startswith("optimized") else None
+            if wrong:
+                errors[name] = wrong
+                continue
             t = timing.time_fn(fn, sets, device)
         except Exception as e:  # one failing mode must not hide the others
             errors[name] = _error_line(e)
@@ -181,6 +185,19 @@ def time_models(model, optimized: swap.Optimized, inputs: Callable, device: str,
             if base + mode in result:
                 r[f"speedup_vs_{base}"] = result[base + mode]["ms"] / r["ms"]
     return result, errors
+
+
+def wrong_output(fn: Callable, model, args: tuple) -> str | None:
+    """None when fn (the optimized model as deployed: compiled, graphed) gives the original's output on args
+    within the tolerance, else what is wrong. check() proves the optimized model eagerly; a mode can still
+    break it (Inductor misreading what a kernel writes), and a wrong model is never timed."""
+    with torch.no_grad():
+        want = main_output(model(*args)).clone()
+        got = main_output(fn(*args))
+    tol = swap.REL_L2_TOLERANCE.get(want.dtype, 1e-4)
+    r = compare_outputs((got, None), (want, None), tol)
+    return None if r["ok"] else (f"wrong output in this mode (relative L2 error {r['rel_l2']:.3g}, tolerance {tol:g}"
+                                 + (f": {r['reason']})" if "reason" in r else ")"))
 
 
 def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, mode: str = "eager"):
@@ -203,7 +220,12 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, mode:
         if mode.startswith("compile"):
             torch._dynamo.reset()  # every trial compiles anew; stale traces would count against the recompile limit
         try:
-            return timing.time_fn(in_mode(fn, mode, backend, sets[0]), sets, device).median_us / 1e3
+            deployed = in_mode(fn, mode, backend, sets[0])
+            wrong = wrong_output(deployed, model, sets[-1]) if fn is not model else None
+            if wrong:
+                failures[id(fn)] = wrong
+                return float("inf")
+            return timing.time_fn(deployed, sets, device).median_us / 1e3
         except Exception as e:
             failures[id(fn)] = _error_line(e)
             return float("inf")

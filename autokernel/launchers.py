@@ -4,8 +4,9 @@ Both are copies of the kernel file's functions over a namespace in which each ke
 (`rebound`); the kernel file's own module is left as it is, so the harness, which imports the file
 itself, times exactly what the agent wrote. `fast`: each @triton.jit kernel behind compat.FastLaunch,
 a cached CompiledKernel per call pattern (a few microseconds of host time per launch instead of
-JITFunction.run's tens), and the whole call replayed per input signature where it can be (replay.py). `traceable`: each kernel behind torch.library.wrap_triton, for the
-triton_op that torch.compile traces (customops).
+JITFunction.run's tens), and the whole call replayed per input signature where it can be (replay.py).
+`traceable`: each kernel behind torch.library.wrap_triton, for the triton_op that torch.compile traces
+(customops).
 """
 
 from __future__ import annotations
@@ -27,7 +28,29 @@ def traceable(kernel_fn: Callable) -> Callable | None:
     None when the file launches no @triton.jit kernel (a CUDA C++ kernel): that type stays an opaque op."""
     if compat.interpreting():  # the interpreter's kernels cannot be traced
         return None
-    return rebound(kernel_fn, compat.is_triton_kernel, torch.library.wrap_triton)
+    return rebound(kernel_fn, compat.is_triton_kernel, _traced)
+
+
+class NotTraceable(Exception):
+    """A launch Inductor would misread: the caller falls back to the opaque op."""
+
+
+def _traced(kernel):
+    """kernel behind wrap_triton, refusing host TMA descriptors: torch (2.11) traces a launch that takes one
+    without knowing which tensor the kernel writes through it (`identify_mutated_tensors` fails on the
+    descriptor), so the compiled model dropped the kernel's output (the H200, 2026-11-23: a TinyLlama with
+    the fused MLP "1.89x" torch.compile, its MLP output never written)."""
+    wrapped = torch.library.wrap_triton(kernel)
+
+    class Launch:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                if any(compat.is_host_descriptor(a) for a in (*args, *kwargs.values())):
+                    raise NotTraceable(f"{getattr(kernel, '__name__', kernel)} takes a host TMA descriptor")
+                return wrapped[grid](*args, **kwargs)
+            return launch
+
+    return Launch()
 
 
 def fast(kernel_fn: Callable) -> Callable:

@@ -212,3 +212,35 @@ def test_exported_triton_kernels_pass_the_static_check(repo_root, tmp_path):
     package = export.write_package(tmp_path, kernels, name="checked")
     for path in (package / "kernels").glob("*.py"):
         assert sourcecheck.violations(path.read_text(), path.name) == [], path
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel_type, shape", [("fused_mlp", {"T": 2048, "H": 2048, "I": 5632}),
+                                                ("matmul", {"M": 2048, "N": 2048, "K": 2048})])
+def test_a_kernel_on_host_tma_descriptors_still_computes_under_torch_compile(repo_root, kernel_type, shape):
+    """At these sizes the starters launch on host TMA descriptors, which Inductor cannot trace (it loses what the
+    kernel writes): the op falls back to opaque, and the compiled call gives the kernel's answer."""
+    from autokernel import customops, kernelfile
+    from autokernel.registry import get_spec
+
+    spec = get_spec(kernel_type)
+    args = spec.make_inputs(shape, torch.float16, "cuda", torch.Generator(device="cuda").manual_seed(0))
+    kernel_fn = kernelfile.import_kernel(repo_root / "kernels" / f"{kernel_type}.py").kernel_fn
+    customops.install(kernel_type, kernel_fn, f"kernels/{kernel_type}.py")
+    op = customops.op(kernel_type)
+    with torch.no_grad():
+        want = kernel_fn(*args)
+        torch._dynamo.reset()
+        got = torch.compile(lambda *a: op(*a) + 0)(*args)
+    assert swap.rel_l2(got, want) < 1e-3
+
+
+def test_a_mode_that_computes_something_else_is_not_timed(llama):
+    """endtoend.wrong_output stands between every optimized row (compiled, graphed) and its timing."""
+    from autokernel import endtoend
+
+    ids = torch.randint(0, llama.config.vocab_size, (1, 16))
+    with torch.no_grad():
+        assert endtoend.wrong_output(llama, llama, (ids,)) is None
+        wrong = endtoend.wrong_output(lambda i: llama(i).logits * 0, llama, (ids,))
+    assert wrong.startswith("wrong output in this mode (relative L2 error 1")
