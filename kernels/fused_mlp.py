@@ -251,8 +251,8 @@ def _gemm(a, a2, w1, w2, c, c2, gated, split_a, split_out):
         _mlp_gemm_tma_kernel[(programs,)](*descs, m, n, k, programs, **flags)
         return
     masked = m % bm != 0 or n % bn != 0 or k % bk != 0
-    _mlp_gemm_kernel[(tiles,)](a, a2, w1, w2, c, c2, m, n, k, a.stride(0), a.stride(1), w1.stride(0),
-                               w1.stride(1), c.stride(0), c.stride(1), MASKED=masked, **flags)
+    _mlp_gemm_kernel[(tiles,)](a, a2, w1, w2, c, c2, m, n, k, *a.stride(), *w1.stride(), *c.stride(),
+                               MASKED=masked, **flags)
 
 
 def kernel_fn(x, w_gate, w_up, w_down):

@@ -237,8 +237,7 @@ def _launch_pointers(a, b, c, cfg, num_sms, persistent):
     tiles = _cdiv(m, bm) * _cdiv(n, bn)
     programs = min(tiles, num_sms * PROGRAMS_PER_SM) if persistent else tiles
     masked = m % bm != 0 or n % bn != 0 or k % bk != 0
-    _matmul_kernel[(programs,)](a, b, c, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-                                c.stride(0), c.stride(1), programs,
+    _matmul_kernel[(programs,)](a, b, c, m, n, k, *a.stride(), *b.stride(), *c.stride(), programs,
                                 BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=GROUP_M, PERSISTENT=persistent,
                                 MASKED=masked, DOT_PRECISION=_dot_precision(a.dtype),
                                 num_warps=warps, num_stages=stages)

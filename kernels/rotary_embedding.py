@@ -138,8 +138,7 @@ def _launch_persistent(x4, cos2, sin2, out, block_s, block_half, warps) -> None:
     programs = _sm_count(x4.device.index) * PROGRAMS_PER_SM if x4.is_cuda else CPU_PROGRAMS
     _rotary_embedding_persistent_kernel[(min(programs, items),)](
         x4, cos2, sin2, out, bsz, heads, s, group,
-        x4.stride(0), x4.stride(1), x4.stride(2), cos2.stride(0), sin2.stride(0),
-        out.stride(0), out.stride(1), out.stride(2),
+        *x4.stride()[:3], cos2.stride(0), sin2.stride(0), *out.stride()[:3],
         HALF=d // 2, BLOCK_S=block_s, BLOCK_HALF=block_half, NUM_STAGES=NUM_STAGES, num_warps=warps)
 
 
@@ -179,8 +178,7 @@ def kernel_fn(x, cos, sin):
     else:
         grid = (_cdiv(s, block_s), bsz * _cdiv(heads, HEADS_PER_PROGRAM))
         _rotary_embedding_kernel[grid](
-            x4, cos2, sin2, out, heads, s,
-            x4.stride(0), x4.stride(1), x4.stride(2), cos2.stride(0), sin2.stride(0),
-            out.stride(0), out.stride(1), out.stride(2),
+            x4, cos2, sin2, out, heads, s,  # (one stride() call per tensor: each call costs host time)
+            *x4.stride()[:3], cos2.stride(0), sin2.stride(0), *out.stride()[:3],
             HALF=half, BLOCK_S=block_s, BLOCK_HALF=block_half, HEADS=HEADS_PER_PROGRAM, num_warps=warps)
     return out if x.dim() == 4 else out.view(x.shape)
