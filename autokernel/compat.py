@@ -139,9 +139,9 @@ class FastLaunch:
     descriptors by base, shape, strides and block; constexpr and option values), so a hit never launches a
     kernel compiled for other arguments. A hit calls the launcher straight on the current raw stream (see the
     version notes above). Launches take Triton's own path when a launch hook is set (profilers keep working),
-    for a grid function, for a non-constexpr argument passed by keyword, and for an argument type not modelled.
-    Not noticed on a hit: a change of a global the kernel reads (checked, see `_entry`) is; Triton knobs
-    changed at run time (debug, instrumentation) are not.
+    for a grid function, for a non-constexpr argument passed by keyword, for an argument type not modelled, and
+    once a global the kernel read at compile time has changed (Triton then raises, as it would). Not noticed on
+    a hit: Triton knobs changed at run time (debug, instrumentation mode).
     """
 
     def __init__(self, kernel):
