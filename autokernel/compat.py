@@ -11,6 +11,7 @@ import functools
 import importlib.util
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent  # the checkout autokernel/ lives in
@@ -93,8 +94,27 @@ def is_triton_kernel(value) -> bool:
 
 # ------------------------------------------------------------------ cheap launches of compiled Triton kernels
 
+# How a CompiledKernel is launched, read from each release's source (compiler/compiler.py CompiledKernel.__getitem__,
+# runtime/jit.py JITFunction.run, backends/nvidia/driver.py CudaLauncher). In every 3.x release the launcher is
+# compiled.run(gridX, gridY, gridZ, stream, function, packed_metadata, launch_metadata, enter_hook, exit_hook, *args);
+#   3.2       *args are the non-constexpr arguments only (JITFunction.run passes non_constexpr_vals): not modelled;
+#   3.3       every parameter, constexprs included; hooks are CompiledKernel.launch_enter_hook/_exit_hook (None unset);
+#   3.4       hooks moved to triton.knobs.runtime (None unset);
+#   3.5-3.9   knobs.runtime's hooks are HookChains, never None: Triton builds launch_metadata (a LazyDict) and its C
+#             launcher calls both empty chains on every launch, unless they are passed as None, as here;
+#   3.5-3.6   CudaLauncher.__call__ only allocates global/profile scratch and calls its C (or tensor-descriptor
+#             expanding) launch(gridX, gridY, gridZ, stream, function, cooperative, pdl, global_scratch,
+#             profile_scratch, packed_metadata, launch_metadata, enter_hook, exit_hook, *args): a kernel that needs
+#             no scratch is launched through it straight. 3.9 added GSan and argument annotations there: not modelled.
+FAST_LAUNCH_TRITON = ((3, 3), (3, 9))  # the releases whose launch protocol FastLaunch knows (inclusive)
+DIRECT_LAUNCH_TRITON = ((3, 5), (3, 6))  # the releases whose CudaLauncher.launch it calls straight
+MAX_PATTERNS = 256  # call patterns cached per kernel; past that the cache restarts (a model has a few shapes)
 
-FAST_LAUNCH_TRITON = (3, 2)  # from triton 3.2 a CompiledKernel is launched with every parameter, constexprs included
+
+def triton_version() -> tuple[int, int]:
+    import triton
+
+    return tuple(int(p) for p in triton.__version__.split(".")[:2] if p.isdigit())
 
 
 def replay_enabled() -> bool:
@@ -104,56 +124,158 @@ def replay_enabled() -> bool:
 
 
 def fast_launch_enabled() -> bool:
-    """FastLaunch for the kernels optimize() plugs in; AUTOKERNEL_FAST_LAUNCH=0 launches through Triton's own path."""
-    import triton
-
-    version = tuple(int(p) for p in triton.__version__.split(".")[:2] if p.isdigit())
+    """FastLaunch for the kernels optimize() plugs in; AUTOKERNEL_FAST_LAUNCH=0 launches through Triton's own path,
+    as does a Triton release whose launch protocol is not modelled here."""
+    low, high = FAST_LAUNCH_TRITON
     return (os.environ.get("AUTOKERNEL_FAST_LAUNCH", "1") != "0" and not interpreting()
-            and version >= FAST_LAUNCH_TRITON)
+            and low <= triton_version() <= high)
 
 
 class _Uncacheable(Exception):
-    """An argument whose specialization this cache does not model (a TMA descriptor, ...): launch the slow way."""
+    """An argument whose specialization this cache does not model (an unknown type): launch the slow way."""
 
 
 class FastLaunch:
     """A @triton.jit kernel whose launches skip JITFunction.run's per-call work once a call pattern is known.
 
     JITFunction.run binds the arguments, computes their specialization (dtypes, 16-byte alignment, integer
-    values of 1 or multiples of 16), hashes it into a cache key, evaluates the grid and only then launches:
-    tens of microseconds of host time per call on an H200 host, against a few of GPU work for a norm at a
-    model's shapes. Here the first call of a pattern goes through JITFunction.run, which compiles and returns
-    the CompiledKernel; later calls whose key matches (tensor dtypes, devices and 16-byte alignment; exact
-    integer and bool values; float types; TMA descriptors by base, shape, strides and block; constexpr and
-    option values: a finer key than Triton's own, so a hit is never a kernel compiled for other arguments)
-    launch that CompiledKernel straight through CompiledKernel[grid](*args), the launch path Triton keeps
-    public across its 3.x versions (descriptors are expanded by its launcher, as on Triton's own path).
+    values of 1 or multiples of 16), hashes it into a cache key, evaluates the grid, builds launch metadata
+    for the profiler hooks and only then launches: tens of microseconds of host time per call on an H200 host,
+    against a few of GPU work for a norm at a model's shapes. Here the first call of a pattern goes through
+    JITFunction.run, which compiles (or finds) and launches the CompiledKernel; its launcher, function handle,
+    packed metadata and grid are kept under a key at least as fine as Triton's own (the current device; the
+    grid; tensor dtypes and 16-byte alignment; exact integer, bool and string values; float types; TMA
+    descriptors by base, shape, strides and block; constexpr and option values), so a hit never launches a
+    kernel compiled for other arguments. A hit calls the launcher straight on the current raw stream (see the
+    version notes above). Launches take Triton's own path when a launch hook is set (profilers keep working),
+    for a grid function, for a non-constexpr argument passed by keyword, for an argument type not modelled, and
+    once a global the kernel read at compile time has changed (Triton then raises, as it would). Not noticed on
+    a hit: Triton knobs changed at run time (debug, instrumentation mode).
     """
 
     def __init__(self, kernel):
         import inspect
 
         self.kernel = kernel
-        self.params = [(p.name, p.default) for p in inspect.signature(kernel.fn).parameters.values()]
+        params = list(inspect.signature(kernel.fn).parameters.values())
+        self.names = [p.name for p in params]
+        self.defaults = [p.default for p in params]
+        self.constexprs = tuple(sorted(kernel.constexprs))
+        self.first_constexpr = self.constexprs[0] if self.constexprs else len(params)
+        self.dynamic_names = frozenset(n for i, n in enumerate(self.names) if i not in self.constexprs)
+        self.pre_run_hooks = getattr(kernel, "pre_run_hooks", ())  # 3.9: hooks JITFunction.run calls first
+        self.device, self.stream, self.hooked, self.arg_key = _launch_context()
         self.cache: dict = {}
 
     def __getitem__(self, grid):
         return lambda *args, **kwargs: self.launch(grid, args, kwargs)
 
     def launch(self, grid, args, kwargs):
+        if (type(grid) is not tuple or self.hooked() or self.pre_run_hooks
+                or not self.dynamic_names.isdisjoint(kwargs)):
+            return self.kernel[grid](*args, **kwargs)
+        device = self.device()
         try:
-            key = (tuple(map(_arg_key, args)), tuple(sorted(kwargs.items())), grid)
-            compiled = self.cache.get(key)
+            key = (device, grid, tuple(map(self.arg_key, args)), tuple(kwargs.items()))
+            if len(args) > self.first_constexpr:  # constexprs given by position: keyed by exact value and type
+                key += tuple((type(args[i]), args[i]) for i in self.constexprs if i < len(args))
+            entry = self.cache.get(key)
         except (_Uncacheable, TypeError):  # TypeError: an unhashable argument
             return self.kernel[grid](*args, **kwargs)
-        if compiled is None:
-            compiled = self.kernel[grid](*args, **kwargs)
-            if callable(getattr(compiled, "__getitem__", None)) and isinstance(grid, tuple):
-                self.cache[key] = compiled
-            return compiled
-        launch_grid = (*grid, 1, 1)[:3]
-        compiled[launch_grid](*args, *(kwargs.get(n, d) for n, d in self.params[len(args):]))
+        if entry is None:
+            return self._miss(key, grid, args, kwargs)
+        run, grid3, head, tail, compiled, used_globals = entry
+        if used_globals and any(scope.get(name, _MISSING) != value for name, value, scope in used_globals):
+            return self.kernel[grid](*args, **kwargs)  # Triton raises: a global changed since the compile
+        run(*grid3, self.stream(device), *head, *args, *tail)
         return compiled
+
+    def _miss(self, key, grid, args, kwargs):
+        compiled = self.kernel[grid](*args, **kwargs)  # compiles or finds the kernel, and launches it
+        entry = _entry(self.kernel, compiled, grid, self.names[len(args):], self.defaults[len(args):], kwargs)
+        if entry is not None:
+            if len(self.cache) >= MAX_PATTERNS:
+                self.cache.clear()
+            self.cache[key] = entry
+        return compiled
+
+
+_MISSING = object()
+
+
+def _entry(kernel, compiled, grid, rest_names, rest_defaults, kwargs):
+    """What a hit launches with: (launcher, grid as 3 ints, arguments between the stream and the kernel's,
+    the parameters after the positional ones (constexprs and defaults, fixed by the key), the CompiledKernel,
+    the globals the kernel read at compile time); None when compiled is not a CompiledKernel."""
+    if not all(hasattr(compiled, a) for a in ("run", "function", "packed_metadata")) or not 1 <= len(grid) <= 3:
+        return None
+    run, head = launcher(compiled, triton_version())
+    tail = tuple(kwargs[n] if n in kwargs else d for n, d in zip(rest_names, rest_defaults))
+    used = tuple((name, value, scope) for (name, _), (value, scope) in getattr(kernel, "used_global_vals", {}).items())
+    return run, (*grid, 1, 1)[:3], head, tail, compiled, used
+
+
+def launcher(compiled, version: tuple[int, int]):
+    """(callable, its arguments between the stream and the kernel's) that launch compiled without hooks."""
+    run = compiled.run
+    low, high = DIRECT_LAUNCH_TRITON
+    if (low <= version <= high and type(run).__name__ == "CudaLauncher" and not run.global_scratch_size
+            and not getattr(run, "profile_scratch_size", 0)):
+        return run.launch, (compiled.function, run.launch_cooperative_grid, run.launch_pdl, None, None,
+                            compiled.packed_metadata, None, None, None)
+    return run, (compiled.function, compiled.packed_metadata, None, None, None)
+
+
+def _launch_context():
+    """(current device, raw stream of a device, whether a launch hook is set, key of an argument): the
+    cheapest calls that say what Triton's own launch path would ask (it uses torch.cuda.current_device and
+    torch._C._cuda_getCurrentRawStream itself)."""
+    import torch
+
+    device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
+    stream = getattr(torch._C, "_cuda_getCurrentRawStream", lambda index: torch.cuda.current_stream(index).cuda_stream)
+    return device, stream, _hooks_probe(triton_version()), _arg_key_function(torch.Tensor)
+
+
+def _hooks_probe(version: tuple[int, int]):
+    """A function that says whether a profiler has set Triton's launch hooks (see the version notes)."""
+    if version < (3, 4):
+        from triton.compiler.compiler import CompiledKernel
+
+        return lambda: CompiledKernel.launch_enter_hook is not None or CompiledKernel.launch_exit_hook is not None
+    from triton import knobs
+
+    runtime = knobs.runtime
+    enter, exit_ = runtime.launch_enter_hook, runtime.launch_exit_hook
+    if not hasattr(enter, "calls"):  # 3.4: a function or None
+        return lambda: runtime.launch_enter_hook is not None or runtime.launch_exit_hook is not None
+    # 3.5+: HookChains that profilers add to; a hook assigned in their place (3.4's way) counts too
+    return lambda: bool(enter.calls or exit_.calls or runtime.launch_enter_hook is not enter
+                        or runtime.launch_exit_hook is not exit_)
+
+
+def _arg_key_function(tensor_type):
+    import torch
+
+    parameter = torch.nn.Parameter  # types compared first: isinstance(a, torch.Tensor) costs ~0.2 us
+
+    def arg_key(a):
+        """What Triton specializes a non-constexpr argument on, or finer."""
+        kind = type(a)
+        if kind is int or kind is str or a is None:
+            return a  # exact: Triton specializes ints on ==1, %16 and their width
+        if kind is float:
+            return float  # not specialized on its value: eps and scales change without a recompile
+        if kind is tensor_type or kind is parameter or isinstance(a, tensor_type):
+            return a.dtype, a.data_ptr() % 16 == 0
+        if kind is bool:
+            return bool, a  # True == 1, but Triton compiles an i1
+        if is_host_descriptor(a):
+            return (kind, arg_key(a.base), tuple(a.shape), tuple(a.strides), tuple(a.block_shape),
+                    getattr(a, "padding", None))
+        raise _Uncacheable(kind.__name__)
+
+    return arg_key
 
 
 def is_host_descriptor(a) -> bool:
@@ -161,21 +283,6 @@ def is_host_descriptor(a) -> bool:
     import torch
 
     return isinstance(getattr(a, "base", None), torch.Tensor) and hasattr(a, "block_shape")
-
-
-def _arg_key(a):
-    import torch
-
-    if isinstance(a, torch.Tensor):
-        return a.dtype, a.device.index, a.data_ptr() % 16 == 0
-    if isinstance(a, float):
-        return float  # not specialized on its value: eps and scales change without a recompile
-    if a is None or isinstance(a, (int, bool, str)):
-        return type(a), a
-    if is_host_descriptor(a):
-        return (type(a), _arg_key(a.base), tuple(a.shape), tuple(a.strides), tuple(a.block_shape),
-                getattr(a, "padding", None))
-    raise _Uncacheable(type(a).__name__)
 
 
 # ------------------------------------------------------------------ launches replayed straight (autokernel/replay.py)
@@ -189,15 +296,13 @@ def is_jit_kernel(value) -> bool:
 
 
 def raw_launcher(compiled) -> tuple | None:
-    """(launcher, function, packed metadata) of a CompiledKernel: from triton 3.2 its launcher is called as
-    run(grid x, y, z, stream, function, packed metadata, launch metadata, enter hook, exit hook, *every argument),
-    constexprs included (CompiledKernel.__getitem__'s own call, unchanged through 3.9). None before 3.2."""
-    if _triton_version() < FAST_LAUNCH_TRITON:
+    """(callable, its arguments between the stream and the kernel's) that launch a CompiledKernel without hooks,
+    as FastLaunch's hits do (see the version notes above); None where the protocol is not modelled."""
+    low, high = FAST_LAUNCH_TRITON
+    if not low <= triton_version() <= high or not all(hasattr(compiled, a) for a in ("run", "function",
+                                                                                       "packed_metadata")):
         return None
-    try:
-        return compiled.run, compiled.function, compiled.packed_metadata
-    except AttributeError:
-        return None
+    return launcher(compiled, triton_version())
 
 
 def launch_arguments(kernel, args: tuple, kwargs: dict) -> list:
@@ -205,43 +310,30 @@ def launch_arguments(kernel, args: tuple, kwargs: dict) -> list:
     options (num_warps, num_stages, ...) are not parameters and are left out (they are in the metadata)."""
     import inspect
 
-    params = inspect.signature(kernel.fn).parameters
-    bound = inspect.signature(kernel.fn).bind(*args, **{k: v for k, v in kwargs.items() if k in params})
+    signature = inspect.signature(kernel.fn)
+    bound = signature.bind(*args, **{k: v for k, v in kwargs.items() if k in signature.parameters})
     bound.apply_defaults()
     return list(bound.arguments.values())
 
 
-def raw_stream(device: int) -> int:
-    """The current CUDA stream of a device as the launcher takes it (0 on the CPU)."""
-    import torch
-
-    return torch._C._cuda_getCurrentRawStream(device) if device >= 0 else 0
+def stream_of(device: int) -> Callable[[], int]:
+    """The current raw CUDA stream of a device, as the launcher takes it (0 on the CPU)."""
+    if device < 0:
+        return lambda: 0
+    stream = _launch_context()[1]
+    return lambda: stream(device)
 
 
 @functools.cache
-def _hook_owner():
-    """Where Triton keeps its launch hooks: triton.knobs.runtime from 3.4, CompiledKernel before."""
-    try:
-        from triton import knobs
-
-        return knobs.runtime
-    except ImportError:
-        from triton.compiler.compiler import CompiledKernel
-
-        return CompiledKernel
-
-
-def launch_hooks_set() -> bool:
-    """A launch hook is set (a profiler such as proton): launches must go through Triton's own path."""
-    owner = _hook_owner()
-    hooks = (getattr(owner, "launch_enter_hook", None), getattr(owner, "launch_exit_hook", None))
-    return any(bool(h.calls) if hasattr(h, "calls") else h is not None for h in hooks)
+def launch_hooks_probe() -> Callable[[], bool]:
+    """A function that says whether a profiler set Triton's launch hooks: launches must then take Triton's path."""
+    return _hooks_probe(triton_version())
 
 
 @contextlib.contextmanager
 def count_launches():
-    """Counts the Triton launches made inside, by Triton's launch-enter hook: yields [count], or None when another
-    hook is set already (3.4's single hook) and cannot be shared."""
+    """Counts the Triton launches made inside, by Triton's launch-enter hook: yields [count], or None when a
+    profiler's hook is set (3.3-3.4 hold a single hook, which is not shared)."""
     counter = [0]
 
     def hook(*_):
@@ -265,7 +357,12 @@ def count_launches():
         yield None
 
 
-def _triton_version() -> tuple:
-    import triton
+def _hook_owner():
+    """Where Triton keeps its launch hooks: triton.knobs.runtime from 3.4, CompiledKernel before."""
+    if triton_version() < (3, 4):
+        from triton.compiler.compiler import CompiledKernel
 
-    return tuple(int(p) for p in triton.__version__.split(".")[:2] if p.isdigit())
+        return CompiledKernel
+    from triton import knobs
+
+    return knobs.runtime

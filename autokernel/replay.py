@@ -60,42 +60,41 @@ class Buffer:
 
 @dataclass
 class Launch:
-    run: Callable  # the compiled kernel's launcher
-    head: tuple  # grid x, y, z; the stream goes after them, then function, metadata, launch_metadata and hooks
-    tail: tuple  # function, packed metadata, no launch metadata, no hooks
-    args: list  # every argument, constants in place; pointers and descriptors filled per call
-    pointers: list = field(default_factory=list)  # (position, source, index, byte offset)
-    descriptors: list = field(default_factory=list)  # (position, template, source, index)
+    run: Callable  # the compiled kernel's launcher (compat.raw_launcher)
+    grid: tuple  # x, y, z
+    head: tuple  # the launcher's arguments between the stream and the kernel's
+    args: list  # the kernel's arguments, constants in place; pointers and descriptors filled per call
+    pointers: list = field(default_factory=list)  # (position, from an input (else a buffer), index, byte offset)
+    descriptors: list = field(default_factory=list)  # (position, template, from an input, index)
 
 
 @dataclass
 class Plan:
     buffers: list[Buffer]
     launches: list[Launch]
-    output: tuple  # (source, index, shape, stride, storage offset, is the whole buffer), or a tuple of them
-    device: int
+    output: tuple  # (from an input, index, shape, stride, element offset, is the whole buffer), or a tuple of them
+    stream: Callable[[], int]
 
-    def run(self, args: tuple, pointers: list) -> torch.Tensor:
+    def run(self, args: tuple, pointers: list):
         buffers = [b.allocate() for b in self.buffers]
-        sources = {"in": args, "buf": buffers}
-        addresses = {"in": pointers, "buf": [b.data_ptr() for b in buffers]}
-        stream = compat.raw_stream(self.device)
+        addresses = [b.data_ptr() for b in buffers]
+        stream = self.stream()
         for launch in self.launches:
-            values = list(launch.args)
-            for position, source, index, offset in launch.pointers:
-                values[position] = addresses[source][index] + offset
-            for position, template, source, index in launch.descriptors:
+            values = launch.args.copy()
+            for position, from_input, index, offset in launch.pointers:
+                values[position] = (pointers if from_input else addresses)[index] + offset
+            for position, template, from_input, index in launch.descriptors:
                 values[position] = copy.copy(template)
-                values[position].base = sources[source][index]
-            launch.run(*launch.head, stream, *launch.tail, *values)
-        if isinstance(self.output[0], tuple):
-            return tuple(_view(sources, o) for o in self.output)
-        return _view(sources, self.output)
+                values[position].base = (args if from_input else buffers)[index]
+            launch.run(*launch.grid, stream, *launch.head, *values)
+        if type(self.output[0]) is tuple:
+            return tuple(_view(o, args, buffers) for o in self.output)
+        return _view(self.output, args, buffers)
 
 
-def _view(sources: dict, spec: tuple) -> torch.Tensor:
-    source, index, shape, stride, offset, whole = spec  # offset: elements from the start of the input or buffer
-    t = sources[source][index]
+def _view(spec: tuple, args: tuple, buffers: list) -> torch.Tensor:
+    from_input, index, shape, stride, offset, whole = spec  # offset: elements from the start of the input or buffer
+    t = (args if from_input else buffers)[index]
     return t if whole else t.as_strided(shape, stride, t.storage_offset() + offset)
 
 
@@ -114,6 +113,7 @@ class Replayed:
         self.launches: list = []
         self.recording = launchers.rebound(kernel_fn, is_kernel or compat.is_jit_kernel, self._recorder)
         self.count_launches = count_launches or compat.count_launches
+        self.hooked = compat.launch_hooks_probe()
         self.plans: dict = {}  # signature -> Plan, or the reason it cannot be replayed
         self.__name__ = getattr(kernel_fn, "__name__", "kernel_fn")
         self.__wrapped__ = kernel_fn
@@ -121,7 +121,7 @@ class Replayed:
     def __call__(self, *args):
         key, pointers = signature(args)
         plan = self.plans.get(key)
-        if type(plan) is Plan and not compat.launch_hooks_set():
+        if type(plan) is Plan and not self.hooked():
             return plan.run(args, pointers)
         if plan is not None or self.recording is None:
             return self.fallback(*args)
@@ -211,22 +211,22 @@ def _plan(args: tuple, pointers: list, out, log: _OpLog, launches: list) -> Plan
     buffers = [t for t, _ in log.allocations]
     where = _Locator(inputs, buffers)
     plan_launches = [_launch(where, *launch) for launch in launches]
-    used = sorted({i for launch in plan_launches for _, src, i, _ in launch.pointers if src == "buf"}
-                  | {i for launch in plan_launches for _, _, src, i in launch.descriptors if src == "buf"})
+    used = sorted({i for launch in plan_launches for _, from_input, i, _ in launch.pointers if not from_input}
+                  | {i for launch in plan_launches for _, _, from_input, i in launch.descriptors if not from_input})
     outputs = out if isinstance(out, (tuple, list)) else (out,)
     if not outputs or not all(isinstance(o, torch.Tensor) for o in outputs):
         raise Unreplayable("the output is not a tensor or a tuple of tensors")
     specs = [_output(where, o) for o in outputs]
-    used = sorted(set(used) | {s[1] for s in specs if s[0] == "buf"})
+    used = sorted(set(used) | {s[1] for s in specs if not s[0]})
     renumber = {old: new for new, old in enumerate(used)}  # allocations nothing refers to are not replayed
     for launch in plan_launches:
-        launch.pointers = [(p, s, renumber[i] if s == "buf" else i, o) for p, s, i, o in launch.pointers]
-        launch.descriptors = [(p, t, s, renumber[i] if s == "buf" else i) for p, t, s, i in launch.descriptors]
-    specs = [(s, renumber[i] if s == "buf" else i, *rest) for s, i, *rest in specs]
+        launch.pointers = [(p, s, i if s else renumber[i], o) for p, s, i, o in launch.pointers]
+        launch.descriptors = [(p, t, s, i if s else renumber[i]) for p, t, s, i in launch.descriptors]
+    specs = [(s, i if s else renumber[i], *rest) for s, i, *rest in specs]
     kept = [Buffer(tuple(buffers[i].shape), buffers[i].stride(), buffers[i].dtype, buffers[i].device,
                    log.allocations[i][1]) for i in used]
     output = tuple(specs) if isinstance(out, (tuple, list)) else specs[0]
-    return Plan(kept, plan_launches, output, devices.pop())
+    return Plan(kept, plan_launches, output, compat.stream_of(devices.pop()))
 
 
 class _Locator:
@@ -234,12 +234,12 @@ class _Locator:
 
     def __init__(self, inputs: list, buffers: list):
         self.storages = {}
-        for source, tensors in (("in", inputs), ("buf", buffers)):
+        for from_input, tensors in ((True, inputs), (False, buffers)):
             for i, t in enumerate(tensors):
                 if t is not None and t.numel():
-                    self.storages.setdefault(t.untyped_storage().data_ptr(), []).append((source, i, t))
+                    self.storages.setdefault(t.untyped_storage().data_ptr(), []).append((from_input, i, t))
 
-    def find(self, t: torch.Tensor) -> tuple[str, int, int, torch.Tensor]:
+    def find(self, t: torch.Tensor) -> tuple[bool, int, int, torch.Tensor]:
         owners = self.storages.get(t.untyped_storage().data_ptr(), [])
         if len(owners) != 1:
             raise Unreplayable("a tensor argument shares its memory with no input or allocation" if not owners
@@ -255,7 +255,7 @@ def _launch(where: _Locator, kernel, grid, args: tuple, kwargs: dict, compiled) 
     if raw is None:
         raise Unreplayable("this Triton's compiled kernels cannot be launched straight")
     values = compat.launch_arguments(kernel, args, kwargs)
-    launch = Launch(run=raw[0], head=(*grid, 1, 1)[:3], tail=(*raw[1:], None, None, None), args=list(values))
+    launch = Launch(run=raw[0], grid=(*grid, 1, 1)[:3], head=raw[1], args=list(values))
     for position, value in enumerate(values):
         if isinstance(value, torch.Tensor):
             source, index, offset, _ = where.find(value)
@@ -277,7 +277,7 @@ def _output(where: _Locator, out: torch.Tensor) -> tuple:
     if offset % out.element_size():
         raise Unreplayable("an output that starts between two elements")
     whole = (out.dtype == owner.dtype and out.shape == owner.shape and out.stride() == owner.stride() and not offset
-             and source == "buf")
+             and not source)
     if out.dtype != owner.dtype:
         raise Unreplayable("an output viewed as another dtype")
     return source, index, tuple(out.shape), out.stride(), offset // out.element_size(), whole

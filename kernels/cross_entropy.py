@@ -163,13 +163,23 @@ def _cross_entropy_mean_kernel(loss_ptr, targets_ptr, out_ptr, R, ignore_index, 
     tl.store(out_ptr, (tl.sum(total, axis=0) / tl.sum(count, axis=0)).to(out_ptr.dtype.element_ty))
 
 
+# Host-side integer helpers in plain Python: triton.cdiv and triton.next_power_of_2 are ConstexprFunctions
+# (triton 3.6), a few microseconds per call from the host, which a launch-bound model pays on every call.
+def _cdiv(a: int, b: int) -> int:
+    return (a + b - 1) // b
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
 def _pow2_floor(n: int) -> int:
     return 1 << (max(1, n).bit_length() - 1)
 
 
 def _tile(r: int, v: int) -> tuple[int, int, int]:
     """(rows per program, BLOCK_N, warps) for R rows of V logits."""
-    block_n = min(CHUNK, triton.next_power_of_2(v))
+    block_n = min(CHUNK, _next_pow2(v))
     rows = ROWS_PER_PROGRAM or max(1, min(TILE // block_n, _pow2_floor(r // MIN_PROGRAMS)))
     warps = NUM_WARPS or min(16, max(1, rows * block_n // ELEMENTS_PER_WARP))
     return rows, block_n, warps
@@ -184,16 +194,16 @@ def _persistent(logits2, targets1, out) -> None:
     """Launch the persistent lanes kernel and the mean over its per-program partials."""
     r, v = logits2.shape
     programs = _sm_count(logits2.device.index) * PROGRAMS_PER_SM if logits2.is_cuda else CPU_PROGRAMS
-    block_n = min(CHUNK, triton.next_power_of_2(v))
+    block_n = min(CHUNK, _next_pow2(v))
     # pack short rows, but keep at least one tile per program
     rows = ROWS_PER_PROGRAM or max(1, min(TILE // block_n, _pow2_floor(r // programs)))
     warps = NUM_WARPS or min(16, max(1, rows * block_n // ELEMENTS_PER_WARP))
-    programs = min(programs, triton.cdiv(r, rows))
+    programs = min(programs, _cdiv(r, rows))
     parts = torch.empty((2, programs), dtype=torch.float32, device=logits2.device)
     _cross_entropy_persistent_kernel[(programs,)](
         logits2, targets1, parts[0], parts[1], r, v, logits2.stride(0), IGNORE_INDEX,
         BLOCK_M=rows, BLOCK_N=block_n, NUM_STAGES=NUM_STAGES, num_warps=warps)
-    block = triton.next_power_of_2(programs)
+    block = _next_pow2(programs)
     _cross_entropy_partials_mean_kernel[(1,)](parts[0], parts[1], out, programs, BLOCK=block,
                                               num_warps=min(8, max(1, block // 128)))
 
@@ -212,11 +222,11 @@ def kernel_fn(logits, targets):
     losses = torch.empty((r,), dtype=torch.float32, device=logits.device)
     rows, block_n, warps = _tile(r, v)
     if r > 0:
-        _cross_entropy_kernel[(triton.cdiv(r, rows),)](
+        _cross_entropy_kernel[(_cdiv(r, rows),)](
             logits2, targets1, losses, r, v, logits2.stride(0), IGNORE_INDEX,
             BLOCK_M=rows, BLOCK_N=block_n, PER_LANE=VARIANT == "lanes", num_warps=warps, num_stages=LOOP_STAGES)
     # with no rows the mean is 0/0 = NaN, as in F.cross_entropy
-    block = min(MEAN_BLOCK, triton.next_power_of_2(max(r, 1)))
+    block = min(MEAN_BLOCK, _next_pow2(max(r, 1)))
     _cross_entropy_mean_kernel[(1,)](losses, targets1, out, r, IGNORE_INDEX, BLOCK=block,
                                      num_warps=min(8, max(1, block // 128)))
     return out

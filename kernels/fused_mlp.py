@@ -205,10 +205,21 @@ def _sm_count(device_index: int) -> int:  # once per device: the query costs hos
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+@functools.cache
+def _capability_major(device_index: int) -> int:  # once per device: the query costs host time on every call
+    return torch.cuda.get_device_capability(device_index)[0]
+
+
+# Host-side integer helper in plain Python: triton.cdiv is a ConstexprFunction (triton 3.6), a few
+# microseconds per call from the host, which a launch-bound model pays on every call.
+def _cdiv(a: int, b: int) -> int:
+    return (a + b - 1) // b
+
+
 def _tma_ok(*tensors):
     """TMA needs a Hopper+ GPU, 16-byte aligned bases and rows, and a unit inner stride."""
     first = tensors[0]
-    if TensorDescriptor is None or not first.is_cuda or torch.cuda.get_device_capability(first.device)[0] < 9:
+    if TensorDescriptor is None or not first.is_cuda or _capability_major(first.get_device()) < 9:
         return False
     return all(t.stride(1) == 1 and _address(t) % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0
                for t in tensors)
@@ -231,23 +242,23 @@ def _gemm(a, a2, w1, w2, c, c2, gated, split_a, split_out):
     flags = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=GROUP_M, GATED=gated, SPLIT_A=split_a,
                  SPLIT_OUT=split_out, DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
                  num_warps=warps, num_stages=stages)  # tf32 is ignored for 16-bit inputs
-    tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
+    tiles = _cdiv(m, bm) * _cdiv(n, bn)
     large = 2 * m * n * k >= TMA_MIN_FLOPS
     if (VARIANT == "tma" or (VARIANT == "auto" and large)) and _tma_ok(a, a2, w1, w2, c, c2):
         descs = [TensorDescriptor.from_tensor(t, blk) for t, blk in
                  ((a, [bm, bk]), (a2, [bm, bk]), (w1, [bn, bk]), (w2, [bn, bk]), (c, [bm, bn]), (c2, [bm, bn]))]
-        programs = min(tiles, _sm_count(a.device.index if a.device.index is not None else torch.cuda.current_device()))
+        programs = min(tiles, _sm_count(a.get_device()))
         _mlp_gemm_tma_kernel[(programs,)](*descs, m, n, k, programs, **flags)
         return
     masked = m % bm != 0 or n % bn != 0 or k % bk != 0
-    _mlp_gemm_kernel[(tiles,)](a, a2, w1, w2, c, c2, m, n, k, a.stride(0), a.stride(1), w1.stride(0),
-                               w1.stride(1), c.stride(0), c.stride(1), MASKED=masked, **flags)
+    _mlp_gemm_kernel[(tiles,)](a, a2, w1, w2, c, c2, m, n, k, *a.stride(), *w1.stride(), *c.stride(),
+                               MASKED=masked, **flags)
 
 
 def kernel_fn(x, w_gate, w_up, w_down):
     hidden = x.shape[-1]
     inter = w_gate.shape[0]
-    x2 = x.reshape(-1, hidden)  # a view when the leading dims are contiguous, else a copy
+    x2 = x if x.dim() == 2 else x.reshape(-1, hidden)  # a view when the leading dims are contiguous, else a copy
     tokens = x2.shape[0]
     # The gated kernel walks w_gate and w_up with one set of strides; copy them only if those differ.
     if w_up.stride() != w_gate.stride():
@@ -259,4 +270,4 @@ def kernel_fn(x, w_gate, w_up, w_down):
     _gemm(x2, x2, w_gate, w_up, h, h_lo, gated=True, split_a=False, split_out=split)
     out = torch.empty((tokens, hidden), dtype=x.dtype, device=x.device)
     _gemm(h, h_lo, w_down, w_down, out, out, gated=False, split_a=split, split_out=False)
-    return out.view(*x.shape[:-1], hidden)
+    return out if x.dim() == 2 else out.view(*x.shape[:-1], hidden)  # (a view costs a dispatch)

@@ -162,7 +162,7 @@ def _auto_config(m, n, k, dtype, num_sms):
         return 16, 64, 128, 4, 4
     if m <= 64:
         return 64, 128, 64, 4, 4
-    if triton.cdiv(m, 128) * triton.cdiv(n, 256) < num_sms:  # too few big tiles to fill the GPU
+    if _cdiv(m, 128) * _cdiv(n, 256) < num_sms:  # too few big tiles to fill the GPU
         return 128, 128, 64, 8, 4
     # 128x256x64 with 3 stages: 144 KB of shared memory, 8 warps feeding two warpgroup MMAs
     return 128, 256, 64, 8, 3
@@ -185,9 +185,20 @@ def _sm_count(device_index: int) -> int:  # once per device: the query costs hos
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+@functools.cache
+def _capability_major(device_index: int) -> int:  # once per device: the query costs host time on every call
+    return torch.cuda.get_device_capability(device_index)[0]
+
+
+# Host-side integer helper in plain Python: triton.cdiv is a ConstexprFunction (triton 3.6), a few
+# microseconds per call from the host, which a launch-bound model pays on every call.
+def _cdiv(a: int, b: int) -> int:
+    return (a + b - 1) // b
+
+
 def _tma_ok(a, b, c):
     """TMA needs a Hopper+ GPU, 16-byte aligned bases and rows, and a unit inner stride."""
-    if TensorDescriptor is None or not a.is_cuda or torch.cuda.get_device_capability(a.device)[0] < 9:
+    if TensorDescriptor is None or not a.is_cuda or _capability_major(a.get_device()) < 9:
         return False
     b_rows = b if b.stride(1) == 1 else b.t()
     for t in (a, b_rows, c):
@@ -213,7 +224,7 @@ def _launch_tma(a, b, c, cfg, num_sms):
     a_desc = TensorDescriptor.from_tensor(a, [bm, bk])
     b_desc = TensorDescriptor.from_tensor(b.t(), [bn, bk]) if b_kmajor else TensorDescriptor.from_tensor(b, [bk, bn])
     c_desc = TensorDescriptor.from_tensor(c, [bm, bn])
-    programs = min(triton.cdiv(m, bm) * triton.cdiv(n, bn), num_sms * PROGRAMS_PER_SM)
+    programs = min(_cdiv(m, bm) * _cdiv(n, bn), num_sms * PROGRAMS_PER_SM)
     _matmul_tma_kernel[(programs,)](a_desc, b_desc, c_desc, m, n, k, programs,
                                     BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=GROUP_M, B_KMAJOR=b_kmajor,
                                     DOT_PRECISION=_dot_precision(a.dtype), num_warps=warps, num_stages=stages)
@@ -223,11 +234,10 @@ def _launch_pointers(a, b, c, cfg, num_sms, persistent):
     bm, bn, bk, warps, stages = cfg
     m, k = a.shape
     n = b.shape[1]
-    tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
+    tiles = _cdiv(m, bm) * _cdiv(n, bn)
     programs = min(tiles, num_sms * PROGRAMS_PER_SM) if persistent else tiles
     masked = m % bm != 0 or n % bn != 0 or k % bk != 0
-    _matmul_kernel[(programs,)](a, b, c, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-                                c.stride(0), c.stride(1), programs,
+    _matmul_kernel[(programs,)](a, b, c, m, n, k, *a.stride(), *b.stride(), *c.stride(), programs,
                                 BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=GROUP_M, PERSISTENT=persistent,
                                 MASKED=masked, DOT_PRECISION=_dot_precision(a.dtype),
                                 num_warps=warps, num_stages=stages)
@@ -239,7 +249,7 @@ def _dot_precision(dtype):
 
 def kernel_fn(A, B):
     k, n = B.shape
-    a = A.reshape(-1, k)  # a view when A's leading dims are contiguous, else a copy
+    a = A if A.dim() == 2 else A.reshape(-1, k)  # a view when A's leading dims are contiguous, else a copy
     c = torch.empty((a.shape[0], n), dtype=A.dtype, device=A.device)
     num_sms = _num_sms(A.device)
     cfg = _config(a.shape[0], n, k, A.dtype, num_sms)
@@ -252,4 +262,4 @@ def kernel_fn(A, B):
         _launch_tma(a, B, c, cfg, num_sms)
     else:
         _launch_pointers(a, B, c, cfg, num_sms, persistent=variant == "persistent")
-    return c.view(*A.shape[:-1], n)
+    return c if A.dim() == 2 else c.view(*A.shape[:-1], n)  # (a view costs a dispatch)

@@ -113,19 +113,29 @@ def _reduce_partials_kernel(part_ptr, out_ptr, M, n_splits, BLOCK_M: tl.constexp
     tl.store(out_ptr + rows, tl.sum(parts, axis=1).to(out_ptr.dtype.element_ty), mask=rows < M)
 
 
+# Host-side integer helpers in plain Python: triton.cdiv and triton.next_power_of_2 are ConstexprFunctions
+# (triton 3.6), a few microseconds per call from the host, which a launch-bound model pays on every call.
+def _cdiv(a: int, b: int) -> int:
+    return (a + b - 1) // b
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
 def _pow2_floor(n: int) -> int:
     return 1 << (max(1, n).bit_length() - 1)
 
 
 def _plan(m: int, n: int) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, splits, warps) for an [m, n] sum over rows."""
-    block_n = min(CHUNK, triton.next_power_of_2(n))
+    block_n = min(CHUNK, _next_pow2(n))
     rows = ROWS_PER_PROGRAM or max(1, min(TILE // block_n, _pow2_floor(m // MIN_PROGRAMS)))
     splits = 1
     # rows too wide for the persistent variant take the auto plan
-    if VARIANT == "split" or (VARIANT in ("auto", "persistent") and triton.cdiv(m, rows) < MIN_PROGRAMS):
-        chunks = triton.cdiv(n, block_n)
-        splits = min(chunks, SPLITS or triton.cdiv(MIN_PROGRAMS, triton.cdiv(m, rows)))
+    if VARIANT == "split" or (VARIANT in ("auto", "persistent") and _cdiv(m, rows) < MIN_PROGRAMS):
+        chunks = _cdiv(n, block_n)
+        splits = min(chunks, SPLITS or _cdiv(MIN_PROGRAMS, _cdiv(m, rows)))
     warps = NUM_WARPS or min(16, max(1, rows * block_n // ELEMENTS_PER_WARP))
     return rows, block_n, splits, warps
 
@@ -138,12 +148,12 @@ def _sm_count(device_index: int) -> int:
 def _persistent(x2, out) -> None:
     """Launch the persistent variant: tiles of whole rows, a grid of PROGRAMS_PER_SM per SM."""
     m, n = x2.shape
-    block_n = triton.next_power_of_2(n)
+    block_n = _next_pow2(n)
     programs = _sm_count(x2.device.index) * PROGRAMS_PER_SM if x2.is_cuda else CPU_PROGRAMS
     # as many rows as fit the tile, but keep at least one tile per program
     rows = ROWS_PER_PROGRAM or max(1, min(PERSISTENT_TILE // block_n, _pow2_floor(m // programs)))
     warps = NUM_WARPS or min(16, max(1, rows * block_n // ELEMENTS_PER_WARP))
-    _reduce_persistent_kernel[(min(programs, triton.cdiv(m, rows)),)](
+    _reduce_persistent_kernel[(min(programs, _cdiv(m, rows)),)](
         x2, out, m, n, x2.stride(0), BLOCK_M=rows, BLOCK_N=block_n, ACC_FP64=x2.dtype == torch.float32,
         NUM_STAGES=NUM_STAGES, num_warps=warps)
 
@@ -164,24 +174,24 @@ def kernel_fn(x, dim=-1):
         return out
     if n == 0:
         return out.fill_(0)
-    if VARIANT == "persistent" and triton.next_power_of_2(n) <= MAX_SINGLE_PASS:
+    if VARIANT == "persistent" and _next_pow2(n) <= MAX_SINGLE_PASS:
         _persistent(x2, out)
         return out
     rows, block_n, splits, warps = _plan(m, n)
-    grid = (triton.cdiv(m, rows), splits)
+    grid = (_cdiv(m, rows), splits)
     acc_fp64 = x.dtype == torch.float32
     if splits == 1:
         _reduce_kernel[grid](x2, out, m, n, x2.stride(0), n, 1, BLOCK_M=rows, BLOCK_N=block_n,
                              ACC_FP64=acc_fp64, num_warps=warps, num_stages=LOOP_STAGES)
         return out
     # each split covers whole chunks, so every column range but the last starts 16-byte aligned
-    span = triton.cdiv(triton.cdiv(n, splits), block_n) * block_n
-    splits = triton.cdiv(n, span)
+    span = _cdiv(_cdiv(n, splits), block_n) * block_n
+    splits = _cdiv(n, span)
     partial = torch.empty((m, splits), dtype=torch.float64 if acc_fp64 else torch.float32, device=x.device)
     _reduce_kernel[(grid[0], splits)](x2, partial, m, n, x2.stride(0), span, splits,
                                       BLOCK_M=rows, BLOCK_N=block_n, ACC_FP64=acc_fp64, num_warps=warps,
                                       num_stages=LOOP_STAGES)
-    block_m = min(128, triton.next_power_of_2(m))
-    _reduce_partials_kernel[(triton.cdiv(m, block_m),)](partial, out, m, splits, BLOCK_M=block_m,
-                                                        BLOCK_S=triton.next_power_of_2(splits))
+    block_m = min(128, _next_pow2(m))
+    _reduce_partials_kernel[(_cdiv(m, block_m),)](partial, out, m, splits, BLOCK_M=block_m,
+                                                        BLOCK_S=_next_pow2(splits))
     return out

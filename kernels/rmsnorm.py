@@ -115,6 +115,16 @@ def _pow2_floor(n: int) -> int:
     return 1 << (max(1, n).bit_length() - 1)
 
 
+# Host-side integer helpers in plain Python: triton.cdiv and triton.next_power_of_2 are ConstexprFunctions
+# (triton 3.6), a few microseconds per call from the host, which a launch-bound model pays on every call.
+def _cdiv(a: int, b: int) -> int:
+    return (a + b - 1) // b
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
 def _tile(m: int, block_n: int) -> tuple[int, int]:
     """(rows per program, warps) for tiles BLOCK_N columns wide."""
     rows = ROWS_PER_PROGRAM or max(1, min(TILE // block_n, _pow2_floor(m // MIN_PROGRAMS)))
@@ -127,42 +137,42 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def _persistent_plan(x2) -> tuple[int, int, int, int]:
-    """(rows per tile, BLOCK_N, warps, programs) for the persistent variant over rows of x2."""
-    m, n = x2.shape
-    block_n = triton.next_power_of_2(n)
+def _persistent_plan(x2, m: int, n: int) -> tuple[int, int, int, int]:
+    """(rows per tile, BLOCK_N, warps, programs) for the persistent variant over the m rows of x2."""
+    block_n = _next_pow2(n)
     programs = _sm_count(x2.device.index) * PROGRAMS_PER_SM if x2.is_cuda else CPU_PROGRAMS
     # pack short rows, but keep at least one tile per program
     rows = ROWS_PER_PROGRAM or max(1, min(TILE // block_n, _pow2_floor(m // programs)))
     warps = NUM_WARPS or min(16, max(1, rows * block_n // ELEMENTS_PER_WARP))
-    return rows, block_n, warps, min(programs, triton.cdiv(m, rows))
+    return rows, block_n, warps, min(programs, _cdiv(m, rows))
 
 
 def kernel_fn(x, weight, eps=1e-6):
     n = x.shape[-1]
-    x2 = x.reshape(-1, n)
+    # A contiguous x (the usual case) is launched as it is and out allocated like it: a reshape and a view
+    # cost a dispatch each, microseconds of host time per call that a launch-bound model pays in full.
+    x2 = x if x.is_contiguous() else x.reshape(-1, n)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     weight = weight.contiguous()
-    out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
-    m = x2.shape[0]
-    if m == 0 or n == 0:
+    out = torch.empty_like(x2)  # contiguous: x2 is, or its rows are unit-stride with gaps between them
+    stride_x = n if x2 is x else x2.stride(0)  # (a contiguous tensor's size-1 dims may carry any stride)
+    m = x2.numel() // n if n else 0
+    if m == 0:
         return out.view(x.shape)
-    full_row = triton.next_power_of_2(n)
+    full_row = _next_pow2(n)
     if VARIANT == "persistent" and full_row <= MAX_SINGLE_PASS:
-        rows, block_n, warps, programs = _persistent_plan(x2)
-        _rmsnorm_persistent_kernel[(programs,)](x2, weight, out, m, n, x2.stride(0), out.stride(0), eps,
+        rows, block_n, warps, programs = _persistent_plan(x2, m, n)
+        _rmsnorm_persistent_kernel[(programs,)](x2, weight, out, m, n, stride_x, n, eps,
                                                 BLOCK_M=rows, BLOCK_N=block_n, NUM_STAGES=NUM_STAGES,
                                                 num_warps=warps)
-        return out.view(x.shape)
-    single = VARIANT == "single_pass" or (VARIANT == "auto" and full_row <= MAX_SINGLE_PASS)
-    if single:
+    elif VARIANT == "single_pass" or (VARIANT == "auto" and full_row <= MAX_SINGLE_PASS):
         rows, warps = _tile(m, full_row)
-        _rmsnorm_kernel[(triton.cdiv(m, rows),)](x2, weight, out, m, n, x2.stride(0), out.stride(0), eps,
-                                                 BLOCK_M=rows, BLOCK_N=full_row, num_warps=warps)
+        _rmsnorm_kernel[(_cdiv(m, rows),)](x2, weight, out, m, n, stride_x, n, eps,
+                                           BLOCK_M=rows, BLOCK_N=full_row, num_warps=warps)
     else:
         block = min(CHUNK, full_row)
         warps = NUM_WARPS or min(16, max(1, block // LOOP_ELEMENTS_PER_WARP))
-        _rmsnorm_looped_kernel[(m,)](x2, weight, out, n, x2.stride(0), out.stride(0), eps,
+        _rmsnorm_looped_kernel[(m,)](x2, weight, out, n, stride_x, n, eps,
                                      BLOCK_N=block, num_warps=warps, num_stages=LOOP_STAGES)
-    return out.view(x.shape)
+    return out if x2 is x else out.view(x.shape)

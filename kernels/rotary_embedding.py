@@ -121,15 +121,24 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+# Host-side integer helpers in plain Python: triton.cdiv and triton.next_power_of_2 are ConstexprFunctions
+# (triton 3.6), a few microseconds per call from the host, which a launch-bound model pays on every call.
+def _cdiv(a: int, b: int) -> int:
+    return (a + b - 1) // b
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
 def _launch_persistent(x4, cos2, sin2, out, block_s, block_half, warps) -> None:
     bsz, heads, s, d = x4.shape
     group = HEAD_GROUP or heads
-    items = bsz * triton.cdiv(s, block_s) * triton.cdiv(heads, group)
+    items = bsz * _cdiv(s, block_s) * _cdiv(heads, group)
     programs = _sm_count(x4.device.index) * PROGRAMS_PER_SM if x4.is_cuda else CPU_PROGRAMS
     _rotary_embedding_persistent_kernel[(min(programs, items),)](
         x4, cos2, sin2, out, bsz, heads, s, group,
-        x4.stride(0), x4.stride(1), x4.stride(2), cos2.stride(0), sin2.stride(0),
-        out.stride(0), out.stride(1), out.stride(2),
+        *x4.stride()[:3], cos2.stride(0), sin2.stride(0), *out.stride()[:3],
         HALF=d // 2, BLOCK_S=block_s, BLOCK_HALF=block_half, NUM_STAGES=NUM_STAGES, num_warps=warps)
 
 
@@ -142,31 +151,34 @@ def _as_bhsd(x):
     return x
 
 
+def _table(t, s, half):
+    """cos or sin as [S, D/2] with unit-stride rows; a 2-D table (the usual case) as it is, without a reshape's
+    dispatch (host time a launch-bound model pays on every call)."""
+    t2 = t if t.dim() == 2 else t.reshape(s, half)
+    return t2 if t2.stride(-1) == 1 else t2.contiguous()
+
+
 def kernel_fn(x, cos, sin):
     *_, s, d = x.shape
     half = d // 2
     x4 = _as_bhsd(x)
     if x4.stride(-1) != 1:
         x4 = x4.contiguous()
-    cos2, sin2 = cos.reshape(s, half), sin.reshape(s, half)
-    if cos2.stride(-1) != 1:
-        cos2 = cos2.contiguous()
-    if sin2.stride(-1) != 1:
-        sin2 = sin2.contiguous()
-    out = torch.empty(x4.shape, dtype=x.dtype, device=x.device)
+    cos2, sin2 = _table(cos, s, half), _table(sin, s, half)
+    # the output is contiguous whatever x's layout (the reference's); empty_like is the cheaper call
+    out = torch.empty_like(x4) if x4.is_contiguous() else torch.empty(x4.shape, dtype=x.dtype, device=x.device)
     bsz, heads = x4.shape[0], x4.shape[1]
     if out.numel() == 0:
         return out.view(x.shape)
-    block_half = triton.next_power_of_2(half)
-    block_s = BLOCK_S or max(1, min(TILE // (2 * block_half), triton.next_power_of_2(s)))
+    block_half = _next_pow2(half)
+    block_s = BLOCK_S or max(1, min(TILE // (2 * block_half), _next_pow2(s)))
     warps = NUM_WARPS or min(16, max(1, 2 * block_s * block_half // ELEMENTS_PER_WARP))
     if VARIANT == "persistent":
         _launch_persistent(x4, cos2, sin2, out, block_s, block_half, warps)
-        return out.view(x.shape)
-    grid = (triton.cdiv(s, block_s), bsz * triton.cdiv(heads, HEADS_PER_PROGRAM))
-    _rotary_embedding_kernel[grid](
-        x4, cos2, sin2, out, heads, s,
-        x4.stride(0), x4.stride(1), x4.stride(2), cos2.stride(0), sin2.stride(0),
-        out.stride(0), out.stride(1), out.stride(2),
-        HALF=half, BLOCK_S=block_s, BLOCK_HALF=block_half, HEADS=HEADS_PER_PROGRAM, num_warps=warps)
-    return out.view(x.shape)
+    else:
+        grid = (_cdiv(s, block_s), bsz * _cdiv(heads, HEADS_PER_PROGRAM))
+        _rotary_embedding_kernel[grid](
+            x4, cos2, sin2, out, heads, s,  # (one stride() call per tensor: each call costs host time)
+            *x4.stride()[:3], cos2.stride(0), sin2.stride(0), *out.stride()[:3],
+            HALF=half, BLOCK_S=block_s, BLOCK_HALF=block_half, HEADS=HEADS_PER_PROGRAM, num_warps=warps)
+    return out if x.dim() == 4 else out.view(x.shape)

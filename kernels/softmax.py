@@ -107,6 +107,16 @@ def _softmax_online_kernel(x_ptr, out_ptr, N, stride_x, stride_out, BLOCK_N: tl.
         tl.store(out_row + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+# Host-side integer helpers in plain Python: triton.cdiv and triton.next_power_of_2 are ConstexprFunctions
+# (triton 3.6), a few microseconds per call from the host, which a launch-bound model pays on every call.
+def _cdiv(a: int, b: int) -> int:
+    return (a + b - 1) // b
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
 def _pow2_floor(n: int) -> int:
     return 1 << (max(1, n).bit_length() - 1)
 
@@ -126,12 +136,12 @@ def _sm_count(device_index: int) -> int:
 def _persistent_plan(x2) -> tuple[int, int, int, int]:
     """(rows per tile, BLOCK_N, warps, programs) for the persistent variant over rows of x2."""
     m, n = x2.shape
-    block_n = triton.next_power_of_2(n)
+    block_n = _next_pow2(n)
     programs = _sm_count(x2.device.index) * PROGRAMS_PER_SM if x2.is_cuda else CPU_PROGRAMS
     # pack short rows, but keep at least one tile per program
     rows = ROWS_PER_PROGRAM or max(1, min(TILE // block_n, _pow2_floor(m // programs)))
     warps = NUM_WARPS or min(16, max(1, rows * block_n // ELEMENTS_PER_WARP))
-    return rows, block_n, warps, min(programs, triton.cdiv(m, rows))
+    return rows, block_n, warps, min(programs, _cdiv(m, rows))
 
 
 def kernel_fn(x):
@@ -143,7 +153,7 @@ def kernel_fn(x):
     m = x2.shape[0]
     if m == 0 or n == 0:
         return out.view(x.shape)
-    full_row = triton.next_power_of_2(n)
+    full_row = _next_pow2(n)
     if VARIANT == "persistent" and full_row <= MAX_SINGLE_PASS:
         rows, block_n, warps, programs = _persistent_plan(x2)
         _softmax_persistent_kernel[(programs,)](x2, out, m, n, x2.stride(0), out.stride(0), BLOCK_M=rows,
@@ -152,7 +162,7 @@ def kernel_fn(x):
     single = VARIANT == "single_pass" or (VARIANT == "auto" and full_row <= MAX_SINGLE_PASS)
     if single:
         rows, warps = _tile(m, full_row)
-        _softmax_kernel[(triton.cdiv(m, rows),)](x2, out, m, n, x2.stride(0), out.stride(0),
+        _softmax_kernel[(_cdiv(m, rows),)](x2, out, m, n, x2.stride(0), out.stride(0),
                                                  BLOCK_M=rows, BLOCK_N=full_row, num_warps=warps)
     else:
         block = min(CHUNK, full_row)

@@ -5,8 +5,9 @@
 For each starter at a model shape, host microseconds per call (timing.host_cost_us: calls enqueued
 without a sync) of: the whole op call, kernel_fn as optimize() plugs it in (replayed, autokernel/replay.py),
 kernel_fn with FastLaunch alone, kernel_fn as the harness calls it (JITFunction.run), kernel_fn with its launches replaced by a no-op (the wrapper's
-own torch calls), and each recorded launch alone through JITFunction.run, FastLaunch, CompiledKernel[grid]
-and the compiled launcher called straight (compiled.run with the stream and metadata fetched once).
+own torch calls), and each recorded launch alone through JITFunction.run, FastLaunch, CompiledKernel[grid],
+the compiled launcher called straight (compiled.run with the stream and metadata fetched once), what a
+FastLaunch hit calls (`hit_launcher`: CudaLauncher's C entry on triton 3.5-3.6) and its key alone (`hit_key`).
 Beside them, the floor of this host: a Python call, torch.empty_like, torch.add. Issue 17's target is
 10 us for the whole op call.
 """
@@ -63,7 +64,8 @@ def launch_rows(kernel, grid, args, kwargs) -> dict:
     rows["fastlaunch_cached"] = len(fast.cache)
     if not callable(getattr(compiled, "__getitem__", None)) or not isinstance(grid, tuple):
         return rows
-    full = (*args, *(kwargs.get(n, d) for n, d in fast.params[len(args):]))
+    rest = zip(fast.names[len(args):], fast.defaults[len(args):])
+    full = (*args, *(kwargs.get(n, d) for n, d in rest))
     g = (*grid, 1, 1)[:3]
     rows["compiled_getitem"] = host(lambda: compiled[g](*full), ())
     run, function, meta = compiled.run, compiled.function, compiled.packed_metadata
@@ -73,6 +75,12 @@ def launch_rows(kernel, grid, args, kwargs) -> dict:
     raw_stream = torch._C._cuda_getCurrentRawStream
     rows["compiled_run_stream_lookup"] = host(
         lambda: run(g[0], g[1], g[2], raw_stream(0), function, meta, None, None, None, *full), ())
+    # what a FastLaunch hit calls: CudaLauncher.launch itself where compat models it (triton 3.5-3.6), else .run
+    launch, head = compat.launcher(compiled, compat.triton_version())
+    rows["hit_launcher"] = host(lambda: launch(*g, raw_stream(0), *head, *full), ())
+    rows["hit_launcher_is_c_entry"] = launch is not run
+    key = fast.arg_key
+    rows["hit_key"] = host(lambda: (0, grid, tuple(map(key, args)), tuple(kwargs.items())), ())
     return rows
 
 

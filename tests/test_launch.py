@@ -11,15 +11,21 @@ from autokernel import compat, launchers, replay
 
 
 class StandIn:
-    """What FastLaunch needs of a JITFunction: .fn's signature, and kernel[grid](...) returning a compiled kernel."""
+    """What FastLaunch needs of a JITFunction: .fn's signature, .constexprs, and kernel[grid](...) launching and
+    returning a compiled kernel whose launcher (.run) records what a hit hands it."""
 
     def __init__(self):
         self.slow, self.fast = [], []
+        self.constexprs = [4, 5]  # BLOCK, EVEN
+        self.used_global_vals = {}
         outer = self
 
         class Compiled:
-            def __getitem__(self, grid):
-                return lambda *args: outer.fast.append((grid, args))
+            function, packed_metadata = "function-handle", ("warps", "ctas", "shared")
+
+            @staticmethod
+            def run(*args):
+                outer.fast.append(args)
 
         self.compiled = Compiled()
 
@@ -35,28 +41,155 @@ class StandIn:
         return run
 
 
-def test_a_known_call_pattern_launches_the_compiled_kernel_in_parameter_order():
+STREAM = 0xABC  # the raw stream the stand-in context reports for every device
+
+
+@pytest.fixture
+def launch_context(monkeypatch):
+    """FastLaunch's view of CUDA on a CPU: device 0 (switchable), one stream; Triton's real hook probe and key."""
+    device = [0]
+    real = compat._launch_context
+
+    def context():
+        _, _, hooked, arg_key = real()
+        return (lambda: device[0]), (lambda index: STREAM + index), hooked, arg_key
+
+    monkeypatch.setattr(compat, "_launch_context", context)
+    return device
+
+
+def hit_args(kernel: StandIn, index: int = -1) -> tuple:
+    """The kernel's own arguments of a recorded hit (after grid, stream, function and metadata)."""
+    return kernel.fast[index][9:]
+
+
+def test_a_known_call_pattern_calls_the_launcher_straight(launch_context):
     kernel = StandIn()
     launch = compat.FastLaunch(kernel)
     x, out = torch.zeros(64), torch.zeros(64)
     launch[(4,)](x, out, 64, 1e-6, BLOCK=32, num_warps=4)
     launch[(4,)](x, out, 64, 1e-5, BLOCK=32, num_warps=4)  # another eps: floats are not specialized on
-    assert len(kernel.slow) == 1 and kernel.fast == [((4, 1, 1), (x, out, 64, 1e-5, 32, False))]
-    launch[(4,)](x, out, 65, 1e-5, BLOCK=32, num_warps=4)  # another n: Triton may specialize it, so recompile
-    launch[(4,)](x.half(), out.half(), 64, 1e-5, BLOCK=32, num_warps=4)  # another dtype
-    launch[(4,)](x[1:], out, 63, 1e-5, BLOCK=32, num_warps=4)  # a pointer that is no longer 16-byte aligned
-    launch[(4,)](x, out, 64, 1e-5, BLOCK=32, num_warps=8)  # another launch option
-    assert len(kernel.slow) == 5 and len(kernel.fast) == 1
+    assert len(kernel.slow) == 1
+    assert kernel.fast == [(4, 1, 1, STREAM, "function-handle", ("warps", "ctas", "shared"), None, None, None,
+                            x, out, 64, 1e-5, 32, False)]  # no launch metadata or hooks; defaults filled in
+    y = torch.zeros(64)
+    launch[(4,)](y, out, 64, 1e-5, BLOCK=32, num_warps=4)  # other tensors of the same dtype and alignment
+    assert len(kernel.slow) == 1 and hit_args(kernel)[0] is y
 
 
-def test_arguments_it_does_not_model_always_take_the_slow_path():
+@pytest.mark.parametrize("change", ["dtype", "misaligned", "n=1", "n=16", "n=17", "constexpr", "bool",
+                                    "option", "grid", "device"])
+def test_anything_triton_specializes_on_is_a_miss(launch_context, change):
+    kernel = StandIn()
+    launch = compat.FastLaunch(kernel)
+    x, out = torch.zeros(64), torch.zeros(64)
+    args, kwargs, grid = [x, out, 32, 1e-5], {"BLOCK": 32, "num_warps": 4}, (4,)
+    launch[grid](*args, **kwargs)
+    if change == "dtype":
+        args[0] = x.half()
+    elif change == "misaligned":
+        args[0] = x[1:]  # 4 bytes past a 16-byte boundary
+    elif change.startswith("n="):
+        args[2] = int(change[2:])  # Triton specializes ints equal to 1 and multiples of 16
+    elif change == "constexpr":
+        kwargs["BLOCK"] = 64
+    elif change == "bool":
+        kwargs["EVEN"] = True
+    elif change == "option":
+        kwargs["num_warps"] = 8
+    elif change == "grid":
+        grid = (8,)
+    elif change == "device":
+        launch_context[0] = 1  # another current device: another compiled module
+    launch[grid](*args, **kwargs)
+    assert len(kernel.slow) == 2 and kernel.fast == []
+    launch[grid](*args, **kwargs)  # the new pattern is cached in turn
+    assert len(kernel.slow) == 2 and len(kernel.fast) == 1
+
+
+def test_an_int_is_never_a_bool_and_a_positional_constexpr_is_keyed_by_value(launch_context):
+    kernel = StandIn()
+    launch = compat.FastLaunch(kernel)
+    x = torch.zeros(64)
+    launch[(1,)](x, x, 1, 1.0)
+    launch[(1,)](x, x, True, 1.0)  # True == 1 in Python, an i1 in Triton
+    launch[(1,)](x, x, 8, 1.0, 32)  # BLOCK given by position
+    launch[(1,)](x, x, 8, 1.0, 64)
+    assert len(kernel.slow) == 4 and kernel.fast == []
+    launch[(1,)](x, x, 8, 1.0, 64)
+    assert hit_args(kernel) == (x, x, 8, 1.0, 64, False)
+
+
+def test_a_launch_hook_sends_every_launch_through_triton(launch_context, monkeypatch):
+    from triton import knobs
+
+    kernel = StandIn()
+    launch = compat.FastLaunch(kernel)
+    x = torch.zeros(64)
+    launch[(1,)](x, x, 8, 1.0)
+    launch[(1,)](x, x, 8, 1.0)
+    assert len(kernel.fast) == 1
+    hook = knobs.runtime.launch_enter_hook
+    if hasattr(hook, "add"):  # a HookChain (triton >= 3.5), as a profiler's hook.add(f) leaves it
+        monkeypatch.setattr(hook, "calls", [print])
+    else:
+        monkeypatch.setattr(knobs.runtime, "launch_enter_hook", print)
+    launch[(1,)](x, x, 8, 1.0)
+    assert len(kernel.slow) == 2 and len(kernel.fast) == 1
+
+
+def test_what_it_does_not_model_always_takes_the_slow_path(launch_context):
     kernel = StandIn()
     launch = compat.FastLaunch(kernel)
     unknown = object()  # an argument type Triton may specialize in ways this cache does not know
+    x = torch.zeros(8)
     for _ in range(2):
         launch[(1,)](unknown, unknown, 8, 1.0)
-        launch[lambda meta: (1,)](torch.zeros(8), torch.zeros(8), 8, 1.0)  # a grid function
-    assert len(kernel.slow) == 4 and kernel.fast == []
+        launch[lambda meta: (1,)](x, x, 8, 1.0)  # a grid function
+        launch[(1,)](x, out_ptr=x, n=8, eps=1.0)  # a tensor by keyword: its pointer changes per call
+    assert len(kernel.slow) == 6 and kernel.fast == []
+    assert not launch.cache
+
+
+def test_a_changed_global_of_the_kernel_goes_back_to_triton(launch_context):
+    kernel = StandIn()
+    scope = {"SCALE": 2}
+    kernel.used_global_vals = {("SCALE", id(scope)): (2, scope)}
+    launch = compat.FastLaunch(kernel)
+    x = torch.zeros(8)
+    launch[(1,)](x, x, 8, 1.0)
+    launch[(1,)](x, x, 8, 1.0)
+    scope["SCALE"] = 3  # Triton's own path raises for this
+    launch[(1,)](x, x, 8, 1.0)
+    assert len(kernel.slow) == 2 and len(kernel.fast) == 1
+
+
+def test_a_scratch_free_cuda_launcher_of_triton_3_6_is_called_at_its_c_entry():
+    calls = []
+
+    class CudaLauncher:  # triton 3.6's backends/nvidia/driver.py: __call__ allocates scratch, then calls launch
+        global_scratch_size = profile_scratch_size = 0
+        launch_cooperative_grid, launch_pdl = False, True
+
+        def launch(self, *args):
+            calls.append(args)
+
+    class Compiled:
+        run, function, packed_metadata = CudaLauncher(), "fn", (4, 1, 0)
+
+    run, head = compat.launcher(Compiled(), (3, 6))
+    run(1, 2, 3, STREAM, *head, "x")
+    assert calls == [(1, 2, 3, STREAM, "fn", False, True, None, None, (4, 1, 0), None, None, None, "x")]
+    assert compat.launcher(Compiled(), (3, 9))[0] is Compiled.run  # another release: its __call__
+    Compiled.run.global_scratch_size = 128
+    assert compat.launcher(Compiled(), (3, 6))[0] is Compiled.run  # scratch to allocate: its __call__
+
+
+def test_only_modelled_triton_releases_get_cheap_launches(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    for version, enabled in (((3, 2), False), ((3, 3), True), ((3, 6), True), ((3, 9), True), ((3, 10), False)):
+        monkeypatch.setattr(compat, "triton_version", lambda v=version: v)
+        assert compat.fast_launch_enabled() is enabled, version
 
 
 class Descriptor:  # the fields of triton.tools.tensor_descriptor.TensorDescriptor the key reads
@@ -64,7 +197,7 @@ class Descriptor:  # the fields of triton.tools.tensor_descriptor.TensorDescript
         self.base, self.shape, self.strides, self.block_shape = base, base.shape, base.stride(), block_shape
 
 
-def test_tma_descriptors_are_keyed_by_base_shape_and_block():
+def test_tma_descriptors_are_keyed_by_base_shape_and_block(launch_context):
     kernel = StandIn()
     launch = compat.FastLaunch(kernel)
     a, b = torch.zeros(64, 32), torch.zeros(64, 32)

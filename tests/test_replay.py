@@ -175,11 +175,19 @@ def test_a_pointer_into_memory_that_two_inputs_share_is_not_replayed():
     assert len(module.CALLS) == 2
 
 
-def test_a_launch_hook_sends_calls_through_the_kernel_file(monkeypatch):
+def test_a_launch_hook_sends_calls_through_the_kernel_file():
+    from triton import knobs
+
     module = kernel_module()
     fn = replayed(module)
     fn(torch.randn(2, 8), 3.0)
-    monkeypatch.setattr(compat, "launch_hooks_set", lambda: True)  # a profiler wants to see every launch
-    x = torch.randn(2, 8)
-    assert torch.equal(fn(x, 3.0), x * 3.0)
+    profiler = lambda metadata: None  # noqa: E731  (a profiler wants to see every launch)
+    knobs.runtime.launch_enter_hook.add(profiler)
+    try:
+        x = torch.randn(2, 8)
+        assert torch.equal(fn(x, 3.0), x * 3.0)
+    finally:
+        knobs.runtime.launch_enter_hook.remove(profiler)
+    assert len(module.CALLS) == 2
+    fn(x, 3.0)
     assert len(module.CALLS) == 2

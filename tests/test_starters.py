@@ -7,6 +7,7 @@ shape sweep.
 from pathlib import Path
 
 import pytest
+import torch
 
 from autokernel.registry import kernel_types
 from autokernel.runner import run_bench
@@ -33,3 +34,34 @@ def test_starter_passes_the_harness_on_the_cpu(kernel_type):
 @pytest.mark.parametrize("kernel_type", STARTERS)
 def test_starter_passes_the_harness_on_the_gpu(kernel_type):
     _assert_passes(run_bench(ROOT / "kernels" / f"{kernel_type}.py", device="cuda", timed=False))
+
+
+# Layouts the starters launch without a copy or a reshape where they can (host time per call): each gives the
+# reference's output, contiguous. Size-1 dims (any stride), row gaps, transposed views, extra leading dims.
+LAYOUTS = {
+    "rmsnorm": [lambda: (torch.randn(37, 96), torch.randn(96)),
+                lambda: (torch.randn(4, 1, 48).expand(4, 3, 48), torch.randn(48)),
+                lambda: (torch.randn(1, 4, 48).transpose(0, 1), torch.randn(48)),  # contiguous, dim 1 strided 192
+                lambda: (torch.randn(6, 100)[:, :80], torch.randn(80)),
+                lambda: (torch.randn(2, 7, 64).transpose(0, 1), torch.randn(64)),
+                lambda: (torch.randn(64), torch.randn(64))],
+    "rotary_embedding": [lambda: (torch.randn(2, 3, 10, 16), torch.randn(10, 8), torch.randn(10, 8)),
+                         lambda: (torch.randn(2, 10, 3, 16).transpose(1, 2), torch.randn(10, 8), torch.randn(10, 8)),
+                         lambda: (torch.randn(10, 16), torch.randn(8, 10).t(), torch.randn(8, 10).t()),
+                         lambda: (torch.randn(2, 2, 3, 10, 16), torch.randn(1, 1, 10, 8), torch.randn(1, 1, 10, 8))],
+    "matmul": [lambda: (torch.randn(37, 24), torch.randn(24, 40)),
+               lambda: (torch.randn(2, 5, 24), torch.randn(40, 24).t())],
+}
+
+
+@pytest.mark.parametrize("kernel_type,case", [(t, i) for t, cases in LAYOUTS.items() for i in range(len(cases))])
+def test_starters_give_the_reference_on_every_layout(kernel_type, case):
+    from autokernel.kernelfile import import_kernel
+    from autokernel.registry import get_spec
+
+    torch.manual_seed(case)
+    args = LAYOUTS[kernel_type][case]()
+    got = import_kernel(ROOT / "kernels" / f"{kernel_type}.py").kernel_fn(*args)
+    assert got.is_contiguous()
+    atol, rtol = get_spec(kernel_type).tolerance(torch.float32)
+    torch.testing.assert_close(got, get_spec(kernel_type).reference(*args), atol=atol, rtol=rtol)
