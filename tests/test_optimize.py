@@ -242,5 +242,5 @@ def test_a_mode_that_computes_something_else_is_not_timed(llama):
     ids = torch.randint(0, llama.config.vocab_size, (1, 16))
     with torch.no_grad():
         assert endtoend.wrong_output(llama, llama, (ids,)) is None
-        wrong = endtoend.wrong_output(lambda i: llama(i).logits * 0, llama, (ids,))
+        wrong = endtoend.wrong_output(lambda i: endtoend.main_output(llama(i)) * 0, llama, (ids,))
     assert wrong.startswith("wrong output in this mode (relative L2 error 1")
