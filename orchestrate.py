@@ -66,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "(default: its Amdahl share of the time left, anew each round)")
     run.add_argument("--max-reverts", type=int, default=5,
                      help="park a kernel after this many reverts in a row: the next kernel goes on, and "
-                          "parked kernels go round again while time is left (default 5)")
+                          "parked kernels go round again while time is left")
     run.add_argument("--target-speedup", type=float, default=2.0, help="a kernel is done at this speedup over baseline")
     run.add_argument("--target-pct-peak", type=float, default=90.0, help="a kernel is done at this %% of the roofline")
     run.add_argument("--min-gain", type=float, default=1.0, help="keep only if faster by more than this %%")
