@@ -62,10 +62,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--api-key-env", default="OPENAI_API_KEY", help="openai agent: env var with the key")
     run.add_argument("--hours", type=float, default=8.0, help="wall-clock budget of this run (default 8)")
     run.add_argument("--max-experiments", type=int, help="stop after this many benches in this run")
-    run.add_argument("--per-kernel-minutes", type=float, help="budget per kernel (default: hours / kernels)")
-    run.add_argument("--max-reverts", type=int, default=5, help="move on after this many reverts in a row")
-    run.add_argument("--target-speedup", type=float, default=2.0, help="move on at this speedup over baseline")
-    run.add_argument("--target-pct-peak", type=float, default=90.0, help="move on at this %% of the roofline")
+    run.add_argument("--per-kernel-minutes", type=float, help="minutes per kernel, after which it is done "
+                     "(default: its Amdahl share of the time left, anew each round)")
+    run.add_argument("--max-reverts", type=int, default=5,
+                     help="park a kernel after this many reverts in a row: the next kernel goes on, and "
+                          "parked kernels go round again while time is left")
+    run.add_argument("--target-speedup", type=float, default=2.0, help="a kernel is done at this speedup over baseline")
+    run.add_argument("--target-pct-peak", type=float, default=90.0, help="a kernel is done at this %% of the roofline")
     run.add_argument("--min-gain", type=float, default=1.0, help="keep only if faster by more than this %%")
     cli.add_device_argument(run)
     run.add_argument("--quick", action="store_true", help="fewer shapes per harness stage")
@@ -214,7 +217,7 @@ def cmd_next(args, root: Path) -> int:
         return 0
     state = StateFile(root, args.tag).read()
     jobs = state["jobs"] if state else load_jobs(root, args.plan, None)
-    job = next_job(jobs)
+    job = next_job(jobs) or next_job([dict(j, status="pending") for j in jobs if j["status"] == "parked"])
     if job is None:
         print(f"tag {args.tag}: every kernel is done")
         return 0

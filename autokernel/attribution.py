@@ -98,6 +98,7 @@ class Group:
     members: list = field(default_factory=list)
     time_us: float = 0.0
     label: str = ""  # for "other": the op that spent the time
+    shape: dict | None = None  # set where attribution reads it itself (rotary_embedding: one per tensor rotated)
 
 
 def attribute(ops: list[Op]) -> list[Group]:
@@ -115,7 +116,12 @@ def attribute(ops: list[Op]) -> list[Group]:
             group = groups[key] = Group(type_, anchor, label=label)
         group.members.append(i)
         group.time_us += op.self_us
-    return list(groups.values())
+    children = defaultdict(list)
+    for i, op in enumerate(ops):
+        if op.parent is not None:
+            children[op.parent].append(i)
+    return [call for g in groups.values()
+            for call in (_rotary_calls(g, ops, children) if g.type == "rotary_embedding" else [g])]
 
 
 class _Chains:
@@ -156,10 +162,10 @@ def _classify(i, ops, chains, gated, rms):
                 break
             if t:
                 return t, ("module", j), j, ""
-    for j in chain:
-        t = _function_type(ops[j])
-        if t:
-            return t, ("function", j), j, ""
+    functions = [j for j in chain if _function_type(ops[j])]
+    if functions:  # the outermost: rotate_half(q) belongs to the apply_rotary_pos_emb(q, k) around it
+        j = functions[-1]
+        return _function_type(ops[j]), ("function", j), j, ""
     for frame in ops[i].frames:
         t = _function_name_type(frame)
         if t:
@@ -260,11 +266,52 @@ def group_shape(group: Group, ops: list[Op]) -> dict | None:
         if anchor.kind == "module" and group.type in ("rmsnorm", "layernorm") and anchor.module["input_shape"]:
             return _rows(anchor.module["input_shape"])
         if group.type == "rotary_embedding":
-            first_4d = next((s for i in group.members for s in ops[i].shapes[:1] if len(s) == 4), None)
-            return dict(zip("BHSD", first_4d)) if first_4d else None
+            return group.shape
         return SHAPERS[group.type](anchor) if group.type in SHAPERS and anchor.kind == "op" else None
     except (IndexError, TypeError, ValueError, KeyError):
         return None  # an op recorded without shapes: its time still counts
+
+
+def _rotary_calls(group: Group, ops: list[Op], children: dict) -> list[Group]:
+    """A rotary group as one call per tensor it rotates, each with that tensor's [B, H, S, D] as its shape.
+
+    One function often rotates two tensors of different head counts: HF's apply_rotary_pos_emb(q, k)
+    does q * cos + rotate_half(q) * sin, and the same for k (GQA: fewer heads). Each rotary function
+    nested inside (rotate_half(q), rotate_half(k)) is one tensor; without any, each distinct tensor
+    is. A tensor is the widest 4-D operand inside: the halves a rotate-half slices out are narrower,
+    and the cos/sin tables it broadcasts against hold fewer elements. The group's time is shared by
+    the calls in proportion to their elements."""
+    inner = [j for j in _subtree(group.anchor, children)[1:] if _function_type(ops[j])]
+    leaves = [j for j in inner if not any(_function_type(ops[k]) for k in _subtree(j, children)[1:])]
+    found = [shape for j in leaves for shape in _rotated(j, ops, children)[:1]] or \
+        _rotated(group.anchor, ops, children)
+    if not found:
+        return [group]
+    total = sum(math.prod(shape) for shape in found)
+    return [Group(group.type, group.anchor, list(group.members), group.time_us * math.prod(shape) / total,
+                  shape=dict(zip("BHSD", shape))) for shape in found]
+
+
+def _rotated(root: int, ops: list[Op], children: dict) -> list[tuple]:
+    """The distinct widest 4-D tensors the ops under `root` take, leaving out broadcast partners."""
+    shapes = []
+    for i in _subtree(root, children):
+        four_d = [tuple(s) for s in ops[i].shapes if isinstance(s, (list, tuple)) and len(s) == 4]
+        shapes += [s for s in four_d if not any(o[-1] == s[-1] and math.prod(o) > math.prod(s) for o in four_d)]
+    if not shapes:
+        return []
+    width = max(s[-1] for s in shapes)
+    return list(dict.fromkeys(s for s in shapes if s[-1] == width))
+
+
+def _subtree(root: int, children: dict) -> list[int]:
+    """root and every op under it, in order."""
+    out, todo = [], [root]
+    while todo:
+        i = todo.pop()
+        out.append(i)
+        todo.extend(reversed(children.get(i, ())))
+    return out
 
 
 def _rows(shape) -> dict:

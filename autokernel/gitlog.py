@@ -69,6 +69,10 @@ class GitLog:
     def file_at(self, sha: str, path: str) -> str:
         return self.repo.git.show(f"{sha}:{path}")
 
+    def blob(self, sha: str, path: str) -> str:
+        """The id of `path`'s content at `sha` (equal ids: the same bytes)."""
+        return self.repo.git.rev_parse(f"{sha}:{path}")
+
     def log(self, ref: str = "HEAD", limit: int = 200) -> list[tuple[str, str]]:
         """(sha, subject) from newest to oldest."""
         return [(c.hexsha, c.summary) for c in self.repo.iter_commits(ref, max_count=limit)]

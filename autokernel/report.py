@@ -234,6 +234,11 @@ def shell_line(cmd: list[str]) -> str:
     return shlex.join(["python", *cmd[1:]])
 
 
+def state_text(status: str, reason: str) -> str:
+    """A kernel's state as the report and the loop say it: "parked (5 reverts in a row)", "done (...)"."""
+    return f"{status} ({reason})" if reason else status
+
+
 def report_table(summaries: list[dict], tag: str):
     from rich.table import Table
 
@@ -246,7 +251,7 @@ def report_table(summaries: list[dict], tag: str):
         table.add_row(escape(s["kernel"]), f"{s['f']:.1%}" if s["f"] else "-",
                       "in model" if s["in_model"] else "one call", format_us(s["baseline_us"]),
                       format_us(s["best_us"]), gain, format_x(s["best_vs_pytorch"]), format_us(s["host_us"]),
-                      str(s["runs"]), str(s["kept"]), escape(f"{s['status']} {s['reason']}".strip()))
+                      str(s["runs"]), str(s["kept"]), escape(state_text(s["status"], s["reason"])))
     return table
 
 

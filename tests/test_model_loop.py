@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_orchestrate import FAKE_KERNEL, FakeBench, git_env, make_repo, repo_files, rows
+from test_orchestrate import FAKE_KERNEL, FakeBench, Lines, git_env, make_repo, repo_files, rows
 
 from autokernel import report, sourcecheck
 from autokernel.agents import make_agent
@@ -58,19 +58,6 @@ def model_bench(path, **options) -> dict:
             "model_us": model_us, "model_noise_pct": 0.5, "model_vs_pytorch": eager / model_us, "host_us": 5.0,
             "model_host_us": 5.0 * sum(decl["MODEL_CALLS"]), "model_timing": "cuda_graph", "model_shapes": shapes,
             "log": f"---\nmodel_us: {model_us}\n"}
-
-
-class Lines:
-    """A ui that keeps what the loop says, as plain strings."""
-
-    def __init__(self):
-        self.lines = []
-
-    def print(self, text):
-        self.lines.append(text)
-
-    def status(self, text):
-        pass
 
 
 @pytest.fixture
@@ -188,6 +175,15 @@ def test_the_builtin_agent_ends_with_a_per_shape_table_kept_only_when_faster(rep
     assert loop.state.jobs[0]["finale_done"] and why == "every kernel is done"
 
 
+def test_a_run_that_ends_with_its_kernel_parked_still_ends_with_the_per_shape_table(repo):
+    loop, why = run_model_loop(repo, [10, 1], max_experiments=3)  # the last bench left goes to the finale
+    log = rows(repo)
+    assert why == "3 experiments run (--max-experiments)" and len(log) == 3
+    assert log[-1]["description"].startswith("per-shape table")
+    job = loop.state.jobs[0]
+    assert job["finale_done"] and job["status"] != "done"  # not done for good: a later run goes on with it
+
+
 def test_the_per_shape_table_dispatches_by_the_arguments_sizes(tmp_path):
     source = MODEL_KERNEL.replace("return x", "return BLOCK")
     best = tunable_space(source)[1]
@@ -280,6 +276,11 @@ def test_the_loop_shares_its_hours_by_amdahl_and_says_so(repo):
     jobs = {j["name"]: j for j in loop.state.jobs}
     assert jobs["mlp"]["budget_s"] / 3600 == pytest.approx(0.4 / 1.1 / (0.4 / 1.1 + 0.04), rel=0.01)
     assert any(line.startswith("  matmul: plan gain 1.000x") and "queued last" in line for line in ui.lines)
+    # while the others can gain it waits, parked, without even a baseline; once they are done it gets the time
+    assert any(line.startswith("matmul parked (nothing to gain over PyTorch while others can") for line in ui.lines)
+    matmul_from = next(i for i, r in enumerate(rows(repo)) if r["kernel_file"] == "kernels/matmul.py")
+    assert {r["kernel_file"] for r in rows(repo)[matmul_from:]} == {"kernels/matmul.py"}
+    assert [j["status"] for j in loop.state.jobs] == ["done"] * 3
 
 
 # ------------------------------------------------------------------------------ the morning report

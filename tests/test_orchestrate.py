@@ -133,9 +133,85 @@ def test_builtin_loop_keeps_improvements_and_git_agrees_with_results(repo):
 def test_max_reverts_and_experiment_budget(repo):
     loop, why = run_loop(repo, max_experiments=2)
     assert why == "2 experiments run (--max-experiments)" and len(rows(repo)) == 2
-    loop, why = run_loop(repo, max_reverts=1)  # resumes the tag, then one revert ends the kernel
-    assert loop.state.jobs[0]["reason"] == "1 reverts in a row"
+    loop, why = run_loop(repo, max_reverts=1)  # resumes the tag; reverts park it, only the agent ends it
+    assert (loop.state.jobs[0]["status"], loop.state.jobs[0]["reason"]) == ("done", "the agent has nothing left to try")
+    assert why == "every kernel is done"
     assert [r["experiment"] for r in rows(repo)] == [str(i) for i in range(1, len(rows(repo)) + 1)]
+
+
+def two_kernel_repo(repo):
+    """A second fake kernel, slower and with its own latencies, so a row benched on the wrong file shows."""
+    slow = FAKE_KERNEL.replace("LATENCY = 100", "LATENCY = 300").replace("[120, 100, 90, 80]", "[320, 300, 290, 280]")
+    (repo / "kernels" / "slow.py").write_text(slow)
+    subprocess.run(["git", "add", "-A"], cwd=repo, check=True)
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "slow"], cwd=repo, check=True)
+    return load_jobs(repo, kernels=["kernels/fake.py", "kernels/slow.py"])
+
+
+class Lines:
+    """A ui that keeps what the loop says, as plain strings."""
+
+    def __init__(self):
+        self.lines = []
+
+    def print(self, text):
+        self.lines.append(text)
+
+    def status(self, text):
+        pass
+
+
+def test_reverts_in_a_row_park_a_kernel_and_time_left_resumes_it(repo):
+    said = Lines()
+    loop = Loop(repo, LoopConfig(tag="t", max_reverts=1), make_agent("builtin"), two_kernel_repo(repo),
+                bench=FakeBench(), ui=said)
+    assert loop.run() == "every kernel is done"
+    order = [r["kernel_file"] for r in rows(repo)]
+    runs = [k for i, k in enumerate(order) if i == 0 or order[i - 1] != k]
+    assert runs[:3] == ["kernels/fake.py", "kernels/slow.py", "kernels/fake.py"]  # parked, then resumed
+    assert any(line.startswith("fake parked (1 reverts in a row)") for line in said.lines)
+    assert any(line.startswith("round 2: ") for line in said.lines)
+    latencies = {k: {float(r["latency_us"]) for r in rows(repo) if r["kernel_file"] == k} for k in set(order)}
+    assert max(latencies["kernels/fake.py"]) <= 120 and min(latencies["kernels/slow.py"]) >= 280  # each its own file
+    assert sorted(min(v) for v in latencies.values()) == [80, 280]  # both searched to the end
+    assert [(j["status"], j["reason"]) for j in loop.state.jobs] == [("done", "the agent has nothing left to try")] * 2
+    assert "LATENCY = 80" in (repo / "workspace/kernels/fake_optimized.py").read_text()
+    assert "LATENCY = 280" in (repo / "workspace/kernels/slow_optimized.py").read_text()
+    assert any(s.startswith("fake: back to its best") for _, s in GitLog(repo).log("autokernel/t"))
+
+
+class OneSidedAgent:
+    """Nothing to try on `fake`; on `slow` an endless supply of changes that are never faster."""
+    name = "one-sided"
+
+    def propose(self, task):
+        from autokernel.agents import Proposal
+
+        if task.kernel_name == "fake":
+            return None
+        text = task.kernel_file.read_text()
+        task.kernel_file.write_text(text + f"# try {task.experiment}\n")
+        return Proposal(f"try {task.experiment}")
+
+    def observe(self, *args):
+        pass
+
+    def finish(self, task):
+        return None
+
+
+def test_a_kernel_whose_agent_is_exhausted_is_not_resumed(repo):
+    said = Lines()
+    loop = Loop(repo, LoopConfig(tag="t", max_reverts=2, max_experiments=9), OneSidedAgent(), two_kernel_repo(repo),
+                bench=FakeBench(), ui=said)
+    assert loop.run() == "9 experiments run (--max-experiments)"
+    log = rows(repo)
+    assert [r["status"] for r in log if r["kernel_file"] == "kernels/fake.py"] == ["baseline"]
+    assert [r["kernel_file"] for r in log[1:]] == ["kernels/slow.py"] * 8  # baseline and 7 tries, over 4 rounds
+    fake, slow = loop.state.jobs
+    assert (fake["status"], fake["reason"]) == ("done", "the agent has nothing left to try")
+    assert sum(line.startswith("slow parked (2 reverts in a row)") for line in said.lines) == 3
+    assert slow["status"] != "done"
 
 
 def agent_script(repo):
@@ -180,6 +256,9 @@ def test_command_agent_good_kept_broken_reverted_other_files_put_back(repo):
     prompt = (repo / "workspace/last_prompt.md").read_text()
     assert "six tiers" in prompt and "LATENCY = 60" in prompt and "cut the latency" in prompt
     assert (repo / "workspace/agent_logs/exp0004_fake.log").is_file()
+    # the same edit again and again, never benched: parking it would only spin, so the kernel is done
+    assert why == "every kernel is done" and loop.state.jobs[0]["reason"] == \
+        "failed: the agent's last 3 changes never reached the harness"
 
 
 def test_agent_that_commits_by_itself_is_undone(repo):

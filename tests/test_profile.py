@@ -236,3 +236,77 @@ def test_a_huggingface_llama_is_profiled_by_module_and_function(repo_root, tmp_p
     found = {e["type"] for e in json.loads((tmp_path / "plan.json").read_text())["entries"]}
     # LlamaRMSNorm (a module), apply_rotary_pos_emb (a function), the SwiGLU LlamaMLP, SDPA attention
     assert {"rmsnorm", "rotary_embedding", "fused_mlp", "flash_attention"} <= found
+    rotary = json.loads((tmp_path / "profile.json").read_text())["types"]["rotary_embedding"]["shapes"]
+    assert sorted((tuple(s["shape"].values()), s["calls"]) for s in rotary) == [((1, 2, 32, 16), 2),
+                                                                               ((1, 4, 32, 16), 2)]  # k, q
+
+
+# ------------------------------------------------------------------------------ rotary shapes, HF style
+def rotate_half(x):
+    """As transformers' modeling_llama writes it."""
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+    return (q * cos) + (rotate_half(q) * sin), (k * cos) + (rotate_half(k) * sin)
+
+
+class GQAAttention(torch.nn.Module):
+    """transformers' LlamaAttention, reduced: q with HEADS heads, k and v with KV_HEADS, RoPE on both."""
+
+    def __init__(self, dim, heads, kv_heads):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, dim // heads
+        self.q_proj = torch.nn.Linear(dim, heads * self.head_dim, bias=False)
+        self.k_proj = torch.nn.Linear(dim, kv_heads * self.head_dim, bias=False)
+        self.v_proj = torch.nn.Linear(dim, kv_heads * self.head_dim, bias=False)
+        self.o_proj = torch.nn.Linear(heads * self.head_dim, dim, bias=False)
+
+    def forward(self, x, cos, sin):
+        b, s, _ = x.shape
+        q = self.q_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))
+
+
+class GQAModel(torch.nn.Module):
+    def __init__(self, dim=64, heads=4, kv_heads=2, layers=3):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(GQAAttention(dim, heads, kv_heads) for _ in range(layers))
+        self.head_dim = dim // heads
+
+    def forward(self, x):
+        angles = torch.arange(x.shape[1], dtype=torch.float32)[:, None] * torch.ones(self.head_dim)
+        cos, sin = angles.cos()[None], angles.sin()[None]  # [batch, seq, head_dim], as HF's rotary module gives
+        for layer in self.layers:
+            x = x + layer(x, cos, sin)
+        return x
+
+
+def test_hf_style_rotary_reads_the_q_and_k_shapes_with_their_call_counts():
+    prof = profile_model(GQAModel().eval(), (torch.randn(1, 32, 64),), "cpu")
+    rotary = prof["types"]["rotary_embedding"]
+    found = sorted((tuple(s["shape"].values()), s["calls"]) for s in rotary["shapes"])
+    assert found == [((1, 2, 32, 16), 3), ((1, 4, 32, 16), 3)]  # k: 2 KV heads, q: 4 heads; full head_dim
+    assert rotary["calls"] == 6
+
+
+def test_rotary_shape_is_the_whole_tensor_when_only_its_halves_take_time():
+    # models/llama.py's apply_rotary on a GPU: the slices are views (no kernel, no time); the muls that
+    # take time see the halves and a [seq, head_dim / 2] table, the slices see the whole x
+    x, half, table = [2, 4, 64, 32], [2, 4, 64, 16], [64, 16]
+    ops = [Op("autokernel.step", "step"),
+           Op("llama.py(92): apply_rotary", "python", parent=0),
+           Op("aten::slice", "op", parent=1, shapes=[x, [], [], [], []]),
+           Op("aten::slice", "op", parent=1, shapes=[x, [], [], [], []]),
+           Op("aten::mul", "op", parent=1, self_us=2.0, shapes=[half, table]),
+           Op("aten::mul", "op", parent=1, self_us=2.0, shapes=[half, table]),
+           Op("aten::cat", "op", parent=1, self_us=3.0, shapes=[[half, half], []])]
+    groups = attribution.attribute(ops)
+    assert [attribution.group_shape(g, ops) for g in groups] == [{"B": 2, "H": 4, "S": 64, "D": 32}]
+    assert groups[0].time_us == 7.0

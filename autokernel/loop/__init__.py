@@ -6,8 +6,15 @@ bench it in a child process, keep the commit if it is correct and faster than th
 by more than max(1%, the noise measured at the baseline), else reset the branch to the best. Every
 experiment is one results.tsv row carrying its commit (reverted commits stay reachable by sha for
 `git show` until git's garbage collection). Only kernel.py may change: whatever else the agent
-touched is put back and the experiment counts as reverted. A kernel ends after --max-reverts in a row,
-at the target speedup or fraction of peak, at its time budget, or when the agent has nothing left.
+touched is put back and the experiment counts as reverted.
+
+Parked and done. After --max-reverts in a row, or at the end of its time share, a kernel is parked and
+the next one in Amdahl order goes on; when every kernel is parked or done and time is left, the parked
+ones go round again (reverts in a row reset, the time left shared anew: budget.py), each starting from
+its best (a "back to its best" commit). A kernel is done for good at the target speedup or fraction of
+peak, when the agent has nothing left to try, when it never had a correct version or its last changes
+never reached the harness, or after --per-kernel-minutes. The agent's one last move (Agent.finish)
+comes when a kernel is done, or, for the others, once the time or benches left only cover those moves.
 
 Crash safety. workspace/loop_state.json (written atomically) holds the queue, each kernel's best
 commit, and the experiment in flight. An experiment's outcome is written there before its row goes
@@ -29,7 +36,7 @@ from autokernel.agents import Agent, AgentError, Proposal, Task
 from autokernel.gitlog import KERNEL_PATH, GitError, GitLog
 from autokernel.kernelfile import KernelFileError, declarations
 from autokernel.loop import budget
-from autokernel.loop.state import LoopError, StateFile, job_row_history, repo_lock
+from autokernel.loop.state import LoopError, StateFile, job_row_history, repo_lock, unpark
 from autokernel.report import format_duration, format_us, progress_line
 
 # A full harness run takes 10-30 s on a GPU; a candidate still going after this long is a hang (seen on
@@ -228,12 +235,17 @@ class Loop:
     # ---------------------------------------------------------------------- the loop
     def _work(self) -> str:
         while True:
-            job = self.state.next_job()
+            closing = self._closing_finale()
+            job = closing or self.state.next_job() or self._new_round()
             if job is None:
-                return "every kernel is done"
+                return self._run_budget_left() or "every kernel is done"
             reason = self._kernel_finished(job)
             if reason and not self._finale_due(job):
                 self._finish(job, reason)
+                continue
+            parked = None if reason or closing else self._kernel_parked(job)
+            if parked:
+                self._park(job, parked)
                 continue
             stop = self._run_budget_left()
             if stop:
@@ -242,13 +254,41 @@ class Loop:
             if job["baseline_sha"] is None:
                 self._baseline(job)
             else:
-                self._experiment(job, final=bool(reason))
+                self._experiment(job, final=bool(reason or closing))
 
     @staticmethod
     def _finale_due(job: dict) -> bool:
-        """A finished kernel gets one last experiment of the agent's choosing (Agent.finish: the builtin
-        agent's per-shape table), once, when it has a correct best to start from."""
+        """A kernel gets one last experiment of the agent's choosing (Agent.finish: the builtin agent's
+        per-shape table), once, when it has a correct best to start from: when it is done for good, or
+        at the end of the run (_closing_finale)."""
         return bool(job["best_us"]) and not job.get("finale_done")
+
+    def _closing_finale(self) -> dict | None:
+        """The kernel whose finale runs now because the run is near its end: the time left no longer
+        covers the finales still due (each at its kernel's mean experiment time), or the benches left
+        (--max-experiments) no longer outnumber them. None while the run has room for more."""
+        due = [j for j in self.state.jobs if j["status"] != "done" and self._finale_due(j)]
+        if not due:
+            return None
+        need_s = sum(j["seconds"] / max(1, j["experiments"]) for j in due)
+        benches_left = None if self.cfg.max_experiments is None else self.cfg.max_experiments - self.benched
+        if self._time_left() > need_s and (benches_left is None or benches_left > len(due)):
+            return None
+        return sorted(due, key=budget.order_key)[0]
+
+    def _new_round(self) -> dict | None:
+        """Every kernel is parked or done: with time left, the parked ones go round again (reverts in a
+        row reset, the time left shared anew by the potential each has left)."""
+        if self._run_budget_left() or not any(j["status"] == "parked" for j in self.state.jobs):
+            return None
+        resumed = unpark(self.state.jobs)
+        self.state.data["round"] = self.state.data.get("round", 1) + 1
+        self.state.save()
+        self._say(f"round {self.state.data['round']}: {len(resumed)} parked kernel(s) go on, "
+                  f"{format_duration(self._time_left())} left:")
+        for line in budget.describe(self.state.jobs, self._time_left()):
+            self._say(line)
+        return self.state.next_job()
 
     def _run_budget_left(self) -> str | None:
         if time.time() - self.started >= self.cfg.hours * 3600:
@@ -258,18 +298,35 @@ class Loop:
         return None
 
     def _kernel_finished(self, job: dict) -> str | None:
+        """Why the kernel is done for good, or None: a target reached, the agent with nothing left to try,
+        no correct version (or no change that reached the harness) in --max-reverts tries in a row, or its
+        --per-kernel-minutes used."""
         if job["baseline_sha"] is None:
             return None
-        if job["reverts_in_row"] >= self.cfg.max_reverts:
-            return f"{job['reverts_in_row']} reverts in a row"
         if job.get("best_pct_peak") is not None and job["best_pct_peak"] >= self.cfg.target_pct_peak:
             return f"{job['best_pct_peak']:.0f}% of peak reached"
         if job["baseline_us"] and job["best_us"] and job["baseline_us"] / job["best_us"] >= self.cfg.target_speedup:
             return f"{job['baseline_us'] / job['best_us']:.2f}x over the baseline reached"
         if job.get("exhausted"):
             return "the agent has nothing left to try"
-        if job["seconds"] >= self._budget_s(job):
-            return f"its {self._budget_s(job) / 60:.1f} min budget is used"
+        if not job["best_us"] and job["reverts_in_row"] >= self.cfg.max_reverts:
+            return f"failed: no correct version in {job['experiments']} experiments"
+        if job.get("unbenched_in_row", 0) >= self.cfg.max_reverts:  # another round would only spin
+            return f"failed: the agent's last {job['unbenched_in_row']} changes never reached the harness"
+        if self.cfg.per_kernel_minutes is not None and job["seconds"] >= self._budget_s(job):
+            return f"its {self.cfg.per_kernel_minutes:g} min (--per-kernel-minutes) are used"
+        return None
+
+    def _kernel_parked(self, job: dict) -> str | None:
+        """Why the loop leaves the kernel for now (it goes on in the next round), or None."""
+        if job["reverts_in_row"] >= self.cfg.max_reverts:
+            return f"{job['reverts_in_row']} reverts in a row"
+        if self.cfg.per_kernel_minutes is not None:
+            return None
+        if job.get("budget_s") is None and not budget.shares(self.state.jobs)[job["name"]]:
+            return "nothing to gain over PyTorch while others can: waits for the time they leave"
+        if job["baseline_sha"] is not None and job["seconds"] >= self._budget_s(job):
+            return f"its {self._budget_s(job) / 60:.1f} min share is used"
         return None
 
     def _budget_s(self, job: dict) -> float:
@@ -286,8 +343,13 @@ class Loop:
         job["status"], job["reason"] = "done", reason
         self._save_optimized(job)
         self.state.save()
-        self._say(f"[bold]{job['name']} done[/bold]: {reason}; best {format_us(job['best_us'])} "
+        self._say(f"[bold]{job['name']} done[/bold] ({reason}); best {format_us(job['best_us'])} "
                   f"saved to {self._optimized_path(job).relative_to(self.root)}")
+
+    def _park(self, job: dict, reason: str) -> None:
+        job["status"], job["reason"] = "parked", reason
+        self.state.save()
+        self._say(f"{job['name']} parked ({reason}); it goes on in the next round if time is left")
 
     def _optimized_path(self, job: dict) -> Path:
         return self.root / "workspace" / "kernels" / f"{job['name']}_optimized.py"
@@ -300,13 +362,25 @@ class Loop:
 
     # ---------------------------------------------------------------------- one experiment
     def _begin(self, job: dict, kind: str) -> dict:
-        job["status"] = "active"
+        if kind != "finale":  # the end of the run's finale leaves the queue as it is
+            job["status"] = "active"
         inflight = {"experiment": self.state.data["next_experiment"], "kernel": job["name"], "kind": kind,
                     "phase": "edit", "base": self.git.head(), "untracked": sorted(self.git.untracked()),
                     "started": time.time()}
         self.state.data["inflight"] = inflight
         self.state.save()
+        if kind != "baseline" and self.git.blob(job["best_sha"], KERNEL_PATH) != self.git.blob("HEAD", KERNEL_PATH):
+            self._switch_to(job, inflight)
         return inflight
+
+    def _switch_to(self, job: dict, inflight: dict) -> None:
+        """The kernel comes back after others (a new round, its finale at the end of the run): kernel.py
+        back to its best, as a commit of its own that the experiment starts from. A kill before the
+        state records it is undone on restart like any experiment in its edit phase."""
+        self.git.restore([KERNEL_PATH], job["best_sha"])
+        sha = self.git.commit_kernel(f"{job['name']}: back to its best ({job['best_sha'][:10]})")
+        inflight["base"] = self.state.data["head"] = sha
+        self.state.save()
 
     def _baseline(self, job: dict) -> None:
         inflight = self._begin(job, "baseline")
@@ -475,6 +549,8 @@ class Loop:
             job["reverts_in_row"] = 0
         else:
             job["reverts_in_row"] += 1
+        # an agent that failed, touched other files or changed nothing: no bench, and no time spent on one
+        job["unbenched_in_row"] = 0 if row["commit"] else job.get("unbenched_in_row", 0) + 1
         proposal = inflight.get("proposal") or {}
         task = self._task(job, inflight["experiment"])
         task.model_shapes = out.get("model_shapes") or []

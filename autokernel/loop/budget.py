@@ -6,10 +6,11 @@ above its roofline can be saved at all. So a kernel's potential is f x (what is 
 fraction of peak); what is left is its time in the model over the time the profile measured for its
 type once its baseline ran on a GPU (fraction_left), 1 / s before (s: the plan's speedup). Kernels
 are worked on in order of potential, and each, when it starts, gets the time left times its share of
-the potential of the kernels not done yet; a kernel that finishes early leaves its time to the
-others. A type the plan expects no gain from (gain <= 1: its starter is no faster than PyTorch) has
-no potential: it goes last, on whatever time the others leave. Kernels given by hand (--kernel, no
-plan share) split the time evenly.
+the potential of the kernels not done yet (parked ones included: they come back in the next round,
+when the time left is shared again the same way); a kernel done early leaves its time to the others.
+A type the plan expects no gain from (gain <= 1: its starter is no faster than PyTorch) has no
+potential: it waits, parked, until the others are done, and then gets the time they leave. Kernels
+given by hand (--kernel, no plan share) split the time evenly.
 """
 
 from __future__ import annotations

@@ -131,6 +131,15 @@ def next_job(jobs: list[dict]) -> dict | None:
     return (active or sorted(pending, key=budget.order_key) or [None])[0]
 
 
+def unpark(jobs: list[dict]) -> list[dict]:
+    """The parked kernels back in the queue for another round: reverts in a row reset, and each gets its
+    time share anew when it starts. Returns them."""
+    parked = [j for j in jobs if j["status"] == "parked"]
+    for job in parked:
+        job.update(status="pending", reason="", reverts_in_row=0, budget_s=None)
+    return parked
+
+
 # ------------------------------------------------------------------------------ the queue
 def new_job(root: Path, source: str, entry: dict | None = None) -> dict:
     entry = entry or {}
