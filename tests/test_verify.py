@@ -273,6 +273,7 @@ def test_prune_leaves_out_only_the_types_the_model_is_faster_without(monkeypatch
 
     monkeypatch.setattr(swap, "build", lambda model, types: Candidate(types))
     monkeypatch.setattr(timing, "time_fn", fake_time_fn)
+    monkeypatch.setattr(endtoend, "wrong_output", lambda fn, model, args: None)  # made-up models, right by fiat
     optimized, dropped = endtoend.prune(Candidate([]), Candidate(Candidate.COST_MS), lambda seed: (), "cuda")
     # fused_mlp costs 0.05 ms of ~7.5: under the 1% margin, so it stays (noise is not a reason)
     assert optimized.types == ["rmsnorm", "rotary_embedding", "fused_mlp"]
@@ -320,6 +321,22 @@ def test_a_mode_that_fails_is_reported_and_its_kernel_left_out(monkeypatch):
     assert rows["optimized"]["speedup_vs_eager"] == 1.0 and "could not lower" in errors["optimized_compile"]
 
 
+def test_a_mode_that_computes_something_else_is_left_out_and_not_timed(monkeypatch):
+    """Under torch.compile the matmul kernel's output is lost (as Inductor lost a kernel's writes through a
+    TMA descriptor): however fast, the prune leaves it out and the timing reports the row instead of timing it."""
+    made_up_compile(monkeypatch, lambda fn, backend=None, mode=None: _Costed(fn.types, {"matmul": -5.0,
+                                                                                           "rmsnorm": -1.0}))
+    monkeypatch.setattr(endtoend, "wrong_output", lambda fn, model, args: "wrong output in this mode (relative L2 "
+                        "error 1, tolerance 0.01)" if "matmul" in getattr(fn, "types", ()) else None)
+    optimized, dropped = endtoend.prune(Candidate([]), Candidate(["matmul", "rmsnorm"]), lambda seed: (), "cuda",
+                                        mode="compile")
+    assert optimized.types == ["rmsnorm"] and "wrong output in this mode" in dropped["matmul"]
+    monkeypatch.setattr(Candidate, "ms", 10.0, raising=False)
+    rows, errors = endtoend.time_models(Candidate([]), Candidate(["matmul"]), lambda seed: (), "cuda",
+                                        with_compile=True)
+    assert "optimized_compile" not in rows and "wrong output" in errors["optimized_compile"]
+
+
 def made_up_compile(monkeypatch, fake_compile):
     """Candidates built by swap.build, compiled by fake_compile, timed by the .ms it gives them."""
     from autokernel import timing
@@ -328,11 +345,12 @@ def made_up_compile(monkeypatch, fake_compile):
     monkeypatch.setattr(torch, "compile", fake_compile)
     monkeypatch.setattr(torch._dynamo, "reset", lambda: None)
     monkeypatch.setattr(timing, "time_fn", lambda fn, sets, device: timing.Timing(fn.ms * 1e3, [fn.ms * 1e3]))
+    monkeypatch.setattr(endtoend, "wrong_output", lambda fn, model, args: None)  # made-up models, right by fiat
 
 
 class _Costed:  # what torch.compile made of a candidate: its time under compile
     def __init__(self, types, cost):
-        self.ms = 10.0 + sum(cost[t] for t in types)
+        self.types, self.ms = list(types), 10.0 + sum(cost[t] for t in types)
 
 
 def test_verify_reports_the_prune_mode_and_writes_its_report(repo_root, tmp_path, capsys, interpreter):
