@@ -26,7 +26,7 @@ from pathlib import Path
 from autokernel import cli, report, results
 from autokernel.agents import AGENT_NAMES, make_agent
 from autokernel.agents.builtin import next_move
-from autokernel.gitlog import KERNEL_PATH, GitLog
+from autokernel.gitlog import KERNEL_PATH, GitError, GitLog
 from autokernel.loop import Loop, LoopConfig, LoopError
 from autokernel.loop.state import STATE_FILE, StateFile, load_jobs, lock_holder, next_job
 from autokernel.raycluster import latest_ray_tag, ray_jobs, ray_rows, read_record
@@ -125,6 +125,36 @@ def check_run_input(args) -> str | None:
 
 
 def cmd_run(args, root: Path) -> int:
+    started_on = checkout_name(root)
+    try:
+        return run_loop(args, root)
+    finally:  # normally, on a budget, on Ctrl-C or on an error alike
+        note = back_note(root, started_on)
+        if note:
+            print(note, flush=True)
+
+
+def checkout_name(root: Path) -> str | None:
+    """The branch checked out in root (a sha when detached), or None outside a git repository."""
+    try:
+        log = GitLog(root)
+    except GitError:
+        return None
+    return log.branch() or log.head()
+
+
+def back_note(root: Path, started_on: str | None) -> str | None:
+    """One line when the run leaves the checkout on an autokernel/ branch it was not on before: how to get
+    back, and that the winners stay where verify.py and optimize() read them."""
+    now = checkout_name(root)
+    if not started_on or now == started_on or not (now or "").startswith("autokernel/"):
+        return None
+    return (f"the checkout is left on branch {now} (the experiments: git log {now}); back to your work: "
+            f"git checkout {started_on}; the winners stay in workspace/kernels/*_optimized.py (untracked, "
+            f"so the checkout keeps them; verify.py and autokernel.optimize read them there)")
+
+
+def run_loop(args, root: Path) -> int:
     args.device = check_run_input(args)
     config = LoopConfig(tag=args.tag, hours=args.hours, max_experiments=args.max_experiments,
                         per_kernel_minutes=args.per_kernel_minutes, max_reverts=args.max_reverts,

@@ -301,12 +301,21 @@ class Loop:
     # ---------------------------------------------------------------------- one experiment
     def _begin(self, job: dict, kind: str) -> dict:
         job["status"] = "active"
-        inflight = {"experiment": self.state.data["next_experiment"], "kernel": job["name"], "kind": kind,
+        inflight = {"experiment": self._next_number(), "kernel": job["name"], "kind": kind,
                     "phase": "edit", "base": self.git.head(), "untracked": sorted(self.git.untracked()),
                     "started": time.time()}
         self.state.data["inflight"] = inflight
         self.state.save()
         return inflight
+
+    def _next_number(self) -> int:
+        """The next experiment's number: on from the highest in results.tsv (bench.py's rows by hand, an
+        earlier tag's), so the column never restarts at 1. A log shared by --gpus workers, each appending
+        while the others run, is numbered per worker tag instead: two workers never take the same number."""
+        number = self.state.data["next_experiment"]
+        if self.results_path.is_relative_to(self.root):
+            number = max(number, results.next_experiment(self.results_path))
+        return number
 
     def _baseline(self, job: dict) -> None:
         inflight = self._begin(job, "baseline")
