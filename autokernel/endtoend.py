@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
-from autokernel import customops, swap, timing
+from autokernel import cli, customops, swap, timing
+from autokernel.kernelfile import KernelFileError, declarations
 
 CHECK_INPUTS = 3  # fresh inputs the optimized model must match the original on
 TIMING_INPUTS = 2  # input sets the timed runs rotate through
@@ -30,6 +32,49 @@ DEPLOY_MODES = ("eager", "graph", "compile", "compile_graph")  # how a user runs
 
 def backend_for(device: str) -> str:
     return GPU_BACKEND if device == "cuda" else CPU_BACKEND
+
+
+# ------------------------------------------------------------------------------ which model the kernels are for
+def origin_warnings(files: dict[str, Path], verified: dict) -> list[str]:
+    """One line per kernel file whose MODEL_SOURCE (extract.py's record, autokernel.extraction.model_origin)
+    names another model than the one verified, or this model at another input shape or dtype. files: the
+    name to show -> the file; verified: the model being verified, in MODEL_SOURCE's form. A file without
+    MODEL_SOURCE (a starter, a file extracted before it existed) says nothing, and nothing is said of it."""
+    lines = []
+    for name, path in files.items():
+        try:
+            origin = declarations(Path(path).read_text(), Path(path).name).get("MODEL_SOURCE")
+        except (OSError, KernelFileError):
+            continue
+        if not isinstance(origin, dict):
+            continue
+        if _model_key(origin) != _model_key(verified):
+            lines.append(f"warning: {name} was extracted for {_describe(origin)}, not for {_describe(verified)}: "
+                         "its shapes and tuning are another model's (run profile.py and extract.py for this one)")
+        elif _input_key(origin) != _input_key(verified):
+            lines.append(f"warning: {name} was extracted for this model at input {_describe_input(origin)}, "
+                         f"verified at {_describe_input(verified)}: its shapes and tuning are another input's")
+    return lines
+
+
+def _model_key(origin: dict) -> tuple:
+    source, _, class_name = str(origin.get("model", "")).rpartition(":")
+    return Path(source).name, class_name, origin.get("config")  # models/llama.py and /abs/models/llama.py alike
+
+
+def _input_key(origin: dict) -> tuple:
+    dtype = str(origin.get("dtype"))
+    return list(origin.get("input_shape") or []), cli.DTYPE_ALIASES.get(dtype.lower(), dtype)
+
+
+def _describe(origin: dict) -> str:
+    config = f" (config {origin['config']})" if origin.get("config") else ""
+    return f"{origin.get('model')}{config}"
+
+
+def _describe_input(origin: dict) -> str:
+    shape, dtype = _input_key(origin)
+    return f"{','.join(map(str, shape))} {dtype}"
 
 
 # ------------------------------------------------------------------------------ correctness
