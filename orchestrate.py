@@ -29,9 +29,10 @@ from autokernel.agents.builtin import next_move
 from autokernel.gitlog import KERNEL_PATH, GitError, GitLog
 from autokernel.loop import Loop, LoopConfig, LoopError
 from autokernel.loop.state import STATE_FILE, StateFile, load_jobs, lock_holder, next_job
+from autokernel.plot import write_progress_png
 from autokernel.raycluster import latest_ray_tag, ray_jobs, ray_rows, read_record
 from autokernel.raycluster import status_lines as ray_status_lines
-from autokernel.report import LiveLine, amdahl, format_us, kernel_summaries, report_table, write_progress_png
+from autokernel.report import LiveLine, amdahl, format_us, kernel_summaries, report_table
 from autokernel.workers import Driver, latest_tag, parse_gpus, read_queue, status_lines, worker_jobs, worker_rows
 
 
@@ -211,12 +212,15 @@ def run_verify(root: Path, plan: str | None, device: str | None) -> int:
 def cmd_status(args, root: Path) -> int:
     if read_record(root, args.tag) is not None:  # --ray: every kernel's task, node and branch
         print("\n".join(ray_status_lines(root, args.tag)))
-        LiveLine().print(report_table(kernel_summaries(ray_rows(root, args.tag), ray_jobs(root, args.tag)), args.tag))
+        rows = ray_rows(root, args.tag)
+        LiveLine().print(report_table(kernel_summaries(rows, ray_jobs(root, args.tag)), args.tag,
+                                      report.rows_device(rows)))
         return 0
     if read_queue(root, args.tag) is not None:
         print("\n".join(status_lines(root, args.tag)))
-        LiveLine().print(report_table(kernel_summaries(worker_rows(root, args.tag), worker_jobs(root, args.tag)),
-                                      args.tag))
+        rows = worker_rows(root, args.tag)
+        LiveLine().print(report_table(kernel_summaries(rows, worker_jobs(root, args.tag)), args.tag,
+                                      report.rows_device(rows)))
         return 0
     state = StateFile(root, args.tag).read()
     holder = lock_holder(root)
@@ -229,7 +233,7 @@ def cmd_status(args, root: Path) -> int:
         f = state["inflight"]
         print(f"in flight: experiment {f['experiment']} on {f['kernel']} ({f['phase']})")
     rows = [r for r in results.read_rows(root / "results.tsv") if r["tag"] == args.tag]
-    LiveLine().print(report_table(kernel_summaries(rows, state["jobs"]), args.tag))
+    LiveLine().print(report_table(kernel_summaries(rows, state["jobs"]), args.tag, report.rows_device(rows)))
     return 0
 
 
@@ -275,14 +279,17 @@ def cmd_report(args, root: Path) -> int:
     elif read_record(root, args.tag) is not None:  # --ray tasks: the same, recorded by the driver
         jobs, rows = ray_jobs(root, args.tag), ray_rows(root, args.tag)
     summaries = kernel_summaries(rows, jobs)
+    device, verified = report.rows_device(rows), report.read_verify(root)
     console = LiveLine()
-    console.print(report_table(summaries, args.tag))
+    console.print(report_table(summaries, args.tag, device))
     print("\n".join(report.shape_lines(jobs)))
     kept = [r["timestamp"] for r in rows if r["status"] in ("baseline", "keep")]
-    print("\n".join(report.estimate_lines(amdahl(summaries), report.read_verify(root), max(kept) if kept else None)))
+    print("\n".join(report.estimate_lines(amdahl(summaries), verified, max(kept) if kept else None,
+                                         report.is_cpu(device))))
     png = Path(getattr(args, "png", "progress.png"))
-    png = write_progress_png(summaries, png if png.is_absolute() else root / png, args.tag)
-    console.print(f"progress plot: {png}")
+    png = write_progress_png(rows, {s["source"]: s["kernel"] for s in summaries}, verified,
+                             png if png.is_absolute() else root / png, args.tag)
+    console.print(f"progress plot: {png}" + (f" ({report.CPU_CAVEAT})" if report.is_cpu(device) else ""))
     return 0
 
 

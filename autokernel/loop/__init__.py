@@ -30,7 +30,7 @@ from autokernel.gitlog import KERNEL_PATH, GitError, GitLog
 from autokernel.kernelfile import KernelFileError, declarations
 from autokernel.loop import budget
 from autokernel.loop.state import LoopError, StateFile, job_row_history, repo_lock
-from autokernel.report import format_duration, format_us, progress_line
+from autokernel.report import CPU_CAVEAT, format_duration, format_us, progress_line
 
 # A full harness run takes 10-30 s on a GPU; a candidate still going after this long is a hang (seen on
 # an H200: a one-warp, 8192-wide single-pass rmsnorm compiled for minutes), and the night moves on.
@@ -178,6 +178,12 @@ class Loop:
                                 f"{self.state.data['head'][:10]}: put it back (git reset --hard "
                                 f"{self.state.data['head'][:10]}) or start a new --tag")
             self._say(f"resumed {branch} at experiment {self.state.data['next_experiment']}")
+        if self.bench is None:
+            from autokernel.gpu import pick_device
+
+            if pick_device(self.cfg.device) == "cpu":
+                self._say(f"CPU mode: every time and speedup below is one of the {CPU_CAVEAT} (they show that "
+                          "the loop runs; near-identical kernels can differ by 100x)")
         self.state.data["seed"] = self.cfg.seed  # `orchestrate.py next` shows the same search order
         self.harness = harness_hashes(self.root)
         for job in self.state.jobs:
