@@ -1,5 +1,6 @@
 """orchestrate.py: the autonomous keep-or-reset loop. Start it before bed; read the report in the morning.
 
+    python orchestrate.py demo     # profile -> extract -> loop -> verify -> report on a shipped model, one command
     python orchestrate.py run --plan workspace/plan.json          # the builtin agent, no LLM needed
     python orchestrate.py run --kernel kernels/rmsnorm.py --hours 1 --quick
     python orchestrate.py run --agent command --agent-cmd "claude -p --dangerously-skip-permissions"
@@ -24,6 +25,7 @@ from datetime import datetime
 from pathlib import Path
 
 from autokernel import cli, report, results
+from autokernel import demo as pipeline_demo
 from autokernel.agents import AGENT_NAMES, make_agent
 from autokernel.agents.builtin import next_move
 from autokernel.gitlog import KERNEL_PATH, GitError, GitLog
@@ -82,6 +84,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--verify", action="store_true",
                      help="when the loop stops, run verify.py on the plan's model (--cuda-graph on a GPU), so that the "
                           "report shows the measured end-to-end speedup beside the estimate")
+    demo = sub.add_parser("demo", help="the whole pipeline on a shipped model in one command (see autokernel/demo.py)",
+                          description=pipeline_demo.__doc__.split("\n\n")[0],
+                          epilog="\n\n".join(pipeline_demo.__doc__.split("\n\n")[1:]),
+                          formatter_class=cli.HelpFormatter)
+    cli.add_device_argument(demo)
+    demo.add_argument("--hours", type=float, help="the loop's wall-clock budget (default 1 on a GPU, 0.25 on a CPU)")
+    demo.add_argument("--max-experiments", type=int,
+                      help="the loop's benches, baselines included (default: no limit on a GPU, 8 on a CPU)")
     for name, text in (("status", "where the loop stands"), ("next", "what the loop will try next"),
                        ("report", "per-kernel results, Amdahl estimate, progress.png")):
         cmd = sub.add_parser(name, help=text)
@@ -91,7 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
             cmd.add_argument("--png", default="progress.png", help="where to write the plot")
             cmd.add_argument("--verify", action="store_true", help="run verify.py on the plan's model first")
     for cmd in sub.choices.values():
-        cmd.add_argument("--tag", help="experiment tag; branch autokernel/<tag> (default: the last one)")
+        cmd.add_argument("--tag", help="experiment tag; branch autokernel/<tag> (default: the last one; "
+                                       "demo: a fresh one, demo, demo-2, ...)")
         cmd.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                          help="show the full traceback on errors")  # also after the command
     return p
@@ -297,10 +308,22 @@ def _sigterm(signum, frame):
     raise KeyboardInterrupt  # `kill` stops the loop the way Ctrl-C does: a last row, a clean tree
 
 
+def cmd_demo(args, root: Path) -> int:
+    device = args.device
+    if device != "cpu":
+        from autokernel.gpu import has_cuda
+
+        if not has_cuda() and device == "cuda":
+            raise cli.UsageError("--device cuda was asked for, but no CUDA GPU is visible to PyTorch")
+        device = "cuda" if has_cuda() else "cpu"
+    return pipeline_demo.run_demo(root, device, args.tag, args.hours, args.max_experiments)
+
+
 def dispatch(args) -> int:
     root = Path(args.repo).resolve()
-    args.tag = args.tag or default_tag(root)
-    commands = {"run": cmd_run, "status": cmd_status, "next": cmd_next, "report": cmd_report}
+    if args.command != "demo":  # the demo takes a fresh tag of its own
+        args.tag = args.tag or default_tag(root)
+    commands = {"run": cmd_run, "status": cmd_status, "next": cmd_next, "report": cmd_report, "demo": cmd_demo}
     return commands[args.command](args, root)
 
 
@@ -311,8 +334,9 @@ def main(argv=None) -> int:
     try:
         return cli.run_main("orchestrate.py", lambda: dispatch(args), args.debug, known=known)
     except KeyboardInterrupt:
-        print("interrupted: the experiment in flight was undone and logged; run again to resume",
-              file=sys.stderr)
+        if args.command != "demo":  # the demo says where it stopped and what finishes it
+            print("interrupted: the experiment in flight was undone and logged; run again to resume",
+                  file=sys.stderr)
         return 130
     finally:
         signal.signal(signal.SIGTERM, previous)
