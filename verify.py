@@ -164,7 +164,9 @@ def run(args) -> dict:
         choices = optimized.choices
         this_model = model_origin({"source": args.model or args.module, "class_name": args.class_name,
                                    "config": args.config, "input_shape": list(shape), "dtype": dtype_name(dtype)})
-        warnings = endtoend.origin_warnings({_rel(c.path): c.path for c in choices.values()}, this_model)
+        plan_path = args.kernels.parent / "plan.json"  # extract.py's plan beside its kernels, if any
+        plan = json.loads(plan_path.read_text()) if plan_path.is_file() else None
+        warnings = endtoend.origin_warnings({_rel(c.path): c.path for c in choices.values()}, this_model, plan)
         for line in warnings:  # before the checks and timing, which take minutes on a large model
             print(line, flush=True)
         correctness = endtoend.check(model, optimized, inputs, dtype, args.checks)

@@ -85,7 +85,9 @@ def fresh_tag(root: Path, wanted: str | None) -> str:
     """The tag the demo runs under: `wanted` if free, else the first of demo, demo-2, ... with no branch
     autokernel/<tag> and no loop state."""
     git = GitLog(root)
-    taken = lambda t: git.branch_exists(f"autokernel/{t}") or StateFile(root, t).read() is not None  # noqa: E731
+
+    def taken(t: str) -> bool:
+        return git.branch_exists(f"autokernel/{t}") or StateFile(root, t).read() is not None
     if wanted:
         if taken(wanted):
             raise cli.UsageError(f"tag {wanted} is taken (branch autokernel/{wanted} or its loop state exists): "

@@ -79,17 +79,7 @@ def progress_figure(rows: list[dict], names: dict[str, str], verify: dict | None
     for style, label in OUTCOMES.values():
         ax.scatter([], [], label=label, **style)  # every outcome in the legend, seen or not
     for k in kernels.values():
-        for kind, (style, _) in OUTCOMES.items():
-            mine = [(t / scale, max(y, floor) if y else floor) for t, y, o in k["points"] if o == kind]
-            if mine:
-                ax.scatter(*zip(*mine), clip_on=False, gid=kind, **style)
-        if k["steps"]:
-            end = max(t for t, _, _ in k["points"])
-            xs = [t / scale for t, _ in k["steps"]] + [end / scale]
-            ys = [y for _, y in k["steps"]] + [k["steps"][-1][1]]
-            line, = ax.step(xs, ys, where="post", linewidth=1.8, zorder=2)
-            ax.annotate(f"{k['name']} {ys[-1]:.2f}x", (xs[-1], ys[-1]), xytext=(4, 4), textcoords="offset points",
-                        fontsize="small", color=line.get_color(), gid="kernel-label")
+        _draw_kernel(ax, k, scale, floor)
     ax.axhline(1.0, color="grey", linewidth=0.8, linestyle=":")
     _end_to_end_line(ax, verify)
     top = max([1.0, *kept_y, *(y for k in kernels.values() for _, y, _ in k["points"] if y)])
@@ -108,6 +98,22 @@ def progress_figure(rows: list[dict], names: dict[str, str], verify: dict | None
                  ha="center", color="tab:red", fontsize="small", gid="cpu-caveat")
     fig.tight_layout(rect=(0, 0.04 if is_cpu(device) else 0, 1, 1))
     return fig
+
+
+def _draw_kernel(ax, kernel: dict, scale: float, floor: float) -> None:
+    """One kernel's experiments by outcome, and its best so far as a step line labelled at its last step."""
+    for kind, (style, _) in OUTCOMES.items():
+        mine = [(t / scale, max(y, floor) if y else floor) for t, y, o in kernel["points"] if o == kind]
+        if mine:
+            ax.scatter(*zip(*mine), clip_on=False, gid=kind, **style)
+    if not kernel["steps"]:
+        return
+    end = max(t for t, _, _ in kernel["points"])
+    xs = [t / scale for t, _ in kernel["steps"]] + [end / scale]
+    ys = [y for _, y in kernel["steps"]] + [kernel["steps"][-1][1]]
+    line, = ax.step(xs, ys, where="post", linewidth=1.8, zorder=2)
+    ax.annotate(f"{kernel['name']} {ys[-1]:.2f}x", (xs[-1], ys[-1]), xytext=(4, 4), textcoords="offset points",
+                fontsize="small", color=line.get_color(), gid="kernel-label")
 
 
 def _end_to_end_line(ax, verify: dict | None) -> None:

@@ -134,6 +134,24 @@ def test_kernels_extracted_for_another_model_are_warned_about_one_line_each(repo
     assert not any(mine in line for line in warned)  # extracted for this model at this input: nothing to say
 
 
+def test_a_file_without_model_source_is_checked_against_this_models_plan(repo_root, tmp_path):
+    from autokernel.extraction import model_origin, set_model_shapes
+
+    plan = {"source": "models/llama.py", "class_name": "LlamaModel", "config": "tiny", "input_shape": [1, 8],
+            "dtype": "float16", "entries": [{"type": "rmsnorm", "shapes": [{"shape": {"M": 8, "N": 128}}]}]}
+    older = tmp_path / "01_rmsnorm.py"  # extracted before MODEL_SOURCE existed: its shapes are all it says
+    starter = (repo_root / "kernels" / "rmsnorm.py").read_text()
+    this_model = model_origin(plan)
+    for shapes, warned in (([{"M": 2048, "N": 2048}], True), ([{"M": 8, "N": 128}, {"M": 1, "N": 128}], False)):
+        older.write_text(set_model_shapes(starter, shapes))
+        lines = endtoend.origin_warnings({"01_rmsnorm.py": older}, this_model, plan)
+        assert len(lines) == warned and all("01_rmsnorm.py carries none of the shapes profiled" in x for x in lines)
+    older.write_text(set_model_shapes(starter, [{"M": 2048, "N": 2048}]))
+    other_plan = {**plan, "source": "models/gpt2.py", "class_name": "GPT2Model"}  # about another model: no yardstick
+    assert endtoend.origin_warnings({"01_rmsnorm.py": older}, this_model, other_plan) == []
+    assert endtoend.origin_warnings({"rmsnorm.py": repo_root / "kernels" / "rmsnorm.py"}, this_model, plan) == []
+
+
 def test_the_best_kernel_of_each_type_is_chosen(repo_root, tmp_path):
     starter = (repo_root / "kernels" / "rmsnorm.py").read_text()
     for name in ("01_rmsnorm.py", "01_rmsnorm_optimized.py", "05_rmsnorm_optimized.py"):

@@ -182,8 +182,8 @@ class Loop:
             from autokernel.gpu import pick_device
 
             if pick_device(self.cfg.device) == "cpu":
-                self._say(f"CPU mode: every time and speedup below is one of the {CPU_CAVEAT} (they show that "
-                          "the loop runs; near-identical kernels can differ by 100x)")
+                self._say(f"CPU mode: the times and speedups below are {CPU_CAVEAT} (they show that the loop "
+                          "runs; near-identical kernels can differ by 100x)")
         self.state.data["seed"] = self.cfg.seed  # `orchestrate.py next` shows the same search order
         self.harness = harness_hashes(self.root)
         for job in self.state.jobs:
