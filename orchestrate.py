@@ -310,12 +310,13 @@ def _sigterm(signum, frame):
 
 def cmd_demo(args, root: Path) -> int:
     device = args.device
-    if device != "cpu":
-        from autokernel.gpu import has_cuda
+    if device != "cpu":  # --device cpu decides without importing torch
+        from autokernel.gpu import pick_device
 
-        if not has_cuda() and device == "cuda":
-            raise cli.UsageError("--device cuda was asked for, but no CUDA GPU is visible to PyTorch")
-        device = "cuda" if has_cuda() else "cpu"
+        try:
+            device = pick_device(device)
+        except RuntimeError as e:  # --device cuda without a GPU: bad input, before anything runs
+            raise cli.UsageError(str(e)) from None
     return pipeline_demo.run_demo(root, device, args.tag, args.hours, args.max_experiments)
 
 

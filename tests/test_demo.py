@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import orchestrate
 from autokernel import demo, results
@@ -116,3 +117,12 @@ def test_ctrl_c_in_a_step_says_what_finishes_the_pipeline(repo, capsys, monkeypa
     assert err[0].startswith("demo interrupted at loop, verify and report; what is done stays. To finish from here: "
                              "python orchestrate.py run --tag demo --device cpu")
     assert err[0].endswith("--verify")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here")
+def test_the_demo_on_cuda_without_a_gpu_is_one_line_before_anything_runs(repo, capsys):
+    assert orchestrate.main(["--repo", str(repo), "demo", "--device", "cuda"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == "orchestrate.py: error: --device cuda was asked for, but no CUDA GPU is visible " \
+                                "to PyTorch\n"
+    assert not (repo / "workspace").exists()
