@@ -1,5 +1,6 @@
 """orchestrate.py: the autonomous keep-or-reset loop. Start it before bed; read the report in the morning.
 
+    python orchestrate.py demo     # profile -> extract -> loop -> verify -> report on a shipped model, one command
     python orchestrate.py run --plan workspace/plan.json          # the builtin agent, no LLM needed
     python orchestrate.py run --kernel kernels/rmsnorm.py --hours 1 --quick
     python orchestrate.py run --agent command --agent-cmd "claude -p --dangerously-skip-permissions"
@@ -24,14 +25,16 @@ from datetime import datetime
 from pathlib import Path
 
 from autokernel import cli, report, results
+from autokernel import demo as pipeline_demo
 from autokernel.agents import AGENT_NAMES, make_agent
 from autokernel.agents.builtin import next_move
-from autokernel.gitlog import KERNEL_PATH, GitLog
+from autokernel.gitlog import KERNEL_PATH, GitError, GitLog
 from autokernel.loop import Loop, LoopConfig, LoopError
 from autokernel.loop.state import STATE_FILE, StateFile, load_jobs, lock_holder, next_job
+from autokernel.plot import write_progress_png
 from autokernel.raycluster import latest_ray_tag, ray_jobs, ray_rows, read_record
 from autokernel.raycluster import status_lines as ray_status_lines
-from autokernel.report import LiveLine, amdahl, format_us, kernel_summaries, report_table, write_progress_png
+from autokernel.report import LiveLine, amdahl, format_us, kernel_summaries, report_table
 from autokernel.workers import Driver, latest_tag, parse_gpus, read_queue, status_lines, worker_jobs, worker_rows
 
 
@@ -84,6 +87,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--verify", action="store_true",
                      help="when the loop stops, run verify.py on the plan's model (--cuda-graph on a GPU), so that the "
                           "report shows the measured end-to-end speedup beside the estimate")
+    demo = sub.add_parser("demo", help="the whole pipeline on a shipped model in one command (see autokernel/demo.py)",
+                          description=pipeline_demo.__doc__.split("\n\n")[0],
+                          epilog="\n\n".join(pipeline_demo.__doc__.split("\n\n")[1:]),
+                          formatter_class=cli.HelpFormatter)
+    cli.add_device_argument(demo)
+    demo.add_argument("--hours", type=float, help="the loop's wall-clock budget (default 1 on a GPU, 0.25 on a CPU)")
+    demo.add_argument("--max-experiments", type=int,
+                      help="the loop's benches, baselines included (default: no limit on a GPU, 8 on a CPU)")
     for name, text in (("status", "where the loop stands"), ("next", "what the loop will try next"),
                        ("report", "per-kernel results, Amdahl estimate, progress.png")):
         cmd = sub.add_parser(name, help=text)
@@ -93,7 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
             cmd.add_argument("--png", default="progress.png", help="where to write the plot")
             cmd.add_argument("--verify", action="store_true", help="run verify.py on the plan's model first")
     for cmd in sub.choices.values():
-        cmd.add_argument("--tag", help="experiment tag; branch autokernel/<tag> (default: the last one)")
+        cmd.add_argument("--tag", help="experiment tag; branch autokernel/<tag> (default: the last one; "
+                                       "demo: a fresh one, demo, demo-2, ...)")
         cmd.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                          help="show the full traceback on errors")  # also after the command
     return p
@@ -128,6 +140,36 @@ def check_run_input(args) -> str | None:
 
 
 def cmd_run(args, root: Path) -> int:
+    started_on = checkout_name(root)
+    try:
+        return run_loop(args, root)
+    finally:  # normally, on a budget, on Ctrl-C or on an error alike
+        note = back_note(root, started_on)
+        if note:
+            print(note, flush=True)
+
+
+def checkout_name(root: Path) -> str | None:
+    """The branch checked out in root (a sha when detached), or None outside a git repository."""
+    try:
+        log = GitLog(root)
+    except GitError:
+        return None
+    return log.branch() or log.head()
+
+
+def back_note(root: Path, started_on: str | None) -> str | None:
+    """One line when the run leaves the checkout on an autokernel/ branch it was not on before: how to get
+    back, and that the winners stay where verify.py and optimize() read them."""
+    now = checkout_name(root)
+    if not started_on or now == started_on or not (now or "").startswith("autokernel/"):
+        return None
+    return (f"the checkout is left on branch {now} (the experiments: git log {now}); back to your work: "
+            f"git checkout {started_on}; the winners stay in workspace/kernels/*_optimized.py (untracked, "
+            f"so the checkout keeps them; verify.py and autokernel.optimize read them there)")
+
+
+def run_loop(args, root: Path) -> int:
     args.device = check_run_input(args)
     config = LoopConfig(tag=args.tag, hours=args.hours, max_experiments=args.max_experiments,
                         per_kernel_minutes=args.per_kernel_minutes, max_reverts=args.max_reverts,
@@ -184,12 +226,15 @@ def run_verify(root: Path, plan: str | None, device: str | None) -> int:
 def cmd_status(args, root: Path) -> int:
     if read_record(root, args.tag) is not None:  # --ray: every kernel's task, node and branch
         print("\n".join(ray_status_lines(root, args.tag)))
-        LiveLine().print(report_table(kernel_summaries(ray_rows(root, args.tag), ray_jobs(root, args.tag)), args.tag))
+        rows = ray_rows(root, args.tag)
+        LiveLine().print(report_table(kernel_summaries(rows, ray_jobs(root, args.tag)), args.tag,
+                                      report.rows_device(rows)))
         return 0
     if read_queue(root, args.tag) is not None:
         print("\n".join(status_lines(root, args.tag)))
-        LiveLine().print(report_table(kernel_summaries(worker_rows(root, args.tag), worker_jobs(root, args.tag)),
-                                      args.tag))
+        rows = worker_rows(root, args.tag)
+        LiveLine().print(report_table(kernel_summaries(rows, worker_jobs(root, args.tag)), args.tag,
+                                      report.rows_device(rows)))
         return 0
     state = StateFile(root, args.tag).read()
     holder = lock_holder(root)
@@ -202,7 +247,7 @@ def cmd_status(args, root: Path) -> int:
         f = state["inflight"]
         print(f"in flight: experiment {f['experiment']} on {f['kernel']} ({f['phase']})")
     rows = [r for r in results.read_rows(root / "results.tsv") if r["tag"] == args.tag]
-    LiveLine().print(report_table(kernel_summaries(rows, state["jobs"]), args.tag))
+    LiveLine().print(report_table(kernel_summaries(rows, state["jobs"]), args.tag, report.rows_device(rows)))
     return 0
 
 
@@ -248,14 +293,17 @@ def cmd_report(args, root: Path) -> int:
     elif read_record(root, args.tag) is not None:  # --ray tasks: the same, recorded by the driver
         jobs, rows = ray_jobs(root, args.tag), ray_rows(root, args.tag)
     summaries = kernel_summaries(rows, jobs)
+    device, verified = report.rows_device(rows), report.read_verify(root)
     console = LiveLine()
-    console.print(report_table(summaries, args.tag))
+    console.print(report_table(summaries, args.tag, device))
     print("\n".join(report.shape_lines(jobs)))
     kept = [r["timestamp"] for r in rows if r["status"] in ("baseline", "keep")]
-    print("\n".join(report.estimate_lines(amdahl(summaries), report.read_verify(root), max(kept) if kept else None)))
+    print("\n".join(report.estimate_lines(amdahl(summaries), verified, max(kept) if kept else None,
+                                         report.is_cpu(device))))
     png = Path(getattr(args, "png", "progress.png"))
-    png = write_progress_png(summaries, png if png.is_absolute() else root / png, args.tag)
-    console.print(f"progress plot: {png}")
+    png = write_progress_png(rows, {s["source"]: s["kernel"] for s in summaries}, verified,
+                             png if png.is_absolute() else root / png, args.tag)
+    console.print(f"progress plot: {png}" + (f" ({report.CPU_CAVEAT})" if report.is_cpu(device) else ""))
     return 0
 
 
@@ -263,10 +311,23 @@ def _sigterm(signum, frame):
     raise KeyboardInterrupt  # `kill` stops the loop the way Ctrl-C does: a last row, a clean tree
 
 
+def cmd_demo(args, root: Path) -> int:
+    device = args.device
+    if device != "cpu":  # --device cpu decides without importing torch
+        from autokernel.gpu import pick_device
+
+        try:
+            device = pick_device(device)
+        except RuntimeError as e:  # --device cuda without a GPU: bad input, before anything runs
+            raise cli.UsageError(str(e)) from None
+    return pipeline_demo.run_demo(root, device, args.tag, args.hours, args.max_experiments)
+
+
 def dispatch(args) -> int:
     root = Path(args.repo).resolve()
-    args.tag = args.tag or default_tag(root)
-    commands = {"run": cmd_run, "status": cmd_status, "next": cmd_next, "report": cmd_report}
+    if args.command != "demo":  # the demo takes a fresh tag of its own
+        args.tag = args.tag or default_tag(root)
+    commands = {"run": cmd_run, "status": cmd_status, "next": cmd_next, "report": cmd_report, "demo": cmd_demo}
     return commands[args.command](args, root)
 
 
@@ -277,8 +338,9 @@ def main(argv=None) -> int:
     try:
         return cli.run_main("orchestrate.py", lambda: dispatch(args), args.debug, known=known)
     except KeyboardInterrupt:
-        print("interrupted: the experiment in flight was undone and logged; run again to resume",
-              file=sys.stderr)
+        if args.command != "demo":  # the demo says where it stopped and what finishes it
+            print("interrupted: the experiment in flight was undone and logged; run again to resume",
+                  file=sys.stderr)
         return 130
     finally:
         signal.signal(signal.SIGTERM, previous)

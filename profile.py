@@ -98,9 +98,17 @@ def run(args) -> int:
     profile_path = plan.write_json({**meta, **prof}, args.output_dir / "profile.json")
     plan_path = plan.write_json(the_plan, args.output_dir / "plan.json")
     show(the_plan)
+    if the_plan["cpu_mode"]:
+        print(CPU_CAVEAT)
     print(f"wrote {profile_path} and {plan_path}" + (f" and {args.export_trace}" if args.export_trace else ""))
     print(f"next: python extract.py --plan {plan_path} --top 3")
     return 0
+
+
+CPU_CAVEAT = ("CPU mode: each share f above is this CPU's time running the model in PyTorch, not a GPU's (a busy CPU "
+              "ranks the types differently from an idle one), and the speedups s measured on a GPU (or defaults) "
+              "are applied to these CPU shares: the gains rank the types for a CPU-mode run, they are not a GPU "
+              "plan; profile on a GPU (--device cuda) for one, or take a shipped plan from profiles/")
 
 
 class ForwardError(Exception):

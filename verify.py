@@ -144,6 +144,7 @@ def run(args) -> dict:
 
     from autokernel import endtoend, gpu
     from autokernel.deploy import optimize
+    from autokernel.extraction import model_origin
     from autokernel.models import describe_model, load_model, parse_shape
     from autokernel.registry import dtype_name, parse_dtype
 
@@ -161,6 +162,13 @@ def run(args) -> dict:
         optimized = optimize(model, args.kernels, types, starters=ROOT / "kernels", verified=None,
                              quiet=True).autokernel  # the prune below decides afresh
         choices = optimized.choices
+        this_model = model_origin({"source": args.model or args.module, "class_name": args.class_name,
+                                   "config": args.config, "input_shape": list(shape), "dtype": dtype_name(dtype)})
+        plan_path = args.kernels.parent / "plan.json"  # extract.py's plan beside its kernels, if any
+        plan = json.loads(plan_path.read_text()) if plan_path.is_file() else None
+        warnings = endtoend.origin_warnings({_rel(c.path): c.path for c in choices.values()}, this_model, plan)
+        for line in warnings:  # before the checks and timing, which take minutes on a large model
+            print(line, flush=True)
         correctness = endtoend.check(model, optimized, inputs, dtype, args.checks)
         sites = [s.to_dict() for s in optimized.sites()]  # calls counted over the checked forwards only
         checked_types = optimized.swapped_types()
@@ -182,7 +190,7 @@ def run(args) -> dict:
         "gpu": gpu.device_name(device) if device == "cuda" else None, "cpu_mode": device == "cpu",
         "kernels": {t: {"path": _rel(c.path), "source": c.source, "passed_over": [_rel(p) for p in c.passed_over]}
                     for t, c in choices.items()},
-        "sites": sites, "swapped_types": kept, "pruned": pruned,
+        "origin_warnings": warnings, "sites": sites, "swapped_types": kept, "pruned": pruned,
         "prune": {"mode": mode, "decided": timed and device == "cuda" and not args.keep_all, "left_out": pruned},
         "unused_types": sorted(set(choices) - set(checked_types)),
         "correctness": correctness, "timing": timings, "timing_errors": timing_errors, "graph": graph,

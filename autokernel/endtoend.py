@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
-from autokernel import customops, swap, timing
+from autokernel import cli, customops, swap, timing
+from autokernel.extraction import model_origin, model_shapes
+from autokernel.kernelfile import KernelFileError, declarations
 
 CHECK_INPUTS = 3  # fresh inputs the optimized model must match the original on
 TIMING_INPUTS = 2  # input sets the timed runs rotate through
@@ -30,6 +33,65 @@ DEPLOY_MODES = ("eager", "graph", "compile", "compile_graph")  # how a user runs
 
 def backend_for(device: str) -> str:
     return GPU_BACKEND if device == "cuda" else CPU_BACKEND
+
+
+# ------------------------------------------------------------------------------ which model the kernels are for
+def origin_warnings(files: dict[str, Path], verified: dict, plan: dict | None = None) -> list[str]:
+    """One line per kernel file whose MODEL_SOURCE (extract.py's record, autokernel.extraction.model_origin)
+    names another model than the one verified, or this model at another input shape or dtype. files: the
+    name to show -> the file; verified: the model being verified, in MODEL_SOURCE's form. A file without
+    MODEL_SOURCE (extracted before it existed) is checked by its MODEL_SHAPES against `plan`, when the plan
+    (workspace/plan.json) profiled this model: none of them among the plan's shapes of its type is a line
+    too. A starter declares neither, and nothing is said of it."""
+    lines = []
+    for name, path in files.items():
+        try:
+            decl = declarations(Path(path).read_text(), Path(path).name)
+        except (OSError, KernelFileError):
+            continue
+        origin = decl.get("MODEL_SOURCE")
+        if not isinstance(origin, dict):
+            if _profiled_elsewhere(decl, verified, plan):
+                lines.append(f"warning: {name} carries none of the shapes profiled for {_describe(verified)} "
+                             "(workspace/plan.json): it was extracted for another model or input")
+            continue
+        if _model_key(origin) != _model_key(verified):
+            lines.append(f"warning: {name} was extracted for {_describe(origin)}, not for {_describe(verified)}: "
+                         "its shapes and tuning are another model's (run profile.py and extract.py for this one)")
+        elif _input_key(origin) != _input_key(verified):
+            lines.append(f"warning: {name} was extracted for this model at input {_describe_input(origin)}, "
+                         f"verified at {_describe_input(verified)}: its shapes and tuning are another input's")
+    return lines
+
+
+def _profiled_elsewhere(decl: dict, verified: dict, plan: dict | None) -> bool:
+    """A file's MODEL_SHAPES are none of the shapes a plan of this very model and input profiled for its type."""
+    planned = model_origin(plan or {})
+    if not decl.get("MODEL_SHAPES") or planned is None or (_model_key(planned), _input_key(planned)) != (
+            _model_key(verified), _input_key(verified)):
+        return False
+    shapes = [s for e in plan.get("entries", []) if e.get("type") == decl.get("KERNEL_TYPE") for s in model_shapes(e)]
+    return bool(shapes) and not any(s in shapes for s in decl["MODEL_SHAPES"])
+
+
+def _model_key(origin: dict) -> tuple:
+    source, _, class_name = str(origin.get("model", "")).rpartition(":")
+    return Path(source).name, class_name, origin.get("config")  # models/llama.py and /abs/models/llama.py alike
+
+
+def _input_key(origin: dict) -> tuple:
+    dtype = str(origin.get("dtype"))
+    return list(origin.get("input_shape") or []), cli.DTYPE_ALIASES.get(dtype.lower(), dtype)
+
+
+def _describe(origin: dict) -> str:
+    config = f" (config {origin['config']})" if origin.get("config") else ""
+    return f"{origin.get('model')}{config}"
+
+
+def _describe_input(origin: dict) -> str:
+    shape, dtype = _input_key(origin)
+    return f"{','.join(map(str, shape))} {dtype}"
 
 
 # ------------------------------------------------------------------------------ correctness

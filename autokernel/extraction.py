@@ -2,9 +2,10 @@
 
 The starter kernels/<type>.py (or kernels/cuda/<type>.py) is copied to workspace/kernels/NN_<type>.py,
 NN being the type's rank in the plan, with its `MODEL_SHAPES = [...]` line set to the shapes the
-profile recorded, the most expensive first, and `MODEL_CALLS = [...]` to how often the model calls
-each per forward pass: bench.py adds the shapes to its sweep, times the first as the primary shape,
-and scores the kernel by its time in the model (sum of calls x time per call, autokernel/modeltime.py).
+profile recorded, the most expensive first, `MODEL_CALLS = [...]` to how often the model calls each
+per forward pass, and `MODEL_SOURCE = {...}` to the model and input they were profiled on (verify.py
+warns when it checks another): bench.py adds the shapes to its sweep, times the first as the primary
+shape, and scores the kernel by its time in the model (sum of calls x time per call, modeltime.py).
 The lines are found with `ast` (so a multi-line literal is replaced whole) and inserted after
 KERNEL_TYPE when the starter has none. Nothing else in the file changes. When the plan lives in the
 workspace, each extracted entry records its `kernel_file` there, which is what the loop takes.
@@ -36,6 +37,7 @@ class Extracted:
 
 
 CALLS_NOTE = "calls per forward pass of each MODEL_SHAPES entry: the weights of the kernel's time in the model"
+SOURCE_NOTE = "the model and input these shapes were profiled on (verify.py warns when it checks another)"
 
 
 def model_shapes(entry: dict) -> list[dict]:
@@ -46,6 +48,21 @@ def model_shapes(entry: dict) -> list[dict]:
 def model_calls(entry: dict) -> list[int]:
     """Calls per forward pass of each of model_shapes(entry); 1 where the profile recorded none."""
     return [int(s.get("calls") or 1) for s in entry.get("shapes", []) if isinstance(s, dict) and s.get("shape")]
+
+
+def model_origin(plan: dict) -> dict | None:
+    """MODEL_SOURCE of the kernels extracted from a plan: "<file or package>:<class>", the config, the input
+    shape and dtype profile.py ran the model with. None for a plan that does not say (written by hand)."""
+    if not plan.get("source") or not plan.get("class_name"):
+        return None
+    return {"model": f"{plan['source']}:{plan['class_name']}", "config": plan.get("config"),
+            "input_shape": list(plan.get("input_shape") or []), "dtype": plan.get("dtype")}
+
+
+def set_model_source(source: str, origin: dict) -> str:
+    """The source with `MODEL_SOURCE = origin`, after MODEL_CALLS (or KERNEL_TYPE when it has none)."""
+    anchor = "MODEL_CALLS" if _assignment(ast.parse(source), "MODEL_CALLS") else "KERNEL_TYPE"
+    return _set_literal(source, "MODEL_SOURCE", origin, SOURCE_NOTE, anchor)
 
 
 def set_model_shapes(source: str, shapes: list[dict], note: str = "", calls: list[int] | None = None) -> str:
@@ -87,7 +104,7 @@ def _assignment(tree: ast.Module, name: str) -> ast.Assign | None:
 
 def _with_comment_above(lines: list[str], index: int) -> int:
     """Include the "# from ..." note an earlier extraction wrote above the assignment."""
-    if index > 0 and lines[index - 1].startswith(("# shapes of ", f"# {CALLS_NOTE}")):
+    if index > 0 and lines[index - 1].startswith(("# shapes of ", f"# {CALLS_NOTE}", f"# {SOURCE_NOTE}")):
         return index - 1
     return index
 
@@ -105,6 +122,7 @@ def extract(plan: dict, top: int, backend: str, out_dir: Path, root: Path) -> li
         raise ExtractError("the plan has no kernel types to extract (did the profile attribute any time?)")
     note = (f"shapes of {plan.get('model', 'the model')}, input {plan.get('input_shape')} "
             f"{plan.get('dtype', '')}, from the profile (most time first)")
+    origin = model_origin(plan)
     out_dir.mkdir(parents=True, exist_ok=True)
     results = []
     for entry in entries:
@@ -119,7 +137,8 @@ def extract(plan: dict, top: int, backend: str, out_dir: Path, root: Path) -> li
         if declared != type_:
             raise ExtractError(f"{src} declares KERNEL_TYPE = {declared!r}, expected {type_!r}")
         out = out_dir / f"{rank:02d}_{type_}.py"
-        out.write_text(set_model_shapes(text, shapes, note, model_calls(entry)) if shapes else text)
+        text = set_model_shapes(text, shapes, note, model_calls(entry)) if shapes else text
+        out.write_text(set_model_source(text, origin) if origin else text)
         results.append(Extracted(type_, rank, out, shapes))
     return results
 

@@ -430,17 +430,21 @@ def _cancel(gen) -> None:
 
 # ------------------------------------------------------------------------------ orchestrate.py run --ray
 def cli_run(root: Path, config: LoopConfig, agent: dict, address: str, plan=None, kernels=None) -> int:
-    from autokernel.report import LiveLine, amdahl, kernel_summaries, report_table, write_progress_png
+    from autokernel.plot import write_progress_png
+    from autokernel.report import LiveLine, amdahl, estimate_lines, is_cpu, kernel_summaries, report_table, rows_device
 
     with LiveLine() as ui:
         why = RayDriver(root, config, agent, address, ui=ui).run(plan, kernels)
         ui.print(f"[bold]Ray tasks stopped[/bold]: {why}")
-    summaries = kernel_summaries(ray_rows(root, config.tag), ray_jobs(root, config.tag))
+    rows = ray_rows(root, config.tag)
+    summaries, device = kernel_summaries(rows, ray_jobs(root, config.tag)), rows_device(rows)
     console = LiveLine()
-    console.print(report_table(summaries, config.tag))
+    console.print(report_table(summaries, config.tag, device))
     estimate = amdahl(summaries)
     if estimate:
-        console.print(f"end-to-end estimate (Amdahl over the plan's shares): {estimate:.3f}x over PyTorch")
-    console.print(f"progress plot: {write_progress_png(summaries, root / 'progress.png', config.tag)}")
+        console.print(estimate_lines(estimate, None, None, is_cpu(device))[0])
+    png = write_progress_png(rows, {s["source"]: s["kernel"] for s in summaries}, None, root / "progress.png",
+                             config.tag)
+    console.print(f"progress plot: {png}")
     return 0
 

@@ -1,4 +1,4 @@
-"""What the user sees of the loop: the live line, the per-kernel report, the Amdahl estimate, progress.png.
+"""What the user sees of the loop: the live line, the per-kernel report, the Amdahl estimate (progress.png: plot.py).
 
 Everything here is read from results.tsv (the rows of one tag) and, for each kernel's share of the
 model's time, from the loop's state; nothing is recomputed from git. A kernel's time is its time in
@@ -31,7 +31,7 @@ VERIFY_JSON = Path("workspace/verify.json")  # verify.py's full report, written 
 VERIFY_ROWS = (("optimized_graph", "with CUDA graphs (GPU time, the estimate's counterpart)"),
                ("optimized", "in eager mode (launch costs included)"), ("optimized_compile", "under torch.compile"))
 
-PNG_DPI = 120  # progress.png resolution
+CPU_CAVEAT = "Triton interpreter timings, not performance figures"  # what every CPU-mode figure says of itself
 NON_TTY_WIDTH = 200  # characters per line when the output goes to a file
 
 
@@ -189,16 +189,18 @@ def read_verify(root: Path) -> dict | None:
     return {**data, "written": written.isoformat(timespec="seconds")}
 
 
-def estimate_lines(estimate: float | None, verify: dict | None, last_kept: str | None) -> list[str]:
+def estimate_lines(estimate: float | None, verify: dict | None, last_kept: str | None, cpu: bool = False) -> list[str]:
     """The Amdahl estimate beside verify.py's measurement (or what to run to get one).
-    last_kept: ISO time of the tag's last kept experiment; a measurement older than it is said to be."""
+    last_kept: ISO time of the tag's last kept experiment; a measurement older than it is said to be.
+    cpu: the kernels were timed in CPU mode, and the estimate is made of those times."""
     lines = []
     if estimate:
-        lines.append(f"end-to-end estimate (Amdahl over the plan's shares): {estimate:.3f}x over PyTorch eager")
+        caveat = f" (from CPU mode's {CPU_CAVEAT})" if cpu else ""
+        lines.append(f"end-to-end estimate (Amdahl over the plan's shares): {estimate:.3f}x over PyTorch eager{caveat}")
     if verify is None:
         return lines + ["no end-to-end measurement yet: run verify.py (or `orchestrate.py run --verify`); "
                         "the estimate alone is not a measurement"]
-    where = "CPU mode, not a performance figure" if verify.get("cpu_mode") else (verify.get("gpu") or "GPU")
+    where = f"CPU mode, {CPU_CAVEAT}" if verify.get("cpu_mode") else (verify.get("gpu") or "GPU")
     stale = " (older than the last kept experiment: run verify.py again)" if last_kept and \
         verify["written"] < last_kept else ""
     lines.append(f"measured by verify.py, {verify.get('model', '?')} input {verify.get('input_shape')} "
@@ -239,10 +241,21 @@ def state_text(status: str, reason: str) -> str:
     return f"{status} ({reason})" if reason else status
 
 
-def report_table(summaries: list[dict], tag: str):
+def rows_device(rows: list[dict]) -> str:
+    """The device a tag's rows were timed on (results.tsv's device column, the last one given), "" if none."""
+    return next((r["device"] for r in reversed(rows) if r.get("device")), "")
+
+
+def is_cpu(device: str) -> bool:
+    return device.startswith("cpu")  # bench.py writes "cpu (Triton interpreter)"
+
+
+def report_table(summaries: list[dict], tag: str, device: str = ""):
     from rich.table import Table
 
-    table = Table(title=f"AutoKernel report: tag {tag}")
+    where = f" on {device}" if device else ""
+    table = Table(title=f"AutoKernel report: tag {tag}{where}", caption=f"CPU mode: {CPU_CAVEAT}" if is_cpu(device)
+                  else None, caption_style="bold red")
     for col in ("kernel", "share f", "time", "baseline", "best", "vs baseline", "vs pytorch", "host/call", "runs",
                 "kept", "state"):
         table.add_column(col, justify="left" if col in ("kernel", "time", "state") else "right")
@@ -253,26 +266,3 @@ def report_table(summaries: list[dict], tag: str):
                       format_us(s["best_us"]), gain, format_x(s["best_vs_pytorch"]), format_us(s["host_us"]),
                       str(s["runs"]), str(s["kept"]), escape(state_text(s["status"], s["reason"])))
     return table
-
-
-def write_progress_png(summaries: list[dict], path: Path, tag: str) -> Path:
-    """Each kernel's best speedup over its baseline after each of its experiments."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(8, 4.5))
-    FigureCanvasAgg(fig)  # Agg, whatever backend the user's matplotlib is set to
-    ax = fig.add_subplot()
-    for s in summaries:
-        points = [(i + 1, y) for i, y in enumerate(s["series"]) if y is not None]
-        if points:
-            ax.step(*zip(*points), where="post", label=s["kernel"], marker="o", markersize=3)
-    ax.axhline(1.0, color="grey", linewidth=0.8, linestyle=":")
-    ax.set_xlabel("experiment (per kernel)")
-    ax.set_ylabel("best speedup over baseline")
-    ax.set_title(f"AutoKernel progress, tag {tag}")
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(loc="best", fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=PNG_DPI)
-    return path

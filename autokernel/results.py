@@ -83,7 +83,7 @@ def append_row(row: dict, path: str | Path = DEFAULT_PATH) -> dict:
             f.seek(0)
             existing = f.read()
             if not row.get("experiment"):
-                row["experiment"] = max(0, len(existing.splitlines()) - 1) + 1
+                row["experiment"] = _highest_experiment(existing) + 1
             header = existing.split("\n", 1)[0].split("\t") if existing else COLUMNS
             text = format_row(row, header if set(header) <= set(COLUMNS) else COLUMNS)
             if not existing:
@@ -96,6 +96,21 @@ def append_row(row: dict, path: str | Path = DEFAULT_PATH) -> dict:
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
     return row
+
+
+def _highest_experiment(text: str) -> int:
+    """The highest experiment number in a log's text (0 for none): numbers go on from any writer's rows."""
+    lines = text.splitlines()
+    column = lines[0].split("\t").index("experiment") if lines and "experiment" in lines[0].split("\t") else 0
+    numbers = [fields[column] for fields in (line.split("\t") for line in lines[1:]) if len(fields) > column]
+    return max((int(n) for n in numbers if n.isdigit()), default=0)
+
+
+def next_experiment(path: str | Path = DEFAULT_PATH) -> int:
+    """The number the next experiment gets: one past the highest in the log, whoever wrote it (the loop,
+    bench.py by hand, another tag), so that the column never restarts at 1."""
+    path = Path(path)
+    return _highest_experiment(path.read_text(encoding="utf-8")) + 1 if path.is_file() else 1
 
 
 def read_rows(path: str | Path = DEFAULT_PATH) -> list[dict]:

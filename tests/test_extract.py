@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from autokernel import sourcecheck
 from autokernel.extraction import ExtractError, extract, set_model_shapes
 from autokernel.kernelfile import declarations
 
@@ -92,6 +93,9 @@ def test_extract_cli_embeds_the_profiled_shapes(repo_root, llama_plan, tmp_path)
             decl = declarations(out.read_text())
             assert decl["KERNEL_TYPE"] == entry["type"]
             assert decl["MODEL_SHAPES"] == [s["shape"] for s in entry["shapes"]]
+            assert decl["MODEL_SOURCE"] == {"model": "models/llama.py:LlamaModel", "config": "tiny",
+                                            "input_shape": [2, 64], "dtype": "float32"}
+            assert sourcecheck.violations(out.read_text(), out.name) == []  # the harness still takes it
         else:
             assert not out.exists() and f"kernels/{entry['type']}.py does not exist" in r.stdout
     assert r.returncode == (0 if all((repo_root / "kernels" / f"{e['type']}.py").is_file()

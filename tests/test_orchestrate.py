@@ -130,6 +130,40 @@ def test_builtin_loop_keeps_improvements_and_git_agrees_with_results(repo):
     assert GitLog(repo).changes() == {}
 
 
+def test_the_loop_numbers_on_after_manual_bench_rows(repo):
+    bench_row = {"status": "pass", "correctness": "PASS", "kernel_type": "rmsnorm", "description": "by hand"}
+    for _ in range(2):  # bench.py run by hand before the night: experiments 1 and 2
+        results.append_row(bench_row, repo / "results.tsv")
+    run_loop(repo, max_experiments=2)
+    numbers = [int(r["experiment"]) for r in rows(repo)]
+    assert numbers == [1, 2, 3, 4]
+    assert [s for _, s in GitLog(repo).log("autokernel/t")][0].startswith("exp 3 fake: baseline")
+    assert results.append_row(bench_row, repo / "results.tsv")["experiment"] == 5  # and bench.py after it
+    loop, _ = run_loop(repo, max_experiments=1)  # the resumed loop goes on past the bench row
+    assert int(rows(repo)[-1]["experiment"]) == 6 and loop.state.data["next_experiment"] == 7
+
+
+@pytest.mark.parametrize("ending", ["budget", "ctrl-c", "error"])
+def test_run_says_how_to_get_back_from_the_experiment_branch(repo, monkeypatch, capsys, ending):
+    from autokernel import runner
+
+    def hook(call):
+        if call == 2 and ending == "ctrl-c":
+            raise KeyboardInterrupt
+        if call == 2 and ending == "error":
+            (repo / "reference.py").write_text("# edited while the loop ran\n")
+    monkeypatch.setattr(runner, "start_warm", lambda device: False)
+    monkeypatch.setattr(runner, "run_bench", FakeBench(hook))
+    argv = ["--repo", str(repo), "run", "--kernel", "kernels/fake.py", "--tag", "t", "--max-experiments", "3"]
+    assert orchestrate.main(argv) == {"budget": 0, "ctrl-c": 130, "error": 2}[ending]
+    assert GitLog(repo).branch() == "autokernel/t"
+    lines = [line for line in capsys.readouterr().out.splitlines() if "git checkout main" in line]
+    assert len(lines) == 1 and "left on branch autokernel/t" in lines[0] and "_optimized.py" in lines[0]
+    if ending == "budget":  # a run started on the branch leaves the checkout where it found it: no line
+        assert orchestrate.main(argv) == 0
+        assert "git checkout" not in capsys.readouterr().out
+
+
 def test_max_reverts_and_experiment_budget(repo):
     loop, why = run_loop(repo, max_experiments=2)
     assert why == "2 experiments run (--max-experiments)" and len(rows(repo)) == 2

@@ -160,6 +160,8 @@ def test_profile_cli_writes_profile_and_plan(repo_root, tmp_path):
              "--input-shape", "2,32", "--dtype", "float32", "--device", "cpu", "--output-dir", str(tmp_path))
     assert r.returncode == 0, r.stderr
     assert "CPU mode" in r.stdout and "Amdahl ceiling" in r.stdout
+    caveat = next(line for line in r.stdout.splitlines() if line.startswith("CPU mode: each share f"))
+    assert "speedups s measured on a GPU" in caveat and "applied to these CPU shares" in caveat
     the_plan = json.loads((tmp_path / "plan.json").read_text())
     assert the_plan["cpu_mode"] and the_plan["input_shape"] == [2, 32] and the_plan["entries"]
     assert set(json.loads((tmp_path / "profile.json").read_text())["types"]) == {e["type"] for e in

@@ -106,6 +106,52 @@ def test_bad_input_is_one_clear_error(repo_root, tmp_path, capsys, interpreter):
     assert code == 2 and "model file not found" in capsys.readouterr().err
 
 
+def extracted_for(repo_root, directory, type_, rank, plan) -> str:
+    """A starter extracted by extract.py from `plan` (its MODEL_SOURCE names the plan's model)."""
+    from autokernel.extraction import extract
+
+    (found,) = extract({**plan, "entries": [{"type": type_, "rank": rank, "shapes": []}]}, 1, "triton", directory,
+                       repo_root)
+    return found.path.name
+
+
+def test_kernels_extracted_for_another_model_are_warned_about_one_line_each(repo_root, tmp_path, capsys,
+                                                                             interpreter):
+    kernels = tmp_path / "kernels"
+    llama = {"source": "models/llama.py", "class_name": "LlamaModel", "config": "tiny", "input_shape": [1, 8],
+             "dtype": "float16"}
+    mine = extracted_for(repo_root, kernels, "rmsnorm", 1, llama)
+    gpt2 = extracted_for(repo_root, kernels, "matmul", 2, {**llama, "source": "models/gpt2.py",
+                                                          "class_name": "GPT2Model"})
+    longer = extracted_for(repo_root, kernels, "rotary_embedding", 3, {**llama, "input_shape": [1, 2048]})
+    code, report, printed = run_verify(repo_root, tmp_path, capsys, "llama", "--kernels", str(kernels),
+                                       "--types", "rmsnorm,matmul,rotary_embedding", "--no-timing")
+    assert code == 0, printed.out + printed.err
+    warned = [line for line in printed.out.splitlines() if line.startswith("warning: ")]
+    assert len(warned) == 2 and report["origin_warnings"] == warned
+    assert gpt2 in warned[0] and "extracted for models/gpt2.py:GPT2Model (config tiny), not for" in warned[0]
+    assert longer in warned[1] and "at input 1,2048 fp16, verified at 1,8 fp16" in warned[1]
+    assert not any(mine in line for line in warned)  # extracted for this model at this input: nothing to say
+
+
+def test_a_file_without_model_source_is_checked_against_this_models_plan(repo_root, tmp_path):
+    from autokernel.extraction import model_origin, set_model_shapes
+
+    plan = {"source": "models/llama.py", "class_name": "LlamaModel", "config": "tiny", "input_shape": [1, 8],
+            "dtype": "float16", "entries": [{"type": "rmsnorm", "shapes": [{"shape": {"M": 8, "N": 128}}]}]}
+    older = tmp_path / "01_rmsnorm.py"  # extracted before MODEL_SOURCE existed: its shapes are all it says
+    starter = (repo_root / "kernels" / "rmsnorm.py").read_text()
+    this_model = model_origin(plan)
+    for shapes, warned in (([{"M": 2048, "N": 2048}], True), ([{"M": 8, "N": 128}, {"M": 1, "N": 128}], False)):
+        older.write_text(set_model_shapes(starter, shapes))
+        lines = endtoend.origin_warnings({"01_rmsnorm.py": older}, this_model, plan)
+        assert len(lines) == warned and all("01_rmsnorm.py carries none of the shapes profiled" in x for x in lines)
+    older.write_text(set_model_shapes(starter, [{"M": 2048, "N": 2048}]))
+    other_plan = {**plan, "source": "models/gpt2.py", "class_name": "GPT2Model"}  # about another model: no yardstick
+    assert endtoend.origin_warnings({"01_rmsnorm.py": older}, this_model, other_plan) == []
+    assert endtoend.origin_warnings({"rmsnorm.py": repo_root / "kernels" / "rmsnorm.py"}, this_model, plan) == []
+
+
 def test_the_best_kernel_of_each_type_is_chosen(repo_root, tmp_path):
     starter = (repo_root / "kernels" / "rmsnorm.py").read_text()
     for name in ("01_rmsnorm.py", "01_rmsnorm_optimized.py", "05_rmsnorm_optimized.py"):

@@ -37,7 +37,7 @@ from autokernel.gitlog import KERNEL_PATH, GitError, GitLog
 from autokernel.kernelfile import KernelFileError, declarations
 from autokernel.loop import budget
 from autokernel.loop.state import LoopError, StateFile, job_row_history, repo_lock, unpark
-from autokernel.report import format_duration, format_us, progress_line
+from autokernel.report import CPU_CAVEAT, format_duration, format_us, progress_line
 
 # A full harness run takes 10-30 s on a GPU; a candidate still going after this long is a hang (seen on
 # an H200: a one-warp, 8192-wide single-pass rmsnorm compiled for minutes), and the night moves on.
@@ -185,6 +185,12 @@ class Loop:
                                 f"{self.state.data['head'][:10]}: put it back (git reset --hard "
                                 f"{self.state.data['head'][:10]}) or start a new --tag")
             self._say(f"resumed {branch} at experiment {self.state.data['next_experiment']}")
+        if self.bench is None:
+            from autokernel.gpu import pick_device
+
+            if pick_device(self.cfg.device) == "cpu":
+                self._say(f"CPU mode: the times and speedups below are {CPU_CAVEAT} (they show that the loop "
+                          "runs; near-identical kernels can differ by 100x)")
         self.state.data["seed"] = self.cfg.seed  # `orchestrate.py next` shows the same search order
         self.harness = harness_hashes(self.root)
         for job in self.state.jobs:
@@ -364,7 +370,7 @@ class Loop:
     def _begin(self, job: dict, kind: str) -> dict:
         if kind != "finale":  # the end of the run's finale leaves the queue as it is
             job["status"] = "active"
-        inflight = {"experiment": self.state.data["next_experiment"], "kernel": job["name"], "kind": kind,
+        inflight = {"experiment": self._next_number(), "kernel": job["name"], "kind": kind,
                     "phase": "edit", "base": self.git.head(), "untracked": sorted(self.git.untracked()),
                     "started": time.time()}
         self.state.data["inflight"] = inflight
@@ -381,6 +387,15 @@ class Loop:
         sha = self.git.commit_kernel(f"{job['name']}: back to its best ({job['best_sha'][:10]})")
         inflight["base"] = self.state.data["head"] = sha
         self.state.save()
+
+    def _next_number(self) -> int:
+        """The next experiment's number: on from the highest in results.tsv (bench.py's rows by hand, an
+        earlier tag's), so the column never restarts at 1. A log shared by --gpus workers, each appending
+        while the others run, is numbered per worker tag instead: two workers never take the same number."""
+        number = self.state.data["next_experiment"]
+        if self.results_path.is_relative_to(self.root):
+            number = max(number, results.next_experiment(self.results_path))
+        return number
 
     def _baseline(self, job: dict) -> None:
         inflight = self._begin(job, "baseline")

@@ -1,0 +1,95 @@
+"""The morning report and progress.png from a synthetic results.tsv: what a practitioner sees of the night.
+
+Two kernels, each with a baseline, kept, reverted and crashed experiments; verify.py's end-to-end figure
+beside them. The figure is inspected through the matplotlib objects progress_figure returns.
+"""
+
+import json
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+import orchestrate
+from autokernel import results
+from autokernel.plot import OUTCOMES, progress_figure
+
+START = datetime(2026, 11, 23, 22, 0, tzinfo=timezone.utc)
+# (minutes after START, kernel file, status, correctness, model_us)
+NIGHT = [
+    (0, "workspace/kernels/01_rmsnorm.py", "baseline", "PASS", 100.0),
+    (4, "workspace/kernels/01_rmsnorm.py", "keep", "PASS", 80.0),
+    (8, "workspace/kernels/01_rmsnorm.py", "revert", "PASS", 95.0),
+    (12, "workspace/kernels/01_rmsnorm.py", "crash", "FAIL", None),
+    (16, "workspace/kernels/01_rmsnorm.py", "keep", "PASS", 62.5),
+    (20, "workspace/kernels/02_matmul.py", "baseline", "PASS", 400.0),
+    (24, "workspace/kernels/02_matmul.py", "revert", "FAIL", None),
+    (28, "workspace/kernels/02_matmul.py", "keep", "PASS", 320.0),
+    (32, "workspace/kernels/02_matmul.py", "timeout", "FAIL", None),
+]
+NAMES = {"workspace/kernels/01_rmsnorm.py": "01_rmsnorm", "workspace/kernels/02_matmul.py": "02_matmul"}
+
+
+def write_night(root, device: str) -> list[dict]:
+    path = root / "results.tsv"
+    for minutes, kernel, status, correctness, us in NIGHT:
+        results.append_row({"timestamp": (START + timedelta(minutes=minutes)).isoformat(), "tag": "night",
+                            "kernel_type": kernel.split("_", 1)[1][:-3], "kernel_file": kernel, "status": status,
+                            "correctness": correctness, "model_us": us, "latency_us": us, "device": device,
+                            "description": f"{status} at {minutes} min"}, path)
+    return results.read_rows(path)
+
+
+def write_verify(root, cpu: bool) -> dict:
+    report = {"model": "LlamaModel (1.1B parameters)", "input_shape": [1, 2048], "cpu_mode": cpu,
+              "gpu": None if cpu else "NVIDIA H200",
+              "timing": {"optimized": {"ms": 10.0, "speedup_vs_eager": 1.18},
+                         "optimized_graph": {"ms": 9.0, "speedup_vs_eager": 1.07}}}
+    (root / "workspace").mkdir(exist_ok=True)
+    (root / "workspace" / "verify.json").write_text(json.dumps(report))
+    return {**report, "written": START.isoformat()}
+
+
+def texts(fig) -> list[str]:
+    ax = fig.axes[0]
+    return [t.get_text() for t in [*ax.texts, *fig.texts, ax.title, ax.xaxis.label]]
+
+
+@pytest.mark.parametrize("device", ["NVIDIA H200", "cpu (Triton interpreter)"])
+def test_progress_figure_shows_every_outcome_each_kernels_best_and_the_end_to_end_line(tmp_path, device):
+    cpu = device.startswith("cpu")
+    fig = progress_figure(write_night(tmp_path, device), NAMES, write_verify(tmp_path, cpu), "night")
+    ax = fig.axes[0]
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert [label for _, label in OUTCOMES.values()] == legend[:3]
+    e2e = [line for line in ax.get_lines() if line.get_label().startswith("the model end to end")]
+    assert len(e2e) == 1 and e2e[0].get_ydata()[0] == pytest.approx(1.07)  # the CUDA-graph row, the estimate's kin
+    assert "1.07x over eager with CUDA graphs" in e2e[0].get_label() and e2e[0].get_label() in legend
+    # per outcome, the experiments drawn: 2 baselines + 3 keeps, 1 slower revert, 3 failures (a crash, an
+    # incorrect kernel, a timeout), each kind in its own marker
+    drawn = {kind: [c for c in ax.collections if c.get_gid() == kind] for kind in OUTCOMES}
+    assert {kind: sum(len(c.get_offsets()) for c in found) for kind, found in drawn.items()} == \
+        {"kept": 5, "reverted": 1, "failed": 3}
+    looks = {kind: (tuple(found[0].get_facecolors().ravel()), tuple(found[0].get_edgecolors().ravel()),
+                    len(found[0].get_paths()[0].vertices)) for kind, found in drawn.items()}
+    assert len(set(looks.values())) == 3
+    labels = [t.get_text() for t in ax.texts if t.get_gid() == "kernel-label"]
+    assert labels == ["01_rmsnorm 1.60x", "02_matmul 1.25x"]  # each kernel's best, at its last step
+    assert ax.xaxis.label.get_text() == "wall-clock time since the first experiment (minutes)"
+    assert max(line.get_xdata()[-1] for line in ax.get_lines()[:2]) == pytest.approx(32.0)  # minutes, to the end
+    title = ax.title.get_text()
+    assert "9 experiments on" in title and "5 kept, 1 reverted, 3 failed" in title
+    caveat = [t for t in fig.texts if t.get_gid() == "cpu-caveat"]
+    assert ("NVIDIA H200" in title) != cpu and len(caveat) == cpu and ("not performance figures" in title) == cpu
+
+
+def test_report_regenerates_the_png_and_states_cpu_mode(tmp_path, capsys):
+    write_night(tmp_path, "cpu (Triton interpreter)")
+    write_verify(tmp_path, cpu=True)
+    png = tmp_path / "night.png"
+    assert orchestrate.main(["--repo", str(tmp_path), "report", "--tag", "night", "--png", str(png)]) == 0
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.strip() == "CPU mode: Triton interpreter timings, not performance figures" for line in lines)
+    measured = next(line for line in lines if line.startswith("measured by verify.py"))
+    assert "CPU mode, Triton interpreter timings, not performance figures" in measured
+    assert next(line for line in lines if line.startswith("progress plot:")).endswith("not performance figures)")
