@@ -219,13 +219,15 @@ def test_a_starter_with_a_per_shape_table_passes_the_static_check(starter):
     assert sourcecheck.violations(table, starter) == []
 
 
-def test_the_agent_may_not_edit_the_model_shapes(repo):
+@pytest.mark.parametrize("edit", [lambda text: text.replace("MODEL_CALLS = [10, 1]", "MODEL_CALLS = [1, 1]"),
+                                  lambda text: text + '\nMODEL_SOURCE = {"model": "models/other.py:Other"}\n'],
+                         ids=["calls", "source"])
+def test_the_agent_may_not_edit_the_model_shapes(repo, edit):
     class ShrinkShapes:
         name = "shrink"
 
         def propose(self, task):
-            text = task.kernel_file.read_text()
-            task.kernel_file.write_text(text.replace("MODEL_CALLS = [10, 1]", "MODEL_CALLS = [1, 1]"))
+            task.kernel_file.write_text(edit(task.kernel_file.read_text()))
             from autokernel.agents import Proposal
 
             return Proposal("fewer calls")
@@ -241,7 +243,7 @@ def test_the_agent_may_not_edit_the_model_shapes(repo):
     Loop(repo, LoopConfig(tag="t", max_reverts=1), ShrinkShapes(), load_jobs(repo, kernels=["kernels/model.py"]),
          bench=model_bench).run()
     last = rows(repo)[-1]
-    assert last["status"] == "revert" and "changed MODEL_SHAPES or MODEL_CALLS" in last["description"]
+    assert last["status"] == "revert" and "changed MODEL_SHAPES, MODEL_CALLS or MODEL_SOURCE" in last["description"]
 
 
 # ------------------------------------------------------------------------------ the night by Amdahl

@@ -60,26 +60,36 @@ def test_progress_figure_shows_every_outcome_each_kernels_best_and_the_end_to_en
     fig = progress_figure(write_night(tmp_path, device), NAMES, write_verify(tmp_path, cpu), "night")
     ax = fig.axes[0]
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert [label for _, label in OUTCOMES.values()] == legend[:3]
+    assert [label for _, label in OUTCOMES.values()] == legend[:4]
     e2e = [line for line in ax.get_lines() if line.get_label().startswith("the model end to end")]
     assert len(e2e) == 1 and e2e[0].get_ydata()[0] == pytest.approx(1.07)  # the CUDA-graph row, the estimate's kin
     assert "1.07x over eager with CUDA graphs" in e2e[0].get_label() and e2e[0].get_label() in legend
-    # per outcome, the experiments drawn: 2 baselines + 3 keeps, 1 slower revert, 3 failures (a crash, an
+    # per outcome, the experiments drawn: 2 baselines, 3 keeps, 1 slower revert, 3 failures (a crash, an
     # incorrect kernel, a timeout), each kind in its own marker
     drawn = {kind: [c for c in ax.collections if c.get_gid() == kind] for kind in OUTCOMES}
     assert {kind: sum(len(c.get_offsets()) for c in found) for kind, found in drawn.items()} == \
-        {"kept": 5, "reverted": 1, "failed": 3}
+        {"baseline": 2, "kept": 3, "reverted": 1, "failed": 3}
     looks = {kind: (tuple(found[0].get_facecolors().ravel()), tuple(found[0].get_edgecolors().ravel()),
                     len(found[0].get_paths()[0].vertices)) for kind, found in drawn.items()}
-    assert len(set(looks.values())) == 3
+    assert len(set(looks.values())) == 4
     labels = [t.get_text() for t in ax.texts if t.get_gid() == "kernel-label"]
-    assert labels == ["01_rmsnorm 1.60x", "02_matmul 1.25x"]  # each kernel's best, at its last step
+    assert sorted(labels) == ["01_rmsnorm 1.60x", "02_matmul 1.25x"]  # each kernel's best, at its last step
     assert ax.xaxis.label.get_text() == "wall-clock time since the first experiment (minutes)"
     assert max(line.get_xdata()[-1] for line in ax.get_lines()[:2]) == pytest.approx(32.0)  # minutes, to the end
     title = ax.title.get_text()
-    assert "9 experiments on" in title and "5 kept, 1 reverted, 3 failed" in title
+    assert "9 experiments on" in title and "2 baselines, 3 kept, 1 reverted, 3 failed" in title
     caveat = [t for t in fig.texts if t.get_gid() == "cpu-caveat"]
     assert ("NVIDIA H200" in title) != cpu and len(caveat) == cpu and ("not performance figures" in title) == cpu
+
+
+def test_the_end_to_end_line_stays_in_view_and_labels_at_one_height_are_stacked(tmp_path):
+    rows = [r for r in write_night(tmp_path, "NVIDIA H200") if r["status"] == "baseline"]  # both ends at 1.00x
+    verify = write_verify(tmp_path, cpu=False)
+    verify["timing"]["optimized_graph"]["speedup_vs_eager"] = 3.0  # far above every kernel's step
+    ax = progress_figure(rows, NAMES, verify, "night").axes[0]
+    assert ax.get_ylim()[1] >= 3.0
+    offsets = sorted(t.xyann[1] for t in ax.texts if t.get_gid() == "kernel-label")
+    assert len(offsets) == 2 and offsets[1] > offsets[0]  # one above the other, not on top of each other
 
 
 def test_report_regenerates_the_png_and_states_cpu_mode(tmp_path, capsys):

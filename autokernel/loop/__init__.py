@@ -48,7 +48,8 @@ BASELINE_TIMEOUT_FACTOR = 4
 # what an experiment's outcome keeps of the harness result (the loop state and the agent read them)
 OUTCOME_KEYS = ("latency_us", "noise_pct", "pct_peak", "speedup_vs_pytorch", "model_us", "model_noise_pct",
                 "model_vs_pytorch", "model_host_us", "model_timing", "model_shapes", "device")
-MODEL_DECLARATIONS = ("MODEL_SHAPES", "MODEL_CALLS")  # what the objective is made of: never the agent's edit
+# what the objective is made of, and which model it was made for: never the agent's edit
+MODEL_DECLARATIONS = ("MODEL_SHAPES", "MODEL_CALLS", "MODEL_SOURCE")
 # The host clock of two benches of the same launcher differs by a few percent; a launcher that really costs
 # more (another launch, a torch op, a sync) costs tens of percent. Within this margin the GPU decides.
 HOST_NOISE_PCT = 5.0
@@ -423,8 +424,9 @@ class Loop:
         if KERNEL_PATH not in self.git.changes():
             return self._discard(job, inflight, proposal, "kernel.py is unchanged")
         if self._model_shapes_changed(job):
-            return self._discard(job, inflight, proposal, "changed MODEL_SHAPES or MODEL_CALLS: the model's shapes "
-                                                          "and call counts are the objective, not the agent's to edit")
+            return self._discard(job, inflight, proposal, "changed MODEL_SHAPES, MODEL_CALLS or MODEL_SOURCE: the "
+                                                          "model's shapes and call counts are the objective, and the "
+                                                          "model they came from its record, not the agent's to edit")
         self._bench_commit(job, inflight, proposal)
 
     def _model_shapes_changed(self, job: dict) -> bool:
