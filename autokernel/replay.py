@@ -41,6 +41,9 @@ ALLOCATIONS = {aten.empty.memory_format, aten.empty_strided.default, aten.empty_
 ZEROED = {aten.zeros.default, aten.zeros_like.default, aten.new_zeros.default}
 
 
+MAX_SIGNATURES = 1024  # plans kept per kernel; past that they start again (a model has a few shapes, a sweep many)
+
+
 class Unreplayable(Exception):
     """What kernel_fn did for this signature cannot be replayed (the reason is the message)."""
 
@@ -125,6 +128,8 @@ class Replayed:
             return plan.run(args, pointers)
         if plan is not None or self.recording is None:
             return self.fallback(*args)
+        if len(self.plans) >= MAX_SIGNATURES:
+            self.plans.clear()
         out, self.plans[key] = self._record(args, pointers)
         return out
 
