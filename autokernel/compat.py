@@ -207,12 +207,21 @@ def _entry(kernel, compiled, grid, rest_names, rest_defaults, kwargs):
     """What a hit launches with: (launcher, grid as 3 ints, arguments between the stream and the kernel's,
     the parameters after the positional ones (constexprs and defaults, fixed by the key), the CompiledKernel,
     the globals the kernel read at compile time); None when compiled is not a CompiledKernel."""
-    if not all(hasattr(compiled, a) for a in ("run", "function", "packed_metadata")) or not 1 <= len(grid) <= 3:
+    raw = raw_launcher(compiled)
+    if raw is None or not 1 <= len(grid) <= 3:
         return None
-    run, head = launcher(compiled, triton_version())
+    run, head = raw
     tail = tuple(kwargs[n] if n in kwargs else d for n, d in zip(rest_names, rest_defaults))
     used = tuple((name, value, scope) for (name, _), (value, scope) in getattr(kernel, "used_global_vals", {}).items())
     return run, (*grid, 1, 1)[:3], head, tail, compiled, used
+
+
+def raw_launcher(compiled) -> tuple | None:
+    """launcher(compiled) for this Triton (for the releases fast_launch_enabled() accepts); None when compiled is
+    not a CompiledKernel."""
+    if not all(hasattr(compiled, a) for a in ("run", "function", "packed_metadata")):
+        return None
+    return launcher(compiled, triton_version())
 
 
 def launcher(compiled, version: tuple[int, int]):
@@ -226,32 +235,34 @@ def launcher(compiled, version: tuple[int, int]):
     return run, (compiled.function, compiled.packed_metadata, None, None, None)
 
 
+def _raw_stream():
+    """The cheapest call that gives a device's current CUDA stream as Triton's launcher takes it (Triton's own
+    launch path calls torch._C._cuda_getCurrentRawStream too)."""
+    import torch
+
+    return getattr(torch._C, "_cuda_getCurrentRawStream", lambda index: torch.cuda.current_stream(index).cuda_stream)
+
+
 def _launch_context():
     """(current device, raw stream of a device, whether a launch hook is set, key of an argument): the
-    cheapest calls that say what Triton's own launch path would ask (it uses torch.cuda.current_device and
-    torch._C._cuda_getCurrentRawStream itself)."""
+    cheapest calls that say what Triton's own launch path would ask."""
     import torch
 
     device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
-    stream = getattr(torch._C, "_cuda_getCurrentRawStream", lambda index: torch.cuda.current_stream(index).cuda_stream)
-    return device, stream, _hooks_probe(triton_version()), _arg_key_function(torch.Tensor)
+    return device, _raw_stream(), launch_hooks_probe(), _arg_key_function(torch.Tensor)
 
 
-def _hooks_probe(version: tuple[int, int]):
-    """A function that says whether a profiler has set Triton's launch hooks (see the version notes)."""
-    if version < (3, 4):
-        from triton.compiler.compiler import CompiledKernel
-
-        return lambda: CompiledKernel.launch_enter_hook is not None or CompiledKernel.launch_exit_hook is not None
-    from triton import knobs
-
-    runtime = knobs.runtime
-    enter, exit_ = runtime.launch_enter_hook, runtime.launch_exit_hook
-    if not hasattr(enter, "calls"):  # 3.4: a function or None
-        return lambda: runtime.launch_enter_hook is not None or runtime.launch_exit_hook is not None
+@functools.cache
+def launch_hooks_probe() -> Callable[[], bool]:
+    """A function that says whether a profiler has set Triton's launch hooks (see the version notes): launches
+    must then take Triton's own path."""
+    owner = _hook_owner()
+    enter, exit_ = owner.launch_enter_hook, owner.launch_exit_hook
+    if not hasattr(enter, "calls"):  # 3.3-3.4: a function or None
+        return lambda: owner.launch_enter_hook is not None or owner.launch_exit_hook is not None
     # 3.5+: HookChains that profilers add to; a hook assigned in their place (3.4's way) counts too
-    return lambda: bool(enter.calls or exit_.calls or runtime.launch_enter_hook is not enter
-                        or runtime.launch_exit_hook is not exit_)
+    return lambda: bool(enter.calls or exit_.calls or owner.launch_enter_hook is not enter
+                        or owner.launch_exit_hook is not exit_)
 
 
 def _arg_key_function(tensor_type):
@@ -295,16 +306,6 @@ def is_jit_kernel(value) -> bool:
     return isinstance(value, JITFunction)
 
 
-def raw_launcher(compiled) -> tuple | None:
-    """(callable, its arguments between the stream and the kernel's) that launch a CompiledKernel without hooks,
-    as FastLaunch's hits do (see the version notes above); None where the protocol is not modelled."""
-    low, high = FAST_LAUNCH_TRITON
-    if not low <= triton_version() <= high or not all(hasattr(compiled, a) for a in ("run", "function",
-                                                                                       "packed_metadata")):
-        return None
-    return launcher(compiled, triton_version())
-
-
 def launch_arguments(kernel, args: tuple, kwargs: dict) -> list:
     """Every parameter of a @triton.jit kernel as its launcher takes them, in order, defaults applied; launch
     options (num_warps, num_stages, ...) are not parameters and are left out (they are in the metadata)."""
@@ -320,14 +321,8 @@ def stream_of(device: int) -> Callable[[], int]:
     """The current raw CUDA stream of a device, as the launcher takes it (0 on the CPU)."""
     if device < 0:
         return lambda: 0
-    stream = _launch_context()[1]
+    stream = _raw_stream()
     return lambda: stream(device)
-
-
-@functools.cache
-def launch_hooks_probe() -> Callable[[], bool]:
-    """A function that says whether a profiler set Triton's launch hooks: launches must then take Triton's path."""
-    return _hooks_probe(triton_version())
 
 
 @contextlib.contextmanager

@@ -133,11 +133,11 @@ def measured_line(root: Path) -> str:
     where = f"CPU mode: {report.CPU_CAVEAT}" if verify.get("cpu_mode") else verify.get("gpu") or "GPU"
     head = (f"the model, {verify.get('model')} input {'x'.join(map(str, verify.get('input_shape') or []))}: "
             f"correctness {verify['correctness']['status']}")
-    for row, label in report.VERIFY_ROWS:
-        speedup = (verify["timing"].get(row) or {}).get("speedup_vs_eager")
-        if speedup:
-            return f"{head}, {speedup:.3g}x over PyTorch eager {label.split(' (')[0]}, measured by verify.py ({where})"
-    return f"{head}, not timed ({where})"
+    measured = report.measured_speedup(verify)
+    if measured is None:
+        return f"{head}, not timed ({where})"
+    speedup, how = measured
+    return f"{head}, {speedup:.3g}x over PyTorch eager {how}, measured by verify.py ({where})"
 
 
 def where_lines(root: Path, tag: str, started_on: str | None) -> list[str]:

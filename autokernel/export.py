@@ -20,7 +20,8 @@ from pathlib import Path
 
 from autokernel import compat
 
-RUNTIME = ("compat", "customops", "deploy", "kernelfile", "launchers", "replay", "swap")  # autokernel modules optimize() runs on
+# autokernel modules optimize() runs on
+RUNTIME = ("compat", "customops", "deploy", "kernelfile", "launchers", "replay", "swap")
 # What a CUDA C++ kernel file imports: the build helper, which runs the static check of CUDA C++ on every
 # source it compiles (sourcecheck, failing with guards.GuardFailed), in the user's process too.
 CUDA_RUNTIME = ("cuda_build", "cuda_prelude", "guards", "sourcecheck")

@@ -58,9 +58,7 @@ def fast(kernel_fn: Callable) -> Callable:
     call pattern); kernel_fn itself in the interpreter or with AUTOKERNEL_FAST_LAUNCH=0."""
     if not compat.fast_launch_enabled():
         return kernel_fn
-    from triton.runtime.jit import JITFunction
-
-    quick = rebound(kernel_fn, lambda v: isinstance(v, JITFunction), compat.FastLaunch)
+    quick = rebound(kernel_fn, compat.is_jit_kernel, compat.FastLaunch)
     if quick is None:  # no Triton kernel: a CUDA C++ file
         return kernel_fn
     if not compat.replay_enabled() or any(getattr(v, "__name__", "") == "autokernel.cuda_build"

@@ -1,14 +1,14 @@
 """progress.png: the night at a glance, made from results.tsv and workspace/verify.json alone.
 
-x is wall-clock time since the tag's first experiment (results.tsv's timestamps), y the speedup over
-each kernel's own baseline (its time in the model when it has model shapes, else its primary shape's
-latency). Every experiment is a marker by its outcome: each kernel's baseline, kept (a commit on autokernel/<tag>), reverted
-(correct but not faster by the margin), failed (a crash, a timeout, an incorrect kernel, an edit that
-never reached the harness). Each kernel's best so far is a step line, labelled at its last step with
-the kernel's name and best speedup (labels that would overlap are stacked). verify.py's measured
-end-to-end speedup of the model, when there is one, is a dashed line inside the y range, so that the
-kernels' gains are never the only number. In CPU mode the title and
-a line across the foot of the figure say the times are the Triton interpreter's.
+x is wall-clock time since the tag's first experiment (results.tsv's timestamps), y the speedup over each
+kernel's own baseline (its time in the model when it has model shapes, else its primary shape's latency).
+Every experiment is a marker by its outcome: each kernel's baseline, kept (a commit on autokernel/<tag>),
+reverted (correct but not faster by the margin), failed (a crash, a timeout, an incorrect kernel, an edit that
+never reached the harness). Each kernel's best so far is a step line, labelled at its last step with the
+kernel's name and best speedup (labels that would overlap are stacked). verify.py's measured end-to-end
+speedup of the model, when there is one, is a dashed line inside the y range, so that the kernels' gains are
+never the only number. In CPU mode the title and a line across the foot of the figure say the times are the
+Triton interpreter's.
 
     python orchestrate.py report --tag TAG --png progress.png   # the same figure again, any time
 """
@@ -18,7 +18,7 @@ from __future__ import annotations
 from datetime import datetime
 from pathlib import Path
 
-from autokernel.report import CPU_CAVEAT, VERIFY_ROWS, is_cpu, rows_device
+from autokernel.report import CPU_CAVEAT, is_cpu, measured_speedup, rows_device
 from autokernel.results import objective_us
 
 PNG_DPI = 150  # progress.png resolution: sharp enough for a report page at 8 inches wide
@@ -136,16 +136,14 @@ def _label_ends(ax, ends: list[tuple]) -> None:
 
 def _end_to_end_line(ax, verify: dict | None) -> float | None:
     """verify.py's measured speedup of the whole model over eager, the first of VERIFY_ROWS it timed."""
-    if not verify:
+    measured = measured_speedup(verify) if verify else None
+    if measured is None:
         return None
-    for row, label in VERIFY_ROWS:
-        speedup = (verify["timing"].get(row) or {}).get("speedup_vs_eager")
-        if speedup:
-            cpu = " (CPU interpreter)" if verify.get("cpu_mode") else ""
-            ax.axhline(speedup, color="black", linestyle="--", linewidth=1.2, zorder=1,
-                       label=f"the model end to end, verify.py: {speedup:.3g}x over eager {label.split(' (')[0]}{cpu}")
-            return speedup
-    return None
+    speedup, how = measured
+    cpu = " (CPU interpreter)" if verify.get("cpu_mode") else ""
+    ax.axhline(speedup, color="black", linestyle="--", linewidth=1.2, zorder=1,
+               label=f"the model end to end, verify.py: {speedup:.3g}x over eager {how}{cpu}")
+    return speedup
 
 
 def write_progress_png(rows: list[dict], names: dict[str, str], verify: dict | None, path: Path, tag: str) -> Path:

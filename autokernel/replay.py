@@ -130,7 +130,7 @@ class Replayed:
             return self.fallback(*args)
         if len(self.plans) >= MAX_SIGNATURES:
             self.plans.clear()
-        out, self.plans[key] = self._record(args, pointers)
+        out, self.plans[key] = self._record(args)
         return out
 
     def reasons(self) -> dict:
@@ -154,7 +154,7 @@ class Replayed:
 
         return Recording()
 
-    def _record(self, args: tuple, pointers: list):
+    def _record(self, args: tuple):
         """(kernel_fn's output, its Plan or the reason it has none)."""
         self.launches = []
         log = _OpLog()
@@ -166,7 +166,7 @@ class Replayed:
             if counted[0] != len(self.launches):
                 raise Unreplayable(f"{counted[0]} launches, {len(self.launches)} of them through the kernel file's "
                                    "own @triton.jit names")
-            plan = _plan(args, pointers, out, log, self.launches)
+            plan = _plan(args, out, log, self.launches)
         except Unreplayable as e:
             return out, str(e)
         finally:
@@ -206,7 +206,7 @@ class _OpLog(TorchDispatchMode):
         return out
 
 
-def _plan(args: tuple, pointers: list, out, log: _OpLog, launches: list) -> Plan:
+def _plan(args: tuple, out, log: _OpLog, launches: list) -> Plan:
     if log.refused:
         raise Unreplayable(f"kernel_fn computes with torch ({log.refused})")
     inputs = [a if isinstance(a, torch.Tensor) else None for a in args]
@@ -216,13 +216,13 @@ def _plan(args: tuple, pointers: list, out, log: _OpLog, launches: list) -> Plan
     buffers = [t for t, _ in log.allocations]
     where = _Locator(inputs, buffers)
     plan_launches = [_launch(where, *launch) for launch in launches]
-    used = sorted({i for launch in plan_launches for _, from_input, i, _ in launch.pointers if not from_input}
-                  | {i for launch in plan_launches for _, _, from_input, i in launch.descriptors if not from_input})
     outputs = out if isinstance(out, (tuple, list)) else (out,)
     if not outputs or not all(isinstance(o, torch.Tensor) for o in outputs):
         raise Unreplayable("the output is not a tensor or a tuple of tensors")
     specs = [_output(where, o) for o in outputs]
-    used = sorted(set(used) | {s[1] for s in specs if not s[0]})
+    used = sorted({i for launch in plan_launches for _, from_input, i, _ in launch.pointers if not from_input}
+                  | {i for launch in plan_launches for _, _, from_input, i in launch.descriptors if not from_input}
+                  | {i for from_input, i, *_ in specs if not from_input})
     renumber = {old: new for new, old in enumerate(used)}  # allocations nothing refers to are not replayed
     for launch in plan_launches:
         launch.pointers = [(p, s, i if s else renumber[i], o) for p, s, i, o in launch.pointers]

@@ -126,22 +126,8 @@ def kernel_summaries(rows: list[dict], jobs: list[dict]) -> list[dict]:
             if best else None,
             "host_us": _float(best.get("host_us")) if best else None,
             "in_model": bool(best and _float(best.get("model_us"))),
-            "series": _best_so_far(mine),
         })
     return out
-
-
-def _best_so_far(rows: list[dict]) -> list[float | None]:
-    """Speedup over the baseline of the best kept version after each experiment."""
-    base = best = None
-    series = []
-    for r in rows:
-        latency = objective_us(r)
-        if r["status"] in ("baseline", "keep") and r["correctness"] == "PASS" and latency:
-            base = base or latency
-            best = latency
-        series.append(base / best if base and best else None)
-    return series
 
 
 def amdahl(summaries: list[dict]) -> float | None:
@@ -176,6 +162,15 @@ def shape_lines(jobs: list[dict]) -> list[str]:
 
 
 # ------------------------------------------------------------------------------ the measurement beside it
+def measured_speedup(verify: dict) -> tuple[float, str] | None:
+    """(speedup over eager, how it was run, e.g. "with CUDA graphs") of the first of VERIFY_ROWS verify.py timed."""
+    for row, label in VERIFY_ROWS:
+        speedup = (verify["timing"].get(row) or {}).get("speedup_vs_eager")
+        if speedup:
+            return speedup, label.split(" (")[0]
+    return None
+
+
 def read_verify(root: Path) -> dict | None:
     """verify.py's last report (workspace/verify.json) with its file time, or None when there is none."""
     path = root / VERIFY_JSON

@@ -7,10 +7,8 @@ set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; DIR=/tmp/demo; BG=/tmp/demo-out
 STEP=${1:-start}; ARG=${2:-0.1}
 if [ "$STEP" = start ]; then
-  rm -rf "$DIR" "$BG" && mkdir -p "$DIR" "$BG"
-  cp -r autokernel kernels models profiles benchmarks reference.py bench.py orchestrate.py profile.py extract.py \
-    verify.py program.md pyproject.toml kernel.py .gitignore "$DIR"/
-  cd "$DIR" && git init -q && git add -A && git -c user.name=setup -c user.email=setup@localhost commit -qm "fresh project"
+  rm -rf "$BG" && mkdir -p "$BG"
+  bash scripts/fresh_project.sh "$DIR" && cd "$DIR"
   setsid nohup bash -c "python3 orchestrate.py demo --device cuda --hours $ARG > $BG/demo.txt 2>&1; \
     cp results.tsv progress.png $BG/ 2>/dev/null; tar czf $BG/workspace.tgz workspace; \
     git log --oneline --all > $BG/gitlog.txt; touch $BG/done" < /dev/null > /dev/null 2>&1 &

@@ -25,10 +25,7 @@ if [ "$STEP" = poll ]; then  # wait until the background night is done or $2 sec
 fi
 if [ "$STEP" = start ] || [ "$STEP" = all ]; then
   stamp start
-  rm -rf "$DIR" && mkdir -p "$DIR"
-  cp -r autokernel kernels models profiles benchmarks reference.py bench.py orchestrate.py profile.py extract.py \
-    verify.py program.md pyproject.toml kernel.py .gitignore "$DIR"/
-  cd "$DIR" && git init -q && git add -A && git -c user.name=setup -c user.email=setup@localhost commit -qm "fresh project"
+  bash scripts/fresh_project.sh "$DIR" && cd "$DIR"
   # shellcheck disable=SC2086
   python3 profile.py $MODEL_ARGS --input-shape 1,2048 --dtype float16 2>&1 | tee "$OUT/profile.txt" | tail -20
   python3 extract.py --top 4 2>&1 | tee "$OUT/extract.txt"

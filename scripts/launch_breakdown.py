@@ -2,14 +2,14 @@
 
     python scripts/launch_breakdown.py [--json FILE]
 
-For each starter at a model shape, host microseconds per call (timing.host_cost_us: calls enqueued
-without a sync) of: the whole op call, kernel_fn as optimize() plugs it in (replayed, autokernel/replay.py),
-kernel_fn with FastLaunch alone, kernel_fn as the harness calls it (JITFunction.run), kernel_fn with its launches replaced by a no-op (the wrapper's
-own torch calls), and each recorded launch alone through JITFunction.run, FastLaunch, CompiledKernel[grid],
-the compiled launcher called straight (compiled.run with the stream and metadata fetched once), what a
-FastLaunch hit calls (`hit_launcher`: CudaLauncher's C entry on triton 3.5-3.6) and its key alone (`hit_key`).
-Beside them, the floor of this host: a Python call, torch.empty_like, torch.add. Issue 17's target is
-10 us for the whole op call.
+For each starter at a model shape, host microseconds per call (timing.host_cost_us: calls enqueued without a
+sync) of: the whole op call, kernel_fn as optimize() plugs it in (replayed, autokernel/replay.py), kernel_fn
+with FastLaunch alone, kernel_fn as the harness calls it (JITFunction.run), kernel_fn with its launches
+replaced by a no-op (the wrapper's own torch calls), and each recorded launch alone through JITFunction.run,
+FastLaunch, CompiledKernel[grid], the compiled launcher called straight (compiled.run with the stream and
+metadata fetched once), what a FastLaunch hit calls (`hit_launcher`: CudaLauncher's C entry on triton 3.5-3.6)
+and its key alone (`hit_key`). Beside them, the floor of this host: a Python call, torch.empty_like,
+torch.add. Issue 17's target is 10 us for the whole op call.
 """
 
 import sys
@@ -19,14 +19,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from launch_overhead import CASES as OVERHEAD_CASES  # noqa: E402  (this script's own folder)
+
 from autokernel import compat, customops, launchers, timing  # noqa: E402
 from autokernel.kernelfile import import_kernel  # noqa: E402
 from autokernel.registry import get_spec  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-CASES = [("rmsnorm", {"M": 2048, "N": 2048}), ("rotary_embedding", {"B": 1, "H": 32, "S": 2048, "D": 64}),
-         ("matmul", {"M": 2048, "N": 2048, "K": 2048}), ("fused_mlp", {"T": 2048, "H": 2048, "I": 5632}),
-         ("flash_attention", {"B": 1, "H": 32, "S": 2048, "D": 64, "causal": True})]
+CASES = OVERHEAD_CASES[:5]  # one per type, at TinyLlama's shapes
 
 
 def host(fn, args) -> float:
