@@ -31,7 +31,10 @@ and compared with the original's graphed rows. Before timing, on a GPU, each ker
 in turn and stays out if the model is more than 1% faster without it, timed in the mode the model
 will be deployed in (--deploy eager | graph | compile | compile_graph): a kernel can win at the
 harness's shape and lose at the model's, or win eager and lose under torch.compile; --keep-all
-times them all. Without a GPU the kernels run through Triton's CPU interpreter and the compiler
+times them all. --against extracted (the files the loop began from), starters or DIR times the kept
+types with those files in turns with this run's (endtoend.paired: each side replayed from its own CUDA
+graph, PAIRED_ROUNDS rounds, a sign test over them), for differences smaller than two runs' drift.
+Without a GPU the kernels run through Triton's CPU interpreter and the compiler
 backend is aot_eager (inductor's C++ build would dominate a test run): those timings only show that
 the pipeline runs and are labelled so.
 
@@ -79,6 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
     how.add_argument("--keep-all", action="store_true",
                      help="GPU: time every correct kernel plugged in, even those the model is faster without "
                           "(by default each is left out in turn and kept only if it helps)")
+    how.add_argument("--against", metavar="KERNELS",
+                     help="GPU: also time the kept types with other kernel files, in turns with this run's in one "
+                          "process, each side replayed from its CUDA graph: 'extracted' (the files the loop began "
+                          "from: --kernels without its *_optimized winners), 'starters' (kernels/) or a directory")
     how.add_argument("--checks", type=int, default=CHECK_INPUTS,
                      help=f"fresh inputs to compare outputs on (default {CHECK_INPUTS})")
     how.add_argument("--no-timing", action="store_true", help="check correctness only")
@@ -153,6 +160,8 @@ def run(args) -> dict:
         raise ValueError("--checks must be at least 1")
     if not args.kernels.is_dir() and args.kernels != DEFAULT_KERNELS:
         raise ValueError(f"--kernels {args.kernels}: no such directory")
+    if args.against:
+        _against_dir(args)
     types = [t.strip() for t in args.types.split(",") if t.strip()] or None
     model = load_model(args.class_name, model_file=args.model, module=args.module, config=args.config,
                        pretrained=args.pretrained, device=device, dtype=dtype)
@@ -180,6 +189,7 @@ def run(args) -> dict:
             _mark_pruned(sites, pruned)
         timings, timing_errors = endtoend.time_models(model, optimized, inputs, device, args.compile, graphs) \
             if timed else ({}, {})
+        against = _time_against(args, model, optimized, choices, inputs, device) if timed and args.against else None
         graph = endtoend.graph_breaks(optimized, inputs(endtoend.CHECK_SEED)) \
             if args.compile and correctness["status"] == "PASS" else None
     kept = [t for t in checked_types if t not in pruned]
@@ -193,11 +203,42 @@ def run(args) -> dict:
         "origin_warnings": warnings, "sites": sites, "swapped_types": kept, "pruned": pruned,
         "prune": {"mode": mode, "decided": timed and device == "cuda" and not args.keep_all, "left_out": pruned},
         "unused_types": sorted(set(choices) - set(checked_types)),
-        "correctness": correctness, "timing": timings, "timing_errors": timing_errors, "graph": graph,
+        "correctness": correctness, "timing": timings, "timing_errors": timing_errors, "against": against,
+        "graph": graph,
         "export": exported,
         "compile_backend": endtoend.backend_for(device),
         "torch": torch.__version__, "triton": _triton_version(), "command": "python " + shlex.join(sys.argv),
     }
+
+
+def _time_against(args, model, optimized, choices: dict, inputs, device: str) -> dict:
+    """The kept types with this run's kernels against the same types with the files --against names
+    (endtoend.paired): did the loop's winners make the model faster than the kernels it began from?"""
+    from autokernel import customops, endtoend
+    from autokernel.deploy import load_kernels
+
+    types = optimized.swapped_types()
+    ours = customops.installed(types)
+    where = _against_dir(args)
+    try:
+        theirs_choices = load_kernels(where, types, ROOT / "kernels", winners=args.against != "extracted")
+        theirs = customops.installed(types)
+    finally:
+        customops.reinstall(ours)
+    files = {t: _rel(c.path) for t, c in theirs_choices.items()}
+    differs = [t for t in types if theirs_choices[t].path.resolve() != choices[t].path.resolve()]
+    result = {"against": args.against, "kernels": files, "differs": differs}
+    if not differs:
+        return {**result, "note": "the same file for every kept type: nothing to compare"}
+    rounds = endtoend.PAIRED_ROUNDS if device == "cuda" else endtoend.CPU_PAIRED_ROUNDS  # the interpreter is slow
+    return {**result, **endtoend.paired(model, optimized.module(), ours, theirs, inputs, device, rounds)}
+
+
+def _against_dir(args) -> Path:
+    where = {"extracted": args.kernels, "starters": ROOT / "kernels"}.get(args.against, Path(args.against or "."))
+    if not where.is_dir():
+        raise ValueError(f"--against {args.against}: no such directory (nor 'extracted' or 'starters')")
+    return where
 
 
 def _export(args, choices: dict, kept: list[str]) -> dict:
@@ -252,6 +293,8 @@ def show(report: dict) -> None:
         console.print(_timing_table(report))
     for row, error in report["timing_errors"].items():
         console.print(f"[red]not timed[/red]: {row}: {error}")
+    if report.get("against"):
+        console.print(against_line(report["against"], report["cpu_mode"]))
     if report["graph"]:
         g = report["graph"]
         console.print(f"torch.compile of the optimized model: {g['graphs']} graph(s), {g['graph_breaks']} break(s)"
@@ -259,6 +302,18 @@ def show(report: dict) -> None:
     print("---")
     for key, value in summary(report).items():
         print(f"{key}: {'' if value is None else (f'{value:.4g}' if isinstance(value, float) else value)}")
+
+
+def against_line(a: dict, cpu_mode: bool = False) -> str:
+    """One line for --against: the two medians, their ratio, the rounds won and the sign test's verdict."""
+    head = f"against the {a['against']} kernels ({', '.join(a['differs']) or 'none'} differ)"
+    if "note" in a or "error" in a:
+        return f"{head}: {a.get('note') or 'not timed: ' + a['error']}"
+    how = "CPU, Triton interpreter: NOT a performance figure" if cpu_mode else \
+        ("CUDA graph" if a["mode"] == "graph" else a["mode"])
+    return (f"{head}, {a['rounds']} rounds in turns ({how}): {a['ms']:.3f} ms vs {a['against_ms']:.3f} ms, "
+            f"{a['speedup']:.4f}x, this run's kernels faster in {a['won_rounds']} of {a['rounds']} rounds "
+            f"(sign test p={a['p_value']:.2g}): {a['verdict']}")
 
 
 def summary(report: dict) -> dict:
@@ -278,6 +333,8 @@ def summary(report: dict) -> dict:
             "graph_speedup_vs_eager": speedup("optimized_graph", "eager"),
             "graph_speedup_vs_compile": speedup("optimized_graph", "compile"),
             "timing_errors": ",".join(report.get("timing_errors") or {}) or None,
+            "against_speedup": (report.get("against") or {}).get("speedup"),
+            "against_verdict": (report.get("against") or {}).get("verdict"),
             "graph_breaks": g.get("graph_breaks"), "device": report["gpu"] or "cpu", "cpu_mode": report["cpu_mode"]}
 
 

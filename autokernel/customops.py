@@ -106,8 +106,10 @@ def _declared_type(path: Path) -> str | None:
         return None
 
 
-def find_kernels(kernels_dir: Path, starters_dir: Path, types: list[str] | None = None) -> dict[str, KernelChoice]:
-    """The best kernel file of every requested type (every type with a custom-op schema by default)."""
+def find_kernels(kernels_dir: Path, starters_dir: Path, types: list[str] | None = None,
+                 winners: bool = True) -> dict[str, KernelChoice]:
+    """The best kernel file of every requested type (every type with a custom-op schema by default).
+    winners=False passes over the loop's winners (*_optimized.py): the files the loop began from."""
     if types:
         wanted = list(types)
     else:
@@ -122,6 +124,8 @@ def find_kernels(kernels_dir: Path, starters_dir: Path, types: list[str] | None 
         declared = _declared_type(path)
         if declared in wanted:
             kind = "optimized" if path.stem.endswith("_optimized") else "extracted"
+            if kind == "optimized" and not winners:
+                continue
             by_type.setdefault(declared, {}).setdefault(kind, []).append(path)
     chosen = {}
     for t in wanted:
@@ -165,6 +169,17 @@ def install(kernel_type: str, kernel_fn: Callable, label: str) -> None:
     _IMPLS[kernel_type] = launchers.fast(kernel_fn)
     _LABELS[kernel_type] = label
     _TRACEABLE[kernel_type] = launchers.traceable(kernel_fn) if compat.native_compile_enabled() else None
+
+
+def installed(types) -> dict[str, tuple]:
+    """What the ops of `types` run now, to put back with reinstall(): verify.py times two kernel sets in turn."""
+    return {t: (_IMPLS[t], _LABELS[t], _TRACEABLE[t]) for t in types}
+
+
+def reinstall(kernels: dict[str, tuple]) -> None:
+    """Make the ops run what installed() returned."""
+    for t, (impl, label, traceable) in kernels.items():
+        _IMPLS[t], _LABELS[t], _TRACEABLE[t] = impl, label, traceable
 
 
 def op(kernel_type: str):

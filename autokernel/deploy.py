@@ -60,11 +60,12 @@ def optimize(model: nn.Module, kernels: str | Path = DEFAULT_KERNELS, types: Ite
 
 
 def load_kernels(kernels: str | Path, types: Iterable[str] | None = None, starters: str | Path | None = STARTERS,
-                 exclude: Iterable[str] = ()) -> dict[str, customops.KernelChoice]:
-    """The best file of every type, each imported and plugged into its op (type -> KernelChoice)."""
+                 exclude: Iterable[str] = (), winners: bool = True) -> dict[str, customops.KernelChoice]:
+    """The best file of every type, each imported and plugged into its op (type -> KernelChoice); winners=False
+    takes the files the loop began from, not its *_optimized winners."""
     types = [t for t in types if t not in exclude] if types is not None else None
     nowhere = Path(kernels) / "__no_starters__"  # no starters wanted: a directory that holds none
-    choices = customops.find_kernels(Path(kernels), Path(starters) if starters else nowhere, types)
+    choices = customops.find_kernels(Path(kernels), Path(starters) if starters else nowhere, types, winners)
     choices = {t: c for t, c in choices.items() if t not in set(exclude)}
     for choice in choices.values():
         customops.load(choice)

@@ -14,6 +14,8 @@ launches, can lose under torch.compile, whose own kernels fuse across what ours 
 from __future__ import annotations
 
 import contextlib
+import math
+import statistics
 from collections.abc import Callable
 from pathlib import Path
 
@@ -29,6 +31,9 @@ CHECK_SEED, TIMING_SEED = 1, 1000  # seeds of the checked and of the timed input
 GPU_BACKEND, CPU_BACKEND = "inductor", "aot_eager"  # compile backends (a C++ build would dominate a CPU run)
 PRUNE_MARGIN = 0.01  # a kernel type is left out when the model runs this much faster without it
 DEPLOY_MODES = ("eager", "graph", "compile", "compile_graph")  # how a user runs the model; the prune's yardstick
+PAIRED_ROUNDS = 30  # turns of a paired comparison: each times both kernel sets, one right after the other
+CPU_PAIRED_ROUNDS = 2  # in the interpreter: enough to run the path, the figures mean nothing there
+PAIRED_P = 0.05  # a side is faster when it won this improbably many rounds for a coin (two-sided sign test)
 
 
 def backend_for(device: str) -> str:
@@ -318,6 +323,49 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, mode:
                 f"together the kernels lose in {mode} mode (original {original_ms:.3f} ms vs {best:.3f} ms)")
         optimized = swap.build(model, [])
     return optimized, dropped
+
+
+def paired(model, module, ours: dict, theirs: dict, inputs: Callable, device: str,
+           rounds: int = PAIRED_ROUNDS) -> dict:
+    """The optimized model with our kernels against the same model with theirs (customops.installed() of the
+    same types), timed in turns in one process, so that a difference of a few tenths of a percent is not lost
+    in the drift between two runs. On a GPU each side is replayed from its own CUDA graph (GPU time, what the
+    loop optimizes), captured while its kernels were installed; each round times both, in alternating order.
+    Each side's output is checked against the original's first: a wrong one is an error, not a figure."""
+    sets = [inputs(TIMING_SEED + i) for i in range(TIMING_INPUTS)]
+    sides = {"ours": ours, "theirs": theirs}
+    fns = {}
+    try:
+        for name, kernels in sides.items():
+            customops.reinstall(kernels)
+            fns[name] = timing.cuda_graphed(module, sets[0]) if device == "cuda" else module
+            wrong = wrong_output(fns[name], model, sets[-1])
+            if wrong:
+                return {"error": f"{name}: {wrong}"}
+        samples = {"ours": [], "theirs": []}
+        for r in range(rounds):
+            for name in ("ours", "theirs") if r % 2 == 0 else ("theirs", "ours"):
+                customops.reinstall(sides[name])  # for the eager side; a graph replays what it captured
+                samples[name].append(timing.time_fn(fns[name], sets, device).median_us / 1e3)
+    except Exception as e:
+        return {"error": _error_line(e)}
+    finally:
+        customops.reinstall(ours)
+    return {"mode": "graph" if device == "cuda" else "eager", **paired_verdict(samples["ours"], samples["theirs"])}
+
+
+def paired_verdict(ours: list[float], theirs: list[float]) -> dict:
+    """Medians, their ratio (theirs / ours: above 1 when ours is faster), the rounds ours won, and the verdict of
+    a two-sided sign test over the rounds: faster, slower, or no measurable difference."""
+    wins = sum(o < t for o, t in zip(ours, theirs))
+    losses = sum(o > t for o, t in zip(ours, theirs))
+    n = wins + losses  # ties carry no sign
+    tail = sum(math.comb(n, k) for k in range(max(wins, losses), n + 1)) / 2**n if n else 1.0
+    p = min(1.0, 2 * tail)
+    verdict = "no measurable difference" if p >= PAIRED_P else ("faster" if wins > losses else "slower")
+    ms, against_ms = statistics.median(ours), statistics.median(theirs)
+    return {"rounds": len(ours), "ms": ms, "against_ms": against_ms, "speedup": against_ms / ms,
+            "won_rounds": wins, "p_value": p, "verdict": verdict}
 
 
 def _error_line(e: Exception) -> str:

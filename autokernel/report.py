@@ -208,6 +208,11 @@ def estimate_lines(estimate: float | None, verify: dict | None, last_kept: str |
             lines.append(f"  {r['speedup_vs_eager']:.3f}x over eager {label}{off}")
     if not verify["timing"]:
         lines.append("  (no timing: correctness only, or the optimized model failed its check)")
+    against = verify.get("against") or {}
+    if "verdict" in against:  # verify.py --against: the kernels in turns with the ones the loop began from
+        lines.append(f"  the kept kernels against the {against['against']} ones ({', '.join(against['differs'])} "
+                     f"differ), timed in turns: {against['speedup']:.4f}x, {against['verdict']} (this run's faster "
+                     f"in {against['won_rounds']} of {against['rounds']} rounds, sign test p={against['p_value']:.2g})")
     return lines
 
 
@@ -224,6 +229,8 @@ def verify_command(plan: dict, device: str | None = None, json_path: Path = VERI
     cmd += ["--input-shape", ",".join(map(str, plan.get("input_shape") or [])), "--dtype", plan.get("dtype", "float16")]
     device = device or ("cpu" if plan.get("cpu_mode") else "cuda")
     cmd += ["--device", device] + (["--cuda-graph"] if device == "cuda" else [])
+    if any(e.get("kernel_file") for e in plan.get("entries", [])):  # extract.py wrote the files the loop began from
+        cmd += ["--against", "extracted"]
     return cmd + ["--report", str(json_path)]
 
 

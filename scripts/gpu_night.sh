@@ -2,7 +2,8 @@
 # GPU session: a compressed night on a model, exactly as the README's pipeline runs it. Results under $OUT.
 #   bash scripts/gpu_night.sh start 0.13     # fresh copy in /tmp/night, profile, extract --top 4, 0.13 h of loop
 #   bash scripts/gpu_night.sh resume 0.13    # the same tag, 0.13 h more (repeat)
-#   bash scripts/gpu_night.sh finish         # report --verify (verify.py --cuda-graph on the loop's kernels), then on the starters
+#   bash scripts/gpu_night.sh finish         # report --verify (verify.py --cuda-graph --against extracted: the
+#                                            # loop's kernels, and in turns with the extracted), then the starters alone
 #   bash scripts/gpu_night.sh background 0.33  # start, 0.33 h of loop and finish in a process session that outlives
 #   bash scripts/gpu_night.sh poll 540       #   the device tool's 10-minute commands; poll waits up to 540 s for it
 # MODEL_ARGS picks the model (default: models/llama.py at TinyLlama-1.1B's shape); for Hugging Face's class:
@@ -46,7 +47,8 @@ if [ "$STEP" = finish ] || [ "$STEP" = all ]; then
   stamp verify starters; rm -rf /tmp/starters && mkdir -p /tmp/starters
   cp workspace/kernels/[0-9]*.py /tmp/starters/ && cp workspace/plan.json /tmp/starters/ 2>/dev/null
   python3 -c "import json,shlex,sys; from autokernel.report import verify_command; \
-print(shlex.join(verify_command(json.load(open('workspace/plan.json')))[1:-2]))" > /tmp/verify_args.txt
+a = verify_command(json.load(open('workspace/plan.json')))[1:-2]; \
+print(shlex.join(a[:-2] if a[-2:] == ['--against', 'extracted'] else a))" > /tmp/verify_args.txt
   # shellcheck disable=SC2046
   timeout 580 python3 $(cat /tmp/verify_args.txt) --kernels /tmp/starters --report "$OUT/verify_starters.json" \
     > "$OUT/verify_starters.txt" 2>&1; tail -25 "$OUT/verify_starters.txt"

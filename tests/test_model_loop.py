@@ -305,6 +305,14 @@ def test_report_puts_the_estimate_beside_verify_and_builds_its_command(repo):
     assert any("1.250x over eager with CUDA graphs" in line and "off by +4.0%" in line for line in lines)
     assert any(line.strip() == "1.111x over eager in eager mode (launch costs included)" for line in lines)
     assert "older than the last kept experiment" in report.estimate_lines(1.3, verify, "9999-01-01T00:00:00")[1]
+    # with extracted files the loop began from, verify.py times the kept kernels against them, and the report says
+    extracted = {**plan, "entries": [{"type": "rmsnorm", "kernel_file": "workspace/kernels/01_rmsnorm.py"}]}
+    assert report.verify_command(extracted)[-4:-2] == ["--against", "extracted"]
+    against = {"against": "extracted", "differs": ["rmsnorm"], "speedup": 1.0036, "verdict": "faster",
+               "won_rounds": 27, "rounds": 30, "p_value": 1e-5}
+    lines = report.estimate_lines(1.3, {**verify, "against": against}, None)
+    assert lines[-1].strip().startswith("the kept kernels against the extracted ones (rmsnorm differ)")
+    assert "1.0036x, faster (this run's faster in 27 of 30 rounds" in lines[-1]
 
 
 def test_workers_share_their_gpu_hours_by_amdahl():

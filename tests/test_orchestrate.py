@@ -234,6 +234,51 @@ class OneSidedAgent:
         return None
 
 
+class ScriptedAgent:
+    """Proposes the given edits of kernel.py in order (text -> text), then nothing."""
+    name = "scripted"
+
+    def __init__(self, *edits):
+        self.edits = list(edits)
+
+    def propose(self, task):
+        from autokernel.agents import Proposal
+
+        if not self.edits:
+            return None
+        description, edit = self.edits.pop(0)
+        task.kernel_file.write_text(edit(task.kernel_file.read_text()))
+        return Proposal(description)
+
+    def observe(self, *args):
+        pass
+
+    def finish(self, task):
+        return None
+
+
+def test_a_keep_on_the_gpu_is_confirmed_against_the_best_benched_again(repo):
+    class GpuBench(FakeBench):  # the baseline's first bench is one slow measurement, 10% over what it is
+        def __call__(self, path, **options):
+            result = super().__call__(path, **options)
+            slow = 10.0 if self.calls == 1 else 0.0
+            return {**result, "cpu_mode": False, "latency_us": result["latency_us"] + slow}
+
+    agent = ScriptedAgent(("a comment, nothing else", lambda text: text + "# nothing\n"),
+                          ("LATENCY 100 -> 80", lambda text: text.replace("LATENCY = 100", "LATENCY = 80")))
+    bench = GpuBench()
+    loop, _ = run_loop(repo, agent=agent, bench=bench)
+    log = rows(repo)
+    assert [r["status"] for r in log] == ["baseline", "revert", "keep"]
+    # the change that does nothing beat the slow baseline by 9%, and lost it when both were benched again
+    assert "not confirmed: benched again 100.0 us against the best's 100.0 us" in log[1]["description"]
+    assert "confirmed: 20.0% benched again against the best benched again" in log[2]["description"]
+    assert bench.calls == 1 + 3 + 3  # each candidate that cleared the bar: the best and itself once more
+    assert "LATENCY = 80" in (repo / "workspace/kernels/fake_optimized.py").read_text()
+    assert [r["commit"] for r in (log[2], log[0])] == branch_shas(repo)[:2]
+    assert GitLog(repo).changes() == {}
+
+
 def test_a_kernel_whose_agent_is_exhausted_is_not_resumed(repo):
     said = Lines()
     loop = Loop(repo, LoopConfig(tag="t", max_reverts=2, max_experiments=9), OneSidedAgent(), two_kernel_repo(repo),

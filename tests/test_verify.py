@@ -410,3 +410,62 @@ def test_verify_reports_the_prune_mode_and_writes_its_report(repo_root, tmp_path
     assert verify.deploy_mode(args) == "eager"
     assert set(verify.DEPLOY_CHOICES) == set(endtoend.DEPLOY_MODES)
     assert args.report == repo_root / "workspace" / "verify.json"  # where the morning report reads it
+
+
+# ------------------------------------------------------------------------------ --against: two kernel sets in turns
+def against_kernels(repo_root, tmp_path, extracted_factor: str = ""):
+    """A kernels directory as the loop leaves it: the extracted rmsnorm (optionally made wrong by a factor) and
+    the loop's winner (the same kernel, one tunable changed)."""
+    source = (repo_root / "kernels" / "rmsnorm.py").read_text()
+    correct = "rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)"
+    assert correct in source, "the planted change no longer fits the starter"
+    kernels = tmp_path / "kernels"
+    kernels.mkdir()
+    (kernels / "01_rmsnorm.py").write_text(source.replace(correct, correct + extracted_factor))
+    (kernels / "01_rmsnorm_optimized.py").write_text(source.replace(correct, correct + " * 1.0"))
+    return kernels
+
+
+def test_against_times_the_loops_kernels_in_turns_with_the_ones_it_began_from(repo_root, tmp_path, capsys,
+                                                                              interpreter):
+    kernels = against_kernels(repo_root, tmp_path)
+    code, report, printed = run_verify(repo_root, tmp_path, capsys, "llama", "--kernels", str(kernels),
+                                       "--types", "rmsnorm", "--against", "extracted")
+    assert code == 0, printed.out + printed.err
+    assert report["kernels"]["rmsnorm"]["path"].endswith("01_rmsnorm_optimized.py")
+    a = report["against"]
+    assert a["kernels"]["rmsnorm"].endswith("01_rmsnorm.py") and a["differs"] == ["rmsnorm"]
+    assert a["rounds"] == endtoend.CPU_PAIRED_ROUNDS and a["ms"] > 0 and a["against_ms"] > 0
+    assert a["verdict"] in ("faster", "slower", "no measurable difference")
+    summary = dict(line.split(": ", 1) for line in printed.out.split("\n---\n", 1)[1].splitlines() if ": " in line)
+    assert summary["against_verdict"] == a["verdict"]
+    # the same files on both sides: nothing to compare, and said so
+    code, report, _ = run_verify(repo_root, tmp_path, capsys, "llama", "--kernels", str(kernels),
+                                 "--types", "rmsnorm", "--against", str(kernels))
+    assert report["against"]["differs"] == [] and "nothing to compare" in report["against"]["note"]
+
+
+def test_against_a_wrong_kernel_is_an_error_not_a_verdict(repo_root, tmp_path, capsys, interpreter):
+    kernels = against_kernels(repo_root, tmp_path, extracted_factor=" * 1.05")
+    code, report, printed = run_verify(repo_root, tmp_path, capsys, "llama", "--kernels", str(kernels),
+                                       "--types", "rmsnorm", "--against", "extracted")
+    assert code == 0, printed.out + printed.err  # this run's kernels are right; the other side is not timed
+    assert "verdict" not in report["against"] and "wrong output" in report["against"]["error"]
+    # and the model as verified still runs this run's kernel
+    assert customops._LABELS["rmsnorm"].endswith("01_rmsnorm_optimized.py")
+
+
+def test_against_names_a_bad_directory_in_one_line(repo_root, tmp_path, capsys, interpreter):
+    code, _, printed = run_verify(repo_root, tmp_path, capsys, "llama", "--against", str(tmp_path / "nowhere"))
+    assert code == 2 and "--against" in printed.err and len(printed.err.strip().splitlines()) == 1
+
+
+def test_the_paired_verdict_needs_more_wins_than_a_coin_gives():
+    base = [10.0 + 0.05 * ((7 * i) % 5) for i in range(30)]  # drift between rounds, larger than the difference
+    faster = endtoend.paired_verdict([t - 0.02 for t in base], base)
+    assert faster["verdict"] == "faster" and faster["won_rounds"] == 30 and faster["speedup"] > 1
+    assert endtoend.paired_verdict(base, [t - 0.02 for t in base])["verdict"] == "slower"
+    coin = [t + (0.02 if i % 2 else -0.02) for i, t in enumerate(base)]  # won every other round
+    assert endtoend.paired_verdict(coin, base)["verdict"] == "no measurable difference"
+    few = endtoend.paired_verdict([9.0, 9.0, 9.0], [10.0, 10.0, 10.0])  # 3 of 3: p = 0.25, not enough rounds
+    assert few["verdict"] == "no measurable difference" and few["p_value"] == pytest.approx(0.25)

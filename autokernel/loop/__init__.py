@@ -3,7 +3,10 @@
 For the kernel with the most end-to-end gain left: copy it into kernel.py, commit and bench it (the
 baseline); then again and again ask the agent for one change, commit it ("exp N <kernel>: ..."),
 bench it in a child process, keep the commit if it is correct and faster than the best kept version
-by more than max(1%, the noise measured at the baseline), else reset the branch to the best. Every
+by more than max(1%, the noise measured at the baseline), else reset the branch to the best. On a GPU a
+keep is confirmed first: the best kept version and the candidate are benched once more, and the change
+stays only if the candidate's slower time still beats the best's faster one by that margin (one slow
+measurement of the best would otherwise let a change that does nothing through). Every
 experiment is one results.tsv row carrying its commit (reverted commits stay reachable by sha for
 `git show` until git's garbage collection). Only kernel.py may change: whatever else the agent
 touched is put back and the experiment counts as reverted.
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import socket
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -480,14 +484,40 @@ class Loop:
         else:
             threshold = max(self.cfg.min_gain_pct, job.get("noise_pct") or 0.0)
             status, why = decide(result, job["best_us"], threshold, job.get("best_host_us"))
+            if status == "keep" and result.get("cpu_mode") is False:
+                status, why = self._confirm(job, result, threshold, why)
         sha = self.git.amend_message(self._message(subject, status, why, result, job))
         if status not in ("keep", "baseline"):
             self.git.reset_kernel(inflight["base"])
         self._record(job, inflight, proposal, status, sha, result, why)
 
-    def _run_bench(self, reuse_baselines: bool) -> dict:
-        """The harness on kernel.py. torch.compile's time is measured at the baseline and reused after:
-        the shape does not change between experiments, and compiling it again costs seconds each."""
+    def _confirm(self, job: dict, result: dict, threshold: float, why: str) -> tuple[str, str]:
+        """A keep benched again, against the best benched again (its source in a file of its own: the
+        tree and the branch stay as they are): kept only if the candidate's slower time beats the best's
+        faster time by more than the threshold. The best's time is what it is timed at from now on."""
+        with tempfile.TemporaryDirectory(prefix="autokernel-best-") as tmp:
+            best = Path(tmp) / KERNEL_PATH
+            best.write_text(self.git.file_at(job["best_sha"], KERNEL_PATH))
+            self._status(job, "confirming the keep: the best kept version benched again")
+            again_best = self._run_bench(reuse_baselines=True, path=best)
+        self._status(job, "confirming the keep: the candidate benched again")
+        again = self._run_bench(reuse_baselines=True)
+        if again_best.get("status") != "pass" or again.get("status") != "pass" or \
+                again.get("correctness") != "PASS":
+            failed = "the best" if again_best.get("status") != "pass" else "the candidate"
+            return "revert", f"not confirmed: {failed} failed when benched again"
+        best_us = min(job["best_us"], results.objective_us(again_best))
+        slower = max(results.objective_us(result), results.objective_us(again))
+        job["best_us"] = best_us
+        gain = 100.0 * (best_us - slower) / best_us
+        if gain <= threshold:
+            return "revert", (f"not confirmed: benched again {format_us(slower)} against the best's "
+                              f"{format_us(best_us)} ({gain:+.1f}%, needs > {threshold:.1f}%)")
+        return "keep", f"{why}; confirmed: {gain:.1f}% benched again against the best benched again"
+
+    def _run_bench(self, reuse_baselines: bool, path: Path | None = None) -> dict:
+        """The harness on kernel.py (or on path). torch.compile's time is measured at the baseline and reused
+        after: the shape does not change between experiments, and compiling it again costs seconds each."""
         bench = self.bench
         if bench is None:
             from autokernel.runner import run_bench as bench  # imports torch: only when benching
@@ -497,7 +527,7 @@ class Loop:
 
             timeout = LOOP_BENCH_TIMEOUT_S[pick_device(self.cfg.device)]
             timeout *= 1 if reuse_baselines else BASELINE_TIMEOUT_FACTOR
-        return bench(str(self.root / KERNEL_PATH), device=self.cfg.device, quick=self.cfg.quick,
+        return bench(str(path or self.root / KERNEL_PATH), device=self.cfg.device, quick=self.cfg.quick,
                      timeout=timeout, dtype=self.cfg.dtype, reuse_baselines=reuse_baselines)
 
     def _check_harness(self) -> None:
