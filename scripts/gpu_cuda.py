@@ -178,27 +178,16 @@ def row_sweep(types: list[str]) -> list[str]:
 
 
 def yardsticks() -> dict:
-    """Device copy bandwidth (read + write of 1 GiB, GB/s) and cuBLAS fp16 at 4096^3 (TFLOP/s)."""
+    """Device copy bandwidth (GB/s, read + write: the figure the harness's roofline uses) and cuBLAS fp16 at 4096^3
+    (TFLOP/s), both by the harness's timing protocol."""
     import torch
 
-    def best_ms(fn, reps=20):
-        fn()
-        times = []
-        for _ in range(reps):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end))
-        return sorted(times)[len(times) // 2]
+    from autokernel import gpu, timing
 
-    src = torch.empty(2**29, dtype=torch.float16, device="cuda")
-    dst = torch.empty_like(src)
-    copy_gb_s = 2 * src.numel() * 2 / (best_ms(lambda: dst.copy_(src)) * 1e-3) / 1e9
+    copy_gb_s = gpu.measure_ceilings().bandwidth_gb_s
     a = torch.randn(4096, 4096, dtype=torch.float16, device="cuda")
     b = torch.randn(4096, 4096, dtype=torch.float16, device="cuda")
-    cublas_tflops = 2 * 4096**3 / (best_ms(lambda: a @ b) * 1e-3) / 1e12
+    cublas_tflops = 2 * 4096**3 / (timing.time_gpu(torch.matmul, [(a, b)]).median_us * 1e-6) / 1e12
     print(f"yardsticks: device copy {copy_gb_s:.0f} GB/s, cuBLAS fp16 4096^3 {cublas_tflops:.0f} TFLOP/s")
     return {"copy_gb_s": copy_gb_s, "cublas_tflops": cublas_tflops}
 
