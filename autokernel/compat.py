@@ -306,6 +306,13 @@ def is_jit_kernel(value) -> bool:
     return isinstance(value, JITFunction)
 
 
+def is_jit_or_interpreted(value) -> bool:
+    """A plain @triton.jit function, or what triton.jit makes under TRITON_INTERPRET=1 (autotuned ones are not)."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return is_jit_kernel(value) or isinstance(value, InterpretedFunction)
+
+
 def launch_arguments(kernel, args: tuple, kwargs: dict) -> list:
     """Every parameter of a @triton.jit kernel as its launcher takes them, in order, defaults applied; launch
     options (num_warps, num_stages, ...) are not parameters and are left out (they are in the metadata)."""

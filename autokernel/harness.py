@@ -172,13 +172,25 @@ class Harness:
             self.watch.check(when, ignore_threads)
 
 
-def _timing(harness: Harness, module, dtype, reuse_baselines: bool) -> dict:
+def _timing(harness: Harness, module, dtype, reuse_baselines: bool, same_as: str | None = None) -> dict:
     spec, device = harness.spec, harness.device
     shape = harness.model_shapes[0] if harness.model_shapes else spec.timing_shape(harness.small)
     if dtype not in spec.dtypes:  # e.g. the fp16 default on a KernelBench problem, which is fp32
         print(f"  note: {spec.name} is checked in {', '.join(map(dtype_name, spec.dtypes))} only; timed in "
               f"{dtype_name(spec.dtypes[0])}, not {dtype_name(dtype)}")
         dtype = spec.dtypes[0]
+    from autokernel import launch_record, modeltime
+
+    shapes = [s for s, _ in modeltime.weighted_shapes(module, harness.model_shapes)] or [shape]
+    try:
+        launched = launch_record.digest(module.kernel_fn, [harness.inputs(s, dtype) for s in shapes])
+    except Exception:  # noqa: BLE001  (no digest: the timing below runs the kernel and reports what fails)
+        launched = None
+    harness.check_integrity("after recording the launches")
+    if same_as and launched == same_as:
+        print(f"timing skipped: the same launches and torch ops as {same_as} at every timed shape "
+              "(its launch record): it cannot be faster")
+        return {"launch_digest": launched, "unchanged": True}
     start = time.perf_counter()
     result = perf.measure(harness.fn, spec, lambda: harness.inputs(shape, dtype), shape, dtype, device,
                           reuse_baselines, after_kernel=lambda: harness.check_integrity("after timing"))
@@ -200,9 +212,8 @@ def _timing(harness: Harness, module, dtype, reuse_baselines: bool) -> dict:
     out = {k: v for k, v in result.__dict__.items() if k != "ceilings"}
     out.update(speedup_vs_pytorch=result.speedup_vs_pytorch, speedup_vs_compile=result.speedup_vs_compile,
                shape=shape_label(shape), dtype=dtype_name(dtype))
-    from autokernel import modeltime  # every model shape, weighted by its calls: the loop's objective
-
-    out.update(modeltime.measure_model(harness, module, dtype, reuse_baselines))
+    out.update(modeltime.measure_model(harness, module, dtype, reuse_baselines))  # the loop's objective
+    out["launch_digest"] = launched
     return out
 
 
@@ -247,7 +258,7 @@ def _known_spec(ktype: str) -> KernelSpec | None:
 
 
 def run(path: str, device: str, quick: bool, seed: int, dtype: str, timed: bool = True,
-        reuse_baselines: bool = False) -> dict:
+        reuse_baselines: bool = False, same_as: str | None = None) -> dict:
     result = {"status": "crash", "correctness": "FAIL", "failed_stage": None, "reason": "", "stages": [],
               "seed": seed}
     try:
@@ -288,7 +299,7 @@ def run(path: str, device: str, quick: bool, seed: int, dtype: str, timed: bool 
             result.update(status="fail", failed_stage=failed.name, reason=failed.reason)
             return result
         if timed:
-            result.update(_timing(harness, module, parse_dtype(dtype), reuse_baselines))
+            result.update(_timing(harness, module, parse_dtype(dtype), reuse_baselines, same_as))
         harness.check_integrity("at the end", ignore_threads=True)
         result.update(status="pass", correctness="PASS")
     except guards.GuardFailed as e:
@@ -325,6 +336,8 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="fp16", help="dtype of the timing run")
     p.add_argument("--no-timing", action="store_true")
     p.add_argument("--reuse-baselines", action="store_true")
+    p.add_argument("--same-as", metavar="FINGERPRINT",
+                   help="skip the timing when the kernel launches exactly this (autokernel/launch_record.py)")
     p.add_argument("--key-fd", type=int, default=None,
                    help="a pipe holding the key that signs the result (autokernel.channel); the runner passes it")
     args = p.parse_args(argv)
@@ -333,7 +346,7 @@ def main(argv=None) -> int:
         compat.prepare_interpreter()
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
     result = run(args.kernel, args.device, args.quick, seed, args.dtype, timed=not args.no_timing,
-                 reuse_baselines=args.reuse_baselines)
+                 reuse_baselines=args.reuse_baselines, same_as=args.same_as)
     result["gpu"] = gpu.device_name(args.device)
     channel.write(args.out, result, key)
     return 0

@@ -129,26 +129,28 @@ def _run_warm(args: list, env: dict, timeout: float, echo: bool, warm: bool | No
 
 
 def _harness_args(kernel_path: str, device: str, out_json: str, quick: bool, dtype: str, seed: int | None,
-                 timed: bool, reuse_baselines: bool) -> list:
+                 timed: bool, reuse_baselines: bool, same_as: str | None = None) -> list:
     """The command line of `python -m autokernel.harness` (and of a zygote's request)."""
     args = [kernel_path, "--device", device, "--out", out_json, "--dtype", dtype]
     args += ["--quick"] * quick + ["--no-timing"] * (not timed) + ["--reuse-baselines"] * reuse_baselines
+    args += ["--same-as", same_as] if same_as else []
     return args + (["--seed", str(seed)] if seed is not None else [])
 
 
 def run_bench(kernel_path, device: str | None = None, quick: bool = False, timeout: float | None = None,
               dtype: str = "fp16", seed: int | None = None, echo: bool = False, timed: bool = True,
-              reuse_baselines: bool = False, warm: bool | None = None) -> dict:
+              reuse_baselines: bool = False, warm: bool | None = None, same_as: str | None = None) -> dict:
     """Correctness stages and timing of kernel_path, isolated. Returns the result dict (see module doc).
 
     warm: None forks the child from the warm launcher if one is running (start_warm), True starts one
-    if none is, False always starts a fresh process."""
+    if none is, False always starts a fresh process. same_as: a launch digest (autokernel/launch_record.py);
+    a kernel that launches exactly that passes untimed, with "unchanged": True."""
     device = gpu.pick_device(device)
     timeout = timeout or DEFAULT_TIMEOUT_S[device]
     kernel_path = str(Path(kernel_path).resolve())
     with tempfile.TemporaryDirectory(prefix="autokernel-") as tmp:
         out_json = os.path.join(tmp, "result.json")
-        args = _harness_args(kernel_path, device, out_json, quick, dtype, seed, timed, reuse_baselines)
+        args = _harness_args(kernel_path, device, out_json, quick, dtype, seed, timed, reuse_baselines, same_as)
         start = time.perf_counter()
         key = channel.new_key()  # one per bench: only this child can sign this result
         run, why_not = _run_warm(args, _launch_env(device), timeout, echo, warm, key)

@@ -279,6 +279,28 @@ def test_a_keep_on_the_gpu_is_confirmed_against_the_best_benched_again(repo):
     assert GitLog(repo).changes() == {}
 
 
+def test_a_change_that_launches_what_the_best_launches_is_reverted_untimed(repo):
+    class FingerprintBench(FakeBench):  # BLOCK "does nothing": the launches depend on LATENCY alone
+        def __call__(self, path, same_as=None, **options):
+            result = super().__call__(path, **options)
+            launched = f"launches at {result['latency_us']:g} us"
+            self.asked.append(same_as)
+            if same_as == launched:
+                return {"status": "pass", "correctness": "PASS", "unchanged": True, "launch_digest": launched,
+                        "log": "timing skipped"}
+            return {**result, "launch_digest": launched}
+
+    bench = FingerprintBench()
+    bench.asked = []
+    run_loop(repo, bench=bench, max_experiments=12)
+    log = rows(repo)
+    untimed = [r for r in log if "not timed" in r["description"]]
+    assert untimed and all(r["status"] == "revert" and r["description"].startswith("BLOCK") for r in untimed)
+    assert all(r["latency_us"] in ("", None) for r in untimed)
+    assert bench.asked[0] is None and "launches at 100 us" in bench.asked[1:]  # the baseline is always timed
+    assert [float(r["latency_us"]) for r in log if r["status"] in ("baseline", "keep")] == [100, 90, 80]
+
+
 def test_a_kernel_whose_agent_is_exhausted_is_not_resumed(repo):
     said = Lines()
     loop = Loop(repo, LoopConfig(tag="t", max_reverts=2, max_experiments=9), OneSidedAgent(), two_kernel_repo(repo),

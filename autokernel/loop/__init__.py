@@ -6,7 +6,8 @@ bench it in a child process, keep the commit if it is correct and faster than th
 by more than max(1%, the noise measured at the baseline), else reset the branch to the best. On a GPU a
 keep is confirmed first: the best kept version and the candidate are benched once more, and the change
 stays only if the candidate's slower time still beats the best's faster one by that margin (one slow
-measurement of the best would otherwise let a change that does nothing through). Every
+measurement of the best would otherwise let a change that does nothing through). A candidate that
+launches exactly what the best launches (autokernel/launch_record.py) is reverted untimed. Every
 experiment is one results.tsv row carrying its commit (reverted commits stay reachable by sha for
 `git show` until git's garbage collection). Only kernel.py may change: whatever else the agent
 touched is put back and the experiment counts as reverted.
@@ -51,7 +52,7 @@ LOOP_BENCH_TIMEOUT_S = {"cuda": 120, "cpu": 600}
 BASELINE_TIMEOUT_FACTOR = 4
 # what an experiment's outcome keeps of the harness result (the loop state and the agent read them)
 OUTCOME_KEYS = ("latency_us", "noise_pct", "pct_peak", "speedup_vs_pytorch", "model_us", "model_noise_pct",
-                "model_vs_pytorch", "model_host_us", "model_timing", "model_shapes", "device")
+                "model_vs_pytorch", "model_host_us", "model_timing", "model_shapes", "device", "launch_digest")
 # what the objective is made of, and which model it was made for: never the agent's edit
 MODEL_DECLARATIONS = ("MODEL_SHAPES", "MODEL_CALLS", "MODEL_SOURCE")
 # The host clock of two benches of the same launcher differs by a few percent; a launcher that really costs
@@ -477,10 +478,15 @@ class Loop:
         self.state.save()
         self._check_harness()
         self._status(job, f"benching: {proposal.description}")
-        result = self._run_bench(reuse_baselines=inflight["kind"] != "baseline")
+        baseline = inflight["kind"] == "baseline"
+        same_as = None if baseline else job.get("best_launch_digest")
+        result = self._run_bench(reuse_baselines=not baseline, same_as=same_as)
         self.benched += 1
-        if inflight["kind"] == "baseline":
+        if baseline:
             status, why = "baseline", _first_line(result.get("reason")) if result.get("status") != "pass" else ""
+        elif result.get("unchanged") and result.get("correctness") == "PASS":
+            status, why = "revert", ("launches exactly what the best launches at every timed shape (the same "
+                                     "compiled kernels, grids and arguments, the same torch ops): not timed")
         else:
             threshold = max(self.cfg.min_gain_pct, job.get("noise_pct") or 0.0)
             status, why = decide(result, job["best_us"], threshold, job.get("best_host_us"))
@@ -515,9 +521,10 @@ class Loop:
                               f"{format_us(best_us)} ({gain:+.1f}%, needs > {threshold:.1f}%)")
         return "keep", f"{why}; confirmed: {gain:.1f}% benched again against the best benched again"
 
-    def _run_bench(self, reuse_baselines: bool, path: Path | None = None) -> dict:
+    def _run_bench(self, reuse_baselines: bool, path: Path | None = None, same_as: str | None = None) -> dict:
         """The harness on kernel.py (or on path). torch.compile's time is measured at the baseline and reused
-        after: the shape does not change between experiments, and compiling it again costs seconds each."""
+        after: the shape does not change between experiments, and compiling it again costs seconds each.
+        same_as: the best's launch digest; a candidate that launches exactly that is not timed."""
         bench = self.bench
         if bench is None:
             from autokernel.runner import run_bench as bench  # imports torch: only when benching
@@ -528,7 +535,8 @@ class Loop:
             timeout = LOOP_BENCH_TIMEOUT_S[pick_device(self.cfg.device)]
             timeout *= 1 if reuse_baselines else BASELINE_TIMEOUT_FACTOR
         return bench(str(path or self.root / KERNEL_PATH), device=self.cfg.device, quick=self.cfg.quick,
-                     timeout=timeout, dtype=self.cfg.dtype, reuse_baselines=reuse_baselines)
+                     timeout=timeout, dtype=self.cfg.dtype, reuse_baselines=reuse_baselines,
+                     **({"same_as": same_as} if same_as else {}))
 
     def _check_harness(self) -> None:
         now = harness_hashes(self.root)
@@ -614,6 +622,7 @@ class Loop:
         job["best_us"] = results.objective_us(out)
         job["best_pct_peak"], job["best_host_us"] = out["pct_peak"], out.get("model_host_us")
         job["best_vs_pytorch"] = out.get("model_vs_pytorch") or out["speedup_vs_pytorch"]
+        job["best_launch_digest"] = out.get("launch_digest")
         job["measured_on"] = out.get("device")
         job["best_shapes"] = _shape_summary(out)
 
