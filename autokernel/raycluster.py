@@ -45,9 +45,9 @@ from pathlib import Path
 from autokernel import results
 from autokernel.gitlog import KERNEL_PATH, GitLog
 from autokernel.loop import LoopConfig, budget
+from autokernel.loop.runs import Run, kernel_line, kernel_rows, newest_tag, read_json, say_summary
 from autokernel.loop.state import LoopError, StateFile, load_jobs, lock_holder, repo_lock, write_json_atomic
 from autokernel.raynode import kernel_task
-from autokernel.report import format_us
 from autokernel.workers import branch_name, read_queue, run_threads, say
 
 RECORD_FILE = "workspace/ray.{tag}.json"
@@ -110,10 +110,7 @@ def record_path(root: Path, tag: str) -> Path:
 
 
 def read_record(root: Path, tag: str) -> dict | None:
-    import json
-
-    path = record_path(root, tag)
-    return json.loads(path.read_text()) if path.is_file() else None
+    return read_json(record_path(root, tag))
 
 
 def ray_jobs(root: Path, tag: str) -> list[dict]:
@@ -125,28 +122,44 @@ def ray_jobs(root: Path, tag: str) -> list[dict]:
         job = {**(mine["job"] or {}), **{k: v for k, v in entry.items() if k != "kernel"}}
         job.update(status=mine["status"], reason=mine["reason"], worker=mine["node"], seed=record.get("seed", 0),
                    branch=branch_name(tag, entry["name"]), best_sha=mine["tip"], baseline_sha=mine["baseline"])
+        if mine["status"] == "stopped" and (mine["job"] or {}).get("status") == "parked":  # as its loop says it
+            job.update(status="parked", reason=mine["job"]["reason"])
         out.append(job)
     return out
 
 
-def ray_rows(root: Path, tag: str) -> list[dict]:
-    return [r for r in results.read_rows(root / "results.tsv") if r["tag"].startswith(f"{tag}/")]
+class RayRun(Run):
+    """orchestrate.py's view of a --ray run: the driver below and its record."""
 
+    stopped = "Ray tasks stopped"
+    worker_width = 22  # ray:<node ip>/gpuN
 
-def latest_ray_tag(root: Path) -> str | None:
-    """The tag of the most recently written --ray record (what a bare `status` shows)."""
-    found = sorted((root / "workspace").glob("ray.*.json"), key=lambda p: p.stat().st_mtime)
-    return (read_record(root, found[-1].name[len("ray."):-len(".json")]) or {}).get("tag") if found else None
+    def __init__(self, root: Path, tag: str, agent: dict | None = None, address: str = "local"):
+        super().__init__(root, tag)
+        self.agent, self.address = agent, address
 
+    @staticmethod
+    def recorded(root: Path, tag: str) -> bool:
+        return read_record(root, tag) is not None
 
-def status_lines(root: Path, tag: str) -> list[str]:
-    holder = lock_holder(root)
-    lines = [f"tag {tag} on Ray: " + (f"the driver is running (pid {holder})" if holder else "no driver running")]
-    for job in ray_jobs(root, tag):
-        best = f"best {format_us(job['best_us'])}" if job.get("best_us") else "no best yet"
-        lines.append(f"{job['name']:<24} {job['worker'] or '-':<22} {job['status']:<8} {job['branch']:<40} "
-                     f"{job.get('experiments', 0)} exp, {job.get('kept', 0)} kept, {best}  {job['reason']}")
-    return lines
+    @staticmethod
+    def latest_tag(root: Path) -> str | None:
+        return newest_tag(root, "ray.*.json")
+
+    def start(self, config, plan, kernels, ui) -> str:
+        return RayDriver(self.root, config, self.agent, self.address, ui=ui).run(plan, kernels)
+
+    def status_lines(self) -> list[str]:
+        holder = lock_holder(self.root)
+        return [f"tag {self.tag} on Ray: " + (f"the driver is running (pid {holder})" if holder else
+                                              "no driver running")] + \
+            [kernel_line(job, self.worker_width) for job in self.jobs()]
+
+    def jobs(self) -> list[dict]:
+        return ray_jobs(self.root, self.tag)
+
+    def verify_device(self, device: str | None) -> str | None:
+        return None  # the cluster's device is not this machine's: verify.py picks its own
 
 
 def remote_source(source: str) -> str:
@@ -308,7 +321,7 @@ class RayDriver:
                   "per_kernel_minutes": self.minutes[name], "results_path": None, "worker": None}
         resume = None
         if mine["tip"]:
-            rows = [dict(r, kernel_file=remote_source(job["source"])) for r in ray_rows(self.root, self.tag)
+            rows = [dict(r, kernel_file=remote_source(job["source"])) for r in kernel_rows(self.root, self.tag)
                     if r["tag"] == config["tag"]]
             resume = {k: mine[k] for k in ("job", "next_experiment", "last_log")}
             resume.update(source=mine["best_source"], rows=rows)
@@ -405,15 +418,10 @@ class RayDriver:
             t.join(STOP_JOIN_S)
 
     def _summary(self) -> str:
-        jobs = ray_jobs(self.root, self.tag)
-        for job in jobs:
-            where = f", best in workspace/kernels/{job['name']}_optimized.py" if job["best_sha"] else ""
-            self._say(f"{job['branch']}: {job['status']} {job['reason']}".rstrip() +
-                      f" ({job.get('experiments', 0)} experiments, {job.get('kept', 0)} kept{where})")
-        done = sum(j["status"] == "done" for j in jobs)
-        if done == len(jobs):
+        done, total = say_summary(ray_jobs(self.root, self.tag), self._say)
+        if done == total:
             return f"every kernel is done; best versions in workspace/kernels/, branches autokernel/{self.tag}/*"
-        return f"{done} of {len(jobs)} kernels done; run again with --tag {self.tag} to go on"
+        return f"{done} of {total} kernels done; run again with --tag {self.tag} to go on"
 
     def _say(self, text: str, prefix: str | None = None) -> None:
         say(self.ui, text, prefix)
@@ -426,25 +434,3 @@ def _cancel(gen) -> None:
         ray.cancel(gen)
     except Exception:  # noqa: BLE001  (a finished task cannot be cancelled, and need not be)
         pass
-
-
-# ------------------------------------------------------------------------------ orchestrate.py run --ray
-def cli_run(root: Path, config: LoopConfig, agent: dict, address: str, plan=None, kernels=None) -> int:
-    from autokernel.plot import write_progress_png
-    from autokernel.report import LiveLine, amdahl, estimate_lines, is_cpu, kernel_summaries, report_table, rows_device
-
-    with LiveLine() as ui:
-        why = RayDriver(root, config, agent, address, ui=ui).run(plan, kernels)
-        ui.print(f"[bold]Ray tasks stopped[/bold]: {why}")
-    rows = ray_rows(root, config.tag)
-    summaries, device = kernel_summaries(rows, ray_jobs(root, config.tag)), rows_device(rows)
-    console = LiveLine()
-    console.print(report_table(summaries, config.tag, device))
-    estimate = amdahl(summaries)
-    if estimate:
-        console.print(estimate_lines(estimate, None, None, is_cpu(device))[0])
-    png = write_progress_png(rows, {s["source"]: s["kernel"] for s in summaries}, None, root / "progress.png",
-                             config.tag)
-    console.print(f"progress plot: {png}")
-    return 0
-

@@ -37,11 +37,10 @@ from collections import deque
 from dataclasses import asdict
 from pathlib import Path
 
-from autokernel import results
 from autokernel.gitlog import KERNEL_PATH, GitLog, is_artifact
 from autokernel.loop import Loop, LoopConfig, budget
+from autokernel.loop.runs import Run, kernel_line, newest_tag, read_json, say_summary
 from autokernel.loop.state import LoopError, StateFile, load_jobs, lock_holder, new_job, repo_lock, write_json_atomic
-from autokernel.report import format_us
 
 QUEUE_FILE = "workspace/workers.{tag}.json"
 WORKTREES = "workspace/worktrees"  # one worktree per kernel, under <tag>/
@@ -124,17 +123,42 @@ def kernel_state(root: Path, tag: str, name: str) -> dict | None:
 
 
 def read_queue(root: Path, tag: str) -> dict | None:
-    path = queue_path(root, tag)
-    return json.loads(path.read_text()) if path.is_file() else None
-
-
-def latest_tag(root: Path) -> str | None:
-    """The tag of the most recently written worker queue (what a bare `status` shows)."""
-    found = sorted((root / "workspace").glob("workers.*.json"), key=lambda p: p.stat().st_mtime)
-    return json.loads(found[-1].read_text()).get("tag") if found else None
+    return read_json(queue_path(root, tag))
 
 
 # ------------------------------------------------------------------------------ what status/report read
+class WorkersRun(Run):
+    """orchestrate.py's view of a --gpus run: the driver below, the queue and each worktree's loop."""
+
+    stopped = "workers stopped"
+
+    def __init__(self, root: Path, tag: str, agent: dict | None = None, gpus: list[str] | None = None):
+        super().__init__(root, tag)
+        self.agent, self.gpus = agent, gpus
+
+    @staticmethod
+    def recorded(root: Path, tag: str) -> bool:
+        return read_queue(root, tag) is not None
+
+    @staticmethod
+    def latest_tag(root: Path) -> str | None:
+        return newest_tag(root, "workers.*.json")
+
+    def start(self, config, plan, kernels, ui) -> str:
+        return Driver(self.root, config, self.agent, self.gpus, ui=ui).run(plan, kernels)
+
+    def status_lines(self) -> list[str]:
+        holder = lock_holder(self.root)
+        lines = [f"tag {self.tag}: " + (f"workers running (driver pid {holder})" if holder else "no workers running")]
+        lines += [kernel_line(job, self.worker_width) for job in self.jobs()]
+        for worker, (n, rate) in worker_rates(self.rows()).items():
+            lines.append(f"{worker}: {n} experiments" + (f", {rate:.1f} per hour" if rate else ""))
+        return lines
+
+    def jobs(self) -> list[dict]:
+        return worker_jobs(self.root, self.tag)
+
+
 def worker_jobs(root: Path, tag: str) -> list[dict]:
     """Every kernel of the queue as its loop sees it, plus worker, branch and whether it runs now."""
     queue = read_queue(root, tag) or {"jobs": [], "assigned": {}}
@@ -153,10 +177,6 @@ def worker_jobs(root: Path, tag: str) -> list[dict]:
     return out
 
 
-def worker_rows(root: Path, tag: str) -> list[dict]:
-    return [r for r in results.read_rows(root / "results.tsv") if r["tag"].startswith(f"{tag}/")]
-
-
 def worker_rates(rows: list[dict]) -> dict[str, tuple[int, float | None]]:
     """Per worker (and "all"): experiments logged and experiments per hour between its first and last
     row (n - 1 intervals: the first row lands one experiment after the worker started)."""
@@ -169,18 +189,6 @@ def worker_rates(rows: list[dict]) -> dict[str, tuple[int, float | None]]:
         span = stamps[-1] - stamps[0] if len(stamps) > 1 else 0.0
         out[worker] = (len(mine), 3600.0 * (len(stamps) - 1) / span if span > 0 else None)
     return out
-
-
-def status_lines(root: Path, tag: str) -> list[str]:
-    holder = lock_holder(root)
-    lines = [f"tag {tag}: " + (f"workers running (driver pid {holder})" if holder else "no workers running")]
-    for job in worker_jobs(root, tag):
-        best = f"best {format_us(job['best_us'])}" if job.get("best_us") else "no best yet"
-        lines.append(f"{job['name']:<24} {job['worker'] or '-':<6} {job['status']:<8} {job['branch']:<40} "
-                     f"{job.get('experiments', 0)} exp, {job.get('kept', 0)} kept, {best}  {job['reason']}")
-    for worker, (n, rate) in worker_rates(worker_rows(root, tag)).items():
-        lines.append(f"{worker}: {n} experiments" + (f", {rate:.1f} per hour" if rate else ""))
-    return lines
 
 
 # ------------------------------------------------------------------------------ the driver
@@ -352,18 +360,12 @@ class Driver:
             t.join(10.0)
 
     def _summary(self) -> str:
-        jobs = worker_jobs(self.root, self.tag)
-        for job in jobs:
-            best = self.root / "workspace" / "kernels" / f"{job['name']}_optimized.py"
-            where = f", best in {best.relative_to(self.root)}" if best.is_file() else ""
-            self._say(f"{job['branch']}: {job['status']} {job['reason']}".rstrip() +
-                      f" ({job.get('experiments', 0)} experiments, {job.get('kept', 0)} kept{where})")
+        done, total = say_summary(worker_jobs(self.root, self.tag), self._say)
         self._say(f"the branches: git branch --list 'autokernel/{self.tag}/*'; one kernel's notebook: "
                   f"git log main..autokernel/{self.tag}/<kernel>")
-        done = sum(j["status"] == "done" for j in jobs)
-        if done == len(jobs):
+        if done == total:
             return f"every kernel is done; best versions in workspace/kernels/, branches autokernel/{self.tag}/*"
-        return f"{done} of {len(jobs)} kernels done (budget of this run used); run again to go on"
+        return f"{done} of {total} kernels done (budget of this run used); run again to go on"
 
     def _say(self, text: str, prefix: str | None = None) -> None:
         say(self.ui, text, prefix)
