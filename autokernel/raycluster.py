@@ -45,8 +45,8 @@ from pathlib import Path
 from autokernel import results
 from autokernel.gitlog import KERNEL_PATH, GitLog
 from autokernel.loop import LoopConfig, budget
-from autokernel.loop.runs import Run, kernel_line, kernel_rows, newest_tag, read_json, say_summary
-from autokernel.loop.state import LoopError, StateFile, load_jobs, lock_holder, repo_lock, write_json_atomic
+from autokernel.loop.runs import ParallelRun, kernel_rows, read_json, say_summary
+from autokernel.loop.state import LoopError, StateFile, load_jobs, repo_lock, write_json_atomic
 from autokernel.raynode import kernel_task
 from autokernel.workers import branch_name, read_queue, run_threads, say
 
@@ -99,10 +99,13 @@ def check_address(address: str) -> None:
 
 
 def ship_by_value(ray) -> None:
-    """kernel_task and its helpers travel in the task itself, not as a module the node must import."""
+    """kernel_task and its helpers travel in the task itself, not as modules the node must import."""
     import sys
 
+    from autokernel import processes
+
     ray.cloudpickle.register_pickle_by_value(sys.modules[kernel_task.__module__])
+    ray.cloudpickle.register_pickle_by_value(processes)
 
 
 def record_path(root: Path, tag: str) -> Path:
@@ -126,40 +129,6 @@ def ray_jobs(root: Path, tag: str) -> list[dict]:
             job.update(status="parked", reason=mine["job"]["reason"])
         out.append(job)
     return out
-
-
-class RayRun(Run):
-    """orchestrate.py's view of a --ray run: the driver below and its record."""
-
-    stopped = "Ray tasks stopped"
-    worker_width = 22  # ray:<node ip>/gpuN
-
-    def __init__(self, root: Path, tag: str, agent: dict | None = None, address: str = "local"):
-        super().__init__(root, tag)
-        self.agent, self.address = agent, address
-
-    @staticmethod
-    def recorded(root: Path, tag: str) -> bool:
-        return read_record(root, tag) is not None
-
-    @staticmethod
-    def latest_tag(root: Path) -> str | None:
-        return newest_tag(root, "ray.*.json")
-
-    def start(self, config, plan, kernels, ui) -> str:
-        return RayDriver(self.root, config, self.agent, self.address, ui=ui).run(plan, kernels)
-
-    def status_lines(self) -> list[str]:
-        holder = lock_holder(self.root)
-        return [f"tag {self.tag} on Ray: " + (f"the driver is running (pid {holder})" if holder else
-                                              "no driver running")] + \
-            [kernel_line(job, self.worker_width) for job in self.jobs()]
-
-    def jobs(self) -> list[dict]:
-        return ray_jobs(self.root, self.tag)
-
-    def verify_device(self, device: str | None) -> str | None:
-        return None  # the cluster's device is not this machine's: verify.py picks its own
 
 
 def remote_source(source: str) -> str:
@@ -434,3 +403,22 @@ def _cancel(gen) -> None:
         ray.cancel(gen)
     except Exception:  # noqa: BLE001  (a finished task cannot be cancelled, and need not be)
         pass
+
+
+# ------------------------------------------------------------------------------ what orchestrate.py reads
+class RayRun(ParallelRun):
+    """A --ray run (where: the cluster's address): the RayDriver above and its record."""
+
+    stopped = "Ray tasks stopped"
+    record_file = RECORD_FILE
+    worker_width = 22  # ray:<node ip>/gpuN
+    driver = RayDriver
+
+    def heading(self, holder: str | None) -> str:
+        return f"tag {self.tag} on Ray: " + (f"the driver is running (pid {holder})" if holder else "no driver running")
+
+    def jobs(self) -> list[dict]:
+        return ray_jobs(self.root, self.tag)
+
+    def verify_device(self, device: str | None) -> str | None:
+        return None  # the cluster's device is not this machine's: verify.py picks its own

@@ -39,7 +39,7 @@ from pathlib import Path
 
 from autokernel.gitlog import KERNEL_PATH, GitLog, is_artifact
 from autokernel.loop import Loop, LoopConfig, budget
-from autokernel.loop.runs import Run, kernel_line, newest_tag, read_json, say_summary
+from autokernel.loop.runs import ParallelRun, read_json, say_summary
 from autokernel.loop.state import LoopError, StateFile, load_jobs, lock_holder, new_job, repo_lock, write_json_atomic
 
 QUEUE_FILE = "workspace/workers.{tag}.json"
@@ -127,38 +127,6 @@ def read_queue(root: Path, tag: str) -> dict | None:
 
 
 # ------------------------------------------------------------------------------ what status/report read
-class WorkersRun(Run):
-    """orchestrate.py's view of a --gpus run: the driver below, the queue and each worktree's loop."""
-
-    stopped = "workers stopped"
-
-    def __init__(self, root: Path, tag: str, agent: dict | None = None, gpus: list[str] | None = None):
-        super().__init__(root, tag)
-        self.agent, self.gpus = agent, gpus
-
-    @staticmethod
-    def recorded(root: Path, tag: str) -> bool:
-        return read_queue(root, tag) is not None
-
-    @staticmethod
-    def latest_tag(root: Path) -> str | None:
-        return newest_tag(root, "workers.*.json")
-
-    def start(self, config, plan, kernels, ui) -> str:
-        return Driver(self.root, config, self.agent, self.gpus, ui=ui).run(plan, kernels)
-
-    def status_lines(self) -> list[str]:
-        holder = lock_holder(self.root)
-        lines = [f"tag {self.tag}: " + (f"workers running (driver pid {holder})" if holder else "no workers running")]
-        lines += [kernel_line(job, self.worker_width) for job in self.jobs()]
-        for worker, (n, rate) in worker_rates(self.rows()).items():
-            lines.append(f"{worker}: {n} experiments" + (f", {rate:.1f} per hour" if rate else ""))
-        return lines
-
-    def jobs(self) -> list[dict]:
-        return worker_jobs(self.root, self.tag)
-
-
 def worker_jobs(root: Path, tag: str) -> list[dict]:
     """Every kernel of the queue as its loop sees it, plus worker, branch and whether it runs now."""
     queue = read_queue(root, tag) or {"jobs": [], "assigned": {}}
@@ -373,6 +341,27 @@ class Driver:
 
 def _is_done(state: dict | None) -> bool:
     return bool(state) and all(j["status"] == "done" for j in state["jobs"])
+
+
+# ------------------------------------------------------------------------------ what orchestrate.py reads
+class WorkersRun(ParallelRun):
+    """A --gpus run (where: the GPU ids): the Driver above, its queue and each worktree's loop."""
+
+    stopped = "workers stopped"
+    record_file = QUEUE_FILE
+    driver = Driver
+
+    def heading(self, holder: str | None) -> str:
+        return f"tag {self.tag}: " + (f"workers running (driver pid {holder})" if holder else "no workers running")
+
+    def status_lines(self) -> list[str]:
+        lines = super().status_lines()
+        for worker, (n, rate) in worker_rates(self.rows()).items():
+            lines.append(f"{worker}: {n} experiments" + (f", {rate:.1f} per hour" if rate else ""))
+        return lines
+
+    def jobs(self) -> list[dict]:
+        return worker_jobs(self.root, self.tag)
 
 
 # ------------------------------------------------------------------------------ one worker's process

@@ -21,14 +21,12 @@ from autokernel.report import format_us, state_text
 
 
 class Run:
-    """One tag's run of the loop, whichever way it runs. A parallel kind records its kernels under
-    <tag>/<kernel>; these defaults are theirs."""
+    """One tag's run of the loop, whichever way it runs."""
 
     stopped = "loop stopped"  # what the run's last line calls its end
-    worker_width = 6  # of the worker column of the status lines
 
-    def __init__(self, root: Path, tag: str):
-        self.root, self.tag = Path(root), tag
+    def __init__(self, root: Path, tag: str, agent=None):
+        self.root, self.tag, self.agent = Path(root), tag, agent
 
     def start(self, config: LoopConfig, plan: str | None, kernels: list[str] | None, ui) -> str:
         """Run (or resume) the loop on the plan or kernel files; returns why it stopped."""
@@ -46,12 +44,12 @@ class Run:
         raise NotImplementedError
 
     def rows(self) -> list[dict]:
-        return kernel_rows(self.root, self.tag)
+        """The tag's rows of results.tsv."""
+        raise NotImplementedError
 
     def next_jobs(self) -> list[dict]:
-        """The kernels `next` speaks of, each with the seed of its agent's search order: every kernel
-        not done, since they run side by side."""
-        return [j for j in self.jobs() if j["status"] != "done"]
+        """The kernels `next` speaks of, each with the seed of its agent's search order ("seed")."""
+        raise NotImplementedError
 
     def verify_device(self, device: str | None) -> str | None:
         """The device `run --verify` measures the model on, here: the one the loop ran on."""
@@ -62,8 +60,8 @@ class SingleRun(Run):
     """The loop in this process, on branch autokernel/<tag> of this checkout."""
 
     def __init__(self, root: Path, tag: str, plan: str | None = None, agent=None):
-        super().__init__(root, tag)
-        self.plan, self.agent = plan, agent
+        super().__init__(root, tag, agent)
+        self.plan = plan
         self.state = StateFile(self.root, tag).read()
 
     def start(self, config, plan, kernels, ui) -> str:
@@ -111,14 +109,48 @@ def single_loop_tag(root: Path) -> str | None:
 
 
 # ------------------------------------------------------------------------------ what the parallel kinds share
+class ParallelRun(Run):
+    """One single-kernel loop per kernel side by side, under the tag <tag>/<kernel>, from a driver that
+    alone writes the run's record (record_file): --gpus workers and Ray tasks."""
+
+    record_file = ""  # the driver's record, "workspace/<kind>.{tag}.json"
+    driver = None  # its class: driver(root, config, agent, where, ui=ui).run(plan, kernels) -> why it stopped
+    worker_width = 6  # of the worker column of the status lines
+
+    def __init__(self, root: Path, tag: str, agent: dict | None = None, where=None):
+        super().__init__(root, tag, agent)
+        self.where = where  # the driver's: the GPU ids, the cluster's address
+
+    @classmethod
+    def recorded(cls, root: Path, tag: str) -> bool:
+        return (Path(root) / cls.record_file.format(tag=tag)).is_file()
+
+    @classmethod
+    def latest_tag(cls, root: Path) -> str | None:
+        """The tag of the most recently written record of this kind (what a bare `status` shows)."""
+        found = sorted(Path(root).glob(cls.record_file.format(tag="*")), key=lambda p: p.stat().st_mtime)
+        return json.loads(found[-1].read_text()).get("tag") if found else None
+
+    def start(self, config, plan, kernels, ui) -> str:
+        return self.driver(self.root, config, self.agent, self.where, ui=ui).run(plan, kernels)
+
+    def heading(self, holder: str | None) -> str:
+        """The first status line: whether the driver runs (its pid: holder)."""
+        raise NotImplementedError
+
+    def status_lines(self) -> list[str]:
+        return [self.heading(lock_holder(self.root))] + [kernel_line(job, self.worker_width) for job in self.jobs()]
+
+    def rows(self) -> list[dict]:
+        return kernel_rows(self.root, self.tag)
+
+    def next_jobs(self) -> list[dict]:
+        """Every kernel not done: they run side by side."""
+        return [j for j in self.jobs() if j["status"] != "done"]
+
+
 def read_json(path: Path) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
-
-
-def newest_tag(root: Path, pattern: str) -> str | None:
-    """The tag of the most recently written of workspace/<pattern> (what a bare `status` shows)."""
-    found = sorted((Path(root) / "workspace").glob(pattern), key=lambda p: p.stat().st_mtime)
-    return json.loads(found[-1].read_text()).get("tag") if found else None
 
 
 def kernel_rows(root: Path, tag: str) -> list[dict]:
