@@ -45,8 +45,8 @@ from pathlib import Path
 from autokernel import results
 from autokernel.gitlog import KERNEL_PATH, GitLog
 from autokernel.loop import LoopConfig, budget
-from autokernel.loop.runs import ParallelRun, kernel_rows, read_json, say_summary
-from autokernel.loop.state import LoopError, StateFile, load_jobs, repo_lock, write_json_atomic
+from autokernel.loop.runs import ParallelRun, kernel_rows, queue_entries, read_json, resumed, say_summary, write_record
+from autokernel.loop.state import LoopError, StateFile, repo_lock
 from autokernel.raynode import kernel_task
 from autokernel.workers import branch_name, read_queue, run_threads, say
 
@@ -199,24 +199,19 @@ class RayDriver:
         record = read_record(self.root, self.tag)
         if record is not None and record.get("version") != 1:
             raise LoopError(f"{record_path(self.root, self.tag)} was written by another version; start a new --tag")
-        if record is not None:
-            if plan or kernels:
-                self._say(f"tag {self.tag} exists: resuming its queue (--plan/--kernel apply to a new --tag)")
+        if resumed(record, plan, kernels, self._say) is not None:
             return record
         if read_queue(self.root, self.tag) is not None or StateFile(self.root, self.tag).read() is not None \
                 or self.git.branch_exists(f"autokernel/{self.tag}"):
             raise LoopError(f"tag {self.tag} belongs to another loop (--gpus or a single loop); choose another --tag")
         self.git.require_clean()  # the tasks get HEAD: uncommitted edits would not be in it
-        jobs = load_jobs(self.root, plan, kernels, warn=self._say)
+        jobs = queue_entries(self.root, plan, kernels, self._say)
         names = [j["name"] for j in jobs]
-        if len(set(names)) != len(names):
-            raise LoopError(f"two kernel files share a name ({', '.join(names)}): rename one")
         taken = [branch_name(self.tag, n) for n in names if self.git.branch_exists(branch_name(self.tag, n))]
         if taken:
             raise LoopError(f"branch {taken[0]} exists but no record of tag {self.tag}: choose another --tag")
-        keep = ("name", "type", "source", "f", "s", "gain", "time_us")
         record = {"version": 1, "tag": self.tag, "base": self.git.head(), "pending": {},
-                  "jobs": [{**{k: j[k] for k in keep}, "kernel": self._read_kernel(j["source"])} for j in jobs],
+                  "jobs": [{**j, "kernel": self._read_kernel(j["source"])} for j in jobs],
                   "kernels": {n: {"status": "pending", "reason": "", "node": "", "attempts": 0, "tip": None,
                                   "baseline": None, "best_source": None, "job": None, "next_experiment": 1,
                                   "last_log": ""} for n in names}}
@@ -227,9 +222,7 @@ class RayDriver:
         return (Path(source) if Path(source).is_absolute() else self.root / source).read_text()
 
     def _save(self, record: dict | None = None) -> None:
-        path = record_path(self.root, self.tag)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(path, record or self.record)
+        write_record(record_path(self.root, self.tag), record or self.record)
 
     # -------------------------------------------------------------------- one kernel's tasks
     def _kernel(self, job: dict) -> None:

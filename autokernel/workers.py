@@ -39,8 +39,8 @@ from pathlib import Path
 
 from autokernel.gitlog import KERNEL_PATH, GitLog, is_artifact
 from autokernel.loop import Loop, LoopConfig, budget
-from autokernel.loop.runs import ParallelRun, read_json, say_summary
-from autokernel.loop.state import LoopError, StateFile, load_jobs, lock_holder, new_job, repo_lock, write_json_atomic
+from autokernel.loop.runs import ParallelRun, queue_entries, read_json, resumed, say_summary, write_record
+from autokernel.loop.state import LoopError, StateFile, lock_holder, new_job, repo_lock
 
 QUEUE_FILE = "workspace/workers.{tag}.json"
 WORKTREES = "workspace/worktrees"  # one worktree per kernel, under <tag>/
@@ -194,29 +194,20 @@ class Driver:
 
     # -------------------------------------------------------------------- the queue
     def _load_queue(self, plan, kernels) -> dict:
-        queue = read_queue(self.root, self.tag)
+        queue = resumed(read_queue(self.root, self.tag), plan, kernels, self._say)
         if queue is not None:
-            if plan or kernels:
-                self._say(f"tag {self.tag} exists: resuming its queue (--plan/--kernel apply to a new --tag)")
             return queue
         if StateFile(self.root, self.tag).read() is not None or self.git.branch_exists(f"autokernel/{self.tag}"):
             raise LoopError(f"tag {self.tag} belongs to a single loop (branch autokernel/{self.tag}); "
                             "choose another --tag for --gpus")
         self.git.require_clean()  # the worktrees start from HEAD: uncommitted edits would not be in them
-        jobs = load_jobs(self.root, plan, kernels, warn=self._say)
-        names = [j["name"] for j in jobs]
-        if len(set(names)) != len(names):
-            raise LoopError(f"two kernel files share a name ({', '.join(names)}): rename one")
-        keep = ("name", "type", "source", "f", "s", "gain", "time_us")
         queue = {"version": 1, "tag": self.tag, "base": self.git.head(), "gpus": self.gpus,
-                 "jobs": [{k: j[k] for k in keep} for j in jobs], "assigned": {}}
+                 "jobs": queue_entries(self.root, plan, kernels, self._say), "assigned": {}}
         self._save_queue(queue)
         return queue
 
     def _save_queue(self, queue: dict) -> None:
-        path = queue_path(self.root, self.tag)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(path, queue)
+        write_record(queue_path(self.root, self.tag), queue)
 
     def _take(self, gpu: str) -> dict | None:
         with self.lock:

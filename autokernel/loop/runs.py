@@ -16,7 +16,7 @@ from pathlib import Path
 
 from autokernel import results
 from autokernel.loop import Loop, LoopConfig
-from autokernel.loop.state import STATE_FILE, StateFile, load_jobs, lock_holder, next_job
+from autokernel.loop.state import STATE_FILE, LoopError, StateFile, load_jobs, lock_holder, next_job, write_json_atomic
 from autokernel.report import format_us, state_text
 
 
@@ -151,6 +151,28 @@ class ParallelRun(Run):
 
 def read_json(path: Path) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
+
+
+def write_record(path: Path, record: dict) -> None:
+    """A driver's record, whole or not at all."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, record)
+
+
+def resumed(record: dict | None, plan, kernels, say) -> dict | None:
+    """The record of a tag being resumed, saying that --plan/--kernel do not change it."""
+    if record is not None and (plan or kernels):
+        say(f"tag {record['tag']} exists: resuming its queue (--plan/--kernel apply to a new --tag)")
+    return record
+
+
+def queue_entries(root: Path, plan, kernels, say) -> list[dict]:
+    """A new parallel run's kernels, each as the plan names it (one loop per kernel: unique names)."""
+    jobs = load_jobs(root, plan, kernels, warn=say)
+    names = [j["name"] for j in jobs]
+    if len(set(names)) != len(names):
+        raise LoopError(f"two kernel files share a name ({', '.join(names)}): rename one")
+    return [{k: j[k] for k in ("name", "type", "source", "f", "s", "gain", "time_us")} for j in jobs]
 
 
 def kernel_rows(root: Path, tag: str) -> list[dict]:
