@@ -41,8 +41,8 @@ RECORDED_KINDS = (WorkersRun, RayRun)  # a tag one of them recorded is theirs; a
 
 def default_tag(root: Path) -> str:
     """The tag of the state on disk (so that a bare `run` resumes), else today's date."""
-    return single_loop_tag(root) or next(filter(None, (kind.latest_tag(root) for kind in RECORDED_KINDS)), None) \
-        or datetime.now().strftime("%b%d").lower()
+    recorded = (kind.latest_tag(root) for kind in RECORDED_KINDS)
+    return single_loop_tag(root) or next(filter(None, recorded), None) or datetime.now().strftime("%b%d").lower()
 
 
 def recorded_run(root: Path, tag: str, plan: str | None = None) -> Run:
