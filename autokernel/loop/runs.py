@@ -65,11 +65,8 @@ class SingleRun(Run):
         self.state = StateFile(self.root, tag).read()
 
     def start(self, config, plan, kernels, ui) -> str:
-        jobs = None
-        if self.state is None:
-            jobs = load_jobs(self.root, plan, kernels, warn=ui.print)
-        elif plan or kernels:
-            ui.print(f"tag {self.tag} exists: resuming its queue (--plan/--kernel apply to a new --tag)")
+        fresh = resumed(self.state, plan, kernels, ui.print) is None
+        jobs = load_jobs(self.root, plan, kernels, warn=ui.print) if fresh else None
         return Loop(self.root, config, self.agent, jobs, ui=ui).run()
 
     def started(self) -> bool:
@@ -160,7 +157,7 @@ def write_record(path: Path, record: dict) -> None:
 
 
 def resumed(record: dict | None, plan, kernels, say) -> dict | None:
-    """The record of a tag being resumed, saying that --plan/--kernel do not change it."""
+    """The record (or loop state) of a tag being resumed, saying that --plan/--kernel do not change it."""
     if record is not None and (plan or kernels):
         say(f"tag {record['tag']} exists: resuming its queue (--plan/--kernel apply to a new --tag)")
     return record
