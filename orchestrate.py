@@ -24,28 +24,44 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
-from autokernel import cli, report, results
+from autokernel import cli, report
 from autokernel import demo as pipeline_demo
 from autokernel.agents import AGENT_NAMES, make_agent
 from autokernel.agents.builtin import next_move
 from autokernel.gitlog import KERNEL_PATH, GitError, GitLog
-from autokernel.loop import Loop, LoopConfig, LoopError
-from autokernel.loop.state import STATE_FILE, StateFile, load_jobs, lock_holder, next_job
+from autokernel.loop import LoopConfig, LoopError
+from autokernel.loop.runs import Run, SingleRun, single_loop_tag
 from autokernel.plot import write_progress_png
-from autokernel.raycluster import latest_ray_tag, ray_jobs, ray_rows, read_record
-from autokernel.raycluster import status_lines as ray_status_lines
+from autokernel.raycluster import RayRun
 from autokernel.report import LiveLine, amdahl, format_us, kernel_summaries, report_table
-from autokernel.workers import Driver, latest_tag, parse_gpus, read_queue, status_lines, worker_jobs, worker_rows
+from autokernel.workers import WorkersRun, parse_gpus
+
+RECORDED_KINDS = (WorkersRun, RayRun)  # a tag one of them recorded is theirs; any other, a single loop's
 
 
 def default_tag(root: Path) -> str:
     """The tag of the state on disk (so that a bare `run` resumes), else today's date."""
-    import json
+    recorded = (kind.latest_tag(root) for kind in RECORDED_KINDS)
+    return single_loop_tag(root) or next(filter(None, recorded), None) or datetime.now().strftime("%b%d").lower()
 
-    path = root / STATE_FILE
-    if path.is_file():
-        return json.loads(path.read_text()).get("tag") or datetime.now().strftime("%b%d").lower()
-    return latest_tag(root) or latest_ray_tag(root) or datetime.now().strftime("%b%d").lower()
+
+def recorded_run(root: Path, tag: str, plan: str | None = None) -> Run:
+    """The run of `tag` as status, next and report read it, whichever way it ran."""
+    kind = next((kind for kind in RECORDED_KINDS if kind.recorded(root, tag)), None)
+    return kind(root, tag) if kind else SingleRun(root, tag, plan)
+
+
+def new_run(args, root: Path) -> Run:
+    """The way `run` goes, from its flags: one process, one worker per GPU, or a Ray cluster."""
+    if args.ray and args.gpus:
+        raise LoopError("--ray and --gpus: choose one (a Ray task asks for one GPU of the cluster)")
+    agent = build_agent(args)  # an agent that cannot work fails here, before any worker starts
+    spec = {"name": args.agent, "options": agent_options(args)}
+    if args.ray:
+        return RayRun(root, args.tag, spec, args.ray)
+    if args.gpus:
+        return WorkersRun(root, args.tag, spec, parse_gpus(args.gpus))
+    return SingleRun(root, args.tag, agent=agent)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -176,30 +192,12 @@ def run_loop(args, root: Path) -> int:
                         target_speedup=args.target_speedup, target_pct_peak=args.target_pct_peak,
                         min_gain_pct=args.min_gain, device=args.device, quick=args.quick, dtype=args.dtype,
                         bench_timeout=args.bench_timeout, seed=args.seed)
-    agent = build_agent(args)  # an agent that cannot work fails here, before any worker starts
-    if args.ray:
-        if args.gpus:
-            raise LoopError("--ray and --gpus: choose one (a Ray task asks for one GPU of the cluster)")
-        from autokernel.raycluster import cli_run
-
-        return cli_run(root, config, {"name": args.agent, "options": agent_options(args)}, args.ray, args.plan,
-                       args.kernel)
-    if args.gpus:
-        with LiveLine() as ui:
-            driver = Driver(root, config, {"name": args.agent, "options": agent_options(args)},
-                            parse_gpus(args.gpus), ui=ui)
-            ui.print(f"[bold]workers stopped[/bold]: {driver.run(args.plan, args.kernel)}")
-        return cmd_report(args, root)
+    run = new_run(args, root)
     with LiveLine() as ui:
-        jobs = None
-        if StateFile(root, args.tag).read() is None:
-            jobs = load_jobs(root, args.plan, args.kernel, warn=ui.print)
-        elif args.plan or args.kernel:
-            ui.print(f"tag {args.tag} exists: resuming its queue (--plan/--kernel apply to a new --tag)")
-        why = Loop(root, config, agent, jobs, ui=ui).run()
-        ui.print(f"[bold]loop stopped[/bold]: {why}")
+        why = run.start(config, args.plan, args.kernel, ui)
+        ui.print(f"[bold]{run.stopped}[/bold]: {why}")
     if args.verify:
-        run_verify(root, args.plan, args.device)
+        run_verify(root, args.plan, run.verify_device(args.device))
         args.verify = False  # measured just now: the report does not measure again
     return cmd_report(args, root)
 
@@ -224,49 +222,21 @@ def run_verify(root: Path, plan: str | None, device: str | None) -> int:
 
 
 def cmd_status(args, root: Path) -> int:
-    if read_record(root, args.tag) is not None:  # --ray: every kernel's task, node and branch
-        print("\n".join(ray_status_lines(root, args.tag)))
-        rows = ray_rows(root, args.tag)
-        LiveLine().print(report_table(kernel_summaries(rows, ray_jobs(root, args.tag)), args.tag,
-                                      report.rows_device(rows)))
-        return 0
-    if read_queue(root, args.tag) is not None:
-        print("\n".join(status_lines(root, args.tag)))
-        rows = worker_rows(root, args.tag)
-        LiveLine().print(report_table(kernel_summaries(rows, worker_jobs(root, args.tag)), args.tag,
-                                      report.rows_device(rows)))
-        return 0
-    state = StateFile(root, args.tag).read()
-    holder = lock_holder(root)
-    print(f"tag {args.tag}: " + (f"a loop is running (pid {holder})" if holder else "no loop running"))
-    if state is None:
-        print("no loop has run with this tag yet: start one with `python orchestrate.py run`")
-        return 0
-    print(f"branch {state['branch']} at {state['head'][:10]}; next experiment {state['next_experiment']}")
-    if state.get("inflight"):
-        f = state["inflight"]
-        print(f"in flight: experiment {f['experiment']} on {f['kernel']} ({f['phase']})")
-    rows = [r for r in results.read_rows(root / "results.tsv") if r["tag"] == args.tag]
-    LiveLine().print(report_table(kernel_summaries(rows, state["jobs"]), args.tag, report.rows_device(rows)))
+    run = recorded_run(root, args.tag)
+    print("\n".join(run.status_lines()))
+    if run.started():
+        rows = run.rows()
+        LiveLine().print(report_table(kernel_summaries(rows, run.jobs()), args.tag, report.rows_device(rows)))
     return 0
 
 
 def cmd_next(args, root: Path) -> int:
-    if read_queue(root, args.tag) is not None or read_record(root, args.tag) is not None:  # --gpus, --ray
-        jobs = worker_jobs(root, args.tag) if read_queue(root, args.tag) is not None else ray_jobs(root, args.tag)
-        todo = [j for j in jobs if j["status"] != "done"]
-        if not todo:
-            print(f"tag {args.tag}: every kernel is done")
-        for job in todo:
-            print_next(job, root, job.get("seed", 0))
-        return 0
-    state = StateFile(root, args.tag).read()
-    jobs = state["jobs"] if state else load_jobs(root, args.plan, None)
-    job = next_job(jobs) or next_job([dict(j, status="pending") for j in jobs if j["status"] == "parked"])
-    if job is None:
+    jobs = recorded_run(root, args.tag, args.plan).next_jobs()
+    if not jobs:
         print(f"tag {args.tag}: every kernel is done")
-        return 0
-    return print_next(job, root, state.get("seed", 0) if state else 0)
+    for job in jobs:
+        print_next(job, root, job.get("seed", 0))
+    return 0
 
 
 def print_next(job: dict, root: Path, seed: int) -> int:
@@ -285,13 +255,8 @@ def print_next(job: dict, root: Path, seed: int) -> int:
 def cmd_report(args, root: Path) -> int:
     if getattr(args, "verify", False):
         run_verify(root, getattr(args, "plan", None), None)
-    state = StateFile(root, args.tag).read()
-    jobs = state["jobs"] if state else (load_jobs(root, args.plan, None) if getattr(args, "plan", None) else [])
-    rows = [r for r in results.read_rows(root / "results.tsv") if r["tag"] == args.tag]
-    if read_queue(root, args.tag) is not None:  # --gpus workers: every kernel's own tag <tag>/<kernel>
-        jobs, rows = worker_jobs(root, args.tag), worker_rows(root, args.tag)
-    elif read_record(root, args.tag) is not None:  # --ray tasks: the same, recorded by the driver
-        jobs, rows = ray_jobs(root, args.tag), ray_rows(root, args.tag)
+    run = recorded_run(root, args.tag, getattr(args, "plan", None))
+    jobs, rows = run.jobs(), run.rows()
     summaries = kernel_summaries(rows, jobs)
     device, verified = report.rows_device(rows), report.read_verify(root)
     console = LiveLine()

@@ -45,9 +45,9 @@ from pathlib import Path
 from autokernel import results
 from autokernel.gitlog import KERNEL_PATH, GitLog
 from autokernel.loop import LoopConfig, budget
-from autokernel.loop.state import LoopError, StateFile, load_jobs, lock_holder, repo_lock, write_json_atomic
+from autokernel.loop.runs import ParallelRun, kernel_rows, queue_entries, read_json, resumed, say_summary, write_record
+from autokernel.loop.state import LoopError, StateFile, repo_lock
 from autokernel.raynode import kernel_task
-from autokernel.report import format_us
 from autokernel.workers import branch_name, read_queue, run_threads, say
 
 RECORD_FILE = "workspace/ray.{tag}.json"
@@ -99,10 +99,13 @@ def check_address(address: str) -> None:
 
 
 def ship_by_value(ray) -> None:
-    """kernel_task and its helpers travel in the task itself, not as a module the node must import."""
+    """kernel_task and its helpers travel in the task itself, not as modules the node must import."""
     import sys
 
+    from autokernel import processes
+
     ray.cloudpickle.register_pickle_by_value(sys.modules[kernel_task.__module__])
+    ray.cloudpickle.register_pickle_by_value(processes)
 
 
 def record_path(root: Path, tag: str) -> Path:
@@ -110,10 +113,7 @@ def record_path(root: Path, tag: str) -> Path:
 
 
 def read_record(root: Path, tag: str) -> dict | None:
-    import json
-
-    path = record_path(root, tag)
-    return json.loads(path.read_text()) if path.is_file() else None
+    return read_json(record_path(root, tag))
 
 
 def ray_jobs(root: Path, tag: str) -> list[dict]:
@@ -125,28 +125,10 @@ def ray_jobs(root: Path, tag: str) -> list[dict]:
         job = {**(mine["job"] or {}), **{k: v for k, v in entry.items() if k != "kernel"}}
         job.update(status=mine["status"], reason=mine["reason"], worker=mine["node"], seed=record.get("seed", 0),
                    branch=branch_name(tag, entry["name"]), best_sha=mine["tip"], baseline_sha=mine["baseline"])
+        if mine["status"] == "stopped" and (mine["job"] or {}).get("status") == "parked":  # as its loop says it
+            job.update(status="parked", reason=mine["job"]["reason"])
         out.append(job)
     return out
-
-
-def ray_rows(root: Path, tag: str) -> list[dict]:
-    return [r for r in results.read_rows(root / "results.tsv") if r["tag"].startswith(f"{tag}/")]
-
-
-def latest_ray_tag(root: Path) -> str | None:
-    """The tag of the most recently written --ray record (what a bare `status` shows)."""
-    found = sorted((root / "workspace").glob("ray.*.json"), key=lambda p: p.stat().st_mtime)
-    return (read_record(root, found[-1].name[len("ray."):-len(".json")]) or {}).get("tag") if found else None
-
-
-def status_lines(root: Path, tag: str) -> list[str]:
-    holder = lock_holder(root)
-    lines = [f"tag {tag} on Ray: " + (f"the driver is running (pid {holder})" if holder else "no driver running")]
-    for job in ray_jobs(root, tag):
-        best = f"best {format_us(job['best_us'])}" if job.get("best_us") else "no best yet"
-        lines.append(f"{job['name']:<24} {job['worker'] or '-':<22} {job['status']:<8} {job['branch']:<40} "
-                     f"{job.get('experiments', 0)} exp, {job.get('kept', 0)} kept, {best}  {job['reason']}")
-    return lines
 
 
 def remote_source(source: str) -> str:
@@ -217,24 +199,19 @@ class RayDriver:
         record = read_record(self.root, self.tag)
         if record is not None and record.get("version") != 1:
             raise LoopError(f"{record_path(self.root, self.tag)} was written by another version; start a new --tag")
-        if record is not None:
-            if plan or kernels:
-                self._say(f"tag {self.tag} exists: resuming its queue (--plan/--kernel apply to a new --tag)")
+        if resumed(record, plan, kernels, self._say) is not None:
             return record
         if read_queue(self.root, self.tag) is not None or StateFile(self.root, self.tag).read() is not None \
                 or self.git.branch_exists(f"autokernel/{self.tag}"):
             raise LoopError(f"tag {self.tag} belongs to another loop (--gpus or a single loop); choose another --tag")
         self.git.require_clean()  # the tasks get HEAD: uncommitted edits would not be in it
-        jobs = load_jobs(self.root, plan, kernels, warn=self._say)
+        jobs = queue_entries(self.root, plan, kernels, self._say)
         names = [j["name"] for j in jobs]
-        if len(set(names)) != len(names):
-            raise LoopError(f"two kernel files share a name ({', '.join(names)}): rename one")
         taken = [branch_name(self.tag, n) for n in names if self.git.branch_exists(branch_name(self.tag, n))]
         if taken:
             raise LoopError(f"branch {taken[0]} exists but no record of tag {self.tag}: choose another --tag")
-        keep = ("name", "type", "source", "f", "s", "gain", "time_us")
         record = {"version": 1, "tag": self.tag, "base": self.git.head(), "pending": {},
-                  "jobs": [{**{k: j[k] for k in keep}, "kernel": self._read_kernel(j["source"])} for j in jobs],
+                  "jobs": [{**j, "kernel": self._read_kernel(j["source"])} for j in jobs],
                   "kernels": {n: {"status": "pending", "reason": "", "node": "", "attempts": 0, "tip": None,
                                   "baseline": None, "best_source": None, "job": None, "next_experiment": 1,
                                   "last_log": ""} for n in names}}
@@ -245,9 +222,7 @@ class RayDriver:
         return (Path(source) if Path(source).is_absolute() else self.root / source).read_text()
 
     def _save(self, record: dict | None = None) -> None:
-        path = record_path(self.root, self.tag)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(path, record or self.record)
+        write_record(record_path(self.root, self.tag), record or self.record)
 
     # -------------------------------------------------------------------- one kernel's tasks
     def _kernel(self, job: dict) -> None:
@@ -308,7 +283,7 @@ class RayDriver:
                   "per_kernel_minutes": self.minutes[name], "results_path": None, "worker": None}
         resume = None
         if mine["tip"]:
-            rows = [dict(r, kernel_file=remote_source(job["source"])) for r in ray_rows(self.root, self.tag)
+            rows = [dict(r, kernel_file=remote_source(job["source"])) for r in kernel_rows(self.root, self.tag)
                     if r["tag"] == config["tag"]]
             resume = {k: mine[k] for k in ("job", "next_experiment", "last_log")}
             resume.update(source=mine["best_source"], rows=rows)
@@ -405,15 +380,10 @@ class RayDriver:
             t.join(STOP_JOIN_S)
 
     def _summary(self) -> str:
-        jobs = ray_jobs(self.root, self.tag)
-        for job in jobs:
-            where = f", best in workspace/kernels/{job['name']}_optimized.py" if job["best_sha"] else ""
-            self._say(f"{job['branch']}: {job['status']} {job['reason']}".rstrip() +
-                      f" ({job.get('experiments', 0)} experiments, {job.get('kept', 0)} kept{where})")
-        done = sum(j["status"] == "done" for j in jobs)
-        if done == len(jobs):
+        done, total = say_summary(ray_jobs(self.root, self.tag), self._say)
+        if done == total:
             return f"every kernel is done; best versions in workspace/kernels/, branches autokernel/{self.tag}/*"
-        return f"{done} of {len(jobs)} kernels done; run again with --tag {self.tag} to go on"
+        return f"{done} of {total} kernels done; run again with --tag {self.tag} to go on"
 
     def _say(self, text: str, prefix: str | None = None) -> None:
         say(self.ui, text, prefix)
@@ -428,23 +398,20 @@ def _cancel(gen) -> None:
         pass
 
 
-# ------------------------------------------------------------------------------ orchestrate.py run --ray
-def cli_run(root: Path, config: LoopConfig, agent: dict, address: str, plan=None, kernels=None) -> int:
-    from autokernel.plot import write_progress_png
-    from autokernel.report import LiveLine, amdahl, estimate_lines, is_cpu, kernel_summaries, report_table, rows_device
+# ------------------------------------------------------------------------------ what orchestrate.py reads
+class RayRun(ParallelRun):
+    """A --ray run (where: the cluster's address): the RayDriver above and its record."""
 
-    with LiveLine() as ui:
-        why = RayDriver(root, config, agent, address, ui=ui).run(plan, kernels)
-        ui.print(f"[bold]Ray tasks stopped[/bold]: {why}")
-    rows = ray_rows(root, config.tag)
-    summaries, device = kernel_summaries(rows, ray_jobs(root, config.tag)), rows_device(rows)
-    console = LiveLine()
-    console.print(report_table(summaries, config.tag, device))
-    estimate = amdahl(summaries)
-    if estimate:
-        console.print(estimate_lines(estimate, None, None, is_cpu(device))[0])
-    png = write_progress_png(rows, {s["source"]: s["kernel"] for s in summaries}, None, root / "progress.png",
-                             config.tag)
-    console.print(f"progress plot: {png}")
-    return 0
+    stopped = "Ray tasks stopped"
+    record_file = RECORD_FILE
+    worker_width = 22  # ray:<node ip>/gpuN
+    driver = RayDriver
 
+    def heading(self, holder: str | None) -> str:
+        return f"tag {self.tag} on Ray: " + (f"the driver is running (pid {holder})" if holder else "no driver running")
+
+    def jobs(self) -> list[dict]:
+        return ray_jobs(self.root, self.tag)
+
+    def verify_device(self, device: str | None) -> str | None:
+        return None  # the cluster's device is not this machine's: verify.py picks its own

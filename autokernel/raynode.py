@@ -31,6 +31,7 @@ from pathlib import Path
 from autokernel import results
 from autokernel.gitlog import KERNEL_PATH, GitLog
 from autokernel.loop.state import StateFile
+from autokernel.processes import pump
 
 POLL_S = 1.0  # seconds between two looks at the loop's results and state
 STOP_LIMIT_S = 60.0  # seconds a cancelled task's loop gets to undo its experiment
@@ -58,7 +59,8 @@ def kernel_task(bundle: bytes, spec: dict):
                                 stderr=subprocess.PIPE, text=True)
         lines: queue.Queue = queue.Queue()
         for kind, stream in (("event", proc.stdout), ("log", proc.stderr)):
-            threading.Thread(target=_pump, args=(stream, kind, lines), daemon=True).start()
+            put = lambda line, kind=kind: lines.put((kind, line and line.rstrip("\n")))  # noqa: E731
+            threading.Thread(target=pump, args=(stream, put), daemon=True).start()
         tail, streams = [], 2
         while streams:
             kind, line = lines.get()
@@ -78,12 +80,6 @@ def kernel_task(bundle: bytes, spec: dict):
             except subprocess.TimeoutExpired:
                 proc.kill()
         shutil.rmtree(work, ignore_errors=True)
-
-
-def _pump(stream, kind: str, sink) -> None:
-    for line in stream:
-        sink.put((kind, line.rstrip("\n")))
-    sink.put((kind, None))
 
 
 def _node_label() -> str:

@@ -13,7 +13,6 @@ runs in a fresh process and its log says why in one line.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -23,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autokernel import channel, gpu, zygote
+from autokernel.processes import kill_group, pump
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_TIMEOUT_S = {"cuda": 300, "cpu": 600}  # the interpreter is ~1000x slower than a GPU
@@ -42,23 +42,20 @@ def child_env(device: str) -> dict:
     return env
 
 
-def _pump(stream, sink: list, echo: bool):
-    for line in iter(stream.readline, ""):
-        sink.append(line)
-        if echo:
-            sys.stdout.write(line)
-            sys.stdout.flush()
-    stream.close()
+def _keep(sink: list, echo: bool):
+    """pump's put: each line into `sink`, and onto this process's stdout too when echoing."""
+    def put(line: str | None) -> None:
+        if line is not None:
+            sink.append(line)
+            if echo:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+    return put
 
 
-def _kill_group(proc):
-    if isinstance(proc, zygote.Child):
-        return proc.kill_group()
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
+def _stop(proc) -> None:
+    """SIGKILL to the child's group: a forked one through its zygote, a fresh one from here."""
+    proc.kill_group() if isinstance(proc, zygote.Child) else kill_group(proc)
 
 
 @dataclass
@@ -73,18 +70,18 @@ class _Run:
 def _watch(proc, timeout: float, echo: bool, launcher: str, out_lines: list) -> _Run:
     """Collect a started child's output until it exits; kill its process group at the time limit."""
     err_lines = []
-    pumps = [threading.Thread(target=_pump, args=(proc.stdout, out_lines, echo), daemon=True),
-             threading.Thread(target=_pump, args=(proc.stderr, err_lines, False), daemon=True)]
+    pumps = [threading.Thread(target=pump, args=(proc.stdout, _keep(out_lines, echo)), daemon=True),
+             threading.Thread(target=pump, args=(proc.stderr, _keep(err_lines, False)), daemon=True)]
     for t in pumps:
         t.start()
     try:
         proc.wait(timeout=timeout)
         timed_out = False
     except subprocess.TimeoutExpired:
-        _kill_group(proc)
+        _stop(proc)
         timed_out = True
     except BaseException:  # Ctrl-C (or a zygote that died under it): never leave a child running on the GPU
-        _kill_group(proc)
+        _stop(proc)
         raise
     finally:
         for t in pumps:

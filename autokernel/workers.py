@@ -37,11 +37,10 @@ from collections import deque
 from dataclasses import asdict
 from pathlib import Path
 
-from autokernel import results
 from autokernel.gitlog import KERNEL_PATH, GitLog, is_artifact
 from autokernel.loop import Loop, LoopConfig, budget
-from autokernel.loop.state import LoopError, StateFile, load_jobs, lock_holder, new_job, repo_lock, write_json_atomic
-from autokernel.report import format_us
+from autokernel.loop.runs import ParallelRun, queue_entries, read_json, resumed, say_summary, write_record
+from autokernel.loop.state import LoopError, StateFile, lock_holder, new_job, repo_lock
 
 QUEUE_FILE = "workspace/workers.{tag}.json"
 WORKTREES = "workspace/worktrees"  # one worktree per kernel, under <tag>/
@@ -124,14 +123,7 @@ def kernel_state(root: Path, tag: str, name: str) -> dict | None:
 
 
 def read_queue(root: Path, tag: str) -> dict | None:
-    path = queue_path(root, tag)
-    return json.loads(path.read_text()) if path.is_file() else None
-
-
-def latest_tag(root: Path) -> str | None:
-    """The tag of the most recently written worker queue (what a bare `status` shows)."""
-    found = sorted((root / "workspace").glob("workers.*.json"), key=lambda p: p.stat().st_mtime)
-    return json.loads(found[-1].read_text()).get("tag") if found else None
+    return read_json(queue_path(root, tag))
 
 
 # ------------------------------------------------------------------------------ what status/report read
@@ -153,10 +145,6 @@ def worker_jobs(root: Path, tag: str) -> list[dict]:
     return out
 
 
-def worker_rows(root: Path, tag: str) -> list[dict]:
-    return [r for r in results.read_rows(root / "results.tsv") if r["tag"].startswith(f"{tag}/")]
-
-
 def worker_rates(rows: list[dict]) -> dict[str, tuple[int, float | None]]:
     """Per worker (and "all"): experiments logged and experiments per hour between its first and last
     row (n - 1 intervals: the first row lands one experiment after the worker started)."""
@@ -169,18 +157,6 @@ def worker_rates(rows: list[dict]) -> dict[str, tuple[int, float | None]]:
         span = stamps[-1] - stamps[0] if len(stamps) > 1 else 0.0
         out[worker] = (len(mine), 3600.0 * (len(stamps) - 1) / span if span > 0 else None)
     return out
-
-
-def status_lines(root: Path, tag: str) -> list[str]:
-    holder = lock_holder(root)
-    lines = [f"tag {tag}: " + (f"workers running (driver pid {holder})" if holder else "no workers running")]
-    for job in worker_jobs(root, tag):
-        best = f"best {format_us(job['best_us'])}" if job.get("best_us") else "no best yet"
-        lines.append(f"{job['name']:<24} {job['worker'] or '-':<6} {job['status']:<8} {job['branch']:<40} "
-                     f"{job.get('experiments', 0)} exp, {job.get('kept', 0)} kept, {best}  {job['reason']}")
-    for worker, (n, rate) in worker_rates(worker_rows(root, tag)).items():
-        lines.append(f"{worker}: {n} experiments" + (f", {rate:.1f} per hour" if rate else ""))
-    return lines
 
 
 # ------------------------------------------------------------------------------ the driver
@@ -218,29 +194,20 @@ class Driver:
 
     # -------------------------------------------------------------------- the queue
     def _load_queue(self, plan, kernels) -> dict:
-        queue = read_queue(self.root, self.tag)
+        queue = resumed(read_queue(self.root, self.tag), plan, kernels, self._say)
         if queue is not None:
-            if plan or kernels:
-                self._say(f"tag {self.tag} exists: resuming its queue (--plan/--kernel apply to a new --tag)")
             return queue
         if StateFile(self.root, self.tag).read() is not None or self.git.branch_exists(f"autokernel/{self.tag}"):
             raise LoopError(f"tag {self.tag} belongs to a single loop (branch autokernel/{self.tag}); "
                             "choose another --tag for --gpus")
         self.git.require_clean()  # the worktrees start from HEAD: uncommitted edits would not be in them
-        jobs = load_jobs(self.root, plan, kernels, warn=self._say)
-        names = [j["name"] for j in jobs]
-        if len(set(names)) != len(names):
-            raise LoopError(f"two kernel files share a name ({', '.join(names)}): rename one")
-        keep = ("name", "type", "source", "f", "s", "gain", "time_us")
         queue = {"version": 1, "tag": self.tag, "base": self.git.head(), "gpus": self.gpus,
-                 "jobs": [{k: j[k] for k in keep} for j in jobs], "assigned": {}}
+                 "jobs": queue_entries(self.root, plan, kernels, self._say), "assigned": {}}
         self._save_queue(queue)
         return queue
 
     def _save_queue(self, queue: dict) -> None:
-        path = queue_path(self.root, self.tag)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(path, queue)
+        write_record(queue_path(self.root, self.tag), queue)
 
     def _take(self, gpu: str) -> dict | None:
         with self.lock:
@@ -352,18 +319,12 @@ class Driver:
             t.join(10.0)
 
     def _summary(self) -> str:
-        jobs = worker_jobs(self.root, self.tag)
-        for job in jobs:
-            best = self.root / "workspace" / "kernels" / f"{job['name']}_optimized.py"
-            where = f", best in {best.relative_to(self.root)}" if best.is_file() else ""
-            self._say(f"{job['branch']}: {job['status']} {job['reason']}".rstrip() +
-                      f" ({job.get('experiments', 0)} experiments, {job.get('kept', 0)} kept{where})")
+        done, total = say_summary(worker_jobs(self.root, self.tag), self._say)
         self._say(f"the branches: git branch --list 'autokernel/{self.tag}/*'; one kernel's notebook: "
                   f"git log main..autokernel/{self.tag}/<kernel>")
-        done = sum(j["status"] == "done" for j in jobs)
-        if done == len(jobs):
+        if done == total:
             return f"every kernel is done; best versions in workspace/kernels/, branches autokernel/{self.tag}/*"
-        return f"{done} of {len(jobs)} kernels done (budget of this run used); run again to go on"
+        return f"{done} of {total} kernels done (budget of this run used); run again to go on"
 
     def _say(self, text: str, prefix: str | None = None) -> None:
         say(self.ui, text, prefix)
@@ -371,6 +332,27 @@ class Driver:
 
 def _is_done(state: dict | None) -> bool:
     return bool(state) and all(j["status"] == "done" for j in state["jobs"])
+
+
+# ------------------------------------------------------------------------------ what orchestrate.py reads
+class WorkersRun(ParallelRun):
+    """A --gpus run (where: the GPU ids): the Driver above, its queue and each worktree's loop."""
+
+    stopped = "workers stopped"
+    record_file = QUEUE_FILE
+    driver = Driver
+
+    def heading(self, holder: str | None) -> str:
+        return f"tag {self.tag}: " + (f"workers running (driver pid {holder})" if holder else "no workers running")
+
+    def status_lines(self) -> list[str]:
+        lines = super().status_lines()
+        for worker, (n, rate) in worker_rates(self.rows()).items():
+            lines.append(f"{worker}: {n} experiments" + (f", {rate:.1f} per hour" if rate else ""))
+        return lines
+
+    def jobs(self) -> list[dict]:
+        return worker_jobs(self.root, self.tag)
 
 
 # ------------------------------------------------------------------------------ one worker's process

@@ -35,6 +35,8 @@ import time
 import warnings
 from pathlib import Path
 
+from autokernel.processes import signal_group
+
 # Imported once in the zygote. The interpreter's module only in CPU mode (TRITON_INTERPRET=1).
 # torch._inductor.config: torch.use_deterministic_algorithms (the harness's guards) imports it, and with
 # it torch._dynamo: 1.2 s of every child's time on a CPU, spent once here instead.
@@ -204,7 +206,7 @@ def _supervise(sock: socket.socket, pid: int) -> bool:
             if not message:
                 parent_here = False
             if not message or json.loads(message).get("op") == "kill":
-                _kill_group(pid)  # not reaped yet, so the pid cannot have been reused
+                signal_group(pid)  # not reaped yet, so the pid cannot have been reused
         done, status = os.waitpid(pid, 0 if pidfd in ready else os.WNOHANG)
         if done:
             break
@@ -213,13 +215,6 @@ def _supervise(sock: socket.socket, pid: int) -> bool:
     if parent_here:
         _send(sock, {"exit": os.waitstatus_to_exitcode(status)})
     return parent_here
-
-
-def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def _run_harness(request: dict) -> int:
@@ -380,7 +375,7 @@ class Child:
         """The exit code (negative: killed by that signal); subprocess.TimeoutExpired after `timeout`."""
         if self.returncode is None:
             if self.zygote.sock.fileno() < 0:  # stopped meanwhile (replaced from another thread)
-                _kill_group(self.pid)
+                signal_group(self.pid)
                 raise ZygoteError("stopped while its child ran")
             ready, _, _ = select.select([self.zygote.sock], [], [], timeout)
             if not ready:
@@ -388,7 +383,7 @@ class Child:
             try:
                 self.returncode = self.zygote._recv(0, "")["exit"]
             except ZygoteError:
-                _kill_group(self.pid)  # orphaned by the zygote's death: nobody else will stop it
+                signal_group(self.pid)  # orphaned by the zygote's death: nobody else will stop it
                 raise
         return self.returncode
 
@@ -400,7 +395,7 @@ class Child:
             self.zygote.sock.send(json.dumps({"op": "kill"}).encode())
             self.wait(KILL_TIMEOUT_S)
         except (OSError, ZygoteError, subprocess.TimeoutExpired):
-            _kill_group(self.pid)  # the zygote is broken: kill the group from here
+            signal_group(self.pid)  # the zygote is broken: kill the group from here
             self.zygote.dead = self.zygote.dead or "did not report a killed child"
             self.returncode = -signal.SIGKILL
 

@@ -141,6 +141,24 @@ def test_the_command_agent_leaves_nothing_running(workdir):
     assert not alive, "the agent's background job was still running when the bench would start"
 
 
+def test_a_group_that_ignores_sigterm_is_killed_after_its_grace():
+    """processes.kill_group, as the command agent stops its CLI at the limit: SIGTERM, then SIGKILL."""
+    import subprocess
+
+    from autokernel.processes import kill_group, pump
+
+    code = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); "
+            "time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert proc.stdout.readline() == "ready\n"  # its SIGTERM handler is in place
+    started = time.monotonic()
+    kill_group(proc, grace_s=0.5)
+    assert proc.returncode == -signal.SIGKILL and time.monotonic() - started < 10
+    lines = []
+    pump(proc.stdout, lines.append)
+    assert lines == [None]  # what is left of the pipe, then its end
+
+
 def test_command_agent_failures(workdir):
     with pytest.raises(AgentError, match="exited with 3"):
         CommandAgent(f"{sys.executable} -c 'raise SystemExit(3)'").propose(make_task(workdir))

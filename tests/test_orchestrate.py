@@ -464,3 +464,69 @@ def test_status_next_report(repo, capsys):
     speedup = 100 / min(float(r["latency_us"]) for r in rows(repo))
     assert f"{1 / (0.6 + 0.4 / speedup):.3f}x over PyTorch" in out  # Amdahl
     assert (repo / "progress.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def recorded_parallel_runs(repo) -> dict:
+    """A single loop's tag s made for real, then its kernel's state and rows recorded again as a --gpus
+    run (tag w: fake done, other parked, third pending) and as a --ray run (tag r: fake parked by its loop
+    and stopped, other done), as their drivers write them."""
+    from autokernel.loop.state import write_json_atomic
+
+    Loop(repo, LoopConfig(tag="s", max_experiments=3), make_agent("builtin"),
+         load_jobs(repo, kernels=["kernels/fake.py"]), bench=FakeBench()).run()
+    state = json.loads((repo / "workspace/loop_state.json").read_text())
+    job, made = state["jobs"][0], rows(repo)
+    entries = [{"name": n, "type": "rmsnorm", "source": f"kernels/{n}.py", "f": 0.2, "s": 2.0, "gain": 1.1,
+                "time_us": None} for n in ("fake", "other", "third")]
+    write_json_atomic(repo / "workspace/workers.w.json", {"version": 1, "tag": "w", "base": state["head"],
+                      "gpus": ["0", "1"], "jobs": entries, "assigned": {"fake": "gpu0", "other": "gpu1"}})
+    record = {"version": 1, "tag": "r", "base": state["head"], "pending": {}, "seed": 0, "jobs": [], "kernels": {}}
+    for name, status, reason in (("fake", "done", "the agent has nothing left to try"),
+                                 ("other", "parked", "5 reverts in a row")):
+        mine = dict(job, name=name, source=f"kernels/{name}.py", status=status, reason=reason)
+        tree = repo / "workspace/worktrees/w" / name / "workspace"
+        tree.mkdir(parents=True)
+        write_json_atomic(tree / "loop_state.json", dict(state, tag=f"w/{name}", jobs=[mine]))
+        ray_mine = dict(mine, status="parked" if name == "fake" else "done", reason="3 reverts in a row"
+                        if name == "fake" else "2x over the baseline")
+        record["jobs"].append({**entries[name != "fake"], "kernel": FAKE_KERNEL})
+        record["kernels"][name] = {"status": "stopped" if name == "fake" else "done", "node": "ray:10.0.0.1/gpu0",
+                                   "reason": "" if name == "fake" else "2x over the baseline", "attempts": 1,
+                                   "tip": job["best_sha"], "baseline": job["baseline_sha"], "job": ray_mine,
+                                   "best_source": FAKE_KERNEL, "next_experiment": 4, "last_log": ""}
+        for tag, worker in ((f"w/{name}", f"gpu{name != 'fake':d}"), (f"r/{name}", "ray:10.0.0.1/gpu0")):
+            for row in made:
+                results.append_row(dict(row, tag=tag, worker=worker, kernel_file=f"kernels/{name}.py"),
+                                   repo / "results.tsv")
+    write_json_atomic(repo / "workspace/ray.r.json", record)
+    return state
+
+
+def test_status_next_report_read_every_kind_of_run_alike(repo, capsys):
+    recorded_parallel_runs(repo)
+    assert [type(orchestrate.recorded_run(repo, t)).__name__ for t in "swr"] == ["SingleRun", "WorkersRun", "RayRun"]
+
+    def lines(*args):
+        assert orchestrate.main(["--repo", str(repo), *args]) == 0
+        return capsys.readouterr().out.splitlines()
+
+    workers = lines("status", "--tag", "w")
+    assert workers[0] == "tag w: no workers running"
+    assert re.match(r"other +gpu1 +parked \(5 reverts in a row\) +autokernel/w/other +3 exp", workers[2])
+    assert re.match(r"third +- +pending +autokernel/w/third +0 exp, 0 kept, no best yet", workers[3])
+    assert workers[4].startswith("all: 6 experiments") and workers[5].startswith("gpu0: 3 experiments")
+    ray = lines("status", "--tag", "r")
+    assert ray[0] == "tag r on Ray: no driver running"
+    assert re.match(r"fake +ray:10\.0\.0\.1/gpu0 +parked \(3 reverts in a row\) +autokernel/r/fake", ray[1])
+    assert re.match(r"other +ray:10\.0\.0\.1/gpu0 +done +autokernel/r/other .*  2x over the baseline$", ray[2])
+    # next: every kernel not done of a parallel run, the one the loop takes next of a single loop
+    def next_kernels(tag):
+        return [x.split(" (")[0] for x in lines("next", "--tag", tag) if x.startswith("next kernel")]
+
+    assert next_kernels("w") == ["next kernel: other", "next kernel: third"]
+    assert next_kernels("r") == ["next kernel: fake"]
+    assert lines("next", "--tag", "s")[0].startswith("next kernel: fake (rmsnorm, kernels/fake.py)")
+    for tag, runs in (("s", 3), ("w", 6), ("r", 6)):
+        report = orchestrate.recorded_run(repo, tag)
+        assert len(report.rows()) == runs and lines("report", "--tag", tag)[-1].startswith("progress plot: ")
+    assert lines("status")[0] == "tag s: no loop running"  # the single loop's state on disk comes first

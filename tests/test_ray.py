@@ -119,7 +119,7 @@ def test_two_kernels_as_tasks_a_lost_worker_and_a_second_run(ray_instance, proje
     # optimized file: a second run writes them once, then each kernel goes one experiment on.
     last = [r for r in rows if r["tag"] == "t/softmax"][-1]
     record["pending"]["softmax"] = {"rows": [last], "entry": record["kernels"]["softmax"]}
-    raycluster.write_json_atomic(raycluster.record_path(repo, "t"), record)
+    raycluster.write_record(raycluster.record_path(repo, "t"), record)
     kept_lines = [line for line in (repo / "results.tsv").read_text().splitlines()
                   if not line.startswith(f"{last['experiment']}\t") or "\tt/softmax\t" not in line]
     (repo / "results.tsv").write_text("\n".join(kept_lines) + "\n")

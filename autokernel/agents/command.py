@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import signal
 import subprocess
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from autokernel.agents import (
     find_description,
     read_program,
 )
+from autokernel.processes import kill_group, signal_group
 
 AGENT_TIMEOUT_S = 1800  # one edit by a coding CLI; an hour-long edit is a stuck agent
 KILL_GRACE_S = 10  # between SIGTERM and SIGKILL when the limit is reached
@@ -73,31 +73,13 @@ class CommandAgent(Agent):
                 stdin.close()
         try:
             code = proc.wait(timeout=self.timeout_s)
-            _end_group(proc)  # what the CLI left running in the background must not edit behind the bench
+            signal_group(proc.pid)  # what the CLI left running in the background must not edit behind the bench
             return code
         except subprocess.TimeoutExpired:
-            _kill_group(proc)
+            kill_group(proc, KILL_GRACE_S)
             raise AgentError(f"the agent command ran past its limit of {self.timeout_s:g} s") from None
         except BaseException:  # Ctrl-C: never leave the CLI editing files behind the loop's back
-            _kill_group(proc)
+            kill_group(proc, KILL_GRACE_S)
             raise
 
 
-def _end_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass  # nothing left in the group
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    for sig, wait in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, None)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
