@@ -36,7 +36,8 @@ from autokernel import registry
 from autokernel.kerneltype import Profiling
 
 OTHER = "other"
-GATED_MLP_OWNS_MATMULS = True  # see rule 1; False counts a SwiGLU MLP's matmuls as matmul
+# see rule 1; False counts the typed ops inside a gated module (a SwiGLU MLP's matmuls) as their own type
+GATED_MLP_OWNS_MATMULS = True
 
 
 def _rules() -> list[tuple[str, Profiling]]:
@@ -150,7 +151,7 @@ def _classify(i, ops, chains, gated, patterns, rules):
         node = ops[j]
         if node.kind == "module":
             t = gated.get(j) or _module_type(node.module["cls"], rules)
-            if t == "fused_mlp" and op_type == "matmul" and not GATED_MLP_OWNS_MATMULS:
+            if j in gated and op_type and not GATED_MLP_OWNS_MATMULS:
                 break
             if t:
                 return t, ("module", j), j, ""

@@ -69,8 +69,8 @@ class Deployment:
     # from the reference run on fake tensors, because verify.py patches F.* functions while the optimized
     # model is traced, and the references call those very functions.
     output_shape: Callable
-    # (module path, module, requested types) -> (Site, replacement module or None) when the module is a site
-    # of this type, else None; tried in the entries' order, the first that answers decides
+    # (module path, module) -> (Site, replacement module or None) when the module is a site of this type,
+    # else None; tried in the order of the requested types, the first that answers decides
     module_site: Callable | None = None
     # CallSites -> {torch function: drop-in replacement} whose calls run the kernel where they fit
     functions: Callable | None = None

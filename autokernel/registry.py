@@ -7,7 +7,13 @@ The nine built-in entries are autokernel/specs.py; names under a resolver's pref
 ("kb/level1/19_ReLU": a KernelBench problem, kernelbench/spec.py).
 
 Adding a type is one `register(KernelSpec(...))` call plus its reference function and starter files;
-no other module changes. `unregister` takes a type out again (a test's toy type).
+no other module changes (tests/test_kernel_type.py does it with a toy type). `unregister` takes a type
+out again.
+
+Imports go one way: kerneltype (what an entry is) <- the helpers the built-in entries name (reference.py,
+customops' drop-in functions, swap's module sites, kernelbench.spec) <- specs (the nine entries) <- this
+module <- everything that asks about a type (harness, attribution, plan, suite, baselines, deploy). None
+of the helpers imports the registry: customops and swap are handed a type's Deployment with its kernel.
 """
 
 from __future__ import annotations
