@@ -5,7 +5,8 @@ or a profiling step) linked to their parents, each op carrying the time it alone
 GPU the device kernels it launched itself, on a CPU its self CPU time. Every kernel is attached to the
 one op that launched it, so summing `self_us` counts each kernel exactly once.
 
-The rules, tried in this order for each timed op (the first that matches decides):
+The rules, tried in this order for each timed op (the first that matches decides); what each type
+matches is its registry entry's `Profiling` (autokernel/specs.py for the nine built-ins):
   1. module: the innermost enclosing module whose class names a type: *RMSNorm* -> rmsnorm,
      *LayerNorm* -> layernorm, *Rotary*/*RoPE* -> rotary_embedding, and an MLP/FeedForward module
      that runs a silu (SwiGLU) -> fused_mlp, its three matmuls included (GATED_MLP_OWNS_MATMULS):
@@ -31,48 +32,23 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from autokernel import registry
+from autokernel.kerneltype import Profiling
+
 OTHER = "other"
-GATED_MLP_OWNS_MATMULS = True  # see rule 1; False counts a SwiGLU MLP's matmuls as matmul
+# see rule 1; False counts the typed ops inside a gated module (a SwiGLU MLP's matmuls) as their own type
+GATED_MLP_OWNS_MATMULS = True
 
-MODULE_TYPES = [
-    (re.compile(r"rms_?norm", re.I), "rmsnorm"),
-    (re.compile(r"layer_?norm", re.I), "layernorm"),
-    # case-sensitive so that "Property" is not RoPE: Rotary, RoPE, Rope, rope as a word
-    (re.compile(r"Rotary|rotary|RoPE|Rope(?![a-z])|(?<![A-Za-z])rope(?![a-z])"), "rotary_embedding"),
-]
-MLP_MODULE = re.compile(r"mlp|feed_?forward|ffn|swiglu", re.I)
-FUNCTION_TYPES = [(re.compile(r"rotary|rotate_half|(?<![a-z])rope(?![a-z])", re.I), "rotary_embedding")]
 
-MATMUL_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear",
-              "aten::_addmm_activation"}
-# SDPA entry points -> (index of is_causal, index of scale) among their arguments
-ATTENTION_OPS = {
-    "aten::scaled_dot_product_attention": (5, 6),
-    "aten::_scaled_dot_product_flash_attention": (4, 6),
-    "aten::_scaled_dot_product_flash_attention_for_cpu": (4, 6),
-    "aten::_scaled_dot_product_efficient_attention": (6, 7),
-    "aten::_scaled_dot_product_cudnn_attention": (6, 8),
-    "aten::_flash_attention_forward": (None, None),
-    "aten::_efficient_attention_forward": (None, None),
-}
-OP_TYPES = {
-    **{name: "matmul" for name in MATMUL_OPS},
-    **{name: "flash_attention" for name in ATTENTION_OPS},
-    "aten::softmax": "softmax", "aten::_softmax": "softmax", "aten::_safe_softmax": "softmax",
-    "aten::layer_norm": "layernorm", "aten::native_layer_norm": "layernorm",
-    "aten::rms_norm": "rmsnorm", "aten::_fused_rms_norm": "rmsnorm",
-    "aten::cross_entropy_loss": "cross_entropy", "aten::nll_loss": "cross_entropy",
-    "aten::nll_loss_nd": "cross_entropy",
-    "aten::sum": "reduce",
-}
-KERNEL_TYPES = [
-    (re.compile(r"flash|fmha|attention|attn", re.I), "flash_attention"),
-    (re.compile(r"nvjet|cutlass|gemm|xmma|cublas|wgmma|matmul", re.I), "matmul"),
-    (re.compile(r"soft_?max", re.I), "softmax"),
-    (re.compile(r"layer_?norm", re.I), "layernorm"),
-    (re.compile(r"rms_?norm", re.I), "rmsnorm"),
-]
-RMS_CASTS = {"aten::to", "aten::_to_copy", "aten::type_as"}
+def _rules() -> list[tuple[str, Profiling]]:
+    """(type, its profiler rules) of every registered type that has them, in precedence order."""
+    found = registry.specs_where("profiling")
+    return sorted(((t, spec.profiling) for t, spec in found.items()), key=lambda rule: rule[1].precedence)
+
+
+def function_patterns() -> list[re.Pattern]:
+    """The function-name patterns of every type (profiling.py opens a range around such functions)."""
+    return [p.functions for _, p in _rules() if p.functions is not None]
 
 
 @dataclass
@@ -98,19 +74,20 @@ class Group:
     members: list = field(default_factory=list)
     time_us: float = 0.0
     label: str = ""  # for "other": the op that spent the time
-    shape: dict | None = None  # set where attribution reads it itself (rotary_embedding: one per tensor rotated)
+    shape: dict | None = None  # set where attribution reads it itself (a per-tensor type: one per tensor rotated)
 
 
 def attribute(ops: list[Op]) -> list[Group]:
     """Group every timed op into calls of kernel types (see the module docstring for the rules)."""
+    rules = _Rules(_rules())
     chains = _Chains(ops)
-    gated = _gated_mlps(ops, chains)
-    rms = _rmsnorm_patterns(ops, chains)
+    gated = _gated_modules(ops, chains, rules)
+    patterns = _op_patterns(ops, chains, rules)
     groups: dict[tuple, Group] = {}
     for i, op in enumerate(ops):
         if op.self_us <= 0:
             continue
-        type_, key, anchor, label = _classify(i, ops, chains, gated, rms)
+        type_, key, anchor, label = _classify(i, ops, chains, gated, patterns, rules)
         group = groups.get(key)
         if group is None:
             group = groups[key] = Group(type_, anchor, label=label)
@@ -121,7 +98,23 @@ def attribute(ops: list[Op]) -> list[Group]:
         if op.parent is not None:
             children[op.parent].append(i)
     return [call for g in groups.values()
-            for call in (_rotary_calls(g, ops, children) if g.type == "rotary_embedding" else [g])]
+            for call in (_per_tensor_calls(g, ops, children, rules) if g.type in rules.per_tensor else [g])]
+
+
+class _Rules:
+    """The registry's profiler rules, arranged for lookup."""
+
+    def __init__(self, rules: list[tuple[str, Profiling]]):
+        self.by_type = dict(rules)
+        self.modules = [(p.modules, t) for t, p in rules if p.modules is not None and not p.module_needs]
+        self.gated = [(p.modules, p.module_needs, t) for t, p in rules if p.modules is not None and p.module_needs]
+        self.functions = [(p.functions, t) for t, p in rules if p.functions is not None]
+        self.ops = {}
+        for t, p in reversed(rules):  # the first type in precedence order wins an op two types name
+            self.ops.update({name: t for name in p.ops})
+        self.kernels = [(p.kernels, t) for t, p in rules if p.kernels is not None]
+        self.patterns = [(p.op_pattern, t) for t, p in rules if p.op_pattern is not None]
+        self.per_tensor = {t for t, p in rules if p.per_tensor}
 
 
 class _Chains:
@@ -151,76 +144,80 @@ class _Chains:
         return top
 
 
-def _classify(i, ops, chains, gated, rms):
+def _classify(i, ops, chains, gated, patterns, rules):
     chain = chains(i)
-    op_type, op_anchor = _op_level(i, ops, chains)
+    op_type, op_anchor = _op_level(i, ops, chains, rules)
     for j in chain:
         node = ops[j]
         if node.kind == "module":
-            t = gated.get(j) or _module_type(node.module["cls"])
-            if t == "fused_mlp" and op_type == "matmul" and not GATED_MLP_OWNS_MATMULS:
+            t = gated.get(j) or _module_type(node.module["cls"], rules)
+            if j in gated and op_type and not GATED_MLP_OWNS_MATMULS:
                 break
             if t:
                 return t, ("module", j), j, ""
-    functions = [j for j in chain if _function_type(ops[j])]
+    functions = [j for j in chain if _function_type(ops[j], rules)]
     if functions:  # the outermost: rotate_half(q) belongs to the apply_rotary_pos_emb(q, k) around it
         j = functions[-1]
-        return _function_type(ops[j]), ("function", j), j, ""
+        return _function_type(ops[j], rules), ("function", j), j, ""
     for frame in ops[i].frames:
-        t = _function_name_type(frame)
+        t = _function_name_type(frame, rules)
         if t:
             return t, ("frame", chains.module(i), frame), i, ""
     top = chains.top_op(i)
-    if top in rms:
-        return "rmsnorm", ("pattern", rms[top]), rms[top], ""
+    if top in patterns:
+        t, anchor = patterns[top]
+        return t, ("pattern", anchor), anchor, ""
     if op_type:
         return op_type, ("op", op_anchor), op_anchor, ""
     for kernel in ops[i].kernels:
-        t = next((t for pattern, t in KERNEL_TYPES if pattern.search(kernel)), None)
+        t = next((t for pattern, t in rules.kernels if pattern.search(kernel)), None)
         if t:
             return t, ("op", i), i, ""
     return OTHER, ("op", top), top, ops[top].name
 
 
-def _op_level(i, ops, chains):
+def _op_level(i, ops, chains, rules):
     """The outermost op in the chain with a type, as (type, index), or (None, None)."""
     found = (None, None)
     for j in chains(i):
         if ops[j].kind != "op":
             break
-        if ops[j].name in OP_TYPES:
-            found = (OP_TYPES[ops[j].name], j)
+        if ops[j].name in rules.ops:
+            found = (rules.ops[ops[j].name], j)
     return found
 
 
-def _module_type(cls: str) -> str | None:
-    return next((t for pattern, t in MODULE_TYPES if pattern.search(cls)), None)
+def _module_type(cls: str, rules) -> str | None:
+    return next((t for pattern, t in rules.modules if pattern.search(cls)), None)
 
 
-def _function_name_type(text: str) -> str | None:
+def _function_name_type(text: str, rules) -> str | None:
     # "models/llama.py(68): apply_rotary" -> "apply_rotary"
     func = text.rsplit(": ", 1)[-1]
-    return next((t for pattern, t in FUNCTION_TYPES if pattern.search(func)), None)
+    return next((t for pattern, t in rules.functions if pattern.search(func)), None)
 
 
-def _function_type(op: Op) -> str | None:
-    return _function_name_type(op.name) if op.kind == "python" and "): " in op.name else None
+def _function_type(op: Op, rules) -> str | None:
+    return _function_name_type(op.name, rules) if op.kind == "python" and "): " in op.name else None
 
 
-def _gated_mlps(ops, chains) -> dict[int, str]:
-    """MLP module ranges that run a silu somewhere inside: SwiGLU, a fused_mlp."""
+def _gated_modules(ops, chains, rules) -> dict[int, str]:
+    """Module ranges of a type that needs an op inside (an MLP that runs a silu: SwiGLU, a fused_mlp) -> type."""
     gated = {}
     for i, op in enumerate(ops):
-        if op.kind == "op" and op.name in ("aten::silu", "aten::silu_"):
-            for j in chains(i):
-                if ops[j].kind == "module" and MLP_MODULE.search(ops[j].module["cls"]):
-                    gated[j] = "fused_mlp"
-                    break
+        if op.kind != "op":
+            continue
+        for pattern, needs, t in rules.gated:
+            if op.name in needs:
+                for j in chains(i):
+                    if ops[j].kind == "module" and pattern.search(ops[j].module["cls"]):
+                        gated[j] = t
+                        break
     return gated
 
 
-def _rmsnorm_patterns(ops, chains) -> dict[int, int]:
-    """Top-level ops forming an RMSNorm written as plain ops -> the pattern's first op (its anchor)."""
+def _op_patterns(ops, chains, rules) -> dict[int, tuple[str, int]]:
+    """Top-level ops forming a type written as plain ops -> (the type, the pattern's first op: its anchor)."""
     sequences = defaultdict(list)  # top-level ops, in order, per enclosing module
     for i, op in enumerate(ops):
         if op.kind == "op" and chains.top_op(i) == i:
@@ -228,52 +225,35 @@ def _rmsnorm_patterns(ops, chains) -> dict[int, int]:
     found = {}
     for seq in sequences.values():
         names = [ops[i].name for i in seq]
-        for pos, name in enumerate(names):
-            if name == "aten::rsqrt":
-                span = _rms_span(names, pos)
+        for span_of, t in rules.patterns:
+            for pos in range(len(names)):
+                span = span_of(names, pos)
                 if span:
-                    found.update({seq[k]: seq[span[0]] for k in range(span[0], span[1] + 1)})
+                    found.update({seq[k]: (t, seq[span[0]]) for k in range(span[0], span[1] + 1)})
     return found
-
-
-def _rms_span(names: list[str], pos: int) -> tuple[int, int] | None:
-    """(first, last) positions of the RMSNorm around the rsqrt at pos, or None if it is not one."""
-    k = pos - 1
-    if k >= 0 and names[k] in ("aten::add", "aten::add_"):
-        k -= 1  # + eps
-    if k < 1 or names[k] != "aten::mean" or names[k - 1] not in ("aten::pow", "aten::mul", "aten::square"):
-        return None
-    first = k - 1
-    if first > 0 and names[first - 1] in RMS_CASTS:
-        first -= 1  # x.float()
-    last = pos + 1
-    if last >= len(names) or names[last] != "aten::mul":
-        return None  # x * rstd
-    if last + 1 < len(names) and names[last + 1] in RMS_CASTS:
-        last += 1  # .to(x.dtype)
-    if last + 1 < len(names) and names[last + 1] == "aten::mul":
-        last += 1  # * weight
-    return first, last
 
 
 # ----------------------------------------------------------------------------------- shapes
 def group_shape(group: Group, ops: list[Op]) -> dict | None:
-    """The group's shape as the registry names it (autokernel/specs.py), or None if unknown."""
+    """The group's shape as the registry names it (its entry's Profiling readers), or None if unknown."""
     anchor = ops[group.anchor]
+    spec = registry.specs_where("profiling").get(group.type)
+    if spec is None:
+        return None
+    profiling = spec.profiling
     try:
-        if anchor.kind == "module" and group.type == "fused_mlp":
-            return _mlp_shape(anchor, [ops[i] for i in group.members])
-        if anchor.kind == "module" and group.type in ("rmsnorm", "layernorm") and anchor.module["input_shape"]:
-            return _rows(anchor.module["input_shape"])
-        if group.type == "rotary_embedding":
+        if profiling.per_tensor:
             return group.shape
-        return SHAPERS[group.type](anchor) if group.type in SHAPERS and anchor.kind == "op" else None
+        if anchor.kind == "module" and profiling.module_shape is not None:
+            shape = anchor.module["input_shape"]
+            return profiling.module_shape(shape, [ops[i] for i in group.members]) if shape else None
+        return profiling.op_shape(anchor) if profiling.op_shape is not None and anchor.kind == "op" else None
     except (IndexError, TypeError, ValueError, KeyError):
         return None  # an op recorded without shapes: its time still counts
 
 
-def _rotary_calls(group: Group, ops: list[Op], children: dict) -> list[Group]:
-    """A rotary group as one call per tensor it rotates, each with that tensor's [B, H, S, D] as its shape.
+def _per_tensor_calls(group: Group, ops: list[Op], children: dict, rules) -> list[Group]:
+    """A per-tensor group (rotary) as one call per tensor it rotates, each with that tensor's [B, H, S, D] as its shape.
 
     One function often rotates two tensors of different head counts: HF's apply_rotary_pos_emb(q, k)
     does q * cos + rotate_half(q) * sin, and the same for k (GQA: fewer heads). Each rotary function
@@ -281,8 +261,8 @@ def _rotary_calls(group: Group, ops: list[Op], children: dict) -> list[Group]:
     is. A tensor is the widest 4-D operand inside: the halves a rotate-half slices out are narrower,
     and the cos/sin tables it broadcasts against hold fewer elements. The group's time is shared by
     the calls in proportion to their elements."""
-    inner = [j for j in _subtree(group.anchor, children)[1:] if _function_type(ops[j])]
-    leaves = [j for j in inner if not any(_function_type(ops[k]) for k in _subtree(j, children)[1:])]
+    inner = [j for j in _subtree(group.anchor, children)[1:] if _function_type(ops[j], rules)]
+    leaves = [j for j in inner if not any(_function_type(ops[k], rules) for k in _subtree(j, children)[1:])]
     found = [shape for j in leaves for shape in _rotated(j, ops, children)[:1]] or \
         _rotated(group.anchor, ops, children)
     if not found:
@@ -312,50 +292,3 @@ def _subtree(root: int, children: dict) -> list[int]:
         out.append(i)
         todo.extend(reversed(children.get(i, ())))
     return out
-
-
-def _rows(shape) -> dict:
-    return {"M": math.prod(shape[:-1]), "N": shape[-1]}
-
-
-def _matmul_shape(op: Op) -> dict:
-    a, b = op.shapes[0], op.shapes[1]
-    if op.name in ("aten::addmm", "aten::baddbmm", "aten::_addmm_activation"):
-        a, b = op.shapes[1], op.shapes[2]
-    if op.name == "aten::linear":  # weight is [N, K]
-        return {"M": math.prod(a[:-1]), "N": b[0], "K": a[-1]}
-    if len(b) >= 3:  # batched on both sides (bmm, attention scores): one matmul per batch
-        return {"B": math.prod(b[:-2]), "M": a[-2], "N": b[-1], "K": a[-1]}
-    return {"M": math.prod(a[:-1]), "N": b[-1], "K": a[-1]}
-
-
-def _attention_shape(op: Op) -> dict:
-    b, h, s, d = op.shapes[0]
-    causal_at, scale_at = ATTENTION_OPS.get(op.name, (None, None))
-    causal = bool(op.args[causal_at]) if causal_at is not None and causal_at < len(op.args) else True
-    shape = {"B": b, "H": h, "S": s, "D": d, "causal": causal}
-    scale = op.args[scale_at] if scale_at is not None and scale_at < len(op.args) else None
-    if isinstance(scale, float) and not math.isclose(scale, 1 / math.sqrt(d)):
-        shape["sm_scale"] = scale
-    return shape
-
-
-def _mlp_shape(module: Op, members: list[Op]) -> dict | None:
-    t_h = module.module["input_shape"]
-    for op in members:
-        if op.name in MATMUL_OPS and op.shapes:
-            mm = _matmul_shape(op)
-            if t_h and mm["K"] == t_h[-1]:
-                return {"T": math.prod(t_h[:-1]), "H": t_h[-1], "I": mm["N"]}
-    return None
-
-
-SHAPERS = {
-    "matmul": _matmul_shape,
-    "flash_attention": _attention_shape,
-    "softmax": lambda op: _rows(op.shapes[0]),
-    "layernorm": lambda op: _rows(op.shapes[0]),
-    "rmsnorm": lambda op: _rows(op.shapes[0]),
-    "reduce": lambda op: _rows(op.shapes[0]),
-    "cross_entropy": lambda op: {"N": math.prod(op.shapes[0][:-1]), "V": op.shapes[0][-1]},
-}

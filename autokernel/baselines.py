@@ -16,9 +16,8 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
-from autokernel import gpu, timing
+from autokernel import gpu, registry, timing
 from autokernel.kernelfile import import_kernel
 from autokernel.perf import INPUT_SETS, compiled_reference, gpu_input_sets
 from autokernel.registry import get_spec
@@ -37,17 +36,13 @@ def _liger():
 
 
 def extra_baselines(liger) -> dict:
-    """type -> {baseline name: fn with the reference's signature}."""
-    extra = {"rmsnorm": {"F.rms_norm": lambda x, w, eps=1e-6: F.rms_norm(x, (x.shape[-1],), w, eps)}}
-    if liger is None:
-        return extra
-    extra["rmsnorm"]["liger"] = lambda x, w, eps=1e-6: liger.liger_rms_norm(x, w, eps, in_place=False)
-    extra["layernorm"] = {"liger": lambda x, w, b, eps=1e-5: liger.liger_layer_norm(x, w, b, eps)}
-    extra["softmax"] = {"liger": liger.liger_softmax}
-    extra["cross_entropy"] = {"liger": lambda logits, t: liger.liger_cross_entropy(logits, t)}
-    extra["fused_mlp"] = {"liger": lambda x, wg, wu, wd: F.linear(liger.liger_swiglu(F.linear(x, wg),
-                                                                                      F.linear(x, wu)), wd)}
-    return extra
+    """type -> {baseline name: fn with the reference's signature}, from each registry entry's extra_baselines."""
+    found = {}
+    for ktype, spec in registry.specs_where("extra_baselines").items():
+        fns = spec.extra_baselines(liger)
+        if fns:
+            found[ktype] = fns
+    return found
 
 
 def time_extras(types, liger) -> dict:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from autokernel import guards
-from autokernel.registry import KernelSpec, dtype_name, shape_label
+from autokernel.kerneltype import KernelSpec, dtype_name, shape_label
 
 
 class CheckFailed(Exception):

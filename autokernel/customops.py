@@ -20,11 +20,15 @@ launchers.fast): the op only matters to a graph, and its dispatch (autograd wrap
 alias checks) costs ~10 us of host time per call, which a model of a hundred kernel calls per forward
 pays in full whenever it runs without a CUDA graph. A call that needs a gradient runs the original op.
 
+What an op is (its schema, its output's shape) comes from the type's registry entry (`Deployment`,
+autokernel/kerneltype.py), handed over with the kernel (`install`); this module keeps no per-type table.
+
 Drop-in replacements: for each torch function a kernel stands for (F.scaled_dot_product_attention,
 F.softmax and torch.softmax, F.layer_norm, F.rms_norm, F.linear, F.cross_entropy, and rotary helpers
 of the reference's conventions) a wrapper with the function's own signature runs the op when a call
 fits the kernel and the original function otherwise, and records each call site with the reason
-(CallSites). Where the wrappers are patched in, and for how long, is swap.py's business.
+(CallSites). The `replace_*` builders are what the built-in entries name as their Deployment's
+functions; where the wrappers are patched in, and for how long, is swap.py's business.
 """
 
 from __future__ import annotations
@@ -43,39 +47,11 @@ from autokernel import compat, kernelfile, launchers
 
 NAMESPACE = "autokernel"
 
-# One schema per kernel type: kernel_fn's parameters, optional ones (eps, causal, sm_scale, dim)
-# always passed explicitly so the op never depends on a kernel file's defaults.
-SCHEMAS = {
-    "matmul": "(Tensor A, Tensor B) -> Tensor",
-    "softmax": "(Tensor x) -> Tensor",
-    "layernorm": "(Tensor x, Tensor weight, Tensor bias, float eps) -> Tensor",
-    "rmsnorm": "(Tensor x, Tensor weight, float eps) -> Tensor",
-    "flash_attention": "(Tensor Q, Tensor K, Tensor V, bool causal, float? sm_scale) -> Tensor",
-    "fused_mlp": "(Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down) -> Tensor",
-    "cross_entropy": "(Tensor logits, Tensor targets) -> Tensor",
-    "rotary_embedding": "(Tensor x, Tensor cos, Tensor sin) -> Tensor",
-    "reduce": "(Tensor x, int dim) -> Tensor",
-}
-
-# The output shape of each op from its inputs' shapes: all a fake implementation needs. Written out
-# rather than taken from the reference run on fake tensors, because verify.py patches F.* functions
-# while the optimized model is traced, and the references call those very functions.
-OUTPUT_SHAPES = {
-    "matmul": lambda A, B: (*A.shape[:-1], B.shape[-1]),
-    "softmax": lambda x: x.shape,
-    "layernorm": lambda x, weight, bias, eps: x.shape,
-    "rmsnorm": lambda x, weight, eps: x.shape,
-    "flash_attention": lambda Q, K, V, causal, sm_scale: (*Q.shape[:-1], V.shape[-1]),
-    "fused_mlp": lambda x, w_gate, w_up, w_down: (*x.shape[:-1], w_down.shape[0]),
-    "cross_entropy": lambda logits, targets: (),
-    "rotary_embedding": lambda x, cos, sin: x.shape,
-    "reduce": lambda x, dim: tuple(s for i, s in enumerate(x.shape) if i != dim % x.dim()),
-}
-
 _IMPLS: dict[str, Callable] = {}  # kernel type -> the kernel_fn its op runs now
 _LABELS: dict[str, str] = {}  # kernel type -> the file it came from, for error messages
 _DEFINED: dict[str, object] = {}  # kernel type -> its op definitions (kept alive)
 _TRACEABLE: dict[str, Callable | None] = {}  # kernel type -> kernel_fn as torch.compile traces it
+_DEPLOYMENTS: dict = {}  # kernel type -> its registry entry's Deployment (schema, output shape, sites)
 
 
 class KernelCallError(RuntimeError):
@@ -92,6 +68,7 @@ class KernelChoice:
     path: Path
     source: str  # "optimized" | "extracted" | "starter"
     passed_over: list[Path] = field(default_factory=list)
+    spec: object = None  # the type's registry entry (a KernelSpec with a deployment)
 
 
 def _rank(path: Path) -> tuple[int, str]:
@@ -106,19 +83,15 @@ def _declared_type(path: Path) -> str | None:
         return None
 
 
-def find_kernels(kernels_dir: Path, starters_dir: Path, types: list[str] | None = None,
+def find_kernels(kernels_dir: Path, starters_dir: Path, types: list[str] | None, entries: dict,
                  winners: bool = True) -> dict[str, KernelChoice]:
-    """The best kernel file of every requested type (every type with a custom-op schema by default).
-    winners=False passes over the loop's winners (*_optimized.py): the files the loop began from."""
-    if types:
-        wanted = list(types)
-    else:
-        from autokernel.registry import kernel_types  # here, not at import: an exported package has no registry
-
-        wanted = [t for t in kernel_types() if t in SCHEMAS]
-    unknown = [t for t in wanted if t not in SCHEMAS]
+    """The best kernel file of every requested type (every entry by default). entries: type -> its registry
+    entry (a KernelSpec with a deployment; deploy.entries() gives them). winners=False passes over the loop's
+    winners (*_optimized.py): the files the loop began from."""
+    wanted = list(types) if types else list(entries)
+    unknown = [t for t in wanted if t not in entries]
     if unknown:
-        raise ValueError(f"no custom op for kernel type(s) {', '.join(unknown)}; known: {', '.join(SCHEMAS)}")
+        raise ValueError(f"no custom op for kernel type(s) {', '.join(unknown)}; known: {', '.join(entries)}")
     by_type: dict[str, dict[str, list[Path]]] = {}
     for path in sorted(Path(kernels_dir).glob("*.py")) if Path(kernels_dir).is_dir() else []:
         declared = _declared_type(path)
@@ -134,12 +107,12 @@ def find_kernels(kernels_dir: Path, starters_dir: Path, types: list[str] | None 
             if found.get(kind):
                 best, *rest = sorted(found[kind], key=_rank)
                 others = rest + (found.get("extracted", []) if kind == "optimized" else [])
-                chosen[t] = KernelChoice(t, best, kind, others)
+                chosen[t] = KernelChoice(t, best, kind, others, entries[t])
                 break
         else:
             starter = Path(starters_dir) / f"{t}.py"
             if starter.is_file():
-                chosen[t] = KernelChoice(t, starter, "starter")
+                chosen[t] = KernelChoice(t, starter, "starter", spec=entries[t])
             elif types:  # asked for by name: say so rather than verify without it
                 raise ValueError(f"no {t} kernel in {kernels_dir} and no starter {starter}")
     return chosen
@@ -148,23 +121,20 @@ def find_kernels(kernels_dir: Path, starters_dir: Path, types: list[str] | None 
 def load(choice: KernelChoice) -> Callable:
     """Import the file, check kernel_fn's signature against the reference, and plug it into its op."""
     try:
-        from autokernel.registry import get_spec
-    except ImportError:  # an exported package: its kernels were checked against the references on export
-        get_spec = None
-    try:
         module = kernelfile.import_kernel(choice.path)
     except kernelfile.KernelFileError:
         raise
     except Exception as e:  # a syntax error, a Triton API this version lacks, ...
         raise kernelfile.KernelFileError(f"cannot import {choice.path}: {type(e).__name__}: {e}") from e
-    if get_spec is not None:
-        kernelfile.check_signature(module.kernel_fn, get_spec(choice.type).reference)
-    install(choice.type, module.kernel_fn, str(choice.path))
+    kernelfile.check_signature(module.kernel_fn, choice.spec.reference)
+    install(choice.type, module.kernel_fn, str(choice.path), choice.spec.deployment)
     return module.kernel_fn
 
 
-def install(kernel_type: str, kernel_fn: Callable, label: str) -> None:
-    """Make `autokernel::<type>` run kernel_fn from now on (defining the op on first use)."""
+def install(kernel_type: str, kernel_fn: Callable, label: str, deployment) -> None:
+    """Make `autokernel::<type>` run kernel_fn from now on (defining the op on first use from the type's
+    Deployment, registry.get_spec(kernel_type).deployment)."""
+    _DEPLOYMENTS.setdefault(kernel_type, deployment)
     _define(kernel_type)
     _IMPLS[kernel_type] = launchers.fast(kernel_fn)
     _LABELS[kernel_type] = label
@@ -210,18 +180,13 @@ def _run(kernel_type: str, *args) -> torch.Tensor:
     return out if out.is_contiguous() else out.contiguous()
 
 
-# Types Inductor cannot compile from the kernel file's own code, left opaque ops under torch.compile. The flash
-# kernel's tl.dot with a rescaled accumulator fails Inductor's compile of user kernels (triton 3.6, torch 2.11 on
-# the H200, 2026-11-23: "acc.type.element_ty == out_dtype" in semantic.dot), while it compiles as a plain kernel.
-OPAQUE_UNDER_COMPILE = frozenset({"flash_attention"})
-
-
 def _define(kernel_type: str) -> None:
     """`autokernel::<type>`: a triton_op where torch has them (Inductor traces into the kernel file and launches
     its Triton kernels from its own generated code), else an opaque custom op; see launchers.traceable."""
     if kernel_type in _DEFINED:
         return
-    if kernel_type not in SCHEMAS:
+    deployment = _DEPLOYMENTS.get(kernel_type)
+    if deployment is None:
         raise ValueError(f"no custom-op schema for kernel type {kernel_type!r}")
     name = f"{NAMESPACE}::{kernel_type}"
     native = compat.has_triton_op()
@@ -233,7 +198,7 @@ def _define(kernel_type: str) -> None:
         return _fake_output(kernel_type, args)
 
     opaque = torch.library.custom_op(name + "_opaque" if native else name, run, mutates_args=(),
-                                     schema=SCHEMAS[kernel_type])
+                                     schema=deployment.schema)
     opaque.register_fake(fake)
     _DEFINED[kernel_type] = opaque
     if not native:
@@ -243,7 +208,7 @@ def _define(kernel_type: str) -> None:
     def traced(*args):
         if not compat.wrap_triton_enabled():  # the op called eagerly on real tensors: the kernel as it is
             return _run(kernel_type, *args)
-        traceable = None if kernel_type in OPAQUE_UNDER_COMPILE else _TRACEABLE.get(kernel_type)
+        traceable = None if deployment.opaque_under_compile else _TRACEABLE.get(kernel_type)
         if traceable is not None:  # traced (fake tensors): Triton launches become graph nodes
             try:
                 return traceable(*args)
@@ -251,7 +216,7 @@ def _define(kernel_type: str) -> None:
                 pass
         return opaque_op(*args)
 
-    traced.__signature__ = _signature(SCHEMAS[kernel_type])  # triton_op infers its schema from the signature
+    traced.__signature__ = _signature(deployment.schema)  # triton_op infers its schema from the signature
     _DEFINED[kernel_type] = (opaque, torch.library.triton_op(name, traced, mutates_args=()))
 
 
@@ -269,7 +234,7 @@ def _signature(schema: str) -> inspect.Signature:
 def _fake_output(kernel_type: str, args) -> torch.Tensor:
     """An empty contiguous tensor of the output's shape, in the first floating input's dtype (the kernel contract)."""
     dtype = next(a.dtype for a in args if isinstance(a, torch.Tensor) and a.is_floating_point())
-    return args[0].new_empty(OUTPUT_SHAPES[kernel_type](*args), dtype=dtype)
+    return args[0].new_empty(_DEPLOYMENTS[kernel_type].output_shape(*args), dtype=dtype)
 
 
 # ------------------------------------------------- drop-in replacements of torch functions
@@ -345,6 +310,34 @@ def _attention_unfit(q, k, v, attn_mask, dropout_p, enable_gqa) -> str | None:
     if q.shape[1] != k.shape[1] and not (enable_gqa and q.shape[1] % k.shape[1] == 0):
         return "different head counts for queries and keys"
     return None
+
+
+def replace_sdpa(sites: CallSites) -> dict:
+    """F.scaled_dot_product_attention -> flash_attention where the call fits."""
+    return {_ORIGINALS["scaled_dot_product_attention"]: _sdpa_wrapper(sites)}
+
+
+def replace_softmax(sites: CallSites) -> dict:
+    """F.softmax and torch.softmax -> softmax over the last dimension."""
+    f_softmax, torch_softmax = _softmax_wrappers(sites)
+    return {_ORIGINALS["softmax"]: f_softmax, _TORCH_SOFTMAX: torch_softmax}
+
+
+def replace_layer_norm(sites: CallSites) -> dict:
+    return {_ORIGINALS["layer_norm"]: _layer_norm_wrapper(sites)}
+
+
+def replace_rms_norm(sites: CallSites) -> dict:
+    """F.rms_norm (torch >= 2.4 has it) -> rmsnorm."""
+    return {_ORIGINALS["rms_norm"]: _rms_norm_wrapper(sites)} if "rms_norm" in _ORIGINALS else {}
+
+
+def replace_linear(sites: CallSites) -> dict:
+    return {_ORIGINALS["linear"]: _linear_wrapper(sites)}
+
+
+def replace_cross_entropy(sites: CallSites) -> dict:
+    return {_ORIGINALS["cross_entropy"]: _cross_entropy_wrapper(sites)}
 
 
 def _sdpa_wrapper(sites: CallSites):
@@ -473,28 +466,9 @@ def _cross_entropy_wrapper(sites: CallSites):
     return cross_entropy
 
 
-def function_replacements(types, sites: CallSites) -> dict:
-    """Original torch function -> a drop-in replacement that runs the kernel where the call fits."""
-    found = {}
-    if "flash_attention" in types:
-        found[_ORIGINALS["scaled_dot_product_attention"]] = _sdpa_wrapper(sites)
-    if "softmax" in types:
-        found[_ORIGINALS["softmax"]], found[_TORCH_SOFTMAX] = _softmax_wrappers(sites)
-    if "layernorm" in types:
-        found[_ORIGINALS["layer_norm"]] = _layer_norm_wrapper(sites)
-    if "rmsnorm" in types and "rms_norm" in _ORIGINALS:
-        found[_ORIGINALS["rms_norm"]] = _rms_norm_wrapper(sites)
-    if "matmul" in types:
-        found[_ORIGINALS["linear"]] = _linear_wrapper(sites)
-    if "cross_entropy" in types:
-        found[_ORIGINALS["cross_entropy"]] = _cross_entropy_wrapper(sites)
-    return found
-
-
-# the kernel type behind each drop-in wrapper, by the wrapper's name (for the summary of what was swapped)
-FUNCTION_TYPES = {"scaled_dot_product_attention": "flash_attention", "f_softmax": "softmax",
-                  "torch_softmax": "softmax", "layer_norm": "layernorm", "rms_norm": "rmsnorm", "linear": "matmul",
-                  "cross_entropy": "cross_entropy", "rotary": "rotary_embedding"}
+def deployment(kernel_type: str):
+    """The Deployment the type's op was defined from (install records it)."""
+    return _DEPLOYMENTS[kernel_type]
 
 
 def rotary_x_cos_sin(fn, sites: CallSites, name: str):

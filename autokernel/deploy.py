@@ -65,11 +65,24 @@ def load_kernels(kernels: str | Path, types: Iterable[str] | None = None, starte
     takes the files the loop began from, not its *_optimized winners."""
     types = [t for t in types if t not in exclude] if types is not None else None
     nowhere = Path(kernels) / "__no_starters__"  # no starters wanted: a directory that holds none
-    choices = customops.find_kernels(Path(kernels), Path(starters) if starters else nowhere, types, winners)
+    choices = customops.find_kernels(Path(kernels), Path(starters) if starters else nowhere, types, entries(),
+                                     winners)
     choices = {t: c for t, c in choices.items() if t not in set(exclude)}
     for choice in choices.values():
         customops.load(choice)
     return choices
+
+
+def entries() -> dict:
+    """Type -> registry entry of every type verify.py can plug in (its entry has a deployment). The exported
+    package has no registry: there the built-in entries its runtime carries (autokernel/specs.py) are all."""
+    try:
+        from autokernel import registry
+    except ImportError:
+        from autokernel import specs
+
+        return {spec.name: spec for spec in specs.BUILTIN if spec.deployment is not None}
+    return registry.specs_where("deployment")
 
 
 def verified_prune(model: nn.Module, report: str | Path) -> dict[str, str]:

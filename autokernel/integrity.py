@@ -24,8 +24,9 @@ WATCHED_MODULES = ("builtins", "time", "json", "hmac", "hashlib", "os", "signal"
                    "torch.utils.deterministic", "torch.overrides", "torch.library",
                    "triton", "triton.language",
                    "reference", "autokernel.checking", "autokernel.guards", "autokernel.timing", "autokernel.perf",
-                   "autokernel.harness", "autokernel.registry", "autokernel.specs", "autokernel.gpu",
-                   "autokernel.integrity", "autokernel.sourcecheck", "autokernel.kernelfile", "autokernel.channel")
+                   "autokernel.harness", "autokernel.registry", "autokernel.kerneltype", "autokernel.specs",
+                   "autokernel.gpu", "autokernel.integrity", "autokernel.sourcecheck", "autokernel.kernelfile",
+                   "autokernel.channel")
 WATCHED_SIGNALS = ("SIGALRM", "SIGTERM", "SIGINT", "SIGCHLD", "SIGUSR1", "SIGUSR2", "SIGVTALRM", "SIGPROF")
 SCALARS = (bool, int, float, str, bytes, type(None))
 

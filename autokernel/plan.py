@@ -3,9 +3,10 @@
 A type that takes a share f of the model's time and is made s times faster speeds the whole model
 up by gain = 1 / ((1 - f) + f / s). s comes from a measured benchmark of the starter kernel against
 PyTorch on that op (benchmarks/starters.json: {type: {"speedup_vs_pytorch": x}}) where one exists,
-else from DEFAULT_SPEEDUPS, and the plan says which. Types are ranked by gain. Two numbers sum the
-plan up: the combined gain if every planned type reaches its s, and the Amdahl ceiling, the gain if
-every planned type took no time at all (1 / (1 - sum f)); what no type covers ("other") bounds both.
+else from the type's registry entry (default_speedup), and the plan says which. Types are ranked by
+gain. Two numbers sum the plan up: the combined gain if every planned type reaches its s, and the
+Amdahl ceiling, the gain if every planned type took no time at all (1 / (1 - sum f)); what no type
+covers ("other") bounds both.
 """
 
 from __future__ import annotations
@@ -14,22 +15,22 @@ import json
 from datetime import datetime, timezone
 from pathlib import Path
 
+from autokernel import registry
+
 PLAN_VERSION = 1
 STARTERS_JSON = Path("benchmarks/starters.json")
 
-# Conservative speedups over PyTorch eager on a GPU, used until a starter has been measured.
-DEFAULT_SPEEDUPS = {
-    "matmul": 1.0,  # cuBLAS (nvjet on Hopper) is near the roofline; a Triton matmul ties it at best
-    "flash_attention": 1.05,  # PyTorch's SDPA already runs FlashAttention-2 or cuDNN
-    "fused_mlp": 1.1,  # three cuBLAS matmuls stay; the gain is the silu*up round trip through memory
-    "rmsnorm": 2.0,  # eager runs pow/mean/add+rsqrt/mul/mul as ~5 kernels; one pass moves 1/3 the bytes
-    "rotary_embedding": 2.0,  # eager: slices, 4 muls, 2 adds and a cat, each a trip through memory
-    "layernorm": 1.2,  # eager's layer_norm is already one fused kernel
-    "softmax": 1.2,  # eager's softmax is already one fused kernel
-    "cross_entropy": 1.5,  # eager materialises log_softmax over the whole vocabulary
-    "reduce": 1.1,
-}
-FALLBACK_SPEEDUP = 1.0  # for a type added later without a default
+FALLBACK_SPEEDUP = 1.0  # for a type whose registry entry has no default speedup
+
+
+def default_speedup(type_: str) -> float:
+    """The conservative speedup over PyTorch eager on a GPU that the type's registry entry assumes until its
+    starter has been measured (FALLBACK_SPEEDUP for a type without one, or not registered here)."""
+    try:
+        speedup = registry.get_spec(type_).default_speedup
+    except KeyError:
+        return FALLBACK_SPEEDUP
+    return FALLBACK_SPEEDUP if speedup is None else speedup
 
 
 class PlanError(Exception):
@@ -72,7 +73,7 @@ def build_plan(profile: dict, measured: dict[str, float] | None = None, source: 
         if type_ in measured:
             s, s_source = measured[type_], f"measured ({source})"
         else:
-            s, s_source = DEFAULT_SPEEDUPS.get(type_, FALLBACK_SPEEDUP), "default"
+            s, s_source = default_speedup(type_), "default"
         entries.append({"type": type_, "f": f, "s": s, "s_source": s_source, "gain": amdahl_gain(f, s),
                         "time_us": info["time_us"], "calls": info["calls"], "shapes": info["shapes"]})
     entries.sort(key=lambda e: (-e["gain"], -e["f"]))

@@ -26,7 +26,7 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from autokernel.attribution import FUNCTION_TYPES, OTHER, Op, attribute, group_shape
+from autokernel.attribution import OTHER, Op, attribute, function_patterns, group_shape
 
 WARMUP_STEPS = 2  # forward passes before profiling: lazy init, cuBLAS/cuDNN heuristics, allocator
 PROFILE_STEPS = 3  # profiled forward passes; every time reported is per forward pass
@@ -35,7 +35,6 @@ MAX_OTHER_OPS = 12  # ops listed under "other"
 STEP_RANGE = "autokernel.step"
 MODULE_RANGE = "autokernel.module#"
 FUNCTION_RANGE = "autokernel.function#"
-FUNCTION_NAMES = re.compile("|".join(p.pattern for p, _ in FUNCTION_TYPES), re.I)  # functions worth a range
 _PYTHON_EVENT = re.compile(r"^(<built-in|nn\.Module: |.*\.py\(\d+\): |.*\(\d+\): )")
 
 
@@ -73,6 +72,12 @@ class ModuleRanges:
     def _post(self, module, args, output):
         if self._open:
             self._open.pop().__exit__(None, None, None)
+
+
+def function_names() -> re.Pattern:
+    """Functions worth a range: those whose name names a type (the registry's profiler rules)."""
+    patterns = [p.pattern for p in function_patterns()]
+    return re.compile("|".join(patterns) if patterns else "(?!)", re.I)
 
 
 class FunctionRanges:
@@ -120,7 +125,7 @@ def run_profiler(model, inputs, device: str, steps: int = PROFILE_STEPS, warmup:
             model(*inputs)
         _sync(device)
         with profile(activities=activities, record_shapes=True) as prof:
-            with ModuleRanges(model) as ranges, FunctionRanges(FUNCTION_NAMES):
+            with ModuleRanges(model) as ranges, FunctionRanges(function_names()):
                 for _ in range(steps):
                     with record_function(STEP_RANGE):
                         model(*inputs)

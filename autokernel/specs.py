@@ -1,4 +1,4 @@
-"""The nine built-in kernel types, one registry entry each.
+"""The nine built-in kernel types, one registry entry each (`BUILTIN`; autokernel/registry.py holds them).
 
 Inputs are scaled so that outputs are O(1) (weights by 1/sqrt(fan_in), as a model initialises
 them): an absolute tolerance of 1e-2 then means what it says. Adversarial inputs are the ones a
@@ -7,11 +7,16 @@ E[x^2] - E[x]^2, fp16 accumulation, naive exp in attention.
 """
 
 import math
+import re
 
 import torch
+import torch.nn.functional as F
 
 import reference
-from autokernel.registry import KernelSpec, register
+from autokernel import customops, swap
+from autokernel.kerneltype import Deployment, KernelSpec, Profiling, SuiteTarget
+
+BUILTIN: list[KernelSpec] = []  # in the order kernel_types() lists them
 
 
 def _randn(shape, dtype, device, gen, scale=1.0):
@@ -68,6 +73,20 @@ def _row_flops(per_element: int):
     return lambda shape: per_element * _numel(shape, "B", "M", "N")
 
 
+# --------------------------------------------------------------- what the profiler reads (attribution.Op)
+def _rows_of(shape) -> dict:
+    """[..., N] as the row-wise types name it: M rows of N."""
+    return {"M": math.prod(shape[:-1]), "N": shape[-1]}
+
+
+def _first_rows(op) -> dict:
+    return _rows_of(op.shapes[0])
+
+
+def _module_rows(input_shape, members) -> dict:
+    return _rows_of(input_shape)
+
+
 # ---------------------------------------------------------------------------------- softmax
 def _softmax_inputs(shape, dtype, device, gen):
     return (_randn(_rows(shape), dtype, device, gen, scale=3.0),)
@@ -92,7 +111,7 @@ def _softmax_masked(shape, dtype, device, gen):
     return (x.masked_fill(mask, float("-inf")),)
 
 
-register(KernelSpec(
+BUILTIN.append(KernelSpec(
     name="softmax",
     reference=reference.softmax_ref,
     make_inputs=_softmax_inputs,
@@ -104,6 +123,11 @@ register(KernelSpec(
                  "masked_minus_inf": _softmax_masked},
     noncontiguous=lambda inputs: (_padded_rows(inputs[0]),),
     description="softmax over the last dimension",
+    profiling=Profiling(ops=frozenset({"aten::softmax", "aten::_softmax", "aten::_safe_softmax"}),
+                        kernels=re.compile(r"soft_?max", re.I), op_shape=_first_rows),
+    default_speedup=1.2,  # eager's softmax is already one fused kernel
+    extra_baselines=lambda liger: {"liger": liger.liger_softmax} if liger else {},
+    deployment=Deployment("(Tensor x) -> Tensor", lambda x: x.shape, functions=customops.replace_softmax),
 ))
 
 
@@ -122,7 +146,7 @@ def _norm_noncontiguous(inputs):
     return (_padded_rows(inputs[0]),) + tuple(inputs[1:])
 
 
-register(KernelSpec(
+BUILTIN.append(KernelSpec(
     name="layernorm",
     reference=reference.layernorm_ref,
     make_inputs=_norm_inputs(with_bias=True),
@@ -137,9 +161,51 @@ register(KernelSpec(
     },
     noncontiguous=_norm_noncontiguous,
     description="LayerNorm over the last dimension, affine",
+    profiling=Profiling(modules=re.compile(r"layer_?norm", re.I),
+                        ops=frozenset({"aten::layer_norm", "aten::native_layer_norm"}),
+                        kernels=re.compile(r"layer_?norm", re.I), op_shape=_first_rows, module_shape=_module_rows),
+    default_speedup=1.2,  # eager's layer_norm is already one fused kernel
+    extra_baselines=lambda liger: {"liger": lambda x, w, b, eps=1e-5: liger.liger_layer_norm(x, w, b, eps)}
+    if liger else {},
+    deployment=Deployment("(Tensor x, Tensor weight, Tensor bias, float eps) -> Tensor",
+                          lambda x, weight, bias, eps: x.shape,
+                          module_site=swap.layernorm_module_site, functions=customops.replace_layer_norm),
 ))
 
-register(KernelSpec(
+RMS_CASTS = {"aten::to", "aten::_to_copy", "aten::type_as"}
+
+
+def _rmsnorm_span(names: list[str], pos: int) -> tuple[int, int] | None:
+    """RMSNorm written as plain ops, [to] pow|mul -> mean -> [add] -> rsqrt -> mul [to] [mul]: the (first, last)
+    positions of the one around the rsqrt at pos, or None if there is none there."""
+    if names[pos] != "aten::rsqrt":
+        return None
+    k = pos - 1
+    if k >= 0 and names[k] in ("aten::add", "aten::add_"):
+        k -= 1  # + eps
+    if k < 1 or names[k] != "aten::mean" or names[k - 1] not in ("aten::pow", "aten::mul", "aten::square"):
+        return None
+    first = k - 1
+    if first > 0 and names[first - 1] in RMS_CASTS:
+        first -= 1  # x.float()
+    last = pos + 1
+    if last >= len(names) or names[last] != "aten::mul":
+        return None  # x * rstd
+    if last + 1 < len(names) and names[last + 1] in RMS_CASTS:
+        last += 1  # .to(x.dtype)
+    if last + 1 < len(names) and names[last + 1] == "aten::mul":
+        last += 1  # * weight
+    return first, last
+
+
+def _rmsnorm_baselines(liger) -> dict:
+    extra = {"F.rms_norm": lambda x, w, eps=1e-6: F.rms_norm(x, (x.shape[-1],), w, eps)}
+    if liger is not None:
+        extra["liger"] = lambda x, w, eps=1e-6: liger.liger_rms_norm(x, w, eps, in_place=False)
+    return extra
+
+
+BUILTIN.append(KernelSpec(
     name="rmsnorm",
     reference=reference.rmsnorm_ref,
     make_inputs=_norm_inputs(with_bias=False),
@@ -155,6 +221,14 @@ register(KernelSpec(
     },
     noncontiguous=_norm_noncontiguous,
     description="RMSNorm (LLaMA) over the last dimension",
+    profiling=Profiling(modules=re.compile(r"rms_?norm", re.I),
+                        ops=frozenset({"aten::rms_norm", "aten::_fused_rms_norm"}),
+                        kernels=re.compile(r"rms_?norm", re.I), op_shape=_first_rows, module_shape=_module_rows,
+                        op_pattern=_rmsnorm_span, precedence=-1),  # a class named *RMSLayerNorm* is rmsnorm
+    default_speedup=2.0,  # eager runs pow/mean/add+rsqrt/mul/mul as ~5 kernels; one pass moves 1/3 the bytes
+    extra_baselines=_rmsnorm_baselines,
+    deployment=Deployment("(Tensor x, Tensor weight, float eps) -> Tensor", lambda x, weight, eps: x.shape,
+                          module_site=swap.rmsnorm_module_site, functions=customops.replace_rms_norm),
 ))
 
 
@@ -175,7 +249,7 @@ def _reduce_positive(shape, dtype, device, gen):
     return (_uniform(_rows(shape), device, gen, 0.0, 2.0).to(dtype),)
 
 
-register(KernelSpec(
+BUILTIN.append(KernelSpec(
     name="reduce",
     reference=reference.reduce_ref,
     make_inputs=_reduce_inputs,
@@ -187,6 +261,10 @@ register(KernelSpec(
     adversarial={"cancellation": _reduce_cancellation, "all_positive": _reduce_positive},
     noncontiguous=lambda inputs: (_padded_rows(inputs[0]),),
     description="sum over the last dimension",
+    profiling=Profiling(ops=frozenset({"aten::sum"}), op_shape=_first_rows),
+    default_speedup=1.1,
+    deployment=Deployment("(Tensor x, int dim) -> Tensor",
+                          lambda x, dim: tuple(s for i, s in enumerate(x.shape) if i != dim % x.dim())),
 ))
 
 
@@ -209,7 +287,7 @@ def _ce_inputs(logit_scale: float = 2.0, confident: bool = False, extreme_target
     return make
 
 
-register(KernelSpec(
+BUILTIN.append(KernelSpec(
     name="cross_entropy",
     reference=reference.cross_entropy_ref,
     make_inputs=_ce_inputs(),
@@ -233,6 +311,12 @@ register(KernelSpec(
     },
     noncontiguous=lambda inputs: (_padded_rows(inputs[0]), inputs[1]),
     description="mean cross-entropy over [..., V] logits and integer targets",
+    profiling=Profiling(ops=frozenset({"aten::cross_entropy_loss", "aten::nll_loss", "aten::nll_loss_nd"}),
+                        op_shape=lambda op: {"N": math.prod(op.shapes[0][:-1]), "V": op.shapes[0][-1]}),
+    default_speedup=1.5,  # eager materialises log_softmax over the whole vocabulary
+    extra_baselines=lambda liger: {"liger": lambda logits, t: liger.liger_cross_entropy(logits, t)} if liger else {},
+    deployment=Deployment("(Tensor logits, Tensor targets) -> Tensor", lambda logits, targets: (),
+                          functions=customops.replace_cross_entropy),
 ))
 
 
@@ -256,7 +340,7 @@ def _rope_noncontiguous(inputs):
     return (x.transpose(1, 2).contiguous().transpose(1, 2),) + tuple(inputs[1:])
 
 
-register(KernelSpec(
+BUILTIN.append(KernelSpec(
     name="rotary_embedding",
     reference=reference.rotary_embedding_ref,
     make_inputs=_rope_inputs(),
@@ -277,6 +361,13 @@ register(KernelSpec(
     adversarial={"long_positions": _rope_inputs(offset=100_000), "large_values": _rope_inputs(scale=300.0)},
     noncontiguous=_rope_noncontiguous,
     description="rotary position embedding, rotate-half convention",
+    profiling=Profiling(
+        # case-sensitive so that "Property" is not RoPE: Rotary, RoPE, Rope, rope as a word
+        modules=re.compile(r"Rotary|rotary|RoPE|Rope(?![a-z])|(?<![A-Za-z])rope(?![a-z])"),
+        functions=re.compile(r"rotary|rotate_half|(?<![a-z])rope(?![a-z])", re.I), per_tensor=True),
+    default_speedup=2.0,  # eager: slices, 4 muls, 2 adds and a cat, each a trip through memory
+    deployment=Deployment("(Tensor x, Tensor cos, Tensor sin) -> Tensor", lambda x, cos, sin: x.shape,
+                          model_functions=swap.rotary_patches),
 ))
 
 
@@ -299,7 +390,22 @@ def _matmul_noncontiguous(inputs):
     return a, b.t().contiguous().t()
 
 
-register(KernelSpec(
+MATMUL_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear",
+                        "aten::_addmm_activation"})
+
+
+def _matmul_shape(op) -> dict:
+    a, b = op.shapes[0], op.shapes[1]
+    if op.name in ("aten::addmm", "aten::baddbmm", "aten::_addmm_activation"):
+        a, b = op.shapes[1], op.shapes[2]
+    if op.name == "aten::linear":  # weight is [N, K]
+        return {"M": math.prod(a[:-1]), "N": b[0], "K": a[-1]}
+    if len(b) >= 3:  # batched on both sides (bmm, attention scores): one matmul per batch
+        return {"B": math.prod(b[:-2]), "M": a[-2], "N": b[-1], "K": a[-1]}
+    return {"M": math.prod(a[:-1]), "N": b[-1], "K": a[-1]}
+
+
+BUILTIN.append(KernelSpec(
     name="matmul",
     reference=reference.matmul_ref,
     make_inputs=_matmul_inputs(),
@@ -322,6 +428,12 @@ register(KernelSpec(
     # where large terms cancel, a correct fp32 sum is off by ~eps * sum|a*b|, not eps * |result|
     error_scale=lambda inputs: inputs[0].abs() @ inputs[1].abs(),
     description="A [..., M, K] @ B [K, N]",
+    profiling=Profiling(ops=MATMUL_OPS, kernels=re.compile(r"nvjet|cutlass|gemm|xmma|cublas|wgmma|matmul", re.I),
+                        op_shape=_matmul_shape, precedence=-2),
+    default_speedup=1.0,  # cuBLAS (nvjet on Hopper) is near the roofline; a Triton matmul ties it at best
+    suite_target=SuiteTarget("0.9x cuBLAS", lambda r, b: r["speedup_vs_pytorch"] / 0.9, dtypes=("fp16", "bf16")),
+    deployment=Deployment("(Tensor A, Tensor B) -> Tensor", lambda A, B: (*A.shape[:-1], B.shape[-1]),
+                          module_site=swap.matmul_module_site, functions=customops.replace_linear),
 ))
 
 
@@ -346,7 +458,30 @@ def _attention_flops(s):
     return full // 2 if s["causal"] else full
 
 
-register(KernelSpec(
+# SDPA entry points -> (index of is_causal, index of scale) among their arguments
+ATTENTION_OPS = {
+    "aten::scaled_dot_product_attention": (5, 6),
+    "aten::_scaled_dot_product_flash_attention": (4, 6),
+    "aten::_scaled_dot_product_flash_attention_for_cpu": (4, 6),
+    "aten::_scaled_dot_product_efficient_attention": (6, 7),
+    "aten::_scaled_dot_product_cudnn_attention": (6, 8),
+    "aten::_flash_attention_forward": (None, None),
+    "aten::_efficient_attention_forward": (None, None),
+}
+
+
+def _attention_shape(op) -> dict:
+    b, h, s, d = op.shapes[0]
+    causal_at, scale_at = ATTENTION_OPS.get(op.name, (None, None))
+    causal = bool(op.args[causal_at]) if causal_at is not None and causal_at < len(op.args) else True
+    shape = {"B": b, "H": h, "S": s, "D": d, "causal": causal}
+    scale = op.args[scale_at] if scale_at is not None and scale_at < len(op.args) else None
+    if isinstance(scale, float) and not math.isclose(scale, 1 / math.sqrt(d)):
+        shape["sm_scale"] = scale
+    return shape
+
+
+BUILTIN.append(KernelSpec(
     name="flash_attention",
     reference=reference.flash_attention_ref,
     make_inputs=_attention_inputs(),
@@ -379,6 +514,17 @@ register(KernelSpec(
     adversarial_tolerance={"large_scores": 4.0},
     noncontiguous=_attention_noncontiguous,
     description="scaled dot-product attention, causal or not, [batch, heads, seq, head_dim]",
+    profiling=Profiling(ops=frozenset(ATTENTION_OPS), kernels=re.compile(r"flash|fmha|attention|attn", re.I),
+                        op_shape=_attention_shape, precedence=-3),
+    default_speedup=1.05,  # PyTorch's SDPA already runs FlashAttention-2 or cuDNN
+    suite_target=SuiteTarget("0.9x SDPA", lambda r, b: r["speedup_vs_pytorch"] / 0.9),
+    deployment=Deployment("(Tensor Q, Tensor K, Tensor V, bool causal, float? sm_scale) -> Tensor",
+                          lambda Q, K, V, causal, sm_scale: (*Q.shape[:-1], V.shape[-1]),
+                          functions=customops.replace_sdpa,
+                          # the kernel's tl.dot with a rescaled accumulator fails Inductor's compile of user
+                          # kernels (triton 3.6, torch 2.11 on the H200, 2026-11-23: "acc.type.element_ty ==
+                          # out_dtype" in semantic.dot), while it compiles as a plain kernel
+                          opaque_under_compile=True),
 ))
 
 
@@ -403,7 +549,17 @@ def _mlp_large_activations(shape, dtype, device, gen):
     return x, w_gate, w_up, w_down / 64
 
 
-register(KernelSpec(
+def _mlp_shape(t_h, members) -> dict | None:
+    """The MLP's input [..., H] and its first matmul that takes H: [T, H] -> I."""
+    for op in members:
+        if op.name in MATMUL_OPS and op.shapes:
+            mm = _matmul_shape(op)
+            if t_h and mm["K"] == t_h[-1]:
+                return {"T": math.prod(t_h[:-1]), "H": t_h[-1], "I": mm["N"]}
+    return None
+
+
+BUILTIN.append(KernelSpec(
     name="fused_mlp",
     reference=reference.fused_mlp_ref,
     make_inputs=_mlp_inputs(),
@@ -423,4 +579,15 @@ register(KernelSpec(
     adversarial={"large_activations": _mlp_large_activations},
     noncontiguous=lambda inputs: (_padded_rows(inputs[0]),) + tuple(inputs[1:]),
     description="SwiGLU MLP: down(silu(x @ w_gate.T) * (x @ w_up.T))",
+    # an MLP module that runs a silu (SwiGLU), its three matmuls included: the fused kernel replaces the whole
+    # MLP and its speedup is measured against the whole MLP (attribution.GATED_MLP_OWNS_MATMULS)
+    profiling=Profiling(modules=re.compile(r"mlp|feed_?forward|ffn|swiglu", re.I),
+                        module_needs=frozenset({"aten::silu", "aten::silu_"}), module_shape=_mlp_shape),
+    default_speedup=1.1,  # three cuBLAS matmuls stay; the gain is the silu*up round trip through memory
+    suite_target=SuiteTarget("1.0x eager", lambda r, b: r["speedup_vs_pytorch"]),
+    extra_baselines=lambda liger: {"liger": lambda x, wg, wu, wd: F.linear(liger.liger_swiglu(
+        F.linear(x, wg), F.linear(x, wu)), wd)} if liger else {},
+    deployment=Deployment("(Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down) -> Tensor",
+                          lambda x, w_gate, w_up, w_down: (*x.shape[:-1], w_down.shape[0]),
+                          module_site=swap.swiglu_module_site),
 ))

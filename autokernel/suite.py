@@ -16,7 +16,8 @@ import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-from autokernel import runner
+from autokernel import registry, runner
+from autokernel.kerneltype import SuiteTarget
 from autokernel.registry import kernel_types
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -25,15 +26,18 @@ MD_PATH = ROOT / "BENCHMARKS.md"
 BEGIN, END = "<!-- starters:begin -->", "<!-- starters:end -->"
 MEMORY_BOUND_PCT_OF_COPY = 92.0
 
-# type -> (what the target is, the ratio that must reach 1.0 to meet it)
-TARGETS = {
-    "matmul": ("0.9x cuBLAS", lambda r, b: r["speedup_vs_pytorch"] / 0.9),
-    "flash_attention": ("0.9x SDPA", lambda r, b: r["speedup_vs_pytorch"] / 0.9),
-    "fused_mlp": ("1.0x eager", lambda r, b: r["speedup_vs_pytorch"]),
-}
-MEMORY_TARGET = (f">= {MEMORY_BOUND_PCT_OF_COPY:.0f}% of copy, faster than compile",
-                 lambda r, b: min(100 * r["bandwidth_gb_s"] / b["copy_gb_s"] / MEMORY_BOUND_PCT_OF_COPY,
-                                  r["speedup_vs_compile"] or 0))
+# the target of a type whose registry entry names none (suite_target): a memory-bound kernel's
+MEMORY_TARGET = SuiteTarget(f">= {MEMORY_BOUND_PCT_OF_COPY:.0f}% of copy, faster than compile",
+                            lambda r, b: min(100 * r["bandwidth_gb_s"] / b["copy_gb_s"] / MEMORY_BOUND_PCT_OF_COPY,
+                                             r["speedup_vs_compile"] or 0))
+
+
+def target(type_: str) -> SuiteTarget:
+    """The type's suite target from its registry entry (MEMORY_TARGET where it names none)."""
+    try:
+        return registry.get_spec(type_).suite_target or MEMORY_TARGET
+    except KeyError:
+        return MEMORY_TARGET
 
 
 def run_suite(types: list[str] | None, command: str) -> int:
@@ -42,7 +46,7 @@ def run_suite(types: list[str] | None, command: str) -> int:
     date = datetime.now(timezone.utc).isoformat(timespec="seconds")
     runs = []
     for ktype in types:
-        for dtype in ("fp16", "bf16") if ktype == "matmul" else ("fp16",):
+        for dtype in target(ktype).dtypes:
             print(f"[suite] {ktype} {dtype} ...", flush=True)
             result = runner.run_bench(ROOT / "kernels" / f"{ktype}.py", device="cuda", dtype=dtype)
             result.pop("log", None)
@@ -103,14 +107,14 @@ def _table(data) -> list[str]:
         if r["status"] != "pass":
             lines.append(f"| {t} | | {r.get('dtype', '')} | {r['status'].upper()}: {r['reason'][:80]} |" + " |" * 10)
             continue
-        goal, ratio = TARGETS.get(t, MEMORY_TARGET)
-        met = ratio(r, r) >= 1.0
+        goal = target(t)
+        met = goal.ratio(r, r) >= 1.0
         other = ", ".join(f"{k} {_fmt(v)}" for k, v in extras.get(t, {}).items())
         lines.append(
             f"| {t} | {r['shape']} | {r['dtype']} | {_fmt(r['latency_us'])} | {_fmt(r['eager_us'])} | "
             f"{_fmt(r['compile_us'])} | {other or '-'} | {_fmt(r['bandwidth_gb_s'], '.0f')} | "
             f"{_fmt(100 * r['bandwidth_gb_s'] / r['copy_gb_s'])} | {_fmt(r['throughput_tflops'])} | "
-            f"{_fmt(r['speedup_vs_pytorch'], '.2f')}x | {_fmt(r['speedup_vs_compile'], '.2f')}x | {goal} | "
+            f"{_fmt(r['speedup_vs_pytorch'], '.2f')}x | {_fmt(r['speedup_vs_compile'], '.2f')}x | {goal.label} | "
             f"{'yes' if met else 'NO'} |")
     return lines
 

@@ -1,7 +1,8 @@
 """Plugging kernels into a model, site by site, and saying what was replaced and what was not.
 
 `build(model, types)` returns an `Optimized` model: a copy of the module tree that shares every
-parameter and buffer with the original (no weight is copied), in which
+parameter and buffer with the original (no weight is copied), in which (what each type replaces is its
+registry entry's `Deployment`: module_site, functions, model_functions; for the built-in types)
 
   modules are replaced  nn.Linear -> matmul (x @ W.T on a transposed view of W, the bias added after;
                         transformers' Conv1D likewise, x @ W), *RMSNorm* -> rmsnorm, nn.LayerNorm ->
@@ -42,10 +43,12 @@ try:
 except ModuleNotFoundError:  # autokernel imported from outside its checkout (an editable install)
     reference = compat.load_root_module("reference")
 from autokernel.customops import KERNEL_DTYPES, CallSites, Site, in_eager
+from autokernel.kerneltype import TOLERANCES
 
-# Relative L2 error, by dtype, within which a probed site must match its reference; verify.py uses the
-# same numbers for the end-to-end check (its docstring says where they come from).
-REL_L2_TOLERANCE = {torch.float16: 1e-2, torch.bfloat16: 2e-2, torch.float32: 1e-4}
+# Relative L2 error, by dtype, within which a probed site must match its reference: the registry's absolute
+# tolerances (autokernel/kerneltype.py); verify.py uses the same numbers for the end-to-end check (its
+# docstring says where they come from).
+REL_L2_TOLERANCE = {dtype: atol for dtype, (atol, _rtol) in TOLERANCES.items()}
 PROBE_ROWS = 2, 5  # leading dims of a module probe input [2, 5, features]
 PROBE_SEQ = 8  # positions of a rotary probe; its head dim is 16
 
@@ -215,28 +218,50 @@ def _swiglu_site(name, m, linears: dict):
     return site, None
 
 
-def _module_site(name, m, types):
-    """(Site, replacement) for a module that is a site of a requested type, else None."""
-    if "fused_mlp" in types and not isinstance(m, nn.Linear):
-        linears = {n: c for n, c in m.named_children() if type(c) is nn.Linear}
-        found = _swiglu_site(name, m, linears) if len(linears) == 3 else None
-        if found is not None:
-            return found
-    if "rmsnorm" in types and "RMSNorm" in type(m).__name__:
-        return _rmsnorm_site(name, m)
-    if "layernorm" in types and isinstance(m, nn.LayerNorm):
-        if type(m) is not nn.LayerNorm:
-            reason = "a LayerNorm subclass: its forward may differ"
-            return Site(name, type(m).__name__, "layernorm", False, reason), None
-        return _layernorm_site(name, m)
-    if "matmul" in types and type(m).__name__ == "Conv1D" and getattr(m, "weight", None) is not None:
+def swiglu_module_site(name, m):
+    """fused_mlp's module site: a module holding exactly three bias-free Linears that computes SwiGLU."""
+    if isinstance(m, nn.Linear):
+        return None
+    linears = {n: c for n, c in m.named_children() if type(c) is nn.Linear}
+    return _swiglu_site(name, m, linears) if len(linears) == 3 else None
+
+
+def rmsnorm_module_site(name, m):
+    """rmsnorm's module site: a module whose class is named *RMSNorm* and passes the probe."""
+    return _rmsnorm_site(name, m) if "RMSNorm" in type(m).__name__ else None
+
+
+def layernorm_module_site(name, m):
+    """layernorm's module site: nn.LayerNorm itself (a subclass's forward may differ)."""
+    if not isinstance(m, nn.LayerNorm):
+        return None
+    if type(m) is not nn.LayerNorm:
+        reason = "a LayerNorm subclass: its forward may differ"
+        return Site(name, type(m).__name__, "layernorm", False, reason), None
+    return _layernorm_site(name, m)
+
+
+def matmul_module_site(name, m):
+    """matmul's module sites: nn.Linear itself, and transformers' Conv1D (x @ W + b) where it passes the probe."""
+    if type(m).__name__ == "Conv1D" and getattr(m, "weight", None) is not None:
         return _conv1d_site(name, m)
-    if "matmul" in types and isinstance(m, nn.Linear):
+    if isinstance(m, nn.Linear):
         what = f"{type(m).__name__} {m.in_features}->{m.out_features}" + ("" if m.bias is None else " +bias")
         if type(m) is not nn.Linear:
             return Site(name, what, "matmul", False, "a Linear subclass: its forward may differ"), None
         site = Site(name, what, "matmul", True)
         return site, KernelLinear(m, site, "matmul")
+    return None
+
+
+def _module_site(name, m, types):
+    """(Site, replacement) for a module that is a site of a requested type, else None: each type's
+    Deployment.module_site in turn, the first that answers decides."""
+    for t in types:
+        found_by = customops.deployment(t).module_site
+        found = found_by(name, m) if found_by is not None else None
+        if found is not None:
+            return found
     return None
 
 
@@ -286,7 +311,7 @@ def _rope_probe_inputs(dtype, device):
     return q, k, angles.cos().to(device, dtype), angles.sin().to(device, dtype)
 
 
-def _rotary_patches(model: nn.Module, sites: CallSites) -> tuple[list, list[Site]]:
+def rotary_patches(model: nn.Module, sites: CallSites) -> tuple[list, list[Site]]:
     """Patches for the model's own rotary functions that pass a probe against the reference."""
     patches, notes = [], []
     dtype, device = _dtype_device(model)
@@ -328,27 +353,37 @@ def _model_modules(model: nn.Module) -> list:
 
 
 # ------------------------------------------------------------------------------ the model
-def _function_patches(model: nn.Module, types, sites: CallSites) -> tuple[list, list[Site]]:
-    """(owner, attribute, replacement) for every patched function, and notes on rejected candidates."""
-    by_id = {id(fn): wrapper for fn, wrapper in customops.function_replacements(types, sites).items()}
-    patches = []
+def _function_patches(model: nn.Module, types, sites: CallSites) -> tuple[list, list[Site], dict]:
+    """(owner, attribute, replacement) for every patched function, notes on rejected candidates, and the
+    kernel type of each replacement (by id)."""
+    replacements, patches, notes, type_of = {}, [], [], {}
+    for t in types:
+        deployment = customops.deployment(t)
+        if deployment.functions is not None:
+            for fn, wrapper in deployment.functions(sites).items():
+                replacements[id(fn)] = wrapper
+                type_of[id(wrapper)] = t
     for owner in (F, torch, *_model_modules(model)):  # F.x, torch.x, and `from ... import x` aliases
         for name, value in list(vars(owner).items()):
-            if id(value) in by_id:
-                patches.append((owner, name, by_id[id(value)]))
-    notes = []
-    if "rotary_embedding" in types:
-        rotary, notes = _rotary_patches(model, sites)
-        patches += rotary
-    return patches, notes
+            if id(value) in replacements:
+                patches.append((owner, name, replacements[id(value)]))
+    for t in types:
+        deployment = customops.deployment(t)
+        if deployment.model_functions is not None:
+            found, rejected = deployment.model_functions(model, sites)
+            patches += found
+            notes += rejected
+            type_of.update({id(wrapper): t for _, _, wrapper in found})
+    return patches, notes, type_of
 
 
 class Optimized:
     """The model with kernels plugged in; call it like the model. Patches live only during a call."""
 
     def __init__(self, model: nn.Module, patches: list, module_sites: list[Site], notes: list[Site],
-                 call_sites: CallSites, types: list[str]):
+                 call_sites: CallSites, types: list[str], patch_types: dict | None = None):
         self.model, self.patches, self.types = model, patches, types
+        self.patch_types = patch_types or {}  # id(replacement) -> its kernel type
         self.module_sites, self.notes, self.call_sites = module_sites, notes, call_sites
 
     def module(self) -> nn.Module:
@@ -403,7 +438,7 @@ class Optimized:
                 what[kind] = what.get(kind, 0) + 1
         for owner, name, new in self.patches:
             prefix = {F: "F.", torch: "torch."}.get(owner, getattr(owner, "__name__", "").rsplit(".", 1)[-1] + ".")
-            found.setdefault(customops.FUNCTION_TYPES[new.__name__], {})[prefix + name] = 0
+            found.setdefault(self.patch_types[id(new)], {})[prefix + name] = 0
         return {t: [f"{w} x{n}" if n else w for w, n in what.items()] for t, what in sorted(found.items())}
 
     def sites(self) -> list[Site]:
@@ -421,7 +456,7 @@ def build(model: nn.Module, types) -> Optimized:
     clone = copy.deepcopy(model, memo)  # a new module tree over the same weights
     module_sites = _replace_modules(clone, types)
     call_sites = CallSites()
-    patches, notes = _function_patches(model, types, call_sites)
-    optimized = Optimized(clone, patches, module_sites, notes, call_sites, types)
+    patches, notes, patch_types = _function_patches(model, types, call_sites)
+    optimized = Optimized(clone, patches, module_sites, notes, call_sites, types, patch_types)
     optimized.original = model  # optimize() of an optimized model starts again from it
     return optimized

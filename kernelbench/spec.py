@@ -2,7 +2,8 @@
 
 Type names are "kb/<level>/<name>", e.g. "kb/level1/19_ReLU", optionally with "@fp16" or "@bf16" for a
 problem run in another dtype (KernelBench is fp32: so are the checks and the timing by default). The
-registry resolves such names on demand through `resolve` (autokernel/registry.py, RESOLVERS).
+registry resolves such names on demand through `resolve` (autokernel/registry.py, RESOLVERS); this
+module stands below the registry (it imports autokernel.kerneltype and checking, never the registry).
 
 The problem is the reference, read from its read-only copy workspace/kernelbench/<level>/<name>.py
 (written by `python -m kernelbench setup`), looked for beside this project and in the folders above it
@@ -33,7 +34,7 @@ from pathlib import Path
 import torch
 
 from autokernel.checking import CheckFailed
-from autokernel.registry import TOLERANCES, KernelSpec, dtype_name, parse_dtype
+from autokernel.kerneltype import TOLERANCES, KernelSpec, dtype_name, parse_dtype
 from kernelbench import problems
 
 PREFIX = "kb/"

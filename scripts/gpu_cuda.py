@@ -62,7 +62,6 @@ ROW_LENGTHS = [1, 8, 100, 1023, 1024, 4096, 8191, 8192, 16384, 32000, 32768, 502
 ROW_COUNT = 37  # rows per sweep case: odd, so no size is a lucky multiple
 MANY_ROWS = 4099  # reduce's rows for its one-row-per-warp kernels (WARP_ROWS_FROM = 4096 or more): odd again
 MANY_ROWS_MAX_N = 16384  # longest row of those cases (4099 x 16384 fp32 = 269 MB)
-TOLERANCE = {"fp16": 2e-2, "fp32": 1e-4}  # rtol = atol of the sweep's comparison with reference.py
 
 
 def _load(type_: str):
@@ -136,12 +135,13 @@ def resources(types: list[str]) -> list[str]:
 
 
 def _row_inputs(type_: str, n: int, dtype, rows: int = ROW_COUNT):
+    """The registry's inputs of the type for `rows` rows of length n (cross_entropy: rows tokens, n classes)."""
     import torch
 
-    x = torch.randn(rows, n, device="cuda", dtype=dtype) * 3
-    w, b = torch.randn(n, device="cuda", dtype=dtype), torch.randn(n, device="cuda", dtype=dtype)
-    return {"softmax": (x,), "reduce": (x,), "rmsnorm": (x, w), "layernorm": (x, w, b),
-            "cross_entropy": (x, torch.randint(0, n, (rows,), device="cuda"))}[type_]
+    from autokernel.registry import get_spec
+
+    shape = {"N": rows, "V": n} if type_ == "cross_entropy" else {"M": rows, "N": n}
+    return get_spec(type_).make_inputs(shape, dtype, "cuda", torch.Generator(device="cuda").manual_seed(n))
 
 
 def _row_cases(type_: str):
@@ -153,23 +153,23 @@ def _row_cases(type_: str):
 
 
 def row_sweep(types: list[str]) -> list[str]:
-    """Each row kernel against reference.py at every ROW_LENGTHS; returns the failures (printed as they come)."""
+    """Each row kernel against the registry's float64 oracle and tolerances (the harness's check,
+    autokernel/checking.py) at every ROW_LENGTHS; returns the failures (printed as they come)."""
     import torch
 
-    import reference
+    from autokernel import checking
+    from autokernel.registry import get_spec
 
     failures = []
     for type_ in [t for t in ROW_TYPES if t in types]:
-        fn, ref = _load(type_).kernel_fn, getattr(reference, f"{type_}_ref")
+        fn, spec = _load(type_).kernel_fn, get_spec(type_)
         for dname, dtype in (("fp16", torch.float16), ("fp32", torch.float32)):
             for rows, n in _row_cases(type_):
                 inputs = _row_inputs(type_, n, dtype, rows)
                 try:
-                    got, want = fn(*inputs), ref(*inputs)
+                    out = fn(*inputs)
                     torch.cuda.synchronize()
-                    tol = TOLERANCE[dname]
-                    atol = tol * 3 * n ** 0.5 if type_ == "reduce" else tol  # a sum of n values ~3: error ~ sqrt(n)
-                    torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=atol)
+                    checking.verify_output(out, spec, inputs, f"{type_} {dname} {rows}x{n}")
                 except Exception as e:  # a launch failure or a mismatch: report it and go on
                     failures.append(f"{type_} {dname} {rows}x{n}")
                     print(f"row sweep {type_:<14} {dname} {rows}x{n:<7} FAIL {type(e).__name__}: {str(e)[:300]}")

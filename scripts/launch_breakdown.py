@@ -101,7 +101,7 @@ def main():
         spec = get_spec(ktype)
         args = spec.make_inputs(shape, torch.float16, "cuda", gen)
         fn = import_kernel(ROOT / "kernels" / f"{ktype}.py").kernel_fn
-        customops.install(ktype, fn, f"kernels/{ktype}.py")
+        customops.install(ktype, fn, f"kernels/{ktype}.py", spec.deployment)
         case = {}
         with torch.no_grad():
             case["op"] = host(customops.op(ktype), args)

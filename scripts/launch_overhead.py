@@ -68,7 +68,7 @@ def main():
         spec = get_spec(ktype)
         args = spec.make_inputs(shape, torch.float16, "cuda", gen)
         module = import_kernel(ROOT / "kernels" / f"{ktype}.py")
-        customops.install(ktype, module.kernel_fn, f"kernels/{ktype}.py")
+        customops.install(ktype, module.kernel_fn, f"kernels/{ktype}.py", spec.deployment)
         report(f"{ktype} {shape} kernel", module.kernel_fn, args, rows)
         report(f"{ktype} {shape} fast", customops._IMPLS[ktype], args, rows)
         with torch.no_grad():

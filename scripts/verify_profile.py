@@ -15,7 +15,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from autokernel import customops, swap  # noqa: E402
+from autokernel import deploy, swap  # noqa: E402
 from autokernel.models import example_inputs, load_model  # noqa: E402
 
 ROWS = 18  # kernels shown per table
@@ -34,9 +34,7 @@ def profile(name: str, fn, args) -> None:
 
 def main() -> None:
     types = sys.argv[1].split(",") if len(sys.argv) > 1 else None
-    choices = customops.find_kernels(ROOT / "workspace" / "kernels", ROOT / "kernels", types)
-    for choice in choices.values():
-        customops.load(choice)
+    choices = deploy.load_kernels(ROOT / "workspace" / "kernels", types, ROOT / "kernels")
     model = load_model("LlamaModel", model_file=str(ROOT / "models" / "llama.py"), config="tinyllama",
                        device="cuda", dtype=torch.float16)
     args = example_inputs(model, (1, 2048), "cuda", torch.float16, seed=0)

@@ -168,7 +168,7 @@ def test_inductor_launches_the_kernels_from_its_own_code(llama, tmp_path):
 
     model = llama.to("cuda", torch.float16)
     ids = torch.randint(0, model.config.vocab_size, (1, 64), device="cuda")
-    types = ["rmsnorm", "rotary_embedding", "fused_mlp", "matmul"]  # flash_attention: customops.OPAQUE_UNDER_COMPILE
+    types = ["rmsnorm", "rotary_embedding", "fused_mlp", "matmul"]  # flash_attention: opaque_under_compile
     with torch.no_grad():
         want = model(ids)
         optimized = autokernel.optimize(model, tmp_path, types, quiet=True)
@@ -226,7 +226,7 @@ def test_a_kernel_on_host_tma_descriptors_still_computes_under_torch_compile(rep
     spec = get_spec(kernel_type)
     args = spec.make_inputs(shape, torch.float16, "cuda", torch.Generator(device="cuda").manual_seed(0))
     kernel_fn = kernelfile.import_kernel(repo_root / "kernels" / f"{kernel_type}.py").kernel_fn
-    customops.install(kernel_type, kernel_fn, f"kernels/{kernel_type}.py")
+    customops.install(kernel_type, kernel_fn, f"kernels/{kernel_type}.py", spec.deployment)
     op = customops.op(kernel_type)
     with torch.no_grad():
         want = kernel_fn(*args)

@@ -14,7 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import verify
-from autokernel import customops, endtoend, swap
+from autokernel import customops, deploy, endtoend, swap
 
 MODELS = {  # model file -> (class, input shape, the kernel types that must have run in it)
     "llama": ("LlamaModel", "1,8", {"matmul", "rmsnorm", "fused_mlp", "rotary_embedding", "flash_attention",
@@ -158,7 +158,8 @@ def test_the_best_kernel_of_each_type_is_chosen(repo_root, tmp_path):
         (tmp_path / name).write_text(starter)
     (tmp_path / "03_matmul.py").write_text((repo_root / "kernels" / "matmul.py").read_text())
     (tmp_path / "notes_softmax.py").write_text("x = 1\n")  # no KERNEL_TYPE: not a kernel
-    chosen = customops.find_kernels(tmp_path, repo_root / "kernels", ["rmsnorm", "matmul", "softmax"])
+    chosen = customops.find_kernels(tmp_path, repo_root / "kernels", ["rmsnorm", "matmul", "softmax"],
+                                    deploy.entries())
     assert chosen["rmsnorm"].path.name == "01_rmsnorm_optimized.py" and chosen["rmsnorm"].source == "optimized"
     assert {p.name for p in chosen["rmsnorm"].passed_over} == {"05_rmsnorm_optimized.py", "01_rmsnorm.py"}
     assert chosen["matmul"].source == "extracted"
@@ -198,7 +199,7 @@ class Toy(nn.Module):
 
 def test_sites_that_differ_from_the_reference_are_left_alone_with_the_reason(repo_root, interpreter):
     for t in ("rmsnorm", "fused_mlp", "flash_attention"):
-        customops.load(customops.find_kernels(repo_root / "kernels", repo_root / "kernels", [t])[t])
+        deploy.load_kernels(repo_root / "kernels", [t], repo_root / "kernels")
     toy = Toy().eval()
     optimized = swap.build(toy, ["rmsnorm", "fused_mlp", "flash_attention"])
     x = torch.randn(8, 32)
@@ -217,7 +218,7 @@ def test_a_norm_computed_inline_is_reported_unused_and_its_module_still_reads(re
     llama = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(llama)
     model = llama.LlamaModel("tiny", rmsnorm_as_ops=True).eval()  # blocks read norm.weight, norm.eps inline
-    customops.load(customops.find_kernels(repo_root / "kernels", repo_root / "kernels", ["rmsnorm"])["rmsnorm"])
+    deploy.load_kernels(repo_root / "kernels", ["rmsnorm"], repo_root / "kernels")
     optimized = swap.build(model, ["rmsnorm"])
     assert type(model.norm) is llama.RMSNorm and type(optimized.model.norm) is swap.KernelRMSNorm  # a copy
     assert optimized.model.norm.weight is model.norm.weight  # over the same weights
@@ -244,7 +245,7 @@ def test_a_kernel_that_raises_is_a_fail_naming_it(repo_root, tmp_path, capsys, i
 
 
 def test_a_kernel_asked_for_a_gradient_is_an_error_not_a_silent_zero(repo_root, interpreter):
-    customops.load(customops.find_kernels(repo_root / "kernels", repo_root / "kernels", ["rmsnorm"])["rmsnorm"])
+    deploy.load_kernels(repo_root / "kernels", ["rmsnorm"], repo_root / "kernels")
     call = customops.op("rmsnorm")
     x, w = torch.randn(4, 64), torch.rand(64) + 0.5
     with torch.no_grad():  # the kernel itself, no dispatch
@@ -267,7 +268,7 @@ class Functional(nn.Module):  # norms and softmax written as torch functions, so
 
 def test_functional_forms_are_swapped_where_they_fit(repo_root, interpreter):
     for t in ("rmsnorm", "layernorm", "softmax"):
-        customops.load(customops.find_kernels(repo_root / "kernels", repo_root / "kernels", [t])[t])
+        deploy.load_kernels(repo_root / "kernels", [t], repo_root / "kernels")
     model, x = Functional(), torch.randn(8, 32)
     optimized = swap.build(model, ["rmsnorm", "layernorm", "softmax"])
     with torch.no_grad():
