@@ -81,8 +81,8 @@ def test_the_harness_reports_the_digest_and_skips_timing_what_launches_the_same(
 def test_on_the_gpu_every_starter_has_a_digest_and_an_inert_edit_keeps_it(repo_root, tmp_path):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    from autokernel.registry import get_spec, kernel_types
     from autokernel.perf import gpu_input_sets
+    from autokernel.registry import get_spec, kernel_types
 
     for kernel_type in kernel_types():
         path = repo_root / "kernels" / f"{kernel_type}.py"
