@@ -71,7 +71,8 @@ import functools
 
 import torch
 import torch.nn as nn
-from torch.utils.cpp_extension import load_inline
+
+from autokernel import cuda_build
 
 KERNEL_TYPE = "@@TYPE@@"
 
@@ -79,42 +80,37 @@ THREADS = 256  # threads per block
 
 TUNABLES = {"THREADS": [128, 256, 512, 1024]}
 
-CUDA_SOURCE = r"""
-#include <torch/extension.h>
-#include <ATen/cuda/CUDAContext.h>
-
+# Plain CUDA C++ after autokernel's prelude (the ak:: helpers); built by autokernel.cuda_build, which runs the
+# harness's static check on it and caches the build on disk.
+CUDA_SRC = r"""
 __global__ void elementwise_kernel(const float* __restrict__ x, float* __restrict__ out, int64_t n) {
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = x[i];  // put the problem's math here
 }
 
-torch::Tensor elementwise(torch::Tensor x, int64_t threads) {
-    TORCH_CHECK(x.is_cuda() && x.scalar_type() == torch::kFloat, "expects a float32 CUDA tensor");
-    auto xc = x.contiguous();
-    auto out = torch::empty_like(xc);
-    int64_t n = xc.numel();
+void elementwise_launch(int64_t x, int64_t out, int64_t n, int threads, int64_t stream) {
     int64_t blocks = (n + threads - 1) / threads;
-    if (n > 0) {
-        elementwise_kernel<<<blocks, threads, 0, at::cuda::getCurrentCUDAStream()>>>(
-            xc.data_ptr<float>(), out.data_ptr<float>(), n);
-    }
-    return out;
+    if (n > 0)
+        elementwise_kernel<<<blocks, threads, 0, ak::as_stream(stream)>>>((const float*)x, (float*)out, n);
+    ak::check_launch("elementwise_kernel");
 }
 """
-CPP_SOURCE = "torch::Tensor elementwise(torch::Tensor x, int64_t threads);"
+PROTOTYPES = ["void elementwise_launch(int64_t x, int64_t out, int64_t n, int threads, int64_t stream)"]
 
 
 @functools.cache
-def _extension():
-    """Built once per source; torch caches the build under ~/.cache/torch_extensions."""
-    return load_inline(name="@@EXT_NAME@@",
-                       cpp_sources=CPP_SOURCE, cuda_sources=CUDA_SOURCE, functions=["elementwise"],
-                       extra_cuda_cflags=["-O3"])
+def _module():
+    return cuda_build.load("@@EXT_NAME@@", cuda_build.PRELUDE + CUDA_SRC, PROTOTYPES)
 
 
 def _elementwise(x: torch.Tensor) -> torch.Tensor:
-    """A launch to adapt: the extension's function, THREADS per block."""
-    return _extension().elementwise(x, THREADS)
+    """A launch to adapt: a fresh float32 output, THREADS per block."""
+    if x.dtype != torch.float32 or not x.is_cuda:
+        raise TypeError(f"expects a float32 CUDA tensor, got {x.dtype} on {x.device}")
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    _module().elementwise_launch(x.data_ptr(), out.data_ptr(), x.numel(), THREADS, cuda_build.stream_of(x))
+    return out
 '''
 
 
