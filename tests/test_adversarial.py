@@ -26,6 +26,7 @@ from autokernel import sourcecheck
 from autokernel.runner import run_bench
 
 ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.usefixtures("warm_launcher")  # benches fork from the run's warm launcher
 STARTER = (ROOT / "tests" / "fixtures" / "honest_rmsnorm.py").read_text()
 IMPORTS = "import torch\n"
 ENTRY = "def kernel_fn(x, weight, eps=1e-6):\n"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_orchestrate_harness import IDENTITY, PROJECT, copy_project
+from helpers import IDENTITY, PROJECT, copy_project
 
 from autokernel import harness, kernelfile, results
 from autokernel.checking import CheckFailed
