@@ -68,6 +68,7 @@ def warm_launcher(request, _warm_launcher_of_the_run):
     launcher = runner.warm_launcher()
     if launcher is None or not launcher.alive() or not launcher.matches(runner.child_env("cpu"), runner.REPO_ROOT):
         assert runner.start_warm("cpu")
+    runner.warm_launcher().ready()  # its imports done here, not inside a bench a test times
     return runner.warm_launcher()
 
 

@@ -75,6 +75,7 @@ def test_a_changed_compile_time_tunable_is_a_new_build_and_an_unchanged_one_is_n
 
 
 @needs_nvcc
+@pytest.mark.slow
 @pytest.mark.parametrize("type_", TYPES)
 def test_device_code_compiles_and_every_kernel_fits_its_launch_bounds_without_spilling(type_):
     """The H200 round failed with 'too many resources requested for launch' (89 registers x 1024 threads): every
@@ -183,6 +184,7 @@ def test_inputs_the_launchers_cannot_take_are_refused_not_converted():
     assert cuda_build.binding_source(["void f_launch(int a, int64_t b)"]).count('m.def("f_launch", &f_launch)') == 1
 
 
+@pytest.mark.slow
 def test_a_cuda_kernel_benched_on_the_cpu_is_a_clear_needs_a_gpu_result(tmp_path, warm_launcher):
     result = run_bench(ROOT / "kernels" / "cuda" / "softmax.py", device="cpu", timed=False, timeout=120)
     assert result["status"] == "fail" and result["failed_stage"] == "device"

@@ -30,6 +30,7 @@ def bench(kernel: Path) -> dict:
     return r
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("warm_launcher")
 def test_every_model_shape_is_timed_and_weighted_by_its_calls(tmp_path):
     r = bench(extracted_rmsnorm(tmp_path, [7, 3]))
@@ -44,6 +45,7 @@ def test_every_model_shape_is_timed_and_weighted_by_its_calls(tmp_path):
     assert results.objective_us(r) == r["model_us"] != r["latency_us"]
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("warm_launcher")
 def test_a_kernel_without_model_shapes_keeps_todays_result(tmp_path):
     kernel = tmp_path / "rmsnorm.py"
