@@ -1,4 +1,5 @@
-"""Shared test setup: the repository root on sys.path, CPU mode, GPU tests skipped cleanly without a GPU."""
+"""Shared test setup: the repository root on sys.path, CPU mode, GPU tests skipped cleanly without a GPU, one
+warm launcher for the benches of the whole run. Helpers shared by test modules are in tests/helpers.py."""
 
 import os
 import sys
@@ -8,8 +9,9 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for path in (ROOT, ROOT / "tests"):  # the project's modules; tests/helpers.py whatever pytest's import mode
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
 
 if not torch.cuda.is_available():
     # CPU mode for every Triton kernel this test process touches. Triton reads the switch when each
@@ -41,3 +43,40 @@ def unguarded(monkeypatch):
     from autokernel import runner
 
     monkeypatch.setattr(runner, "HARNESS_COMMAND", [str(ROOT / "tests" / "fixtures" / "unguarded_harness.py")])
+
+
+@pytest.fixture(scope="session")
+def _warm_launcher_of_the_run():
+    from autokernel import runner
+
+    yield
+    runner.stop_warm()
+
+
+@pytest.fixture
+def warm_launcher(request, _warm_launcher_of_the_run):
+    """A running warm launcher (autokernel.zygote) for CPU benches, shared by the whole test run: run_bench
+    forks each harness child from it, as the loop does, instead of starting a fresh Python that imports torch,
+    triton and the harness again (3 s or more per bench on a CPU). For benches that test what the harness
+    finds, not how it is started: tests/test_zygote.py shows that a forked bench is the fresh one. A launcher
+    that another test stopped, killed or replaced is started again here. None for a GPU test: its benches
+    start fresh, as they always have."""
+    from autokernel import runner
+
+    if request.node.get_closest_marker("gpu"):
+        return None
+    launcher = runner.warm_launcher()
+    if launcher is None or not launcher.alive() or not launcher.matches(runner.child_env("cpu"), runner.REPO_ROOT):
+        assert runner.start_warm("cpu")
+    runner.warm_launcher().ready()  # its imports done here, not inside a bench a test times
+    return runner.warm_launcher()
+
+
+@pytest.fixture(autouse=True)
+def _gpu_benches_start_fresh(request):
+    """run_bench forks from any launcher running, replacing one of another environment: a GPU test finds
+    none, so that its benches run fresh as they always have (unless the test starts one itself)."""
+    if request.node.get_closest_marker("gpu"):
+        from autokernel import runner
+
+        runner.stop_warm()

@@ -26,6 +26,7 @@ from autokernel import sourcecheck
 from autokernel.runner import run_bench
 
 ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.usefixtures("warm_launcher")  # benches fork from the run's warm launcher
 STARTER = (ROOT / "tests" / "fixtures" / "honest_rmsnorm.py").read_text()
 IMPORTS = "import torch\n"
 ENTRY = "def kernel_fn(x, weight, eps=1e-6):\n"
@@ -193,8 +194,12 @@ RUNTIME = {
 @pytest.mark.parametrize("family", list(RUNTIME))
 def test_the_runtime_layers_catch_each_family_without_the_static_check(tmp_path, unguarded, family):
     anchor, code, named = RUNTIME[family]
-    result = bench(planted(tmp_path, anchor, code), warm=False, timed=family == "patches the clock")
+    # A forged result is caught by the key a fresh child gets through its own pipe (a forked child's comes
+    # through the zygote: tests/test_zygote.py); the other layers live in the harness, forked warm.
+    fresh = family == "forges the result file and exits"
+    result = bench(planted(tmp_path, anchor, code), warm=False if fresh else None, timed=family == "patches the clock")
     assert_guard(result, named)
+    assert result["launcher"] == ("fresh" if fresh else "warm")
 
 
 # ------------------------------------------------------------ legal Python, caught at run time (static on)

@@ -9,12 +9,11 @@ import re
 import shutil
 import signal
 import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from helpers import ChatServer
 
 from autokernel.agents import AgentError, AgentUnavailable, Task, build_prompt
 from autokernel.agents.builtin import BuiltinAgent, apply_config, candidates, config_key, tunable_space
@@ -169,42 +168,6 @@ def test_command_agent_failures(workdir):
 
 
 # ------------------------------------------------------------------------------ openai agent over HTTP
-class ChatServer:
-    """A chat-completions endpoint on loopback answering from a script of (status, content) pairs."""
-
-    def __init__(self, replies):
-        self.replies, self.requests = list(replies), []
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                server.requests.append({"path": self.path, "auth": self.headers.get("Authorization"),
-                                        "body": body})
-                status, content = server.replies.pop(0)
-                payload = ({"id": "x", "object": "chat.completion", "model": body["model"],
-                            "choices": [{"index": 0, "finish_reason": "stop",
-                                         "message": {"role": "assistant", "content": content}}]}
-                           if status == 200 else {"error": {"message": content}})
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
 def good_reply(workdir, warps=4):
     code = (workdir / "kernel.py").read_text().replace("NUM_WARPS = 1 ", f"NUM_WARPS = {warps} ")
     return f"More warps hide latency.\n\n```python\n{code}```\n\nDESCRIPTION: NUM_WARPS 1 -> {warps}\n"

@@ -13,11 +13,11 @@ import multiprocessing
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
 import torch
+from helpers import wait_for
 
 import reference
 from autokernel import cuda_build
@@ -75,6 +75,7 @@ def test_a_changed_compile_time_tunable_is_a_new_build_and_an_unchanged_one_is_n
 
 
 @needs_nvcc
+@pytest.mark.slow
 @pytest.mark.parametrize("type_", TYPES)
 def test_device_code_compiles_and_every_kernel_fits_its_launch_bounds_without_spilling(type_):
     """The H200 round failed with 'too many resources requested for launch' (89 registers x 1024 threads): every
@@ -99,10 +100,25 @@ def test_a_syntax_error_raises_with_the_compilers_message():
 
 
 def _fake_build(build_dir: str, counter: str):
+    """One of two processes building the same source. This one, forked, notes each time it finds the build
+    lock held; the builder (whichever process got the lock) finishes only once the other has found it held,
+    so the second process surely arrives mid-build."""
+    waited = Path(counter + ".waited")
+    flock = cuda_build.fcntl.flock
+
+    def noting_flock(fd, operation):
+        try:
+            return flock(fd, operation)
+        except BlockingIOError:
+            waited.touch()
+            raise
+
+    cuda_build.fcntl.flock = noting_flock  # in this forked process only
+
     def builder(directory: Path) -> Path:
         with open(counter, "a") as f:
             f.write("build\n")
-        time.sleep(1.0)  # long enough for the other process to arrive mid-build
+        wait_for(waited.exists, 30, "the other process to find the build lock held")
         lib = directory / "lib.so"
         lib.write_text("whole library")
         return lib
@@ -117,8 +133,9 @@ def test_concurrent_builds_of_one_source_build_once_and_leave_a_whole_cache(tmp_
     for p in procs:
         p.start()
     for p in procs:
-        p.join(30)
+        p.join(60)
     assert [p.exitcode for p in procs] == [0, 0]
+    assert (tmp_path / "count.waited").exists()  # one process found the lock held while the other built
     assert counter.read_text() == "build\n"  # the second process waited for the first and reused its build
     assert (build_dir / "built.json").is_file() and (build_dir / "lib.so").read_text() == "whole library"
 
@@ -167,7 +184,8 @@ def test_inputs_the_launchers_cannot_take_are_refused_not_converted():
     assert cuda_build.binding_source(["void f_launch(int a, int64_t b)"]).count('m.def("f_launch", &f_launch)') == 1
 
 
-def test_a_cuda_kernel_benched_on_the_cpu_is_a_clear_needs_a_gpu_result(tmp_path):
+@pytest.mark.slow
+def test_a_cuda_kernel_benched_on_the_cpu_is_a_clear_needs_a_gpu_result(tmp_path, warm_launcher):
     result = run_bench(ROOT / "kernels" / "cuda" / "softmax.py", device="cpu", timed=False, timeout=120)
     assert result["status"] == "fail" and result["failed_stage"] == "device"
     assert result["reason"].startswith("needs a GPU: softmax.py is a CUDA C++ kernel")

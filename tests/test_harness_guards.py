@@ -1,7 +1,7 @@
 """The harness catches each way a kernel can be wrong or cheat, and says which stage and why.
 
 Every candidate below is kernels/rmsnorm.py with one defect planted, run through the real harness in
-a child process (CPU mode, Triton's interpreter).
+a child process (CPU mode, Triton's interpreter), forked from the warm launcher the test run shares.
 """
 
 from pathlib import Path
@@ -11,6 +11,7 @@ import pytest
 from autokernel.runner import run_bench
 
 ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.usefixtures("warm_launcher")
 STARTER = (ROOT / "tests" / "fixtures" / "honest_rmsnorm.py").read_text()
 
 
@@ -35,6 +36,7 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 LAUNCH = "    return out.view(x.shape)\n"
 
 
+@pytest.mark.slow
 def test_honest_starter_passes_all_five_stages_and_is_timed():
     result = bench(ROOT / "tests" / "fixtures" / "honest_rmsnorm.py", timed=True)
     assert result["status"] == "pass", result["reason"] + result["stderr_tail"]
@@ -113,6 +115,7 @@ def test_dropping_eps_fails_the_stability_stage(tmp_path):
     assert result["failed_stage"] == "stability" and "near_zero" in result["reason"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", DEVICES)
 def test_order_dependent_results_fail_the_determinism_stage(tmp_path, device):
     # every other call takes the looped variant: another summation order, other rounding
@@ -124,6 +127,7 @@ def test_order_dependent_results_fail_the_determinism_stage(tmp_path, device):
     assert result["failed_stage"] == "determinism" and "differs bitwise" in result["reason"]
 
 
+@pytest.mark.slow
 def test_ignoring_the_row_stride_fails_the_edge_stage(tmp_path):
     path = planted(tmp_path, "x2.stride(0), out.stride(0)", "n, out.stride(0)")
     result = bench(path)
@@ -146,18 +150,20 @@ def test_outputs_of_timed_runs_are_checked():
         perf._check_timed_outputs(None, spec, sets, timed)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_hang_is_a_timeout_within_the_limit(tmp_path, device):
     path = planted(tmp_path, "def kernel_fn(x, weight, eps=1e-6):\n",
                    "def kernel_fn(x, weight, eps=1e-6):\n    while True:\n        pass\n")
-    result = bench(path, device=device, timeout=20)
-    assert result["status"] == "timeout" and result["wall_s"] < 40
+    result = bench(path, device=device, timeout=20, warm=False)  # the runner's own kill, not the zygote's
+    assert result["status"] == "timeout" and result["wall_s"] < 40 and result["launcher"] == "fresh"
 
 
+@pytest.mark.slow
 def test_a_segfault_is_a_crash_with_its_signal(tmp_path):
     # a store 1 TB past the output: the interpreter's raw memory access kills the child with SIGSEGV
     path = planted(tmp_path, "out_row = out_ptr + row * stride_out", "out_row = out_ptr + row * stride_out + (1 << 40)")
-    result = bench(path)
+    result = bench(path, warm=False)  # a fresh child's death (tests/test_zygote.py: a forked child's)
     assert result["status"] == "crash" and "killed by signal 11" in result["reason"]
 
 

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_orchestrate import FAKE_KERNEL, FakeBench, Lines, git_env, make_repo, repo_files, rows
+from helpers import FAKE_KERNEL, FakeBench, Lines, git_env, make_repo, repo_files, rows
 
 from autokernel import report, sourcecheck
 from autokernel.agents import make_agent

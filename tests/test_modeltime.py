@@ -2,9 +2,6 @@
 timed and weighted by its calls, the host's cost beside it, labelled as no performance figure.
 The GPU path (CUDA-graph replay) runs under the `gpu` marker."""
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +10,7 @@ import torch
 from autokernel import modeltime, results, timing
 from autokernel.extraction import set_model_shapes
 from autokernel.registry import get_spec
+from autokernel.runner import run_bench
 
 ROOT = Path(__file__).resolve().parent.parent
 SHAPES = [{"M": 16, "N": 64}, {"M": 4, "N": 40}]
@@ -25,16 +23,17 @@ def extracted_rmsnorm(tmp_path, calls) -> Path:
     return path
 
 
-def bench_json(kernel: Path, tmp_path) -> dict:
-    out = tmp_path / "r.json"
-    proc = subprocess.run([sys.executable, "bench.py", str(kernel), "--device", "cpu", "--quick", "--no-log",
-                           "--seed", "1", "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    return json.loads(out.read_text())
+def bench(kernel: Path) -> dict:
+    """What `bench.py KERNEL --device cpu --quick --seed 1 --json` writes (the harness, forked warm)."""
+    r = run_bench(kernel, device="cpu", quick=True, seed=1)
+    assert r["correctness"] == "PASS", r["log"][-2000:] + r["stderr_tail"]
+    return r
 
 
+@pytest.mark.slow
+@pytest.mark.usefixtures("warm_launcher")
 def test_every_model_shape_is_timed_and_weighted_by_its_calls(tmp_path):
-    r = bench_json(extracted_rmsnorm(tmp_path, [7, 3]), tmp_path)
+    r = bench(extracted_rmsnorm(tmp_path, [7, 3]))
     shapes = r["model_shapes"]
     assert [s["shape"] for s in shapes] == SHAPES and [s["calls"] for s in shapes] == [7, 3]
     assert [s["arg_shapes"] for s in shapes] == [[[16, 64], [64]], [[4, 40], [40]]]
@@ -46,10 +45,12 @@ def test_every_model_shape_is_timed_and_weighted_by_its_calls(tmp_path):
     assert results.objective_us(r) == r["model_us"] != r["latency_us"]
 
 
+@pytest.mark.slow
+@pytest.mark.usefixtures("warm_launcher")
 def test_a_kernel_without_model_shapes_keeps_todays_result(tmp_path):
     kernel = tmp_path / "rmsnorm.py"
     kernel.write_text((ROOT / "kernels" / "rmsnorm.py").read_text())
-    r = bench_json(kernel, tmp_path)
+    r = bench(kernel)
     assert "model_us" not in r and results.objective_us(r) == r["latency_us"]
 
 

@@ -92,6 +92,7 @@ def test_where_a_gradient_is_wanted_the_original_ops_run_and_train(llama, tmp_pa
     assert any(s.reason == customops.GRAD_REASON for s in sites)
 
 
+@pytest.mark.slow
 def test_optimize_compiles_without_graph_breaks(llama, tmp_path):
     ids = torch.randint(0, llama.config.vocab_size, (1, 8), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():

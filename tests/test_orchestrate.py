@@ -5,15 +5,14 @@ crash, so that these tests check keep/revert, git, results.tsv, resuming and the
 seconds. The real harness runs in tests/test_orchestrate_harness.py.
 """
 
-import ast
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from helpers import FAKE_KERNEL, ChatServer, FakeBench, Lines, git_env, make_repo, repo_files, rows
 
 import orchestrate
 from autokernel import results
@@ -23,62 +22,6 @@ from autokernel.loop import Loop, LoopConfig, LoopError, decide
 from autokernel.loop.state import load_jobs, repo_lock
 
 ROOT = Path(__file__).resolve().parent.parent
-FAKE_KERNEL = '''"""A stand-in kernel: the fake bench reports LATENCY as its latency."""
-KERNEL_TYPE = "rmsnorm"
-LATENCY = 100  # us, as the fake bench reports it
-BLOCK = 64  # does nothing
-
-TUNABLES = {"LATENCY": [120, 100, 90, 80], "BLOCK": [32, 64]}
-
-
-def kernel_fn(x, weight, eps=1e-6):
-    return x
-'''
-NO_IDENTITY = {"HOME": "/nonexistent", "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null"}
-
-
-class FakeBench:
-    def __init__(self, hook=None):
-        self.calls, self.hook = 0, hook
-
-    def __call__(self, path, **options):
-        self.calls += 1
-        if self.hook:
-            self.hook(self.calls)
-        text = Path(path).read_text()
-        try:
-            ast.parse(text)
-        except SyntaxError as e:
-            return {"status": "crash", "correctness": "FAIL", "reason": f"SyntaxError: {e}", "log": "crash"}
-        latency = float(re.search(r"^LATENCY = (\d+)", text, re.M).group(1))
-        return {"status": "pass", "correctness": "PASS", "latency_us": latency, "noise_pct": 0.5,
-                "speedup_vs_pytorch": 100.0 / latency, "pct_peak": None, "gpu": "fake",
-                "log": f"---\nlatency_us: {latency}\n"}
-
-
-def git_env(monkeypatch):
-    for key, value in NO_IDENTITY.items():  # a machine where git has no identity configured
-        monkeypatch.setenv(key, value)
-
-
-def make_repo(path: Path, files: dict) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
-    for name, text in files.items():
-        (path / name).parent.mkdir(parents=True, exist_ok=True)
-        (path / name).write_text(text)
-    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@t"}
-    for cmd in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-qm", "init"]):
-        subprocess.run(["git", *cmd], cwd=path, env=env, check=True)
-    return path
-
-
-def repo_files() -> dict:
-    """The files of a test repository: what the loop needs, and the fake kernel."""
-    files = {name: (ROOT / name).read_text() for name in ("reference.py", "program.md", ".gitignore")}
-    return {**files, "kernel.py": "# the kernel under optimization\n", "kernels/fake.py": FAKE_KERNEL}
-
-
 @pytest.fixture
 def repo(tmp_path, monkeypatch):
     git_env(monkeypatch)
@@ -91,10 +34,6 @@ def run_loop(repo, agent="builtin", bench=None, **config):
     loop = Loop(repo, LoopConfig(tag="t", **config), make_agent(agent) if isinstance(agent, str) else agent,
                 jobs, bench=bench or FakeBench())
     return loop, loop.run()
-
-
-def rows(repo):
-    return results.read_rows(repo / "results.tsv")
 
 
 def branch_shas(repo):
@@ -180,19 +119,6 @@ def two_kernel_repo(repo):
     subprocess.run(["git", "add", "-A"], cwd=repo, check=True)
     subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "slow"], cwd=repo, check=True)
     return load_jobs(repo, kernels=["kernels/fake.py", "kernels/slow.py"])
-
-
-class Lines:
-    """A ui that keeps what the loop says, as plain strings."""
-
-    def __init__(self):
-        self.lines = []
-
-    def print(self, text):
-        self.lines.append(text)
-
-    def status(self, text):
-        pass
 
 
 def test_reverts_in_a_row_park_a_kernel_and_time_left_resumes_it(repo):
@@ -374,8 +300,6 @@ def test_agent_that_commits_by_itself_is_undone(repo):
 
 
 def test_openai_agent_in_the_loop(repo, monkeypatch):
-    from test_agents import ChatServer
-
     code = FAKE_KERNEL.replace("LATENCY = 100", "LATENCY = 60")
     server = ChatServer([(200, f"```python\n{code}```\nDESCRIPTION: sixty"), (200, "no code, sorry"),
                          (500, "busy"), (200, f"```python\n{code.replace('= 60', '= 30')}```")])

@@ -8,80 +8,41 @@ starter, and a kill -9 in the middle of an experiment followed by a resume. Abou
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import pytest
+from helpers import (
+    IDENTITY,
+    PROJECT,
+    RUN_LIMIT_S,
+    check_git_matches_results,
+    copy_project,
+    descendants,
+    harness_children,
+    orchestrate,
+    wait_for,
+)
 
 from autokernel import results
 from autokernel.agents.builtin import apply_config
 from autokernel.gitlog import GitLog
 
-ROOT = Path(__file__).resolve().parent.parent
-PROJECT = ["reference.py", "bench.py", "orchestrate.py", "program.md", ".gitignore", "pyproject.toml",
-           "kernel.py", "kernels/rmsnorm.py"]
-DETUNED = {"NUM_WARPS": 1, "CHUNK": 512, "VARIANT": "looped", "ROWS_PER_PROGRAM": 8}
 # Two tunables keep the test to three benches whatever the seed: one move is a real win in the
 # interpreter (one pass over each row instead of two passes in 512-column pieces, ~10x), the
 # other changes nothing there. CPU timings on a shared machine swing by tens of percent, hence
 # the high bar for a keep.
+DETUNED = {"NUM_WARPS": 1, "CHUNK": 512, "VARIANT": "looped", "ROWS_PER_PROGRAM": 8}
 SMALL_SPACE = 'TUNABLES = {"VARIANT": ["auto", "single_pass", "looped"], "NUM_WARPS": [1, 2, 4]}'
 MIN_GAIN_PCT = 50
-IDENTITY = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-            "GIT_COMMITTER_EMAIL": "t@t"}
-RUN_LIMIT_S = 300  # one orchestrate.py run in these tests
 
 pytestmark = pytest.mark.slow
-
-
-def copy_project(tmp_path, files=PROJECT, extra=None) -> tuple:
-    """(repo, env): the project's `files` (+ `extra`, destination -> source) in a fresh git repository,
-    and an environment with no git identity: the loop must commit without one."""
-    repo = tmp_path / "repo"
-    for dest, src in [(name, name) for name in dict.fromkeys(files)] + list((extra or {}).items()):
-        (repo / dest).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(ROOT / src, repo / dest)
-    shutil.copytree(ROOT / "autokernel", repo / "autokernel", ignore=shutil.ignore_patterns("__pycache__"))
-    home = tmp_path / "home"  # no ~/.gitconfig
-    home.mkdir()
-    env = {**os.environ, "HOME": str(home), "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null"}
-    env.pop("TRITON_INTERPRET", None)
-    for cmd in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-qm", "init"]):
-        subprocess.run(["git", *cmd], cwd=repo, env={**env, **IDENTITY}, check=True)
-    return repo, env
 
 
 @pytest.fixture
 def project(tmp_path):
     return copy_project(tmp_path)
-
-
-def orchestrate(repo, env, *args, background=False):
-    cmd = [sys.executable, "orchestrate.py", "run", "--device", "cpu", "--quick", "--tag", "t", *args]
-    if background:
-        return subprocess.Popen(cmd, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    return subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=RUN_LIMIT_S)
-
-
-def check_git_matches_results(repo) -> list[dict]:
-    """Kept rows are exactly the branch's commits after init; nothing else is on the branch."""
-    rows = results.read_rows(repo / "results.tsv")
-    lines = (repo / "results.tsv").read_text().splitlines()
-    assert len(lines) == len(rows) + 1  # every line a whole row
-    assert len({r["experiment"] for r in rows}) == len(rows)
-    git = GitLog(repo)
-    branch = [sha for sha, _ in git.log("main..autokernel/t")]  # newest first
-    kept = [r["commit"] for r in rows if r["status"] in ("baseline", "keep")]
-    assert branch == kept[::-1]
-    for r in rows:
-        if r["status"] not in ("baseline", "keep") and r["commit"]:
-            assert not git.is_ancestor(r["commit"], "autokernel/t")
-    assert git.changes() == {} and git.branch() == "autokernel/t"
-    return rows
 
 
 def test_builtin_agent_recovers_a_detuned_starter(project):
@@ -115,24 +76,21 @@ def test_builtin_agent_recovers_a_detuned_starter(project):
     assert "loop stopped: 3 experiments run" in done.stdout
 
 
-def _descendants(pid: int) -> list[int]:
-    found = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        for child in (task / "children").read_text().split():
-            found += [int(child)] + _descendants(int(child))
-    return found
-
-
 def _wait_for_bench(repo, proc, experiment: int, limit_s: float = 240) -> dict:
+    """The loop's in-flight record once `experiment` is benching (its candidate committed)."""
     state_file = repo / "workspace" / "loop_state.json"
-    deadline = time.time() + limit_s
-    while time.time() < deadline and proc.poll() is None:
-        if state_file.exists():
+
+    def benching():
+        try:
             inflight = json.loads(state_file.read_text()).get("inflight") or {}
-            if inflight.get("experiment") == experiment and inflight.get("phase") == "bench":
-                return inflight
-        time.sleep(0.2)
-    raise AssertionError(f"experiment {experiment} never reached the bench: {proc.communicate()[0]!r}")
+        except (FileNotFoundError, json.JSONDecodeError):  # not written yet, or mid-replace
+            return None
+        return inflight if inflight.get("experiment") == experiment and inflight.get("phase") == "bench" else None
+
+    try:
+        return wait_for(benching, limit_s, f"experiment {experiment} to reach the bench", alive=proc)
+    except AssertionError:
+        raise AssertionError(f"experiment {experiment} never reached the bench: {proc.communicate()[0]!r}") from None
 
 
 def test_kill_9_during_an_experiment_then_resume(project):
@@ -141,16 +99,16 @@ def test_kill_9_during_an_experiment_then_resume(project):
                        background=True)
     try:
         inflight = _wait_for_bench(repo, proc, experiment=2)
-        time.sleep(2.0)  # well into the harness run
-        victims = [proc.pid] + _descendants(proc.pid)
+        wait_for(lambda: harness_children(proc.pid), 60, "the harness child of experiment 2", alive=proc)
+        victims = [proc.pid] + descendants(proc.pid)
     finally:
-        for pid in [proc.pid] + _descendants(proc.pid):  # a machine that dies takes the children too
+        for pid in [proc.pid] + descendants(proc.pid):  # a machine that dies takes the children too
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
         proc.wait()
-    assert len(victims) >= 2  # the loop and its harness child
+    assert len(victims) >= 2  # the loop and its harness child (and the warm launcher it forked from)
     git = GitLog(repo)
     assert git.head() == inflight["candidate"]  # the unrecorded commit the kill left behind
     assert [r["status"] for r in results.read_rows(repo / "results.tsv")] == ["baseline"]

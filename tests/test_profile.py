@@ -155,6 +155,7 @@ def _run(repo_root, *args, cwd=None):
                           timeout=300, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
 
 
+@pytest.mark.slow
 def test_profile_cli_writes_profile_and_plan(repo_root, tmp_path):
     r = _run(repo_root, "profile.py", "--model", "models/bert.py", "--class-name", "BertModel", "--config", "tiny",
              "--input-shape", "2,32", "--dtype", "float32", "--device", "cpu", "--output-dir", str(tmp_path))
@@ -173,9 +174,10 @@ def test_profile_cli_writes_profile_and_plan(repo_root, tmp_path):
     (["--model", "models/llama.py", "--class-name", "Llama"], "no class 'Llama'"),
     (["--model", "models/llama.py", "--class-name", "LlamaModel", "--input-shape", "1,abc"], "bad input shape"),
     (["--model", "models/llama.py", "--class-name", "LlamaModel", "--dtype", "float8"], "unknown dtype 'float8'"),
-    (["--model", "models/llama.py", "--class-name", "LlamaModel", "--config", "tiny", "--input-shape", "1,9999"],
-     "at most 512"),
-    (["--module", "not_a_package", "--class-name", "AutoModel"], "cannot import not_a_package"),
+    pytest.param(["--model", "models/llama.py", "--class-name", "LlamaModel", "--config", "tiny", "--input-shape",
+                  "1,9999"], "at most 512", marks=pytest.mark.slow),  # builds the model first
+    pytest.param(["--module", "not_a_package", "--class-name", "AutoModel"], "cannot import not_a_package",
+                 marks=pytest.mark.slow),  # looks through the installed packages
 ])
 def test_profile_cli_bad_input_is_one_clear_line(repo_root, tmp_path, args, message):
     r = _run(repo_root, "profile.py", *args, "--device", "cpu", "--output-dir", str(tmp_path))
@@ -193,7 +195,8 @@ SHADOW_CHECKS = {
 }
 
 
-@pytest.mark.parametrize("check", SHADOW_CHECKS)
+@pytest.mark.parametrize("check", [pytest.param(c, marks=pytest.mark.slow) if c == "torch_compile" else c
+                                   for c in SHADOW_CHECKS])
 def test_profile_py_does_not_break_the_stdlib_profile_module(repo_root, check):
     r = _run(repo_root, "-c", SHADOW_CHECKS[check])  # from the repository root, where profile.py shadows
     assert r.returncode == 0, r.stderr
@@ -227,6 +230,7 @@ def test_device_time_counts_kernels_not_the_shadows_of_profiler_ranges():
     assert device_time_us(events) == 37.0
 
 
+@pytest.mark.slow
 def test_a_huggingface_llama_is_profiled_by_module_and_function(repo_root, tmp_path):
     transformers = pytest.importorskip("transformers")
     transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,

@@ -14,7 +14,7 @@ import subprocess
 import sys
 
 import pytest
-from test_orchestrate_harness import PROJECT, copy_project
+from helpers import PROJECT, copy_project
 
 import orchestrate
 from autokernel import raycluster, results

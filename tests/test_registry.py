@@ -96,7 +96,7 @@ USER_TYPE = textwrap.dedent('''
 ''')
 
 
-def test_a_users_own_op_runs_through_the_unchanged_harness(tmp_path):
+def test_a_users_own_op_runs_through_the_unchanged_harness(tmp_path, warm_launcher):
     path = tmp_path / "scale2x.py"
     path.write_text(USER_TYPE)
     result = run_bench(path, device="cpu", timed=False)

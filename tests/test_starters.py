@@ -25,6 +25,8 @@ def _assert_passes(result):
     assert len(result["stages"]) == 5 and all(s["passed"] for s in result["stages"])
 
 
+@pytest.mark.slow
+@pytest.mark.usefixtures("warm_launcher")
 @pytest.mark.parametrize("kernel_type", STARTERS)
 def test_starter_passes_the_harness_on_the_cpu(kernel_type):
     _assert_passes(run_bench(ROOT / "kernels" / f"{kernel_type}.py", device="cpu", timed=False))

@@ -15,7 +15,7 @@ import sys
 import time
 
 import pytest
-from test_orchestrate_harness import PROJECT, _descendants, copy_project
+from helpers import PROJECT, copy_project, descendants, harness_children, wait_for
 
 from autokernel import results
 from autokernel.gitlog import GitLog
@@ -101,8 +101,8 @@ def _wait_for_a_bench(repo, proc, experiment: int, names, started_after: float =
 
     A restarted loop holds the lock before it has undone the state a kill left, so the start time, not the
     lock's holder, tells its own bench from the dead one's."""
-    deadline = time.time() + limit_s
-    while time.time() < deadline and proc.poll() is None:
+
+    def benching():
         for name in names:
             tree = worktree_path(repo, "t", name)
             try:
@@ -112,12 +112,16 @@ def _wait_for_a_bench(repo, proc, experiment: int, names, started_after: float =
             if inflight.get("experiment") == experiment and inflight.get("phase") == "bench" and \
                     inflight.get("started", 0) > started_after and lock_holder(tree) is not None:
                 return name, inflight
-        time.sleep(0.2)
-    raise AssertionError(f"no experiment {experiment} reached the bench: {proc.communicate()[0]!r}")
+        return None
+
+    try:
+        return wait_for(benching, limit_s, f"experiment {experiment} to reach the bench", alive=proc)
+    except AssertionError:
+        raise AssertionError(f"no experiment {experiment} reached the bench: {proc.communicate()[0]!r}") from None
 
 
 def _kill_tree(pid: int) -> list[int]:
-    victims = [pid] + _descendants(pid)
+    victims = [pid] + descendants(pid)
     for p in victims:
         try:
             os.kill(p, signal.SIGKILL)
@@ -134,7 +138,7 @@ def test_kill_9_of_a_worker_then_of_everything(project):
     try:
         name, _ = _wait_for_a_bench(repo, proc, 1, ("rmsnorm", "softmax"))
         worker = int(lock_holder(worktree_path(repo, "t", name)))
-        time.sleep(1.0)
+        wait_for(lambda: harness_children(worker), 60, f"the harness child of the worker on {name}", alive=proc)
         killed_at = time.time()
         assert len(_kill_tree(worker)) >= 2  # the worker's loop and its harness child; the driver lives
         _wait_for_a_bench(repo, proc, 1, (name,), started_after=killed_at)  # started again: kill it mid-bench

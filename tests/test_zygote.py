@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import check_git_matches_results, copy_project, orchestrate
 
 from autokernel import runner
-from tests.test_orchestrate_harness import check_git_matches_results, copy_project, orchestrate
 
 ROOT = Path(__file__).resolve().parent.parent
 RMSNORM = ROOT / "kernels" / "rmsnorm.py"
@@ -51,10 +51,15 @@ def probe(tmp_path, name: str, body: str) -> Path:
 
 
 @pytest.fixture
-def warm():
-    """A running zygote for CPU benches; stopped afterwards so that other tests bench fresh."""
-    assert runner.start_warm("cpu")
-    yield runner.warm_launcher()
+def warm(warm_launcher):
+    """A running zygote for CPU benches: the test run's own (tests/conftest.py), started again for the next
+    test if this one kills or replaces it."""
+    return warm_launcher
+
+
+@pytest.fixture
+def no_warm_launcher():
+    """No zygote running, as in a process that never started one (bench.py)."""
     runner.stop_warm()
 
 
@@ -153,7 +158,7 @@ def test_a_zygote_of_another_environment_is_not_used(warm, tmp_path, monkeypatch
     assert runner.warm_launcher() is not warm and not warm.alive()
 
 
-def test_changed_harness_code_is_not_run_stale(tmp_path):
+def test_changed_harness_code_is_not_run_stale(tmp_path, no_warm_launcher):
     """The zygote imported the harness: once a file it imported changes on disk, a new zygote runs the
     new code (in a copy of the project, whose harness this test edits)."""
     repo, _ = copy_project(tmp_path)
@@ -181,7 +186,7 @@ def test_changed_harness_code_is_not_run_stale(tmp_path):
         runner.stop_warm()
 
 
-def test_bench_py_alone_runs_fresh(tmp_path):
+def test_bench_py_alone_runs_fresh(tmp_path, no_warm_launcher):
     """bench.py benches once: no zygote is started for it."""
     assert runner.warm_launcher() is None
     result = runner.run_bench(probe(tmp_path, "clean", LEAK_CHECK), device="cpu")
