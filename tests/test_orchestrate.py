@@ -7,6 +7,7 @@ seconds. The real harness runs in tests/test_orchestrate_harness.py.
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
