@@ -336,7 +336,7 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="fp16", help="dtype of the timing run")
     p.add_argument("--no-timing", action="store_true")
     p.add_argument("--reuse-baselines", action="store_true")
-    p.add_argument("--same-as", metavar="FINGERPRINT",
+    p.add_argument("--same-as", metavar="DIGEST",
                    help="skip the timing when the kernel launches exactly this (autokernel/launch_record.py)")
     p.add_argument("--key-fd", type=int, default=None,
                    help="a pipe holding the key that signs the result (autokernel.channel); the runner passes it")
