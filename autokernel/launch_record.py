@@ -18,6 +18,7 @@ without timing (the change cannot be faster), so a file that fakes its digest ga
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 
@@ -39,7 +40,9 @@ def digest(kernel_fn, input_sets: list[tuple]) -> str | None:
     if any(_tuned(v) for v in getattr(kernel_fn, "__globals__", {}).values()):
         return None  # which configuration it launches is decided at run time, outside the record
     record = _Record()
-    recording = launchers.rebound(kernel_fn, compat.is_jit_or_interpreted, lambda kernel: _Recording(kernel, record))
+    launch = functools.partial(_launch, record)
+    recording = launchers.rebound(kernel_fn, compat.is_jit_or_interpreted,
+                                  lambda kernel: launchers.Intercepted(kernel, launch))
     if recording is None:
         return None
     try:
@@ -64,32 +67,18 @@ class _Record(list):
     launching = False
 
 
-class _Recording:
-    """A @triton.jit kernel whose launches append to the record."""
-
-    def __init__(self, kernel, record: _Record):
-        self._kernel, self._record = kernel, record
-
-    def __getitem__(self, grid):
-        kernel, record = self._kernel, self._record
-
-        def launch(*args, **kwargs):
-            if not (isinstance(grid, tuple) and all(isinstance(g, int) for g in grid)):
-                raise Unrecorded("a grid Triton computes")
-            record.launching = True
-            try:
-                compiled = kernel[grid](*args, **kwargs)
-            finally:
-                record.launching = False
-            record.append(("launch", _source(kernel), grid,
-                           [_describe(a) for a in args], sorted((k, _describe(v)) for k, v in kwargs.items()),
-                           getattr(compiled, "hash", None)))
-            return compiled
-
-        return launch
-
-    def __getattr__(self, name):  # kernel.fn, kernel.run, ... as the file may use them
-        return getattr(self._kernel, name)
+def _launch(record: _Record, kernel, grid, args: tuple, kwargs: dict):
+    """kernel[grid](*args, **kwargs), appended to the record."""
+    if not (isinstance(grid, tuple) and all(isinstance(g, int) for g in grid)):
+        raise Unrecorded("a grid Triton computes")
+    record.launching = True
+    try:
+        compiled = kernel[grid](*args, **kwargs)
+    finally:
+        record.launching = False
+    record.append(("launch", _source(kernel), grid, [_describe(a) for a in args],
+                   sorted((k, _describe(v)) for k, v in kwargs.items()), getattr(compiled, "hash", None)))
+    return compiled
 
 
 def _tuned(value) -> bool:

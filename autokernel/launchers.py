@@ -67,6 +67,20 @@ def fast(kernel_fn: Callable) -> Callable:
     return replay.Replayed(kernel_fn, quick)
 
 
+class Intercepted:
+    """A kernel whose launches, kernel[grid](*args, **kwargs), go through launch(kernel, grid, args, kwargs) instead;
+    everything else (kernel.fn, kernel.run, ...) is the kernel's. What replay.py and launch_record.py record with."""
+
+    def __init__(self, kernel, launch: Callable):
+        self._kernel, self._launch = kernel, launch
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self._launch(self._kernel, grid, args, kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._kernel, name)
+
+
 def rebound(kernel_fn: Callable, is_kernel: Callable, wrap: Callable) -> Callable | None:
     """A copy of kernel_fn's module functions over a namespace in which every kernel (is_kernel) is wrap(kernel);
     the kernel file's module is left as it is. None when the module holds no such kernel."""

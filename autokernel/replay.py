@@ -114,7 +114,8 @@ class Replayed:
         self.kernel_fn = kernel_fn
         self.fallback = fallback
         self.launches: list = []
-        self.recording = launchers.rebound(kernel_fn, is_kernel or compat.is_jit_kernel, self._recorder)
+        self.recording = launchers.rebound(kernel_fn, is_kernel or compat.is_jit_kernel,
+                                           lambda kernel: launchers.Intercepted(kernel, self._launch))
         self.count_launches = count_launches or compat.count_launches
         self.hooked = compat.launch_hooks_probe()
         self.plans: dict = {}  # signature -> Plan, or the reason it cannot be replayed
@@ -138,21 +139,10 @@ class Replayed:
         return {k: v for k, v in self.plans.items() if type(v) is not Plan}
 
     # ------------------------------------------------------------------ recording
-    def _recorder(self, kernel):
-        replayed = self
-
-        class Recording:
-            def __getitem__(self, grid):
-                def launch(*args, **kwargs):
-                    compiled = kernel[grid](*args, **kwargs)
-                    replayed.launches.append((kernel, grid, args, kwargs, compiled))
-                    return compiled
-                return launch
-
-            def __getattr__(self, name):  # kernel.fn, kernel.run, ... as the file may use them
-                return getattr(kernel, name)
-
-        return Recording()
+    def _launch(self, kernel, grid, args: tuple, kwargs: dict):
+        compiled = kernel[grid](*args, **kwargs)
+        self.launches.append((kernel, grid, args, kwargs, compiled))
+        return compiled
 
     def _record(self, args: tuple):
         """(kernel_fn's output, its Plan or the reason it has none)."""
