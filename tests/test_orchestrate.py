@@ -206,6 +206,28 @@ def test_a_keep_on_the_gpu_is_confirmed_against_the_best_benched_again(repo):
     assert GitLog(repo).changes() == {}
 
 
+def test_on_the_gpu_the_host_cost_is_judged_on_two_benches_of_each(repo):
+    class HostBench(FakeBench):  # host 50 us per forward; "# host 90" in the file costs 90; bench 2 spikes +40
+        def __call__(self, path, **options):
+            result = super().__call__(path, **options)
+            host = 90.0 if "# host 90" in Path(path).read_text() else 50.0
+            host += 40.0 if self.calls == 2 else 0.0
+            return {**result, "cpu_mode": False, "model_host_us": host, "model_timing": "cuda_graph"}
+
+    agent = ScriptedAgent(("LATENCY 100 -> 80", lambda text: text.replace("LATENCY = 100", "LATENCY = 80")),
+                          ("LATENCY 80 -> 70, host 90", lambda text: text.replace("LATENCY = 80", "LATENCY = 70")
+                           + "# host 90\n"))
+    loop, _ = run_loop(repo, agent=agent, bench=HostBench())
+    log = rows(repo)
+    assert [r["status"] for r in log] == ["baseline", "keep", "revert"]
+    # the first bench of the 20 us win said its host cost 40 us more: benched again, it costs what the best does
+    assert "confirmed: 20.0% benched again" in log[1]["description"]
+    # 10 us saved on the GPU, 40 us more on the host in both of its benches: reverted
+    assert "the host's cost per forward grew by 40.0 us, more than the 10.0 us saved (both benched twice)" in \
+        log[2]["description"]
+    assert "LATENCY = 80" in (repo / "workspace/kernels/fake_optimized.py").read_text()
+
+
 def test_a_change_that_launches_what_the_best_launches_is_reverted_untimed(repo):
     class FingerprintBench(FakeBench):  # BLOCK "does nothing": the launches depend on LATENCY alone
         def __call__(self, path, same_as=None, **options):
