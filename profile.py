@@ -55,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Examples:\n" + "\n".join(__doc__.split("\n\n")[1].splitlines()))
     how = cli.add_model_arguments(p)
     how.add_argument("--steps", type=int, default=3, help="profiled forward passes (default 3)")
+    how.add_argument("--with-loss", action="store_true",
+                     help="each forward pass also computes the next-token loss (a loss evaluation): the LM head's "
+                          "GEMM and the loss count as linear_cross_entropy")
     out = p.add_argument_group("output")
     out.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT,
                      help="where profile.json and plan.json go (default workspace/)")
@@ -83,7 +86,8 @@ def run(args) -> int:
         print("CPU mode: no GPU here, so this profiles CPU time. The shares show where a CPU spends "
               "its time, not where a GPU would; use --device cuda on a GPU for a real plan.")
     try:
-        prof = profiling.profile_model(model, inputs, device, steps=args.steps, trace_path=args.export_trace)
+        prof = profiling.profile_model(model, inputs, device, steps=args.steps, trace_path=args.export_trace,
+                                       with_loss=args.with_loss)
     except (RuntimeError, ValueError, TypeError, IndexError) as e:
         if _is_oom(e):
             raise

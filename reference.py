@@ -70,3 +70,11 @@ def rotary_embedding_ref(x, cos, sin):
 def reduce_ref(x, dim: int = -1):
     """Sum over one dimension (the last by default)."""
     return x.sum(dim=dim)
+
+
+def linear_cross_entropy_ref(hidden, weight, target, ignore_index: int = -100):
+    """An LM head and its loss: mean cross-entropy of the logits hidden [N, H] @ weight [V, H].T against
+    integer targets [N], targets equal to ignore_index left out. The logits are upcast before the loss, as
+    transformers' loss does (fp16/bf16 logits -> fp32), so the loss is fp32 (fp64 for fp64 inputs)."""
+    logits = hidden @ weight.T
+    return F.cross_entropy(logits.to(_compute_dtype(logits)), target, ignore_index=ignore_index)

@@ -232,9 +232,12 @@ def _signature(schema: str) -> inspect.Signature:
 
 
 def _fake_output(kernel_type: str, args) -> torch.Tensor:
-    """An empty contiguous tensor of the output's shape, in the first floating input's dtype (the kernel contract)."""
-    dtype = next(a.dtype for a in args if isinstance(a, torch.Tensor) and a.is_floating_point())
-    return args[0].new_empty(_DEPLOYMENTS[kernel_type].output_shape(*args), dtype=dtype)
+    """An empty contiguous tensor of the output's shape, in the first floating input's dtype (the kernel contract)
+    or the Deployment's output_dtype."""
+    deployment = _DEPLOYMENTS[kernel_type]
+    dtype = deployment.output_dtype or next(a.dtype for a in args
+                                            if isinstance(a, torch.Tensor) and a.is_floating_point())
+    return args[0].new_empty(deployment.output_shape(*args), dtype=dtype)
 
 
 # ------------------------------------------------- drop-in replacements of torch functions
