@@ -110,7 +110,7 @@ def _merge_kernel(part_ptr, t_ptr, sums_ptr, N, V, split, ignore_index, BLOCK: t
         target_logit += tl.load(part_ptr + (2 * split + s) * N + rows, mask=row_mask, other=0.0)
     target = tl.load(t_ptr + rows, mask=row_mask, other=ignore_index)
     counted = row_mask & (target != ignore_index) & (target >= 0) & (target < V)
-    loss = tl.where(counted, (row_max - target_logit) + tl.log(row_sum), 0.0)
+    loss = tl.where(counted, (row_max - target_logit) + tl.log(tl.where(counted, row_sum, 1.0)), 0.0)
     tl.store(sums_ptr + tl.program_id(0), tl.sum(loss, axis=0))
     tl.store(sums_ptr + tl.num_programs(0) + tl.program_id(0), tl.sum(counted.to(tl.float32), axis=0))
 
