@@ -291,14 +291,9 @@ def _replace_modules(model: nn.Module, types) -> list[Site]:
         site, replacement = found
         sites.append(site)
         if replacement is not None:
-            _set_submodule(model, name, replacement)
+            set_submodule(model, name, replacement)
             skip = name + "."
     return sites
-
-
-def _set_submodule(model: nn.Module, name: str, new: nn.Module) -> None:
-    parent, _, child = name.rpartition(".")
-    setattr(model.get_submodule(parent) if parent else model, child, new)
 
 
 # ------------------------------------------------------------------------------ rotary functions
