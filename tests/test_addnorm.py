@@ -146,7 +146,8 @@ def test_hf_gpt2_blocks_fuse_the_residual_add_into_ln_2(interpreter, tmp_path):
                                                       "transformer.ln_f"]
 
 
-def test_hf_llama_verifies_with_the_fused_layers(repo_root, tmp_path, capsys, interpreter):
+@pytest.mark.slow
+def test_hf_llama_verifies_and_compiles_whole_with_the_fused_layers(repo_root, tmp_path, capsys, interpreter):
     import verify
 
     _llama().config.save_pretrained(tmp_path / "cfg")
@@ -154,12 +155,16 @@ def test_hf_llama_verifies_with_the_fused_layers(repo_root, tmp_path, capsys, in
     code = verify.main(["--module", "transformers", "--class-name", "AutoModelForCausalLM", "--config",
                         str(tmp_path / "cfg"), "--input-shape", "1,8", "--dtype", "fp32", "--device", "cpu",
                         "--kernels", str(tmp_path), "--types", "add_rmsnorm,rmsnorm", "--checks", "1",
-                        "--no-timing", "--report", str(report)])
+                        "--compile", "--report", str(report)])
     printed = capsys.readouterr()
     assert code == 0, printed.out + printed.err
     result = json.loads(report.read_text())
     assert result["correctness"]["status"] == "PASS"
     assert {"add_rmsnorm", "rmsnorm"} <= set(result["swapped_types"])
+    fused = [s for s in result["sites"] if s["kernel_type"] == "add_rmsnorm"]
+    assert [(s["where"], s["swapped"], s["calls"]) for s in fused] == [("model.layers.0", True, 1),
+                                                                       ("model.layers.1", True, 1)]
+    assert result["graph"]["graph_breaks"] == 0 and result["graph"]["graphs"] == 1  # the rewritten forward traces
 
 
 class PostNormLayer(torch.nn.Module):
