@@ -26,6 +26,7 @@ by the fused call and no other type claims it (swap.OWNS).
 from __future__ import annotations
 
 import ast
+import copy
 import functools
 import inspect
 import linecache
@@ -131,6 +132,7 @@ def _fuse(name, m, norm_attr: str, kernel_type: str, norm_reason: str | None, ep
     return site, m
 
 
+@functools.cache  # once per layer class, not once per layer
 def rewritten_forward(forward, norm_attr: str):
     """(factory, "") where factory(add_norm) is `forward` with its residual add and `self.<norm_attr>` call as one
     add_norm(self, a, b) call, or (None, why not)."""
@@ -142,6 +144,8 @@ def rewritten_forward(forward, norm_attr: str):
     except (OSError, TypeError, SyntaxError) as e:
         return None, f"the source of forward is not available ({type(e).__name__})"
     fdef = tree.body[0]
+    if not _is_loaded_code(fdef, fn):
+        return None, "the source file of forward differs from the code loaded (edited since the import?)"
     body = _fused_body(fdef.body, fdef.args.args[0].arg if fdef.args.args else "self", norm_attr)
     if body is None:
         return None, f"forward has no residual add followed by `residual = h; h = self.{norm_attr}(h)`"
@@ -154,6 +158,15 @@ def rewritten_forward(forward, norm_attr: str):
     namespace: dict = {}
     exec(compile(source, filename, "exec"), fn.__globals__, namespace)  # the layer's module's globals, live
     return functools.partial(_annotated, namespace["_autokernel_factory"], fn), ""
+
+
+def _is_loaded_code(fdef: ast.FunctionDef, fn) -> bool:
+    """Whether the source read from disk compiles to the bytecode of the function the process runs."""
+    bare = copy.deepcopy(fdef)
+    bare.decorator_list = []
+    module = compile(ast.Module([bare], []), "<autokernel: source check>", "exec")
+    code = next(c for c in module.co_consts if isinstance(c, types.CodeType))
+    return code.co_code == fn.__code__.co_code
 
 
 def _drop_annotations(fdef: ast.FunctionDef) -> None:

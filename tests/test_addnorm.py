@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import autokernel
-from autokernel import attribution, checking, swap
+from autokernel import addnorm_sites, attribution, checking, swap
 from autokernel.attribution import Op
 from autokernel.profiling import profile_model
 from autokernel.runner import run_bench
@@ -167,6 +167,46 @@ def test_hf_llama_verifies_and_compiles_whole_with_the_fused_layers(repo_root, t
     assert result["graph"]["graph_breaks"] == 0 and result["graph"]["graphs"] == 1  # the rewritten forward traces
 
 
+class TupleReturningLlamaLayer(transformers.models.llama.modeling_llama.LlamaDecoderLayer):
+    """LlamaDecoderLayer's forward as transformers 4.4x wrote it: other arguments, a tuple returned."""
+
+    def forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_value=None,
+                output_attentions=False, use_cache=False, cache_position=None, position_embeddings=None, **kwargs):
+        residual = hidden_states
+        hidden_states = self.input_layernorm(hidden_states)
+        # Self Attention
+        hidden_states, self_attn_weights = self.self_attn(
+            hidden_states=hidden_states, attention_mask=attention_mask, position_ids=position_ids,
+            past_key_values=past_key_value, use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)
+        hidden_states = residual + hidden_states
+
+        # Fully Connected
+        residual = hidden_states
+        hidden_states = self.post_attention_layernorm(hidden_states)
+        hidden_states = self.mlp(hidden_states)
+        hidden_states = residual + hidden_states
+        outputs = (hidden_states,)
+        if output_attentions:
+            outputs += (self_attn_weights,)
+        return outputs
+
+
+def test_an_older_transformers_layer_gets_its_own_arguments_and_return_value(interpreter, tmp_path):
+    model = _llama()
+    old = TupleReturningLlamaLayer(model.config, 0).eval()
+    old.load_state_dict(model.model.layers[0].state_dict())
+    holder = torch.nn.ModuleDict({"layer": old})
+    optimized = autokernel.optimize(holder, tmp_path, ["add_rmsnorm"], verified=None, quiet=True)
+    h = torch.randn(2, 12, 64)
+    rope = model.model.rotary_emb(h, torch.arange(12)[None].expand(2, -1))
+    with torch.no_grad():
+        got = optimized.layer(h, position_embeddings=rope, output_attentions=True)
+        want = old(h, position_embeddings=rope, output_attentions=True)
+    assert isinstance(got, tuple) and len(got) == len(want) == 2
+    assert swap.rel_l2(got[0], want[0]) < 1e-5
+    assert [s.calls for s in _sites(optimized, "add_rmsnorm").values()] == [1]
+
+
 class PostNormLayer(torch.nn.Module):
     """The Llama layout, but the norm applied after the residual add's sum is used: not the pattern."""
 
@@ -192,6 +232,21 @@ def test_a_layer_without_the_pattern_is_left_alone_with_the_reason(interpreter, 
     x = torch.randn(2, 3, 16)
     with torch.no_grad():
         assert swap.rel_l2(optimized(x), model(x)) < 1e-4
+
+
+def test_a_forward_whose_file_changed_since_the_import_is_not_rewritten(tmp_path, monkeypatch):
+    # inspect.getsource reads the file as it is now: compiling that would run code the model never had
+    source = inspect.getsource(TupleReturningLlamaLayer).replace("(transformers.models.llama.modeling_llama."
+                                                                 "LlamaDecoderLayer)", "")
+    (tmp_path / "edited_layer.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import edited_layer
+
+    edited = source.replace("outputs = (hidden_states,)", "outputs = (hidden_states, 1)")
+    (tmp_path / "edited_layer.py").write_text(edited)
+    factory, why = addnorm_sites.rewritten_forward(edited_layer.TupleReturningLlamaLayer.forward,
+                                                   "post_attention_layernorm")
+    assert factory is None and "differs from the code loaded" in why
 
 
 def test_gpt2s_cross_attention_branch_runs_the_original_statements(interpreter, tmp_path):
