@@ -70,3 +70,16 @@ def rotary_embedding_ref(x, cos, sin):
 def reduce_ref(x, dim: int = -1):
     """Sum over one dimension (the last by default)."""
     return x.sum(dim=dim)
+
+
+def add_rmsnorm_ref(x, residual, weight, eps: float = 1e-6):
+    """A decoder layer's residual add and the RMSNorm after it: (sum, normed). The sum is rounded to the
+    input dtype before it is normalized, as eager computes `residual + x` and then normalizes that tensor."""
+    total = x + residual
+    return total, rmsnorm_ref(total, weight, eps)
+
+
+def add_layernorm_ref(x, residual, weight, bias, eps: float = 1e-5):
+    """The residual add and the LayerNorm after it (GPT-2's `attn_out + residual`, then ln_2): (sum, normed)."""
+    total = x + residual
+    return total, layernorm_ref(total, weight, bias, eps)
