@@ -72,6 +72,19 @@ def reduce_ref(x, dim: int = -1):
     return x.sum(dim=dim)
 
 
+def add_rmsnorm_ref(x, residual, weight, eps: float = 1e-6):
+    """A decoder layer's residual add and the RMSNorm after it: (sum, normed). The sum is rounded to the
+    input dtype before it is normalized, as eager computes `residual + x` and then normalizes that tensor."""
+    total = x + residual
+    return total, rmsnorm_ref(total, weight, eps)
+
+
+def add_layernorm_ref(x, residual, weight, bias, eps: float = 1e-5):
+    """The residual add and the LayerNorm after it (GPT-2's `attn_out + residual`, then ln_2): (sum, normed)."""
+    total = x + residual
+    return total, layernorm_ref(total, weight, bias, eps)
+
+
 def linear_cross_entropy_ref(hidden, weight, target, ignore_index: int = -100):
     """An LM head and its loss: mean cross-entropy of the logits hidden [N, H] @ weight [V, H].T against
     integer targets [N], targets equal to ignore_index left out. The logits are upcast before the loss, as
