@@ -18,12 +18,15 @@ fill the GPU (N=2048 rows are only 16 row blocks); each writes its (max, sum, ta
 and divides: bitwise reproducible, no atomics. Peak memory is that buffer and the partial sums:
 12 * SPLIT * N + O(N / COMBINE_BLOCK) bytes, whatever V.
 
-Measured (H200, torch 2.11, triton 3.6, fp16, triton.testing.do_bench, 2026-11-24; a standalone script, not
-bench.py): at TinyLlama B4 S2048 (N=8192, H=2048, V=32000) 2.40 ms against eager 3.06 ms and torch.compile
-2.04 ms; at Qwen2-1.5B B1 S2048 (N=2048, H=1536, V=151936) 2.08 ms against 3.39 and 1.98 ms. One call
-allocates 0.5 MiB, eager 2000 and 2374 MiB, torch.compile 500 and 594 MiB. What is left to compile is the GEMM:
-the tl.dot loop runs ~450 TFLOP/s, while compile's time puts cuBLAS at 530 or more (TMA loads, warp
-specialization and persistent tiles are the next steps; a single loop over (tile, k) steps was slower).
+Measured (H200, torch 2.11, triton 3.6, fp16, 2026-11-24, scripts/lce_compare.py: the harness's timing, L2
+flushed; peak = what one call allocates beyond its inputs; Liger was not installed in that run):
+  TinyLlama  B1 S2048 (N 2048, H 2048, V 32000)    565 us  0.8 MiB | eager   790 us   625 MiB | compile  504 us   125 MiB
+  TinyLlama  B4 S2048 (N 8192)                     2373 us  0.8 MiB | eager  3037 us  2500 MiB | compile 2000 us   500 MiB
+  Qwen2-1.5B B1 S2048 (N 2048, H 1536, V 151936)  2085 us  0.8 MiB | eager  3479 us  2968 MiB | compile 1888 us   594 MiB
+  Qwen2-1.5B B4 S2048 (N 8192)                     8755 us  0.8 MiB | eager 13520 us 11870 MiB | compile 7501 us  2374 MiB
+1.3-1.7x eager and 0.84-0.91x torch.compile: what is left to compile is the GEMM, the tl.dot loop at ~470 TFLOP/s
+against cuBLAS's (TMA loads, warp specialization and persistent tiles are the next steps; 128x128 tiles ran
+2.8 ms at TinyLlama B4, and a single loop over (tile, k) steps was slower than the nested loops).
 
 Targets equal to ignore_index (HF's padding and shifted-off positions) add no loss and are not counted; a
 call with none counted returns NaN (0/0), as F.cross_entropy does. fp32 inputs use input_precision="ieee"
