@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import reference
-from autokernel.models import ModelError, example_inputs, load_model, parse_shape
+from autokernel.profile.models import ModelError, example_inputs, load_model, parse_shape
 
 MODELS = [("models/llama.py", "LlamaModel"), ("models/gpt2.py", "GPT2Model"), ("models/bert.py", "BertModel")]
 
