@@ -82,7 +82,8 @@ def results_row(result: dict, tag: str) -> dict:
 
 
 def run_suite(args) -> int:
-    from autokernel import gpu, suite
+    from autokernel import suite
+    from autokernel.harness import gpu
 
     if not gpu.has_cuda():
         raise cli.UsageError("--suite measures performance and needs a CUDA GPU")
@@ -102,7 +103,7 @@ def run(args) -> int:
     cli.dtype_name(args.dtype)  # an unknown dtype is no experiment: no row
     path = Path(args.kernel)
     kernelfile.read_source(path)  # a missing file is no experiment: no row
-    from autokernel import runner  # torch: after the checks that need none
+    from autokernel.harness import runner  # torch: after the checks that need none
 
     result = runner.run_bench(path, device=args.device, quick=args.quick, timeout=args.timeout,
                               dtype=args.dtype, seed=args.seed, echo=True,

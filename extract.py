@@ -46,8 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    from autokernel.extraction import extract, record_kernel_files
-    from autokernel.plan import read_plan, write_json
+    from autokernel.profile.extraction import extract, record_kernel_files
+    from autokernel.profile.plan import read_plan, write_json
 
     if args.top < 1:
         raise cli.UsageError("--top must be at least 1")

@@ -12,7 +12,7 @@
 Experiments live on branch autokernel/<tag>: one commit per experiment, kept or reset. Every
 experiment is a row in results.tsv. Killed at any moment, `run` with the same tag resumes.
 With --gpus, each worker runs this loop on its own kernel in a git worktree, on branch
-autokernel/<tag>/<kernel> (see autokernel/workers.py); in CPU mode the ids are only worker labels.
+autokernel/<tag>/<kernel> (see autokernel/loop/workers.py); in CPU mode the ids are only worker labels.
 
 Exit status: 0 when the command ran, 2 when it could not (bad arguments, a missing plan or kernel file, an
 unknown dtype, --device cuda without a GPU, a dirty tree or a second loop), 130 when interrupted.
@@ -24,17 +24,17 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
-from autokernel import cli, report
-from autokernel import demo as pipeline_demo
-from autokernel.agents import AGENT_NAMES, make_agent
-from autokernel.agents.builtin import next_move
-from autokernel.gitlog import KERNEL_PATH, GitError, GitLog
-from autokernel.loop import LoopConfig, LoopError
+from autokernel import cli
+from autokernel.loop import LoopConfig, LoopError, report
+from autokernel.loop import demo as pipeline_demo
+from autokernel.loop.agents import AGENT_NAMES, make_agent
+from autokernel.loop.agents.builtin import next_move
+from autokernel.loop.gitlog import KERNEL_PATH, GitError, GitLog
+from autokernel.loop.plot import write_progress_png
+from autokernel.loop.raycluster import RayRun
+from autokernel.loop.report import LiveLine, amdahl, format_us, kernel_summaries, report_table
 from autokernel.loop.runs import Run, SingleRun, single_loop_tag
-from autokernel.plot import write_progress_png
-from autokernel.raycluster import RayRun
-from autokernel.report import LiveLine, amdahl, format_us, kernel_summaries, report_table
-from autokernel.workers import WorkersRun, parse_gpus
+from autokernel.loop.workers import WorkersRun, parse_gpus
 
 RECORDED_KINDS = (WorkersRun, RayRun)  # a tag one of them recorded is theirs; any other, a single loop's
 
@@ -99,11 +99,13 @@ def build_parser() -> argparse.ArgumentParser:
                                     "(--max-experiments then counts per kernel; CPU mode: ids are labels)")
     run.add_argument("--ray", metavar="ADDRESS", help="each kernel as a task on the Ray cluster at ADDRESS (as "
                                                       "`ray start` prints it), or `local` to start one here "
-                                                      "(pip install 'autokernel[ray]'); see autokernel/raycluster.py")
+                                                      "(pip install 'autokernel[ray]'); "
+                                                      "see autokernel/loop/raycluster.py")
     run.add_argument("--verify", action="store_true",
                      help="when the loop stops, run verify.py on the plan's model (--cuda-graph on a GPU), so that the "
                           "report shows the measured end-to-end speedup beside the estimate")
-    demo = sub.add_parser("demo", help="the whole pipeline on a shipped model in one command (see autokernel/demo.py)",
+    demo = sub.add_parser("demo", help="the whole pipeline on a shipped model in one command "
+                                       "(see autokernel/loop/demo.py)",
                           description=pipeline_demo.__doc__.split("\n\n")[0],
                           epilog="\n\n".join(pipeline_demo.__doc__.split("\n\n")[1:]),
                           formatter_class=cli.HelpFormatter)
@@ -148,7 +150,7 @@ def check_run_input(args) -> str | None:
     cli.dtype_name(args.dtype)
     device = None if args.device == "auto" else args.device
     if device == "cuda" and not args.ray:  # a Ray cluster's GPUs are not this machine's
-        from autokernel.gpu import has_cuda
+        from autokernel.harness.gpu import has_cuda
 
         if not has_cuda():
             raise cli.UsageError("--device cuda was asked for, but no CUDA GPU is visible to PyTorch")
@@ -279,7 +281,7 @@ def _sigterm(signum, frame):
 def cmd_demo(args, root: Path) -> int:
     device = args.device
     if device != "cpu":  # --device cpu decides without importing torch
-        from autokernel.gpu import pick_device
+        from autokernel.harness.gpu import pick_device
 
         try:
             device = pick_device(device)

@@ -72,8 +72,9 @@ def run(args) -> int:
     cli.check_model_arguments(args)  # before torch's import: bad input fails at once
     import torch
 
-    from autokernel import gpu, plan, profiling
+    from autokernel.harness import gpu
     from autokernel.models import describe_model, example_inputs, load_model, parse_shape
+    from autokernel.profile import plan, profiling
     from autokernel.registry import parse_dtype
 
     dtype = parse_dtype(args.dtype)

@@ -8,7 +8,7 @@
 Kernels: for each type the loop's winner workspace/kernels/*<type>*_optimized.py, else the extracted
 workspace/kernels/NN_<type>.py, else the starter kernels/<type>.py (--kernels DIR searches DIR instead
 of workspace/kernels; --types limits the types). Each is registered as a torch.library custom op
-(autokernel::<type>) and swapped into the model site by site (autokernel/swap.py); the report lists
+(autokernel::<type>) and swapped into the model site by site (autokernel/ops/swap.py); the report lists
 every site, replaced or left alone, and why.
 
 Correctness: the optimized model's output (and, for a language model, the next-token loss, which
@@ -24,7 +24,7 @@ end a norm-wise bound is the meaningful one. On a mismatch the kernels are swapp
 time, and the types that alone exceed the tolerance are named.
 
 Timing: the original model eager, torch.compile of the original, the optimized model, and with
---compile the optimized model under torch.compile, all in this process through autokernel.timing
+--compile the optimized model under torch.compile, all in this process through autokernel.harness.timing
 (median of many runs, L2 flushed between runs). With --cuda-graph every row is timed again replayed
 from a CUDA graph (the GPU time alone, no Python or launch overhead, as a fixed-shape server runs)
 and compared with the original's graphed rows. Before timing, on a GPU, each kernel type is left out
@@ -58,8 +58,8 @@ from autokernel import cli
 ROOT = Path(__file__).resolve().parent
 DEFAULT_KERNELS = ROOT / "workspace" / "kernels"
 DEFAULT_REPORT = ROOT / "workspace" / "verify.json"  # read by the morning report (orchestrate.py report)
-CHECK_INPUTS = 3  # fresh inputs the optimized model must match the original on (autokernel.endtoend's default)
-DEPLOY_CHOICES = ("eager", "graph", "compile", "compile_graph")  # autokernel.endtoend.DEPLOY_MODES, torch-free
+CHECK_INPUTS = 3  # fresh inputs the optimized model must match the original on (autokernel.verify.endtoend's default)
+DEPLOY_CHOICES = ("eager", "graph", "compile", "compile_graph")  # autokernel.verify.endtoend.DEPLOY_MODES, torch-free
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -96,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("--json", metavar="FILE", help="also write the full report as JSON here")
     out.add_argument("--export", metavar="DIR", type=Path,
                      help="when the model passes: write the kept kernels as a Python package that installs with "
-                          "`pip install DIR` and runs without this repository (see autokernel/export.py)")
+                          "`pip install DIR` and runs without this repository (see autokernel/verify/export.py)")
     out.add_argument("--package-name", default="autokernel_kernels",
                      help="the exported package's import name (default autokernel_kernels)")
     cli.add_debug_argument(out)
@@ -126,7 +126,7 @@ def run_and_show(args) -> int:
 
 def _pick_device(requested) -> str:
     """cuda or cpu; on the CPU, Triton's interpreter is switched on before any kernel file is imported."""
-    from autokernel import gpu
+    from autokernel.harness import gpu
 
     device = gpu.pick_device(requested)
     if device == "cpu":
@@ -150,11 +150,12 @@ def run(args) -> dict:
     device = _pick_device(args.device)
     import torch
 
-    from autokernel import endtoend, gpu
-    from autokernel.deploy import optimize
-    from autokernel.extraction import model_origin
+    from autokernel.harness import gpu
     from autokernel.models import describe_model, load_model, parse_shape
+    from autokernel.profile.extraction import model_origin
     from autokernel.registry import dtype_name, parse_dtype
+    from autokernel.verify import endtoend
+    from autokernel.verify.deploy import optimize
 
     dtype, shape = parse_dtype(args.dtype), parse_shape(args.input_shape)
     if args.checks < 1:
@@ -215,8 +216,9 @@ def run(args) -> dict:
 def _time_against(args, model, optimized, choices: dict, inputs, device: str) -> dict:
     """The kept types with this run's kernels against the same types with the files --against names
     (endtoend.paired): did the loop's winners make the model faster than the kernels it began from?"""
-    from autokernel import customops, endtoend
-    from autokernel.deploy import load_kernels
+    from autokernel.ops import customops
+    from autokernel.verify import endtoend
+    from autokernel.verify.deploy import load_kernels
 
     types = optimized.swapped_types()
     ours = customops.installed(types)
@@ -244,7 +246,7 @@ def _against_dir(args) -> Path:
 
 
 def _export(args, choices: dict, kept: list[str]) -> dict:
-    from autokernel import export
+    from autokernel.verify import export
 
     package = export.write_package(args.export, {t: choices[t].path for t in kept}, name=args.package_name)
     return {"path": str(args.export), "package": package.name, "types": kept}

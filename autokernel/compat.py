@@ -118,7 +118,7 @@ def triton_version() -> tuple[int, int]:
 
 
 def replay_enabled() -> bool:
-    """Launches replayed per input signature (autokernel/replay.py) where FastLaunch is on; AUTOKERNEL_REPLAY=0
+    """Launches replayed per input signature (autokernel/ops/replay.py) where FastLaunch is on; AUTOKERNEL_REPLAY=0
     keeps FastLaunch alone."""
     return fast_launch_enabled() and os.environ.get("AUTOKERNEL_REPLAY", "1") != "0"
 
@@ -296,7 +296,7 @@ def is_host_descriptor(a) -> bool:
     return isinstance(getattr(a, "base", None), torch.Tensor) and hasattr(a, "block_shape")
 
 
-# ------------------------------------------------------------------ launches replayed straight (autokernel/replay.py)
+# ---------------------------------------------------------------- launches replayed straight (autokernel/ops/replay.py)
 
 
 def is_jit_kernel(value) -> bool:

@@ -35,7 +35,7 @@ TOLERANCES = {
 @dataclass(frozen=True)
 class Profiling:
     """How profile.py recognises the type in a profiled model and reads the shape of one call
-    (autokernel/attribution.py applies these rules; its docstring gives their order)."""
+    (autokernel/profile/attribution.py applies these rules; its docstring gives their order)."""
     modules: re.Pattern | None = None  # a module class whose name matches is one call of the type
     # ...only when one of these ops runs inside it (an MLP is fused_mlp when it runs a silu); such modules
     # are tried before the plain module rules
@@ -64,8 +64,8 @@ class Profiling:
 
 @dataclass(frozen=True)
 class Deployment:
-    """How verify.py and autokernel.optimize plug a kernel of the type into a model (autokernel/customops.py
-    defines the op, autokernel/swap.py finds the sites)."""
+    """How verify.py and autokernel.optimize plug a kernel of the type into a model (autokernel/ops/customops.py
+    defines the op, autokernel/ops/swap.py finds the sites)."""
     # the torch.library schema of `autokernel::<type>`: kernel_fn's parameters, optional ones (eps, causal,
     # sm_scale, dim) always passed explicitly so the op never depends on a kernel file's defaults
     schema: str

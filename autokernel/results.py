@@ -6,7 +6,7 @@ writers (several loops, a bench.py beside a loop) never interleave, and a kill l
 The file is untracked by git, so `git reset --hard` in the loop never touches it.
 
 model_us is the kernel's time in the model (sum over the model's shapes of calls per forward x GPU
-time per call, autokernel/modeltime.py), the loop's objective when the kernel carries MODEL_SHAPES;
+time per call, autokernel/harness/modeltime.py), the loop's objective when the kernel carries MODEL_SHAPES;
 model_vs_pytorch and model_vs_compile compare it with eager's and torch.compile's at the same shapes;
 host_us is the host's cost to launch one call. A file begun before a column existed keeps its header:
 new rows are written in its columns, and reading fills the missing ones with "".
@@ -29,7 +29,7 @@ COLUMNS = [
 ]
 MODEL_COLUMNS = ("model_us", "model_vs_pytorch", "model_vs_compile", "host_us")  # added with issue 16
 
-# the columns a harness result (autokernel.runner.run_bench) fills in by itself
+# the columns a harness result (autokernel.harness.runner.run_bench) fills in by itself
 METRIC_COLUMNS = ("correctness", "latency_us", "throughput_tflops", "bandwidth_gb_s", "pct_peak",
                   "speedup_vs_pytorch", "speedup_vs_compile", *MODEL_COLUMNS, "peak_vram_mb")
 

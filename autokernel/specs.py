@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 
 import reference
-from autokernel import addnorm_sites, customops, swap
 from autokernel.kerneltype import Deployment, KernelSpec, Profiling, SuiteTarget
+from autokernel.ops import addnorm_sites, customops, swap
 
 BUILTIN: list[KernelSpec] = []  # in the order kernel_types() lists them
 

@@ -16,7 +16,8 @@ import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-from autokernel import registry, runner
+from autokernel import registry
+from autokernel.harness import runner
 from autokernel.kerneltype import SuiteTarget
 from autokernel.registry import kernel_types
 
@@ -85,7 +86,7 @@ def _merge(old: dict, base: dict, runs: list[dict]) -> dict:
 def _baselines(types) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "baselines.json"
-        cmd = [sys.executable, "-m", "autokernel.baselines", "--out", str(out), "--types", ",".join(types)]
+        cmd = [sys.executable, "-m", "autokernel.harness.baselines", "--out", str(out), "--types", ",".join(types)]
         proc = subprocess.run(cmd, cwd=ROOT, env=runner.child_env("cuda"), capture_output=True, text=True,
                               timeout=1200)
         if proc.returncode != 0:
@@ -139,7 +140,7 @@ def _write_markdown(data):
           for date, command, copy in runs),
         f"- bf16 matmul measured {data['matmul_bf16_tflops']} TFLOP/s (cuBLAS, 8192^3) in the latest run",
         "- Each kernel passed the five correctness stages in the same run before it was timed. Times are "
-        "medians over CUDA events with L2 flushed and inputs rotated (autokernel/timing.py); compile is "
+        "medians over CUDA events with L2 flushed and inputs rotated (autokernel/harness/timing.py); compile is "
         "torch.compile(mode='max-autotune-no-cudagraphs') of reference.py; eager is reference.py itself "
         "(for matmul: cuBLAS, for flash_attention: F.scaled_dot_product_attention). % of copy is against "
         "the copy bandwidth measured in the row's own run.", "",

@@ -5,7 +5,7 @@ baseline (fast_0: the fraction correct), for p in P_VALUES, against PyTorch eage
 torch.compile (max-autotune-no-cudagraphs, timed on a GPU only). A problem without a solution counts
 as not correct: the denominator is the whole set.
 
-Each solution is benched by the real harness in its own child process (autokernel.runner: a crash or
+Each solution is benched by the real harness in its own child process (autokernel.harness.runner: a crash or
 a hang is that problem's result, not the scorer's end). Results go to a JSON file after every problem,
 written atomically; a problem already scored with the same solution, problem, device and dtype (by
 content hash) is not benched again, so an interrupted score resumes where it stopped. The scorer only
@@ -106,7 +106,7 @@ class Scorer:
         self.data = load(self.out_json)
 
     def score(self, chosen: list[Problem], on_result=None) -> dict:
-        from autokernel.gpu import pick_device
+        from autokernel.harness.gpu import pick_device
 
         device = pick_device(self.device)
         self._check_no_loop(chosen)
@@ -144,7 +144,7 @@ class Scorer:
         return record, False
 
     def _bench(self, problem: Problem, solution: Path) -> dict:
-        from autokernel.runner import run_bench
+        from autokernel.harness.runner import run_bench
 
         kernel_type = type_name(problem, parse_dtype(self.dtype))
         workspace.install_problem(self.root, problem)

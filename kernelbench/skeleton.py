@@ -72,7 +72,7 @@ import functools
 import torch
 import torch.nn as nn
 
-from autokernel import cuda_build
+from autokernel.cuda import cuda_build
 
 KERNEL_TYPE = "@@TYPE@@"
 
@@ -80,7 +80,7 @@ THREADS = 256  # threads per block
 
 TUNABLES = {"THREADS": [128, 256, 512, 1024]}
 
-# Plain CUDA C++ after autokernel's prelude (the ak:: helpers); built by autokernel.cuda_build, which runs the
+# Plain CUDA C++ after autokernel's prelude (the ak:: helpers); built by autokernel.cuda.cuda_build, which runs the
 # harness's static check on it and caches the build on disk.
 CUDA_SRC = r"""
 __global__ void elementwise_kernel(const float* __restrict__ x, float* __restrict__ out, int64_t n) {

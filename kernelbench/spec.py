@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from autokernel.checking import CheckFailed
+from autokernel.harness.checking import CheckFailed
 from autokernel.kerneltype import TOLERANCES, KernelSpec, dtype_name, parse_dtype
 from kernelbench import problems
 

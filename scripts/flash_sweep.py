@@ -20,11 +20,11 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from autokernel import checking, gpu, timing  # noqa: E402
+from autokernel.harness import checking, gpu, timing  # noqa: E402
+from autokernel.harness.perf import gpu_input_sets  # noqa: E402
 from autokernel.kernelfile import declarations, import_kernel  # noqa: E402
-from autokernel.perf import gpu_input_sets  # noqa: E402
+from autokernel.ops.swap import rel_l2  # noqa: E402
 from autokernel.registry import get_spec  # noqa: E402
-from autokernel.swap import rel_l2  # noqa: E402
 
 CASES = [("fp16 causal", torch.float16, True), ("fp16 full", torch.float16, False),
          ("bf16 causal", torch.bfloat16, True)]

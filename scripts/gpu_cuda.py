@@ -74,7 +74,7 @@ def _label(type_: str, config: dict) -> str:
 
 def write_variants(types: list[str], variants: dict, directory: Path) -> dict[str, list[tuple[dict, Path]]]:
     """Per type: (config, kernel file) for the starter itself ({}) and each variant, written under directory."""
-    from autokernel.agents.builtin import apply_config, tunable_space
+    from autokernel.loop.agents.builtin import apply_config, tunable_space
 
     files = {}
     for type_ in types:
@@ -118,7 +118,7 @@ def build_all(files: dict) -> dict[Path, str]:
 
 def resources(types: list[str]) -> list[str]:
     """ptxas's registers / spills / shared memory per kernel, one line each (nvcc runs in parallel)."""
-    from autokernel import cuda_build
+    from autokernel.cuda import cuda_build
 
     arch = cuda_build.detect_arch()
 
@@ -154,10 +154,10 @@ def _row_cases(type_: str):
 
 def row_sweep(types: list[str]) -> list[str]:
     """Each row kernel against the registry's float64 oracle and tolerances (the harness's check,
-    autokernel/checking.py) at every ROW_LENGTHS; returns the failures (printed as they come)."""
+    autokernel/harness/checking.py) at every ROW_LENGTHS; returns the failures (printed as they come)."""
     import torch
 
-    from autokernel import checking
+    from autokernel.harness import checking
     from autokernel.registry import get_spec
 
     failures = []
@@ -182,7 +182,7 @@ def yardsticks() -> dict:
     (TFLOP/s), both by the harness's timing protocol."""
     import torch
 
-    from autokernel import gpu, timing
+    from autokernel.harness import gpu, timing
 
     copy_gb_s = gpu.measure_ceilings().bandwidth_gb_s
     a = torch.randn(4096, 4096, dtype=torch.float16, device="cuda")
@@ -197,8 +197,8 @@ def time_variants(files: dict, failed_builds: dict) -> dict[str, dict]:
     reference: label -> {us, gb_s, tflops, max_err (relative to max |ref|)} or {error}."""
     import torch
 
-    from autokernel import timing
-    from autokernel.perf import gpu_input_sets
+    from autokernel.harness import timing
+    from autokernel.harness.perf import gpu_input_sets
     from autokernel.registry import get_spec
 
     rows = {}
@@ -231,7 +231,7 @@ def time_variants(files: dict, failed_builds: dict) -> dict[str, dict]:
 
 
 def run_one(type_: str, quick: bool, dtype: str) -> dict:
-    from autokernel.runner import run_bench
+    from autokernel.harness.runner import run_bench
 
     timeout = FLASH_TIMEOUT_S if type_ == "flash_attention" else BENCH_TIMEOUT_S
     result = run_bench(ROOT / "kernels" / "cuda" / f"{type_}.py", device="cuda", quick=quick, dtype=dtype,

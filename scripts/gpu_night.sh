@@ -46,7 +46,7 @@ if [ "$STEP" = finish ] || [ "$STEP" = all ]; then
   # the starters the loop began from (the extracted files, no *_optimized.py), timed as the report's verify times
   stamp verify starters; rm -rf /tmp/starters && mkdir -p /tmp/starters
   cp workspace/kernels/[0-9]*.py /tmp/starters/ && cp workspace/plan.json /tmp/starters/ 2>/dev/null
-  python3 -c "import json,shlex,sys; from autokernel.report import verify_command; \
+  python3 -c "import json,shlex,sys; from autokernel.loop.report import verify_command; \
 a = verify_command(json.load(open('workspace/plan.json')))[1:-2]; \
 print(shlex.join(a[:-2] if a[-2:] == ['--against', 'extracted'] else a))" > /tmp/verify_args.txt
   # shellcheck disable=SC2046

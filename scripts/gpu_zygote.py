@@ -1,10 +1,10 @@
-"""The warm launcher (autokernel.zygote) on a real device: correct, and how many seconds it saves a bench.
+"""The warm launcher (autokernel.harness.zygote) on a real device: correct, and how many seconds it saves a bench.
 
     python3 scripts/gpu_zygote.py                   # on the GPU machine (auto-detects the device)
     python3 scripts/gpu_zygote.py --device cpu      # the same through Triton's interpreter
 
 Checks: the zygote imports torch, triton and the harness without touching CUDA; kernels/rmsnorm.py
---quick benched through it gives the result a fresh `python -m autokernel.harness` gives (pass, the same
+--quick benched through it gives the result a fresh `python -m autokernel.harness.harness` gives (pass, the same
 stages and checks); a hanging kernel is a TIMEOUT and the zygote serves the next bench; on a GPU, a CUDA
 C++ starter (compiled by torch.utils.cpp_extension in the forked child) gets the status it gets fresh.
 Then it times fresh and warm benches in turn, as the loop runs them (torch.compile's time reused), and
@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from autokernel import gpu, runner, zygote  # noqa: E402
+from autokernel.harness import gpu, runner, zygote  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNEL = ROOT / "kernels" / "rmsnorm.py"

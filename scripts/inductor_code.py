@@ -3,7 +3,7 @@
     python scripts/inductor_code.py rmsnorm reduce [--out inductor.txt]
 
 For each kernel type, compiles reference.py's function with mode max-autotune-no-cudagraphs at the
-spec's bench shape (fp16), times it with autokernel.timing, and writes the Triton kernels Inductor
+spec's bench shape (fp16), times it with autokernel.harness.timing, and writes the Triton kernels Inductor
 generated together with the configurations its autotuner chose (.best_config: XBLOCK, R0_BLOCK,
 num_warps, num_stages) to one text file. The reduce starter's defaults came from here.
 """
@@ -26,8 +26,8 @@ def main():
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     import torch
 
-    from autokernel import timing
-    from autokernel.perf import gpu_input_sets
+    from autokernel.harness import timing
+    from autokernel.harness.perf import gpu_input_sets
     from autokernel.registry import get_spec
 
     report = []

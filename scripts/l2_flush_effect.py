@@ -2,7 +2,7 @@
 
     python3 scripts/l2_flush_effect.py [--types reduce,rmsnorm] [--json out.json]
 
-The timing protocol flushes the L2 before each run by writing a 256 MB buffer (autokernel/timing.py), so
+The timing protocol flushes the L2 before each run by writing a 256 MB buffer (autokernel/harness/timing.py), so
 each timed call starts with an L2 full of dirty lines that its own traffic evicts and writes back: about
 one L2 (50-60 MB on Hopper) of extra DRAM writes inside the timed window. A kernel that writes its output
 leaves as many dirty lines behind, unpaid, so the two roughly cancel; a kernel that only reads (reduce,
@@ -21,9 +21,9 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from autokernel import gpu, timing  # noqa: E402
+from autokernel.harness import gpu, timing  # noqa: E402
+from autokernel.harness.perf import compiled_reference, gpu_input_sets  # noqa: E402
 from autokernel.kernelfile import import_kernel  # noqa: E402
-from autokernel.perf import compiled_reference, gpu_input_sets  # noqa: E402
 from autokernel.registry import get_spec  # noqa: E402
 
 TYPES = ["reduce", "cross_entropy", "rmsnorm", "layernorm", "softmax", "rotary_embedding"]

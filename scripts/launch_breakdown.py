@@ -3,7 +3,7 @@
     python scripts/launch_breakdown.py [--json FILE]
 
 For each starter at a model shape, host microseconds per call (timing.host_cost_us: calls enqueued without a
-sync) of: the whole op call, kernel_fn as optimize() plugs it in (replayed, autokernel/replay.py), kernel_fn
+sync) of: the whole op call, kernel_fn as optimize() plugs it in (replayed, autokernel/ops/replay.py), kernel_fn
 with FastLaunch alone, kernel_fn as the harness calls it (JITFunction.run), kernel_fn with its launches
 replaced by a no-op (the wrapper's own torch calls), and each recorded launch alone through JITFunction.run,
 FastLaunch, CompiledKernel[grid], the compiled launcher called straight (compiled.run with the stream and
@@ -21,8 +21,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from launch_overhead import CASES as OVERHEAD_CASES  # noqa: E402  (this script's own folder)
 
-from autokernel import compat, customops, launchers, timing  # noqa: E402
+from autokernel import compat  # noqa: E402
+from autokernel.harness import timing  # noqa: E402
 from autokernel.kernelfile import import_kernel  # noqa: E402
+from autokernel.ops import customops, launchers  # noqa: E402
 from autokernel.registry import get_spec  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -3,12 +3,12 @@
     python scripts/launch_overhead.py [--json FILE]
 
 For each function: host microseconds per call (enqueue only, no sync), the harness's timing (events,
-L2 flushed), and pure device time from a CUDA graph replay: the protocols of autokernel/modeltime.py,
+L2 flushed), and pure device time from a CUDA graph replay: the protocols of autokernel/harness/modeltime.py,
 which the harness uses for a kernel's time at the model's shapes. A kernel whose host time exceeds its device
 time is launch-bound: in a model's forward it starves the GPU unless the model runs under a graph.
 Each starter is measured three ways at a model's shapes: `kernel` (kernel_fn as the harness calls it,
 launched by Triton's JITFunction.run), `fast` (kernel_fn as optimize() plugs it in: its launches
-replayed per input signature, autokernel/replay.py) and `op` (what the model's swapped site calls: the op
+replayed per input signature, autokernel/ops/replay.py) and `op` (what the model's swapped site calls: the op
 wrapper's checks and error naming around the fast kernel_fn). Issue 17's target: `op` <= 10 us.
 """
 
@@ -19,7 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from autokernel import modeltime, timing  # noqa: E402
+from autokernel.harness import modeltime, timing  # noqa: E402
 from autokernel.kernelfile import import_kernel  # noqa: E402
 from autokernel.registry import get_spec  # noqa: E402
 
@@ -54,7 +54,7 @@ def main():
     import argparse
     import json
 
-    from autokernel import customops
+    from autokernel.ops import customops
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--json", help="also write the rows as JSON")

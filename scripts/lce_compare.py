@@ -3,7 +3,7 @@ torch.compile and Liger's fused linear cross-entropy (GPU only).
 
     python scripts/lce_compare.py --json OUT.json [--dtype fp16]
 
-Every row times through autokernel.timing (the harness's protocol: L2 flushed, inputs rotated) and measures the
+Every row times through autokernel.harness.timing (the harness's protocol: L2 flushed, inputs rotated) and measures the
 memory one call allocates beyond its inputs (perf.call_peak_mb); each loss is checked against the float64
 oracle with the registry's tolerance. Shapes: TinyLlama (H 2048, V 32000) and Qwen2-1.5B (H 1536, V 151936) at
 batch 1 and 4 x 2048 tokens.
@@ -21,7 +21,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from autokernel import baselines, checking, gpu, perf, timing  # noqa: E402
+from autokernel.harness import baselines, checking, gpu, perf, timing  # noqa: E402
 from autokernel.kernelfile import import_kernel  # noqa: E402
 from autokernel.registry import get_spec, parse_dtype, shape_label  # noqa: E402
 

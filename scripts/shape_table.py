@@ -3,9 +3,9 @@ entry, on the GPU: the per-shape table bench.py (one timing shape) does not give
 
     python scripts/shape_table.py add_rmsnorm [add_layernorm ...] [--dtype fp16] [--json OUT]
 
-Times through autokernel.timing (graph replay, the L2 flushed) on the inputs autokernel.perf times; the kernel's
-output is checked against the oracle at each shape first. Prints one row per shape: microseconds, GB/s of the
-kernel and its speedup over compile.
+Times through autokernel.harness.timing (graph replay, the L2 flushed) on the inputs autokernel.harness.perf
+times; the kernel's output is checked against the oracle at each shape first. Prints one row per shape:
+microseconds, GB/s of the kernel and its speedup over compile.
 """
 
 import argparse
@@ -17,10 +17,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from autokernel import baselines, checking, gpu  # noqa: E402
+from autokernel.harness import baselines, checking, gpu  # noqa: E402
+from autokernel.harness.perf import compiled_reference, gpu_input_sets  # noqa: E402
 from autokernel.kernelfile import import_kernel  # noqa: E402
 from autokernel.kerneltype import parse_dtype, shape_label  # noqa: E402
-from autokernel.perf import compiled_reference, gpu_input_sets  # noqa: E402
 from autokernel.registry import get_spec  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent

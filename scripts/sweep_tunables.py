@@ -22,9 +22,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from autokernel import checking, timing  # noqa: E402
+from autokernel.harness import checking, timing  # noqa: E402
+from autokernel.harness.perf import compiled_reference, gpu_input_sets  # noqa: E402
 from autokernel.kernelfile import declarations, import_kernel  # noqa: E402
-from autokernel.perf import compiled_reference, gpu_input_sets  # noqa: E402
 from autokernel.registry import get_spec  # noqa: E402
 
 REPS = 60  # timed runs per configuration: enough to rank, few enough to try many

@@ -3,7 +3,7 @@
     python scripts/verify_profile.py [TYPES]      # e.g. rmsnorm,rotary_embedding (default: every type)
 
 TinyLlama's shape (models/llama.py --config tinyllama), batch 1, sequence 2048, fp16: one forward of
-the original model and one of the model built by autokernel.swap (as verify.py builds it), each under
+the original model and one of the model built by autokernel.ops.swap (as verify.py builds it), each under
 torch.profiler after three warm-up forwards; prints the top kernels by device time.
 """
 
@@ -15,8 +15,9 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from autokernel import deploy, swap  # noqa: E402
 from autokernel.models import example_inputs, load_model  # noqa: E402
+from autokernel.ops import swap  # noqa: E402
+from autokernel.verify import deploy  # noqa: E402
 
 ROWS = 18  # kernels shown per table
 

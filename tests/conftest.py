@@ -40,14 +40,14 @@ def unguarded(monkeypatch):
     """Benches run with the static check off (tests/fixtures/unguarded_harness.py), fresh or forked warm: for
     tests of what lies behind it (the runtime guards, the launcher's handling of hangs and crashes) with
     kernels that do what the static check would refuse."""
-    from autokernel import runner
+    from autokernel.harness import runner
 
     monkeypatch.setattr(runner, "HARNESS_COMMAND", [str(ROOT / "tests" / "fixtures" / "unguarded_harness.py")])
 
 
 @pytest.fixture(scope="session")
 def _warm_launcher_of_the_run():
-    from autokernel import runner
+    from autokernel.harness import runner
 
     yield
     runner.stop_warm()
@@ -55,13 +55,13 @@ def _warm_launcher_of_the_run():
 
 @pytest.fixture
 def warm_launcher(request, _warm_launcher_of_the_run):
-    """A running warm launcher (autokernel.zygote) for CPU benches, shared by the whole test run: run_bench
+    """A running warm launcher (autokernel.harness.zygote) for CPU benches, shared by the whole test run: run_bench
     forks each harness child from it, as the loop does, instead of starting a fresh Python that imports torch,
     triton and the harness again (3 s or more per bench on a CPU). For benches that test what the harness
     finds, not how it is started: tests/test_zygote.py shows that a forked bench is the fresh one. A launcher
     that another test stopped, killed or replaced is started again here. None for a GPU test: its benches
     start fresh, as they always have."""
-    from autokernel import runner
+    from autokernel.harness import runner
 
     if request.node.get_closest_marker("gpu"):
         return None
@@ -77,6 +77,6 @@ def _gpu_benches_start_fresh(request):
     """run_bench forks from any launcher running, replacing one of another environment: a GPU test finds
     none, so that its benches run fresh as they always have (unless the test starts one itself)."""
     if request.node.get_closest_marker("gpu"):
-        from autokernel import runner
+        from autokernel.harness import runner
 
         runner.stop_warm()

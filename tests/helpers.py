@@ -20,7 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from autokernel import results
-from autokernel.gitlog import GitLog
+from autokernel.loop.gitlog import GitLog
 
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT = ["reference.py", "bench.py", "orchestrate.py", "program.md", ".gitignore", "pyproject.toml",
@@ -102,9 +102,9 @@ def _parent(pid: int) -> int:
 
 def harness_children(pid: int) -> list[int]:
     """The harness processes benching under `pid` (a loop, a worker): forked by its warm launcher (a child
-    of the zygote, whose command line it shares) or started fresh (`-m autokernel.harness`)."""
+    of the zygote, whose command line it shares) or started fresh (`-m autokernel.harness.harness`)."""
     return [p for p in descendants(pid)
-            if "autokernel.harness" in _cmdline(p) or "autokernel.zygote" in _cmdline(_parent(p))]
+            if "autokernel.harness.harness" in _cmdline(p) or "autokernel.harness.zygote" in _cmdline(_parent(p))]
 
 
 def wait_for(condition, limit_s: float, what: str, alive=None):

@@ -11,10 +11,12 @@ import pytest
 import torch
 
 import autokernel
-from autokernel import addnorm_sites, attribution, checking, swap
-from autokernel.attribution import Op
-from autokernel.profiling import profile_model
-from autokernel.runner import run_bench
+from autokernel.harness import checking
+from autokernel.harness.runner import run_bench
+from autokernel.ops import addnorm_sites, swap
+from autokernel.profile import attribution
+from autokernel.profile.attribution import Op
+from autokernel.profile.profiling import profile_model
 
 transformers = pytest.importorskip("transformers")
 

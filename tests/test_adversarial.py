@@ -3,11 +3,11 @@
 Every candidate is the honest RMSNorm fixture with one cheat planted. The threat model (README, "The
 harness"): any code in a kernel file runs with the harness's own powers. The defenses stand in layers:
 
-  1. the static check of the source before import (autokernel.sourcecheck): each family below is
+  1. the static check of the source before import (autokernel.harness.sourcecheck): each family below is
      rejected there with its rule named;
   2. behind it, for code that would get past it, the runtime layers: fingerprints of the harness, torch
-     and the clocks (autokernel.integrity), a result the child signs with a key the kernel never sees
-     (autokernel.channel), pristine oracle inputs, fresh inputs and sampled checks while timing, and the
+     and the clocks (autokernel.harness.integrity), a result the child signs with a key the kernel never sees
+     (autokernel.harness.channel), pristine oracle inputs, fresh inputs and sampled checks while timing, and the
      host-clock cross-check of the CUDA events. The second table runs each family with the static check
      turned off (tests/fixtures/unguarded_harness.py) to show that its runtime layer catches it alone;
   3. cheats that are legal Python (a cache keyed by pointer, writing the inputs, detecting the timing
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from autokernel import sourcecheck
-from autokernel.runner import run_bench
+from autokernel.harness import sourcecheck
+from autokernel.harness.runner import run_bench
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.usefixtures("warm_launcher")  # benches fork from the run's warm launcher
@@ -70,8 +70,9 @@ STATIC = {
     "forges the result file and exits": (IMPORTS, FORGE, "imports sys"),
     "patches a torch function the oracle calls": (IMPORTS, "torch.rsqrt = lambda t: t * 0 + 1\n",
                                                   "assigns to torch.rsqrt"),
-    "turns the comparison off": (IMPORTS, "from autokernel import checking\nchecking.compare = lambda *a, **k: None\n",
-                                 "imports checking from autokernel"),
+    "turns the comparison off": (IMPORTS, "from autokernel.harness import checking\n"
+                                          "checking.compare = lambda *a, **k: None\n",
+                                 "imports autokernel.harness"),
     "scales the CUDA-event times": (IMPORTS, "torch.cuda.Event.elapsed_time = lambda s, e: 0.5\n",
                                     "assigns to torch.cuda.Event.elapsed_time"),
     "moves work to a side stream": (ENTRY, "    side = torch.cuda.Stream()\n", "uses torch.cuda.Stream"),
@@ -113,7 +114,7 @@ def test_bench_rejects_a_static_family_with_one_line_naming_it(tmp_path, family)
 
 
 CUDA_ESCAPE = '''"""A CUDA C++ kernel whose host code runs a shell."""
-from autokernel import cuda_build
+from autokernel.cuda import cuda_build
 
 KERNEL_TYPE = "rmsnorm"
 BACKEND = "cuda"
@@ -161,7 +162,7 @@ def test_every_shipped_kernel_passes_the_static_check():
 
 
 def test_every_shipped_cuda_source_passes_the_build_check():
-    from autokernel import cuda_build
+    from autokernel.cuda import cuda_build
     from autokernel.kernelfile import import_kernel
 
     for path in ROOT.glob("kernels/cuda/*.py"):
@@ -176,9 +177,9 @@ RUNTIME = {
     "forges the result file and exits": (IMPORTS, FORGE, "forged result"),
     "patches a torch function the oracle calls": (IMPORTS, "torch.rsqrt = lambda t: t * 0 + 1\n",
                                                   "torch.rsqrt replaced"),
-    "turns the comparison off": (IMPORTS, "import autokernel.checking\n"
-                                 "autokernel.checking.compare = lambda *a, **k: None\n",
-                                 "autokernel.checking.compare replaced"),
+    "turns the comparison off": (IMPORTS, "import autokernel.harness.checking\n"
+                                 "autokernel.harness.checking.compare = lambda *a, **k: None\n",
+                                 "autokernel.harness.checking.compare replaced"),
     "scales the CUDA-event times": (IMPORTS, "torch.cuda.Event.elapsed_time = lambda s, e: 0.5\n",
                                     "Event.elapsed_time"),
     "moves work to a thread": (IMPORTS, THREAD_ALIVE, "threading: Python threads changed"),
@@ -216,7 +217,7 @@ def test_timed_runs_see_fresh_inputs_and_a_random_sample_is_checked():
     # timed run gets a new input set, so its remembered answers are wrong, and the sampled checks see it.
     import torch
 
-    from autokernel import checking, perf, timing
+    from autokernel.harness import checking, perf, timing
     from autokernel.registry import get_spec
 
     spec = get_spec("rmsnorm")
@@ -253,7 +254,7 @@ def test_a_kernel_that_writes_its_input_fails_naming_the_input(tmp_path):
 
 
 def test_a_result_without_the_harness_signature_is_rejected(tmp_path):
-    from autokernel import channel
+    from autokernel.harness import channel
 
     key = channel.new_key()
     good, forged = tmp_path / "good.json", tmp_path / "forged.json"
@@ -271,7 +272,7 @@ def test_a_result_without_the_harness_signature_is_rejected(tmp_path):
 def test_the_fingerprints_name_what_changed(monkeypatch):
     import torch
 
-    from autokernel import integrity
+    from autokernel.harness import integrity
 
     watch = integrity.Watch()
     monkeypatch.setattr(torch.Tensor, "double", lambda self: self)
@@ -288,7 +289,7 @@ def test_the_fingerprints_name_what_changed(monkeypatch):
 def test_events_that_miss_side_stream_work_fail_the_host_clock_check():
     import torch
 
-    from autokernel import guards, perf, timing
+    from autokernel.harness import guards, perf, timing
 
     x = torch.randn(2048, 2048, device="cuda")
     side = torch.cuda.Stream()
@@ -325,10 +326,10 @@ def test_a_cache_keyed_by_pointer_is_caught_on_the_gpu(tmp_path):
 
 
 def test_a_fresh_child_without_the_key_pipe_still_runs_by_hand(tmp_path):
-    # `python -m autokernel.harness` by hand (no runner): an unsigned result, which no runner accepts
+    # `python -m autokernel.harness.harness` by hand (no runner): an unsigned result, which no runner accepts
     out = tmp_path / "r.json"
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    subprocess.run([sys.executable, "-m", "autokernel.harness", str(ROOT / "tests/fixtures/honest_rmsnorm.py"),
+    subprocess.run([sys.executable, "-m", "autokernel.harness.harness", str(ROOT / "tests/fixtures/honest_rmsnorm.py"),
                     "--device", "cpu", "--out", str(out), "--quick", "--no-timing"], env=env, check=True,
                    capture_output=True, cwd=ROOT)
     envelope = json.loads(out.read_text())
@@ -342,7 +343,7 @@ def test_no_honest_starter_is_rejected_by_the_timing_checks(kernel_type):
     checks and agrees with the host clock (the ratio is printed for the record)."""
     import torch
 
-    from autokernel import perf, timing
+    from autokernel.harness import perf, timing
     from autokernel.kernelfile import import_kernel
     from autokernel.registry import get_spec
 

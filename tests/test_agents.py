@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from helpers import ChatServer
 
-from autokernel.agents import AgentError, AgentUnavailable, Task, build_prompt
-from autokernel.agents.builtin import BuiltinAgent, apply_config, candidates, config_key, tunable_space
-from autokernel.agents.chat import ChatAgent, extract_kernel
-from autokernel.agents.command import CommandAgent
+from autokernel.loop.agents import AgentError, AgentUnavailable, Task, build_prompt
+from autokernel.loop.agents.builtin import BuiltinAgent, apply_config, candidates, config_key, tunable_space
+from autokernel.loop.agents.chat import ChatAgent, extract_kernel
+from autokernel.loop.agents.command import CommandAgent
 
 ROOT = Path(__file__).resolve().parent.parent
 DETUNED = {"NUM_WARPS": 1, "CHUNK": 512, "VARIANT": "looped", "ROWS_PER_PROGRAM": 8}
@@ -144,7 +144,7 @@ def test_a_group_that_ignores_sigterm_is_killed_after_its_grace():
     """processes.kill_group, as the command agent stops its CLI at the limit: SIGTERM, then SIGKILL."""
     import subprocess
 
-    from autokernel.processes import kill_group, pump
+    from autokernel.harness.processes import kill_group, pump
 
     code = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); "
             "time.sleep(60)")
@@ -246,7 +246,7 @@ def test_extract_kernel_picks_the_whole_file():
 
 
 def test_builtin_agent_hands_hard_coded_values_back_to_the_kernels_heuristic_first():
-    from autokernel.agents.builtin import candidates
+    from autokernel.loop.agents.builtin import candidates
 
     space = {"NUM_WARPS": [0, 1, 2, 4, 8], "CHUNK": [512, 1024, 2048], "VARIANT": ["auto", "looped"]}
     detuned = {"NUM_WARPS": 1, "CHUNK": 512, "VARIANT": "looped"}
@@ -258,7 +258,7 @@ def test_builtin_agent_hands_hard_coded_values_back_to_the_kernels_heuristic_fir
 
 
 def test_builtin_agent_moves_tunables_that_changed_nothing_last():
-    from autokernel.agents.builtin import candidates
+    from autokernel.loop.agents.builtin import candidates
 
     space = {"PROGRAMS_PER_SM": [1, 2, 3], "CHUNK": [512, 1024, 2048]}
     current = {"PROGRAMS_PER_SM": 2, "CHUNK": 512}
@@ -267,8 +267,8 @@ def test_builtin_agent_moves_tunables_that_changed_nothing_last():
 
 
 def test_builtin_agent_learns_which_tunables_made_no_difference(tmp_path):
-    from autokernel.agents import Proposal, Task
-    from autokernel.agents.builtin import BuiltinAgent
+    from autokernel.loop.agents import Proposal, Task
+    from autokernel.loop.agents.builtin import BuiltinAgent
 
     kernel = tmp_path / "kernel.py"
     kernel.write_text('KERNEL_TYPE = "rmsnorm"\nA = 1\nB = 1\nTUNABLES = {"A": [1, 2], "B": [1, 2]}\n')
@@ -286,7 +286,7 @@ def test_builtin_agent_learns_which_tunables_made_no_difference(tmp_path):
 
 
 def test_builtin_agent_moves_a_tunable_that_launched_nothing_new_no_more_until_a_keep(tmp_path):
-    from autokernel.agents import Proposal
+    from autokernel.loop.agents import Proposal
 
     kernel = tmp_path / "kernel.py"
     kernel.write_text('KERNEL_TYPE = "rmsnorm"\nA = 1\nB = 1\nC = 1\n'

@@ -1,4 +1,4 @@
-"""The CUDA C++ backend: kernels/cuda/<type>.py and autokernel/cuda_build.py.
+"""The CUDA C++ backend: kernels/cuda/<type>.py and autokernel/cuda/cuda_build.py.
 
 Without a GPU: every starter's declarations, its device code compiled by nvcc (where nvcc is present),
 the build cache and its lock, compiler errors, the "needs a GPU" result, extract.py --backend cuda and
@@ -20,12 +20,12 @@ import torch
 from helpers import wait_for
 
 import reference
-from autokernel import cuda_build
-from autokernel.agents.builtin import apply_config, tunable_space
-from autokernel.extraction import extract
+from autokernel.cuda import cuda_build
+from autokernel.harness.runner import run_bench
 from autokernel.kernelfile import declarations
+from autokernel.loop.agents.builtin import apply_config, tunable_space
+from autokernel.profile.extraction import extract
 from autokernel.registry import kernel_types
-from autokernel.runner import run_bench
 
 ROOT = Path(__file__).resolve().parent.parent
 # the registered types with a CUDA C++ starter: the nine first types have one; a newer type may have only Triton's

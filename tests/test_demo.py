@@ -11,8 +11,9 @@ import pytest
 import torch
 
 import orchestrate
-from autokernel import demo, results
-from autokernel.gitlog import GitLog
+from autokernel import results
+from autokernel.loop import demo
+from autokernel.loop.gitlog import GitLog
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_LIMIT_S = 400  # one CPU demo with a single experiment takes about a minute on 2 cores

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from autokernel import sourcecheck
-from autokernel.extraction import ExtractError, extract, set_model_shapes
+from autokernel.harness import sourcecheck
 from autokernel.kernelfile import declarations
+from autokernel.profile.extraction import ExtractError, extract, set_model_shapes
 
 STARTER = '''"""A starter."""
 

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from autokernel import gpu
+from autokernel.harness import gpu
 
 
 @pytest.mark.parametrize("name, bandwidth", [

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from autokernel.runner import run_bench
+from autokernel.harness.runner import run_bench
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.usefixtures("warm_launcher")
@@ -138,7 +138,7 @@ def test_outputs_of_timed_runs_are_checked():
     # A kernel fast only on inputs it has seen returns a remembered answer during timing.
     import torch
 
-    from autokernel import checking, perf, timing
+    from autokernel.harness import checking, perf, timing
     from autokernel.registry import get_spec
 
     spec = get_spec("rmsnorm")
@@ -182,7 +182,7 @@ def test_an_illegal_memory_access_on_the_gpu_is_a_crash_not_a_dead_harness(tmp_p
 
 
 def test_the_roofline_guard_rejects_impossible_speed(monkeypatch):
-    from autokernel import checking, gpu, perf
+    from autokernel.harness import checking, gpu, perf
 
     monkeypatch.setattr(gpu, "device_name", lambda device="cuda": "NVIDIA H100 80GB HBM3")
     # 268 MB in 10 us would be 26,800 GB/s on a 3,350 GB/s part

@@ -11,10 +11,13 @@ import torch
 import torch.nn as nn
 
 import autokernel
-from autokernel import baselines, customops, harness, plan, registry, suite
-from autokernel.extraction import extract
+from autokernel import registry, suite
+from autokernel.harness import baselines, harness
 from autokernel.kerneltype import Deployment, KernelSpec, Profiling, SuiteTarget
-from autokernel.profiling import profile_model
+from autokernel.ops import customops
+from autokernel.profile import plan
+from autokernel.profile.extraction import extract
+from autokernel.profile.profiling import profile_model
 
 TOY = "toy_double"
 

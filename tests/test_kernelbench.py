@@ -20,8 +20,10 @@ import pytest
 import torch
 from helpers import IDENTITY, PROJECT, copy_project
 
-from autokernel import cuda_build, harness, kernelfile, results, sourcecheck
-from autokernel.checking import CheckFailed
+from autokernel import kernelfile, results
+from autokernel.cuda import cuda_build
+from autokernel.harness import harness, sourcecheck
+from autokernel.harness.checking import CheckFailed
 from kernelbench import problems, skeleton, spec
 from kernelbench.score import fast_p
 
@@ -253,7 +255,7 @@ def test_score_a_set_of_solutions_resumes_and_reports_fast_p(tmp_path):
 # ---------------------------------------------------------------------------------------- on a GPU
 @pytest.mark.gpu
 def test_on_a_gpu_modelnew_is_timed_against_eager_and_compile(fixtures_root, tmp_path):
-    from autokernel.runner import run_bench
+    from autokernel.harness.runner import run_bench
 
     result = run_bench(candidate(tmp_path, "level2/1_Linear_ReLU.py", LINEAR), device="cuda", dtype="fp32",
                        quick=True)
@@ -263,7 +265,7 @@ def test_on_a_gpu_modelnew_is_timed_against_eager_and_compile(fixtures_root, tmp
 
 @pytest.mark.gpu
 def test_on_a_gpu_the_cuda_starter_builds_and_runs(fixtures_root, tmp_path):
-    from autokernel.runner import run_bench
+    from autokernel.harness.runner import run_bench
 
     (swish,) = problems.select(problems.from_checkout(FIXTURES), ["level1/1"])
     text = skeleton.render(swish, "cuda", "kb/level1/1_Swish", "p.py")

@@ -7,7 +7,8 @@ that every starter gives bitwise the same output through it.
 import pytest
 import torch
 
-from autokernel import compat, launchers, replay
+from autokernel import compat
+from autokernel.ops import launchers, replay
 
 
 class StandIn:
@@ -208,7 +209,7 @@ def test_tma_descriptors_are_keyed_by_base_shape_and_block(launch_context):
     assert len(kernel.slow) == 3 and len(kernel.fast) == 1
 
 
-# starters whose every call at the registry's shapes is replayed (autokernel/replay.py)
+# starters whose every call at the registry's shapes is replayed (autokernel/ops/replay.py)
 REPLAYED_STARTERS = ("rmsnorm", "layernorm", "softmax", "rotary_embedding", "matmul", "fused_mlp", "flash_attention")
 
 
@@ -243,8 +244,8 @@ def test_the_launch_copies_of_a_per_shape_table_pick_its_configuration(repo_root
     from copies over a namespace: the table's configuration reaches the launch, and is put back after."""
     import json
 
-    from autokernel.agents.builtin import apply_table, tunable_space
     from autokernel.kernelfile import import_kernel
+    from autokernel.loop.agents.builtin import apply_table, tunable_space
 
     source = (repo_root / "kernels" / "rmsnorm.py").read_text()
     best = tunable_space(source)[1]

@@ -6,9 +6,10 @@ Kernels run through Triton's interpreter; the starters are the files, edited as 
 import pytest
 import torch
 
-from autokernel import compat, launch_record
+from autokernel import compat
+from autokernel.harness import launch_record
+from autokernel.harness.runner import run_bench
 from autokernel.kernelfile import import_kernel
-from autokernel.runner import run_bench
 
 RMSNORM_ONE_PASS = "rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)"
 
@@ -81,7 +82,7 @@ def test_the_harness_reports_the_digest_and_skips_timing_what_launches_the_same(
 def test_on_the_gpu_every_starter_has_a_digest_and_an_inert_edit_keeps_it(repo_root, tmp_path):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    from autokernel.perf import gpu_input_sets
+    from autokernel.harness.perf import gpu_input_sets
     from autokernel.registry import get_spec, kernel_types
 
     for kernel_type in kernel_types():

@@ -15,9 +15,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import bench
 import verify
-from autokernel import compat, deploy, endtoend, swap
-from autokernel.profiling import profile_model
-from autokernel.runner import run_bench
+from autokernel import compat
+from autokernel.harness.runner import run_bench
+from autokernel.ops import swap
+from autokernel.profile.profiling import profile_model
+from autokernel.verify import deploy, endtoend
 
 LCE = "linear_cross_entropy"
 TINY_LLAMA = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,

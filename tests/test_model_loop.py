@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 from helpers import FAKE_KERNEL, FakeBench, Lines, git_env, make_repo, repo_files, rows
 
-from autokernel import report, sourcecheck
-from autokernel.agents import make_agent
-from autokernel.agents.builtin import apply_table, launch_key, record_shape_times, shape_table, tunable_space
-from autokernel.extraction import set_model_shapes
+from autokernel.harness import sourcecheck
 from autokernel.kernelfile import declarations, import_kernel
-from autokernel.loop import Loop, LoopConfig, budget, decide
+from autokernel.loop import Loop, LoopConfig, budget, decide, report
+from autokernel.loop.agents import make_agent
+from autokernel.loop.agents.builtin import apply_table, launch_key, record_shape_times, shape_table, tunable_space
 from autokernel.loop.state import load_jobs
+from autokernel.profile.extraction import set_model_shapes
 
 ROOT = Path(__file__).resolve().parent.parent
 SHAPES = [{"M": 64, "N": 128}, {"M": 8, "N": 96}]
@@ -228,7 +228,7 @@ def test_the_agent_may_not_edit_the_model_shapes(repo, edit):
 
         def propose(self, task):
             task.kernel_file.write_text(edit(task.kernel_file.read_text()))
-            from autokernel.agents import Proposal
+            from autokernel.loop.agents import Proposal
 
             return Proposal("fewer calls")
 

@@ -7,10 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from autokernel import modeltime, results, timing
-from autokernel.extraction import set_model_shapes
+from autokernel import results
+from autokernel.harness import modeltime, timing
+from autokernel.harness.runner import run_bench
+from autokernel.profile.extraction import set_model_shapes
 from autokernel.registry import get_spec
-from autokernel.runner import run_bench
 
 ROOT = Path(__file__).resolve().parent.parent
 SHAPES = [{"M": 16, "N": 64}, {"M": 4, "N": 40}]

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 import autokernel
 import verify
-from autokernel import customops, swap
+from autokernel.ops import customops, swap
 
 PLANTED = "rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)"  # the rmsnorm starter's normalization line
 
@@ -185,7 +185,7 @@ def test_inductor_launches_the_kernels_from_its_own_code(llama, tmp_path):
 
 
 def test_an_exported_cuda_kernel_brings_its_build_helper(repo_root, tmp_path):
-    from autokernel import export
+    from autokernel.verify import export
 
     package = export.write_package(tmp_path, {"rmsnorm": repo_root / "kernels" / "cuda" / "rmsnorm.py",
                                               "softmax": repo_root / "kernels" / "softmax.py"}, name="mixed")
@@ -207,7 +207,8 @@ def test_an_exported_cuda_kernel_brings_its_build_helper(repo_root, tmp_path):
 
 
 def test_exported_triton_kernels_pass_the_static_check(repo_root, tmp_path):
-    from autokernel import export, sourcecheck
+    from autokernel.harness import sourcecheck
+    from autokernel.verify import export
 
     kernels = {p.stem: p for p in (repo_root / "kernels").glob("*.py") if p.stem != "__init__"}
     package = export.write_package(tmp_path, kernels, name="checked")
@@ -221,7 +222,8 @@ def test_exported_triton_kernels_pass_the_static_check(repo_root, tmp_path):
 def test_a_kernel_on_host_tma_descriptors_still_computes_under_torch_compile(repo_root, kernel_type, shape):
     """At these sizes the starters launch on host TMA descriptors, which Inductor cannot trace (it loses what the
     kernel writes): the op falls back to opaque, and the compiled call gives the kernel's answer."""
-    from autokernel import customops, kernelfile
+    from autokernel import kernelfile
+    from autokernel.ops import customops
     from autokernel.registry import get_spec
 
     spec = get_spec(kernel_type)
@@ -238,7 +240,7 @@ def test_a_kernel_on_host_tma_descriptors_still_computes_under_torch_compile(rep
 
 def test_a_mode_that_computes_something_else_is_not_timed(llama):
     """endtoend.wrong_output stands between every optimized row (compiled, graphed) and its timing."""
-    from autokernel import endtoend
+    from autokernel.verify import endtoend
 
     ids = torch.randint(0, llama.config.vocab_size, (1, 16))
     with torch.no_grad():

@@ -17,9 +17,9 @@ from helpers import FAKE_KERNEL, ChatServer, FakeBench, Lines, git_env, make_rep
 
 import orchestrate
 from autokernel import results
-from autokernel.agents import make_agent
-from autokernel.gitlog import GitLog
 from autokernel.loop import Loop, LoopConfig, LoopError, decide
+from autokernel.loop.agents import make_agent
+from autokernel.loop.gitlog import GitLog
 from autokernel.loop.state import load_jobs, repo_lock
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -85,7 +85,7 @@ def test_the_loop_numbers_on_after_manual_bench_rows(repo):
 
 @pytest.mark.parametrize("ending", ["budget", "ctrl-c", "error"])
 def test_run_says_how_to_get_back_from_the_experiment_branch(repo, monkeypatch, capsys, ending):
-    from autokernel import runner
+    from autokernel.harness import runner
 
     def hook(call):
         if call == 2 and ending == "ctrl-c":
@@ -146,7 +146,7 @@ class OneSidedAgent:
     name = "one-sided"
 
     def propose(self, task):
-        from autokernel.agents import Proposal
+        from autokernel.loop.agents import Proposal
 
         if task.kernel_name == "fake":
             return None
@@ -169,7 +169,7 @@ class ScriptedAgent:
         self.edits = list(edits)
 
     def propose(self, task):
-        from autokernel.agents import Proposal
+        from autokernel.loop.agents import Proposal
 
         if not self.edits:
             return None

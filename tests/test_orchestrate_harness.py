@@ -26,8 +26,8 @@ from helpers import (
 )
 
 from autokernel import results
-from autokernel.agents.builtin import apply_config
-from autokernel.gitlog import GitLog
+from autokernel.loop.agents.builtin import apply_config
+from autokernel.loop.gitlog import GitLog
 
 # Two tunables keep the test to three benches whatever the seed: one move is a real win in the
 # interpreter (one pass over each row instead of two passes in 512-column pieces, ~10x), the

@@ -9,10 +9,10 @@ import sys
 import pytest
 import torch
 
-from autokernel import attribution, plan
-from autokernel.attribution import Op
 from autokernel.models import example_inputs, load_model
-from autokernel.profiling import profile_model
+from autokernel.profile import attribution, plan
+from autokernel.profile.attribution import Op
+from autokernel.profile.profiling import profile_model
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -214,7 +214,7 @@ def test_device_time_counts_kernels_not_the_shadows_of_profiler_ranges():
 
     from torch.autograd import DeviceType
 
-    from autokernel.profiling import device_time_us
+    from autokernel.profile.profiling import device_time_us
 
     def event(name, us, device=DeviceType.CUDA, annotation=False):
         return SimpleNamespace(name=name, device_type=device, is_user_annotation=annotation,

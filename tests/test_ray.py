@@ -17,10 +17,10 @@ import pytest
 from helpers import PROJECT, copy_project
 
 import orchestrate
-from autokernel import raycluster, results
-from autokernel.agents.builtin import describe_move
-from autokernel.gitlog import GitLog
-from autokernel.loop import LoopConfig
+from autokernel import results
+from autokernel.loop import LoopConfig, raycluster
+from autokernel.loop.agents.builtin import describe_move
+from autokernel.loop.gitlog import GitLog
 
 KERNELS = ["kernels/rmsnorm.py", "kernels/softmax.py"]
 KILLED = "rmsnorm"  # its first task's worker process dies while experiment KILL_AFTER + 1 is benching

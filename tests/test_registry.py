@@ -5,9 +5,10 @@ import textwrap
 import pytest
 import torch
 
-from autokernel import checking, specs
+from autokernel import specs
+from autokernel.harness import checking
+from autokernel.harness.runner import run_bench
 from autokernel.registry import DTYPES, get_spec, kernel_types
-from autokernel.runner import run_bench
 
 ALL = kernel_types()
 

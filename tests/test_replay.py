@@ -1,4 +1,4 @@
-"""Launch replay (autokernel/replay.py) on the CPU: kernels launched like @triton.jit ones compute through the raw
+"""Launch replay (autokernel/ops/replay.py) on the CPU: kernels launched like @triton.jit ones compute through the raw
 addresses they are given, so a replay that passes a wrong pointer, offset or buffer gives a wrong answer."""
 
 import contextlib
@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from autokernel import compat, replay
+from autokernel import compat
+from autokernel.ops import replay
 
 LAUNCHES = [0]  # launches of every fake kernel, as Triton's launch hook would count them
 

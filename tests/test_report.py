@@ -12,7 +12,7 @@ from helpers import unwrapped
 
 import orchestrate
 from autokernel import results
-from autokernel.plot import OUTCOMES, progress_figure
+from autokernel.loop.plot import OUTCOMES, progress_figure
 
 START = datetime(2026, 11, 23, 22, 0, tzinfo=timezone.utc)
 # (minutes after START, kernel file, status, correctness, model_us)

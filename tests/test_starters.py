@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from autokernel.harness.runner import run_bench
 from autokernel.registry import kernel_types
-from autokernel.runner import run_bench
 
 ROOT = Path(__file__).resolve().parent.parent
 STARTERS = sorted(p.stem for p in (ROOT / "kernels").glob("*.py"))

@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from helpers import summary_values
 
 import verify
-from autokernel import customops, deploy, endtoend, swap
+from autokernel.ops import customops, swap
+from autokernel.verify import deploy, endtoend
 
 MODELS = {  # model file -> (class, input shape, the kernel types that must have run in it)
     "llama": ("LlamaModel", "1,8", {"matmul", "rmsnorm", "fused_mlp", "rotary_embedding", "flash_attention",
@@ -111,7 +112,7 @@ def test_bad_input_is_one_clear_error(repo_root, tmp_path, capsys, interpreter):
 
 def extracted_for(repo_root, directory, type_, rank, plan) -> str:
     """A starter extracted by extract.py from `plan` (its MODEL_SOURCE names the plan's model)."""
-    from autokernel.extraction import extract
+    from autokernel.profile.extraction import extract
 
     (found,) = extract({**plan, "entries": [{"type": type_, "rank": rank, "shapes": []}]}, 1, "triton", directory,
                        repo_root)
@@ -138,7 +139,7 @@ def test_kernels_extracted_for_another_model_are_warned_about_one_line_each(repo
 
 
 def test_a_file_without_model_source_is_checked_against_this_models_plan(repo_root, tmp_path):
-    from autokernel.extraction import model_origin, set_model_shapes
+    from autokernel.profile.extraction import model_origin, set_model_shapes
 
     plan = {"source": "models/llama.py", "class_name": "LlamaModel", "config": "tiny", "input_shape": [1, 8],
             "dtype": "float16", "entries": [{"type": "rmsnorm", "shapes": [{"shape": {"M": 8, "N": 128}}]}]}
@@ -311,7 +312,7 @@ class Candidate:  # a stand-in for swap.Optimized whose end-to-end time is made 
 
 
 def fake_time_fn(candidate, sets, device, keep_outputs=False):
-    from autokernel import timing
+    from autokernel.harness import timing
 
     ms = 10.0 + sum(Candidate.COST_MS[t] for t in candidate.types)
     return timing.Timing(ms * 1e3, [ms * 1e3])
@@ -319,7 +320,7 @@ def fake_time_fn(candidate, sets, device, keep_outputs=False):
 
 def test_prune_leaves_out_only_the_types_the_model_is_faster_without(monkeypatch):
     """The greedy prune on made-up end-to-end times: a kernel that costs time goes, the others stay."""
-    from autokernel import timing
+    from autokernel.harness import timing
 
     monkeypatch.setattr(swap, "build", lambda model, types: Candidate(types))
     monkeypatch.setattr(timing, "time_fn", fake_time_fn)
@@ -389,7 +390,7 @@ def test_a_mode_that_computes_something_else_is_left_out_and_not_timed(monkeypat
 
 def made_up_compile(monkeypatch, fake_compile):
     """Candidates built by swap.build, compiled by fake_compile, timed by the .ms it gives them."""
-    from autokernel import timing
+    from autokernel.harness import timing
 
     monkeypatch.setattr(swap, "build", lambda model, types: Candidate(types))
     monkeypatch.setattr(torch, "compile", fake_compile)

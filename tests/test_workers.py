@@ -18,9 +18,9 @@ import pytest
 from helpers import PROJECT, copy_project, descendants, harness_children, wait_for
 
 from autokernel import results
-from autokernel.gitlog import GitLog
+from autokernel.loop.gitlog import GitLog
 from autokernel.loop.state import LoopError, lock_holder
-from autokernel.workers import branch_name, device_for, parse_gpus, worker_rates, worktree_path
+from autokernel.loop.workers import branch_name, device_for, parse_gpus, worker_rates, worktree_path
 
 KERNELS = ["kernels/rmsnorm.py", "kernels/softmax.py"]
 THIRD = "kernels/rmsnorm_2.py"  # a third kernel: the worker done first takes it

@@ -1,6 +1,6 @@
-"""The warm launcher (autokernel.zygote) behind run_bench, on the CPU through Triton's interpreter.
+"""The warm launcher (autokernel.harness.zygote) behind run_bench, on the CPU through Triton's interpreter.
 
-A bench forked from the zygote must be the bench a fresh `python -m autokernel.harness` gives: the same
+A bench forked from the zygote must be the bench a fresh `python -m autokernel.harness.harness` gives: the same
 result, a hang killed at the time limit, a crash reported as one, nothing of one experiment seen by the
 next, and when the zygote is gone or started with another environment, still a correct bench.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from helpers import check_git_matches_results, copy_project, orchestrate
 
-from autokernel import runner
+from autokernel.harness import runner
 
 ROOT = Path(__file__).resolve().parent.parent
 RMSNORM = ROOT / "kernels" / "rmsnorm.py"
@@ -177,7 +177,7 @@ def test_changed_harness_code_is_not_run_stale(tmp_path, no_warm_launcher):
     try:
         first, out = bench()
         assert "probe: clean torch module" in out and "edited" not in out
-        harness = repo / "autokernel" / "harness.py"
+        harness = repo / "autokernel" / "harness" / "harness.py"
         marker = '    result = {"status": "crash"'
         harness.write_text(harness.read_text().replace(marker, '    print("harness: edited")\n' + marker, 1))
         second, out = bench()

@@ -7,7 +7,7 @@ by more than max(1%, the noise measured at the baseline), else reset the branch 
 keep is confirmed first: the best kept version and the candidate are benched once more, and the change
 stays only if the candidate's slower time still beats the best's faster one by that margin (one slow
 measurement of the best would otherwise let a change that does nothing through). A candidate that
-launches exactly what the best launches (autokernel/launch_record.py) is reverted untimed. Every
+launches exactly what the best launches (autokernel/harness/launch_record.py) is reverted untimed. Every
 experiment is one results.tsv row carrying its commit (reverted commits stay reachable by sha for
 `git show` until git's garbage collection). Only kernel.py may change: whatever else the agent
 touched is put back and the experiment counts as reverted.
@@ -37,12 +37,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autokernel import results
-from autokernel.agents import Agent, AgentError, Proposal, Task
-from autokernel.gitlog import KERNEL_PATH, GitError, GitLog
 from autokernel.kernelfile import KernelFileError, declarations
 from autokernel.loop import budget
+from autokernel.loop.agents import Agent, AgentError, Proposal, Task
+from autokernel.loop.gitlog import KERNEL_PATH, GitError, GitLog
+from autokernel.loop.report import CPU_CAVEAT, format_duration, format_us, progress_line
 from autokernel.loop.state import LoopError, StateFile, job_row_history, repo_lock, unpark
-from autokernel.report import CPU_CAVEAT, format_duration, format_us, progress_line
 
 # A full harness run takes 10-30 s on a GPU; a candidate still going after this long is a hang (seen on
 # an H200: a one-warp, 8192-wide single-pass rmsnorm compiled for minutes), and the night moves on.
@@ -166,7 +166,7 @@ class Loop:
         with repo_lock(self.root):
             self._start()
             if self.bench is None:  # harness children fork from a process that has imported torch and triton
-                from autokernel import runner
+                from autokernel.harness import runner
 
                 warm = runner.start_warm(self.cfg.device)
             try:
@@ -207,7 +207,7 @@ class Loop:
                                 f"{self.state.data['head'][:10]}) or start a new --tag")
             self._say(f"resumed {branch} at experiment {self.state.data['next_experiment']}")
         if self.bench is None:
-            from autokernel.gpu import pick_device
+            from autokernel.harness.gpu import pick_device
 
             if pick_device(self.cfg.device) == "cpu":
                 self._say(f"CPU mode: the times and speedups below are {CPU_CAVEAT} (they show that the loop "
@@ -555,10 +555,10 @@ class Loop:
         same_as: the best's launch digest; a candidate that launches exactly that is not timed."""
         bench = self.bench
         if bench is None:
-            from autokernel.runner import run_bench as bench  # imports torch: only when benching
+            from autokernel.harness.runner import run_bench as bench  # imports torch: only when benching
         timeout = self.cfg.bench_timeout
         if timeout is None and self.bench is None:
-            from autokernel.gpu import pick_device
+            from autokernel.harness.gpu import pick_device
 
             timeout = LOOP_BENCH_TIMEOUT_S[pick_device(self.cfg.device)]
             timeout *= 1 if reuse_baselines else BASELINE_TIMEOUT_FACTOR

@@ -15,7 +15,7 @@ given by hand (--kernel, no plan share) split the time evenly.
 
 from __future__ import annotations
 
-from autokernel.plan import fraction_left
+from autokernel.profile.plan import fraction_left
 
 MAX_PCT_PEAK = 95.0  # % of the roofline; beyond this the room left is noise, not potential
 NO_GAIN = 1.0 + 1e-9  # a plan gain at or under this means the type cannot speed the model up

@@ -1,6 +1,6 @@
 """The three ways of running the loop behind one interface, so that orchestrate.py's commands read
-the same whichever ran: one process (SingleRun, here), one worker per GPU (autokernel/workers.py,
-WorkersRun) and a Ray cluster (autokernel/raycluster.py, RayRun).
+the same whichever ran: one process (SingleRun, here), one worker per GPU (autokernel/loop/workers.py,
+WorkersRun) and a Ray cluster (autokernel/loop/raycluster.py, RayRun).
 
 A Run starts the loop and reads back what it recorded: the status lines, every kernel as its loop
 sees it (the fields of a loop job, status and reason included), the results.tsv rows of the tag, and
@@ -16,8 +16,8 @@ from pathlib import Path
 
 from autokernel import results
 from autokernel.loop import Loop, LoopConfig
+from autokernel.loop.report import format_us, state_text
 from autokernel.loop.state import STATE_FILE, LoopError, StateFile, load_jobs, lock_holder, next_job, write_json_atomic
-from autokernel.report import format_us, state_text
 
 
 class Run:

@@ -17,7 +17,7 @@ import functools
 
 import torch
 
-from autokernel import cuda_build
+from autokernel.cuda import cuda_build
 
 KERNEL_TYPE = "add_layernorm"
 BACKEND = "cuda"

@@ -15,7 +15,7 @@ import functools
 
 import torch
 
-from autokernel import cuda_build
+from autokernel.cuda import cuda_build
 
 KERNEL_TYPE = "add_rmsnorm"
 BACKEND = "cuda"

@@ -33,7 +33,7 @@ import math
 
 import torch
 
-from autokernel import cuda_build
+from autokernel.cuda import cuda_build
 
 KERNEL_TYPE = "flash_attention"
 BACKEND = "cuda"

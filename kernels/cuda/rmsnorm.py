@@ -25,7 +25,7 @@ import functools
 
 import torch
 
-from autokernel import cuda_build
+from autokernel.cuda import cuda_build
 
 KERNEL_TYPE = "rmsnorm"
 BACKEND = "cuda"

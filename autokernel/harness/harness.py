@@ -1,0 +1,361 @@
+"""The five correctness stages and the timing of one kernel file, run inside the child process.
+
+Never imported by the parent: `autokernel.harness.runner` starts `python -m autokernel.harness.harness ...` with a time
+limit, so a kernel that hangs, segfaults or corrupts the CUDA context takes only this process down.
+The result goes to a JSON file; the readable report goes to stdout as it happens.
+
+Stages (DESIGN.md): 1 smoke (+ the caching guard), 2 shape sweep x fp16/bf16/fp32 (+ the model's own
+shapes), 3 numerical stability on adversarial inputs, 4 determinism (three runs, bitwise equal),
+5 edge cases (non-power-of-two sizes, non-contiguous inputs). The first failing stage ends the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass
+
+import torch
+
+from autokernel import compat, kernelfile
+from autokernel.harness import channel, checking, gpu, guards, integrity, perf, sourcecheck
+from autokernel.registry import KernelSpec, dtype_name, get_spec, parse_dtype, shape_label
+
+STAGES = ("smoke", "shape_sweep", "stability", "determinism", "edge_cases")
+QUICK_LIMIT = 3  # shapes per stage under --quick
+CPU_MODEL_SHAPE_MAX_BYTES = 32 * 1024 * 1024  # larger model shapes are left to the GPU in CPU mode
+
+
+class NeedsGPU(Exception):
+    """The kernel file cannot run on this device at all (a CUDA C++ kernel asked to run on the CPU)."""
+
+
+class KernelCrashed(Exception):
+    """kernel_fn raised: a compile error, an illegal address, a Python error in the launcher."""
+
+
+@dataclass
+class StageResult:
+    name: str
+    passed: bool
+    checks: int = 0
+    reason: str = ""
+    seconds: float = 0.0
+
+
+class Harness:
+    def __init__(self, module, spec: KernelSpec, device: str, quick: bool, seed: int,
+                 watch: integrity.Watch | None = None):
+        # a spec with bind (a KernelBench problem) makes the callable from the module: ModelNew with weights
+        self.fn = spec.bind(module, device) if spec.bind else module.kernel_fn
+        self.spec = spec
+        self.device = device
+        self.small = device == "cpu"
+        self.quick = quick
+        self.seed = seed
+        self.calls = 0
+        self.watch = watch
+        self.model_shapes = self._model_shapes(getattr(module, "MODEL_SHAPES", None) or [])
+
+    def _model_shapes(self, shapes):
+        if not self.small:
+            return list(shapes)
+        keep = [s for s in shapes if self.spec.bytes_moved(s, torch.float32) <= CPU_MODEL_SHAPE_MAX_BYTES]
+        if len(keep) < len(shapes):
+            print(f"  note: {len(shapes) - len(keep)} model shape(s) too large for the interpreter; "
+                  "they are checked on a GPU")
+        return keep
+
+    # -- inputs and calls ------------------------------------------------------------------------
+    def generator(self) -> torch.Generator:
+        self.calls += 1  # a fresh stream for every check: no two checks see the same values
+        return torch.Generator(device=self.device).manual_seed(self.seed * 1_000_003 + self.calls)
+
+    def inputs(self, shape, dtype, maker=None):
+        return (maker or self.spec.make_inputs)(shape, dtype, self.device, self.generator())
+
+    def call(self, inputs, what: str, tol_scale: float = 1.0):
+        try:
+            out = checking.checked_call(self.fn, self.spec, inputs, what, tol_scale)
+        except (checking.CheckFailed, guards.GuardFailed):
+            raise
+        except Exception as e:
+            raise KernelCrashed(f"{what}: kernel_fn raised {type(e).__name__}: {e}") from e
+        self.sync()
+        return out
+
+    def sync(self):
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+
+    def limit(self, items):
+        return items[:QUICK_LIMIT] if self.quick else items
+
+    # -- the five stages -------------------------------------------------------------------------
+    def smoke(self) -> int:
+        shape = self.spec.smoke_shape()
+        inputs = self.inputs(shape, torch.float32)
+        self.call(inputs, f"smoke {checking.describe(shape, torch.float32)}")
+        # Caching guard: the same buffers refilled with new values must give the new answer.
+        for old, new in zip(inputs, self.inputs(shape, torch.float32)):
+            if isinstance(old, torch.Tensor):
+                old.copy_(new)
+        self.call(inputs, "same input buffers refilled with new values (is the output cached?)")
+        return 2
+
+    def shape_sweep(self) -> int:
+        shapes = self.limit(self.spec.sweep(self.small)) + self.model_shapes
+        for shape in shapes:
+            for dtype in self.spec.dtypes:
+                self.call(self.inputs(shape, dtype), checking.describe(shape, dtype))
+        return len(shapes) * len(self.spec.dtypes)
+
+    def stability(self) -> int:
+        sweep = self.spec.sweep(self.small)
+        shape = sweep[min(2, len(sweep) - 1)]
+        for name, maker in self.spec.adversarial.items():
+            scale = self.spec.adversarial_tolerance.get(name, 1.0)
+            for dtype in self.spec.dtypes:
+                self.call(self.inputs(shape, dtype, maker), f"{name} {checking.describe(shape, dtype)}", scale)
+        return len(self.spec.adversarial) * len(self.spec.dtypes)
+
+    def determinism(self) -> int:
+        shape = self.model_shapes[0] if self.model_shapes else self.spec.timing_shape(self.small)
+        dtypes = [d for d in (torch.float16, torch.float32) if d in self.spec.dtypes] or self.spec.dtypes[:1]
+        for dtype in dtypes:
+            inputs = self.inputs(shape, dtype)
+            first = self.call(inputs, f"determinism {checking.describe(shape, dtype)}")
+            for run in (2, 3):
+                again = self.call(inputs, f"determinism run {run}")
+                if not checking.bitwise_equal(first, again):
+                    raise checking.CheckFailed(
+                        f"{checking.describe(shape, dtype)}: run {run} differs bitwise from run 1 on the same "
+                        "input (a race or an order-dependent reduction such as float atomics)")
+        return 3 * len(dtypes)
+
+    def edge_cases(self) -> int:
+        edges = self.limit(self.spec.edges(self.small))
+        for shape in edges:
+            for dtype in self.spec.dtypes:
+                self.call(self.inputs(shape, dtype), f"edge {checking.describe(shape, dtype)}")
+        checks = len(edges) * len(self.spec.dtypes)
+        if self.spec.noncontiguous is not None:
+            shapes = [self.spec.sweep(self.small)[0], edges[0]]
+            for shape in shapes:
+                for dtype in self.spec.dtypes:
+                    inputs = self.spec.noncontiguous(self.inputs(shape, dtype))
+                    self.call(inputs, f"non-contiguous {checking.describe(shape, dtype)}")
+            checks += len(shapes) * len(self.spec.dtypes)
+        return checks
+
+    def run_stages(self) -> list[StageResult]:
+        results = []
+        for i, name in enumerate(STAGES, 1):
+            start = time.perf_counter()
+            try:
+                checks = getattr(self, name)()
+                self.check_integrity(f"after stage {name}")
+                results.append(StageResult(name, True, checks, seconds=time.perf_counter() - start))
+                print(f"stage {i}/5 {name:<12} PASS  {checks} checks, {time.perf_counter() - start:.1f} s")
+            except checking.CheckFailed as e:
+                results.append(StageResult(name, False, reason=str(e), seconds=time.perf_counter() - start))
+                print(f"stage {i}/5 {name:<12} FAIL  {e}")
+                break
+            sys.stdout.flush()
+        return results
+
+    def check_integrity(self, when: str, ignore_threads: bool = False) -> None:
+        if self.watch is not None:
+            self.watch.check(when, ignore_threads)
+
+
+def _timing(harness: Harness, module, dtype, reuse_baselines: bool, same_as: str | None = None) -> dict:
+    spec, device = harness.spec, harness.device
+    shape = harness.model_shapes[0] if harness.model_shapes else spec.timing_shape(harness.small)
+    if dtype not in spec.dtypes:  # e.g. the fp16 default on a KernelBench problem, which is fp32
+        print(f"  note: {spec.name} is checked in {', '.join(map(dtype_name, spec.dtypes))} only; timed in "
+              f"{dtype_name(spec.dtypes[0])}, not {dtype_name(dtype)}")
+        dtype = spec.dtypes[0]
+    from autokernel.harness import launch_record, modeltime
+
+    shapes = [s for s, _ in modeltime.weighted_shapes(module, harness.model_shapes)] or [shape]
+    try:
+        launched = launch_record.digest(module.kernel_fn, [harness.inputs(s, dtype) for s in shapes])
+    except Exception:  # noqa: BLE001  (no digest: the timing below runs the kernel and reports what fails)
+        launched = None
+    harness.check_integrity("after recording the launches")
+    if same_as and launched == same_as:
+        print(f"timing skipped: the same launches and torch ops as {same_as} at every timed shape "
+              "(its launch record): it cannot be faster")
+        return {"launch_digest": launched, "unchanged": True}
+    start = time.perf_counter()
+    result = perf.measure(harness.fn, spec, lambda: harness.inputs(shape, dtype), shape, dtype, device,
+                          reuse_baselines, after_kernel=lambda: harness.check_integrity("after timing"))
+    label = "" if device == "cuda" else "  [CPU interpreter: not a performance figure]"
+    print(f"timing {shape_label(shape)} {dtype_name(dtype)}{label}")
+    print(f"  kernel         {result.latency_us:12.1f} us  (noise +-{result.noise_pct:.1f}%)")
+    print(f"  pytorch eager  {result.eager_us:12.1f} us  speedup {result.speedup_vs_pytorch:.2f}x")
+    if result.compile_us:
+        print(f"  torch.compile  {result.compile_us:12.1f} us  speedup {result.speedup_vs_compile:.2f}x"
+              f"  ({result.compile_note})")
+    else:
+        print(f"  torch.compile  {'-':>12}     ({result.compile_note})")
+    if result.pct_peak is not None:
+        c = result.ceilings
+        print(f"  roofline       {result.bandwidth_gb_s:.0f} GB/s, {result.throughput_tflops:.1f} TFLOP/s, "
+              f"{result.pct_peak:.1f}% of peak ({c['bandwidth_gb_s']} GB/s, {c['fp16_tflops']} TFLOP/s, "
+              f"{c['source']})")
+    if result.peak_vram_mb is not None:
+        print(f"  peak memory    {result.peak_vram_mb:12.1f} MiB  (eager {result.eager_peak_vram_mb:.1f} MiB; one call "
+              "beyond its inputs)")
+    print(f"  timing took {time.perf_counter() - start:.1f} s")
+    out = {k: v for k, v in result.__dict__.items() if k != "ceilings"}
+    out.update(speedup_vs_pytorch=result.speedup_vs_pytorch, speedup_vs_compile=result.speedup_vs_compile,
+               shape=shape_label(shape), dtype=dtype_name(dtype))
+    out.update(modeltime.measure_model(harness, module, dtype, reuse_baselines))  # the loop's objective
+    out["launch_digest"] = launched
+    return out
+
+
+def _load(path: str, device: str = "cuda"):
+    """The kernel module, its spec and the integrity watch; KernelFileError, KeyError or GuardFailed says
+    what is wrong. The source passes the static check before it is imported, and everything the verdict
+    depends on is fingerprinted before the import and checked right after it."""
+    source = kernelfile.read_source(path)
+    name = os.path.basename(path)
+    ktype = kernelfile.kernel_type(source, name)
+    violations = sourcecheck.violations(source, name)
+    if violations:
+        more = f" (and {len(violations) - 1} more: {'; '.join(violations[1:4])})" if len(violations) > 1 else ""
+        raise guards.GuardFailed(f"static check: {violations[0]}{more}")
+    if kernelfile.declarations(source, name).get("BACKEND") == "cuda" and device != "cuda":
+        raise NeedsGPU(f"needs a GPU: {name} is a CUDA C++ kernel (BACKEND = \"cuda\"), compiled "
+                       "with nvcc and run only on an NVIDIA GPU; bench it on a GPU machine (--device cuda)")
+    # Imported before the fingerprint: triton is the kernels' and the timing's; torch._dynamo (which the
+    # guards' deterministic mode imports) wraps torch.manual_seed and others when it first loads.
+    import torch._inductor.config  # noqa: F401
+    import triton.language  # noqa: F401
+
+    if device == "cuda":  # CUDA's lazy initialization replaces torch.cuda.default_generators: do it first
+        torch.cuda.init()
+    known = _known_spec(ktype)
+    watch = integrity.Watch(*([known] if known else []))
+    module = kernelfile.import_kernel(path)  # a user's own type may register its spec on import
+    spec = get_spec(ktype)
+    if known is None:
+        watch.extend(spec)
+    watch.check(f"after importing {name}")
+    if spec.bind is None:
+        kernelfile.check_signature(module.kernel_fn, spec.reference)
+    return module, spec, watch
+
+
+def _known_spec(ktype: str) -> KernelSpec | None:
+    try:
+        return get_spec(ktype)
+    except KeyError:
+        return None  # a user's own type, registered by the kernel file itself
+
+
+def run(path: str, device: str, quick: bool, seed: int, dtype: str, timed: bool = True,
+        reuse_baselines: bool = False, same_as: str | None = None) -> dict:
+    result = {"status": "crash", "correctness": "FAIL", "failed_stage": None, "reason": "", "stages": [],
+              "seed": seed}
+    try:
+        module, spec, watch = _load(path, device)
+    except NeedsGPU as e:
+        result.update(status="fail", failed_stage="device", reason=str(e))
+        print(f"FAIL  {e}")
+        return result
+    except guards.GuardFailed as e:
+        return _guard_failed(result, e)
+    except (kernelfile.KernelFileError, KeyError) as e:
+        result["reason"] = e.args[0] if isinstance(e, KeyError) and e.args else str(e)  # KeyError's str() quotes
+        return result
+    except Exception as e:
+        result["reason"] = f"importing {os.path.basename(path)} failed: {type(e).__name__}: {e}"
+        return result
+    result["kernel_type"] = spec.name
+    launched = float(os.environ.get("AUTOKERNEL_LAUNCHED_AT", time.time()))
+    print(f"kernel {path}: {spec.name} on {device}{' (quick)' if quick else ''}, seed {seed} "
+          f"(started in {time.time() - launched:.1f} s)")
+    try:
+        harness = Harness(module, spec, device, quick, seed, watch)
+    except checking.CheckFailed as e:  # e.g. a ModelNew whose parameters are not Model's
+        result.update(status="fail", failed_stage="smoke", reason=str(e))
+        print(f"stage 1/5 smoke        FAIL  {e}")
+        return result
+    except Exception as e:
+        result.update(status="crash", failed_stage="smoke", reason=f"building the kernel failed: "
+                      f"{type(e).__name__}: {e}")
+        print(f"CRASH  {result['reason']}")
+        traceback.print_exc(file=sys.stderr)
+        return result
+    try:
+        stages = harness.run_stages()
+        result["stages"] = [asdict(s) for s in stages]
+        failed = next((s for s in stages if not s.passed), None)
+        if failed:
+            result.update(status="fail", failed_stage=failed.name, reason=failed.reason)
+            return result
+        if timed:
+            result.update(_timing(harness, module, parse_dtype(dtype), reuse_baselines, same_as))
+        harness.check_integrity("at the end", ignore_threads=True)
+        result.update(status="pass", correctness="PASS")
+    except guards.GuardFailed as e:
+        return _guard_failed(result, e)
+    except checking.CheckFailed as e:
+        result.update(status="fail", failed_stage="timing", reason=str(e))
+        print(f"timing FAIL  {e}")
+    except KernelCrashed as e:
+        result.update(status="crash", failed_stage=_current_stage(result), reason=str(e))
+        print(f"CRASH  {e}")
+        traceback.print_exc(file=sys.stderr)
+    return result
+
+
+def _guard_failed(result: dict, e: Exception) -> dict:
+    """The verdict for a kernel caught reaching for it: one line naming how, counted as a FAIL."""
+    result.update(status="fail", correctness="FAIL", failed_stage="guard", reason=str(e))
+    print(f"guard: FAIL  {e}")
+    return result
+
+
+def _current_stage(result) -> str:
+    done = len(result["stages"])
+    return STAGES[done] if done < len(STAGES) else "timing"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description="Run the five stages and timing on one kernel (child of bench.py)")
+    p.add_argument("kernel")
+    p.add_argument("--device", required=True, choices=["cpu", "cuda"])
+    p.add_argument("--out", required=True, help="where to write the JSON result")
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--dtype", default="fp16", help="dtype of the timing run")
+    p.add_argument("--no-timing", action="store_true")
+    p.add_argument("--reuse-baselines", action="store_true")
+    p.add_argument("--same-as", metavar="DIGEST",
+                   help="skip the timing when the kernel launches exactly this (autokernel/harness/launch_record.py)")
+    p.add_argument("--key-fd", type=int, default=None,
+                   help="a pipe holding the key that signs the result (autokernel.harness.channel); "
+                        "the runner passes it")
+    args = p.parse_args(argv)
+    key = channel.read_key(args.key_fd) if args.key_fd is not None else None  # before any kernel code runs
+    if compat.interpreting():
+        compat.prepare_interpreter()
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
+    result = run(args.kernel, args.device, args.quick, seed, args.dtype, timed=not args.no_timing,
+                 reuse_baselines=args.reuse_baselines, same_as=args.same_as)
+    result["gpu"] = gpu.device_name(args.device)
+    channel.write(args.out, result, key)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

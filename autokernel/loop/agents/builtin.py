@@ -1,0 +1,308 @@
+"""The builtin agent: a seeded search over the tunables a kernel file declares. No LLM, no network.
+
+A kernel file lists the values worth trying for each CAPS tunable in `TUNABLES` (block sizes, warps,
+stages, and the kernel-specific variants: the playbook's first tier). From the best configuration so
+far the agent moves one tunable at a time, nearest values first (a coordinate search; block sizes
+and warp counts are smooth enough that the neighbour of a good value is the best next guess), except
+that handing hard-coded values back to the kernel's own heuristics (0 or "auto") comes first, all of
+them at once and then one by one, and that a tunable whose last move changed nothing (within 1%)
+waits until the others have been moved, and one whose move changed not even what the kernel launches (the
+harness's launch record: a tunable of a variant these shapes do not run) is not moved again, alone or with
+others, until a keep changes the configuration. When a
+move is kept, the same tunable is pushed one step further in the same direction before anything else.
+When every single-tunable move from the best has been tried, pairs are tried, then triples, until
+the whole space is exhausted, which ends the kernel. Configurations already tried are never repeated;
+ties are broken by a seeded shuffle, so a run is reproducible.
+
+Edits are made by rewriting the literal in the `NAME = value` line, leaving comments and the rest of
+the file untouched.
+
+Shape specialization. A kernel the model calls at several shapes is timed at each (modeltime.py), and
+the agent remembers every tried configuration's time per shape. When the loop ends the kernel, the
+agent's last move (finish) is a per-shape table when some shape was fastest, by more than
+TABLE_MIN_GAIN_PCT, under another configuration than the best single one: `SHAPE_CONFIGS` maps the
+tensor arguments' shapes to that configuration, and a new `kernel_fn` (same signature) sets those
+tunables for the call and hands over to the single-configuration one. The loop keeps the table only
+if the model's time with it beats the best single configuration, like any other change.
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+import json
+import math
+import random
+import textwrap
+from typing import NamedTuple
+
+from autokernel.kernelfile import declarations
+from autokernel.loop.agents import Agent, Proposal, Task
+from autokernel.results import objective_us
+
+
+class Move(NamedTuple):
+    value: object
+    cost: int  # steps away from the current value in the TUNABLES list
+    direction: int  # +1 further along the list, -1 back, 0 unordered
+
+
+def config_key(config: dict) -> str:
+    return json.dumps(config, sort_keys=True)
+
+
+def tunable_space(source: str) -> tuple[dict, dict]:
+    """({name: values worth trying}, {name: current value}) for the tunables the file declares."""
+    decl = declarations(source)
+    space = {name: list(values) for name, values in (decl.get("TUNABLES") or {}).items()
+             if name in decl and isinstance(values, (list, tuple)) and values}
+    return space, {name: decl[name] for name in space}
+
+
+AUTO_VALUES = (0, "auto", None)  # "let the kernel's own heuristic choose", by the starters' convention
+
+
+def _moves(values: list, current) -> list[Move]:
+    if current in values:
+        i0 = values.index(current)
+        # Handing a hard-coded value back to the kernel's heuristic comes first (cost 0): a starter's
+        # "auto" is its author's best guess for every shape, so from a detuned file it is the big step.
+        return [Move(v, 0 if _is_auto(v) and not _is_auto(current) else abs(i - i0), (i > i0) - (i < i0))
+                for i, v in enumerate(values) if i != i0]
+    # the current value is not in the list (a hand-edited file): nearest listed values first
+    numeric = all(isinstance(v, (int, float)) for v in values + [current])
+    order = sorted(values, key=lambda v: abs(v - current)) if numeric else list(values)
+    return [Move(v, rank + 1, ((v > current) - (v < current)) if numeric else 0)
+            for rank, v in enumerate(order)]
+
+
+def _is_auto(value) -> bool:
+    return value is None or (type(value) in (int, str) and value in AUTO_VALUES)
+
+
+def _all_auto(space: dict, current: dict) -> dict | None:
+    """Every hard-coded tunable that has an auto value handed back to the kernel's heuristics at once.
+
+    A starter's heuristics are designed together (the warps follow the tile the variant picks), so a
+    detuned file often needs several back at once, and each alone can be slower: on an H200 a looped
+    rmsnorm with one warp got slower by going single-pass (still one warp) and by auto warps (still
+    looped), while both together were 1.4x faster. None when fewer than two tunables are hard-coded.
+    """
+    auto = {name: next(v for v in values if _is_auto(v)) for name, values in space.items()
+            if not _is_auto(current[name]) and any(_is_auto(v) for v in values)}
+    return {**current, **auto} if len(auto) >= 2 else None
+
+
+def candidates(space: dict, current: dict, seed: int, momentum: dict | None = None, flat=()):
+    """Every configuration other than `current`, in the order worth trying them.
+
+    Tunables in `flat` moved the time by less than the noise from this configuration (a block size the
+    current variant does not use, say): their single moves come after every other single move.
+    """
+    momentum = momentum or {}
+    joint = _all_auto(space, current)
+    if joint is not None:
+        yield joint
+    moves = {name: _moves(values, current[name]) for name, values in space.items()}
+    names = sorted(space)
+    for changed in range(1, len(names) + 1):
+        rng = random.Random(f"{seed}:{config_key(current)}:{changed}")
+        level = []
+        for combo in itertools.combinations(names, changed):
+            for picks in itertools.product(*(moves[n] for n in combo)):
+                cost = sum(p.cost for p in picks)
+                onward = changed == 1 and picks[0].cost == 1 and momentum.get(combo[0]) == picks[0].direction
+                inert = changed == 1 and combo[0] in flat
+                level.append((inert, cost, not onward, rng.random(), combo, picks))
+        level.sort(key=lambda item: item[:4])
+        for *_, combo, picks in level:
+            yield {**current, **{n: p.value for n, p in zip(combo, picks)}}
+
+
+def _literal(value, old: str) -> str:
+    if isinstance(value, str) and old.lstrip()[:1] == '"':
+        return json.dumps(value)
+    return repr(value)
+
+
+def apply_config(source: str, config: dict) -> str:
+    """The source with each `NAME = literal` line of `config` rewritten to the new value."""
+    data = source.encode()
+    line_starts = [0]
+    for line in data.splitlines(keepends=True):
+        line_starts.append(line_starts[-1] + len(line))
+    spans = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            v = node.value  # ast offsets are in UTF-8 bytes
+            spans[node.targets[0].id] = (line_starts[v.lineno - 1] + v.col_offset,
+                                         line_starts[v.end_lineno - 1] + v.end_col_offset)
+    for name in sorted(config, key=lambda n: spans[n][0], reverse=True):
+        start, end = spans[name]
+        new = _literal(config[name], data[start:end].decode()).encode()
+        data = data[:start] + new + data[end:]
+    return data.decode()
+
+
+def describe_move(old: dict, new: dict) -> str:
+    return ", ".join(f"{n} {old[n]!r} -> {new[n]!r}" for n in sorted(new) if new[n] != old[n])
+
+
+def next_move(source: str, memory: dict, seed: int) -> Proposal | None:
+    """The configuration to try next from the one in `source`, given what `memory` says was tried."""
+    space, current = tunable_space(source)
+    tried = {config_key(c) for c in memory.get("tried", [])} | {config_key(current)}
+    inert = set(memory.get("inert", ()))
+    space = {n: values for n, values in space.items() if n not in inert}
+    for config in candidates(space, current, seed, memory.get("momentum"), memory.get("flat", ())):
+        if config_key(config) not in tried:
+            moves = {n: _moves(space[n], current[n]) for n in space if config[n] != current[n]}
+            onward = {n: next(m.direction for m in ms if m.value == config[n]) for n, ms in moves.items()}
+            return Proposal(describe_move(current, config), {"config": config, "directions": onward})
+    return None
+
+
+# ------------------------------------------------------------------------------ shape specialization
+TABLE_MIN_GAIN_PCT = 2.0  # a shape joins the table only when another configuration was this much faster there
+TABLE_MARK = "# --- per-shape configurations (builtin agent)"
+
+
+def record_shape_times(memory: dict, config: dict, model_shapes: list[dict]) -> None:
+    """Remember a timed configuration's time per model shape (keyed by the arguments' shapes)."""
+    if not model_shapes:
+        return
+    memory["shapes"] = [{"key": s["arg_shapes"], "calls": s["calls"]} for s in model_shapes]
+    memory.setdefault("shape_us", []).append({"config": config, "us": [s["us"] for s in model_shapes]})
+
+
+def shape_table(memory: dict, best: dict) -> dict | None:
+    """{shape key (json): configuration} for the shapes where another configuration than `best` was
+    fastest by more than TABLE_MIN_GAIN_PCT, when the table's predicted time in the model beats best's;
+    else None. Needs two or more model shapes (one shape has one best configuration)."""
+    shapes, runs = memory.get("shapes") or [], memory.get("shape_us") or []
+    mine = next((r["us"] for r in reversed(runs) if config_key(r["config"]) == config_key(best)), None)
+    if len(shapes) < 2 or mine is None or len(mine) != len(shapes):
+        return None
+    table, predicted = {}, list(mine)
+    for i, shape in enumerate(shapes):
+        fastest = min((r for r in runs if len(r["us"]) == len(shapes)), key=lambda r: r["us"][i])
+        if fastest["us"][i] < mine[i] * (1 - TABLE_MIN_GAIN_PCT / 100):
+            table[json.dumps(shape["key"])] = fastest["config"]
+            predicted[i] = fastest["us"][i]
+    calls = [s["calls"] for s in shapes]
+    if not table or sum(c * t for c, t in zip(calls, predicted)) >= sum(c * t for c, t in zip(calls, mine)):
+        return None
+    return table
+
+
+def launch_key(arg_shapes: list[list[int]]) -> tuple:
+    """How the dispatching kernel_fn recognises a shape: (elements, last dimension) of each tensor argument,
+    so that a model passing (1, 2048, 768) where the harness timed (2048, 768) still finds its entry."""
+    return tuple((math.prod(shape), shape[-1] if shape else 1) for shape in arg_shapes)
+
+
+def apply_table(source: str, table: dict, best: dict) -> str | None:
+    """The source ending with the per-shape table and its dispatching kernel_fn; None when the file's
+    kernel_fn cannot be wrapped (no torch import, *args or keyword-only parameters)."""
+    fn = next((n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == "kernel_fn"), None)
+    if fn is None or "import torch" not in source or TABLE_MARK in source or fn.args.vararg or fn.args.kwarg \
+            or fn.args.kwonlyargs or fn.body[0].lineno == fn.lineno:
+        return None
+    lines = source.splitlines(keepends=True)
+    header = "".join(lines[fn.lineno - 1:fn.body[0].lineno - 1]).rstrip()
+    if not header.endswith(":"):  # a comment after the colon, or a docstring on the def line
+        return None
+    params = ", ".join(a.arg for a in fn.args.posonlyargs + fn.args.args)
+    names = sorted({n for config in table.values() for n in config if config[n] != best.get(n)})
+    entries = "".join(f"    {launch_key(json.loads(key))!r}: {tuple(config[n] for n in names)!r},\n"
+                      for key, config in table.items())
+    saved = ", ".join(f"_saved_{i}" for i in range(len(names)))
+    block = textwrap.dedent(f"""
+
+
+        {TABLE_MARK} ---------------------------------------------------
+        # The model calls this kernel at several shapes and some were fastest under another configuration
+        # than the constants above: at launch the tensor arguments' sizes pick it (other shapes keep them).
+        SHAPE_TABLE_NAMES = {tuple(names)!r}
+        SHAPE_CONFIGS = {{
+        {{entries}}}}
+        _single_config_kernel_fn = kernel_fn
+
+
+        def _with_config(config, args):
+            global {", ".join(names)}
+            {saved}, = {", ".join(names)},
+            {", ".join(names)}, = config
+            try:
+                return _single_config_kernel_fn(*args)
+            finally:
+                {", ".join(names)}, = {saved},
+
+
+        {{header}}
+            args = ({params},)
+            key = tuple((a.numel(), a.shape[-1] if a.dim() else 1) for a in args if isinstance(a, torch.Tensor))
+            config = SHAPE_CONFIGS.get(key)
+            return _single_config_kernel_fn(*args) if config is None else _with_config(config, args)
+        """)
+    block = block.replace("{entries}", entries).replace("{header}", header.strip())
+    return source.rstrip() + "\n\n\n" + block.strip("\n") + "\n"
+
+
+class BuiltinAgent(Agent):
+    name = "builtin"
+
+    def finish(self, task: Task) -> Proposal | None:
+        """The per-shape table, when the shapes disagree on their best configuration (see the docstring)."""
+        source = task.kernel_file.read_text()
+        best = tunable_space(source)[1]
+        table = shape_table(task.memory, best)
+        new = apply_table(source, table, best) if table else None
+        if new is None:
+            return None
+        task.kernel_file.write_text(new)
+        picks = "; ".join(f"{key}: {describe_move(best, config) or 'as above'}" for key, config in table.items())
+        return Proposal(f"per-shape table ({picks})", {"table": table})
+
+    def propose(self, task: Task) -> Proposal | None:
+        source = task.kernel_file.read_text()
+        move = next_move(source, task.memory, task.seed)
+        if move is None:
+            return None  # no TUNABLES, or every configuration has been tried
+        task.kernel_file.write_text(apply_config(source, move.meta["config"]))
+        return move
+
+    def observe(self, task: Task, proposal: Proposal | None, status: str) -> None:
+        if proposal is None:  # the baseline: its configuration counts as tried
+            config = tunable_space(task.kernel_file.read_text())[1]
+        else:
+            config = proposal.meta.get("config")
+        if not config:
+            return
+        task.memory.setdefault("tried", []).append(config)
+        record_shape_times(task.memory, config, task.model_shapes)
+        if status == "keep" and proposal is not None:
+            task.memory["momentum"] = proposal.meta.get("directions", {})
+            # under the new configuration every tunable may matter again
+            task.memory["flat"], task.memory["inert"] = [], []
+        elif status == "unchanged" and proposal is not None and len(proposal.meta.get("directions", {})) == 1:
+            inert = task.memory.setdefault("inert", [])
+            inert.extend(n for n in proposal.meta["directions"] if n not in inert)
+        elif status == "revert" and proposal is not None and _made_no_difference(task.history):
+            flat = task.memory.setdefault("flat", [])
+            flat.extend(n for n in proposal.meta.get("directions", {}) if n not in flat)
+
+
+FLAT_PCT = 1.0  # a revert this close to the best says the moved tunable does not matter here
+
+
+def _made_no_difference(history: list[dict]) -> bool:
+    """Whether the last experiment timed within FLAT_PCT of the best kept (or baseline) before it."""
+    try:
+        last = objective_us(history[-1])
+        best = min(objective_us(r) for r in history[:-1] if r["status"] in ("baseline", "keep"))
+    except (ValueError, KeyError, IndexError, TypeError):
+        return False  # a crash, a timeout, no baseline yet: nothing learnt about sensitivity
+    if last is None:
+        return False
+    return abs(last - best) <= FLAT_PCT / 100 * best

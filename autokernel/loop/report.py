@@ -1,0 +1,270 @@
+"""What the user sees of the loop: the live line, the per-kernel report, the Amdahl estimate (progress.png: plot.py).
+
+Everything here is read from results.tsv (the rows of one tag) and, for each kernel's share of the
+model's time, from the loop's state; nothing is recomputed from git. A kernel's time is its time in
+the model (model_us: every model shape, weighted by its calls per forward) when it has model shapes,
+else its primary shape's latency. The end-to-end estimate is Amdahl's law over the kernels the plan
+ranked: a kernel taking a fraction f of the model's time, of which a fraction r is left, gives
+1 / ((1 - sum f) + sum f r). r is the kernel's best time in the model over the time the profile measured
+for its type (both GPU time per forward pass), or 1 / s for a kernel without model shapes (s: its speedup
+over PyTorch), and never above 1 (verify.py leaves out a kernel the model is faster without).
+It is printed beside the last end-to-end measurement, workspace/verify.json as verify.py writes it, so
+that the estimate is never the only number; `orchestrate.py run --verify` takes that measurement.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+from rich.markup import escape
+
+from autokernel.profile.plan import fraction_left
+from autokernel.results import objective_us
+
+VERIFY_JSON = Path("workspace/verify.json")  # verify.py's full report, written on every run
+# verify.py's timing rows the estimate is compared with: GPU time alone (the profile's f is GPU time),
+# then the model as an eager user runs it
+VERIFY_ROWS = (("optimized_graph", "with CUDA graphs (GPU time, the estimate's counterpart)"),
+               ("optimized", "in eager mode (launch costs included)"), ("optimized_compile", "under torch.compile"))
+
+CPU_CAVEAT = "Triton interpreter timings, not performance figures"  # what every CPU-mode figure says of itself
+NON_TTY_WIDTH = 200  # characters per line when the output goes to a file
+
+
+def format_us(us) -> str:
+    if us is None:
+        return "-"
+    us = float(us)
+    return f"{us / 1000:.2f} ms" if us >= 10_000 else f"{us:.1f} us"
+
+
+def format_x(ratio) -> str:
+    """A speedup; three significant digits, so that 0.0005x in CPU mode does not read as 0.00x."""
+    return "-" if not ratio else f"{float(ratio):.3g}x"
+
+
+def format_duration(seconds: float) -> str:
+    seconds = int(max(0, seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def _float(value) -> float | None:
+    try:
+        return float(value) if value not in (None, "") else None
+    except ValueError:
+        return None
+
+
+STATUS_STYLE = {"keep": "green", "baseline": "cyan", "revert": "yellow", "crash": "red", "timeout": "red"}
+
+
+def progress_line(row: dict, job: dict, seconds_left: float) -> str:
+    """One line per experiment: what was tried, what came of it, where the kernel stands."""
+    status = row["status"]
+    speedup = (f"{job['baseline_us'] / job['best_us']:.2f}x baseline"
+               if job.get("baseline_us") and job.get("best_us") else "no correct version yet")
+    vs_torch = f", {format_x(job['best_vs_pytorch'])} pytorch" if job.get("best_vs_pytorch") else ""
+    return (f"exp {row['experiment']:>3} {escape(job['name'])} [{STATUS_STYLE.get(status, 'white')}]"
+            f"{status:<8}[/] {format_us(objective_us(row)):>10}  {escape(row['description'][:90])}"
+            f"  | best {speedup}{vs_torch}, kept {job['kept']}/{job['experiments']}"
+            f" | {format_duration(seconds_left)} left")
+
+
+class LiveLine:
+    """Experiment lines printed as they come, under one live status line (rich; silent off a terminal)."""
+
+    def __init__(self, console=None):
+        from rich.console import Console
+
+        if console is None:
+            console = Console(highlight=False)
+            if not console.is_terminal:  # a log file: one line per experiment, no wrapping at 80
+                console = Console(highlight=False, width=NON_TTY_WIDTH)
+        self.console = console
+        self._live = None
+
+    def __enter__(self):
+        self._live = self.console.status("starting")
+        self._live.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._live.stop()
+
+    def print(self, text: str) -> None:
+        self.console.print(text)
+
+    def status(self, text: str) -> None:
+        if self._live is not None:
+            self._live.update(escape(text))
+
+
+# ------------------------------------------------------------------------------ the report
+def kernel_summaries(rows: list[dict], jobs: list[dict]) -> list[dict]:
+    """Per kernel (in queue order, then any other kernel_file seen): baseline, best, runs and kept."""
+    names = [j["source"] for j in jobs] + sorted({r["kernel_file"] for r in rows} - {j["source"] for j in jobs})
+    by_source = {j["source"]: j for j in jobs}
+    out = []
+    for source in names:
+        mine = [r for r in rows if r["kernel_file"] == source]
+        base = next((r for r in mine if r["status"] == "baseline"), None)
+        good = [r for r in mine if r["status"] in ("baseline", "keep") and r["correctness"] == "PASS"]
+        best = good[-1] if good else None  # kept versions only ever get faster
+        job = by_source.get(source, {})
+        out.append({
+            "kernel": job.get("name", Path(source).stem), "source": source, "f": job.get("f"),
+            "time_us": job.get("time_us"),
+            "status": job.get("status", ""), "reason": job.get("reason", ""),
+            "runs": len(mine), "kept": sum(r["status"] == "keep" for r in mine),
+            "baseline_us": objective_us(base) if base else None,
+            "best_us": objective_us(best) if best else None,
+            "best_vs_pytorch": (_float(best.get("model_vs_pytorch")) or _float(best["speedup_vs_pytorch"]))
+            if best else None,
+            "host_us": _float(best.get("host_us")) if best else None,
+            "in_model": bool(best and _float(best.get("model_us"))),
+        })
+    return out
+
+
+def amdahl(summaries: list[dict]) -> float | None:
+    """End-to-end speedup if every kernel with a plan share ran at its best (see remaining_fraction)."""
+    ranked = [s for s in summaries if s["f"]]
+    if not ranked:
+        return None
+    rest = 1.0 - sum(s["f"] for s in ranked)
+    return 1.0 / (rest + sum(s["f"] * remaining_fraction(s) for s in ranked))
+
+
+def remaining_fraction(summary: dict) -> float:
+    return fraction_left(summary.get("time_us"), summary.get("best_us"), summary.get("in_model"),
+                         summary["best_vs_pytorch"])
+
+
+def shape_lines(jobs: list[dict]) -> list[str]:
+    """Each kernel's time per call at each model shape, baseline -> best, beside eager and compile."""
+    lines = []
+    for job in jobs:
+        before = {json.dumps(s["shape"]): s for s in job.get("baseline_shapes") or []}
+        best = job.get("best_shapes") or []
+        if best:
+            lines.append(f"{job['name']} at the model's shapes (us per call; calls per forward):")
+        for s in best:
+            base = before.get(json.dumps(s["shape"]), {}).get("us")
+            label = " ".join(f"{k}={v}" for k, v in s["shape"].items())
+            lines.append(f"  {label:<28} x{s['calls']:<4} {format_us(base)} -> {format_us(s['us'])}"
+                         f"  eager {format_us(s['eager_us'])}  compile {format_us(s['compile_us'])}"
+                         f"  host {format_us(s['host_us'])}")
+    return lines
+
+
+# ------------------------------------------------------------------------------ the measurement beside it
+def measured_speedup(verify: dict) -> tuple[float, str] | None:
+    """(speedup over eager, how it was run, e.g. "with CUDA graphs") of the first of VERIFY_ROWS verify.py timed."""
+    for row, label in VERIFY_ROWS:
+        speedup = (verify["timing"].get(row) or {}).get("speedup_vs_eager")
+        if speedup:
+            return speedup, label.split(" (")[0]
+    return None
+
+
+def read_verify(root: Path) -> dict | None:
+    """verify.py's last report (workspace/verify.json) with its file time, or None when there is none."""
+    path = root / VERIFY_JSON
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("timing"), dict):
+        return None
+    written = datetime.fromtimestamp(path.stat().st_mtime, timezone.utc)
+    return {**data, "written": written.isoformat(timespec="seconds")}
+
+
+def estimate_lines(estimate: float | None, verify: dict | None, last_kept: str | None, cpu: bool = False) -> list[str]:
+    """The Amdahl estimate beside verify.py's measurement (or what to run to get one).
+    last_kept: ISO time of the tag's last kept experiment; a measurement older than it is said to be.
+    cpu: the kernels were timed in CPU mode, and the estimate is made of those times."""
+    lines = []
+    if estimate:
+        caveat = f" (from CPU mode's {CPU_CAVEAT})" if cpu else ""
+        lines.append(f"end-to-end estimate (Amdahl over the plan's shares): {estimate:.3f}x over PyTorch eager{caveat}")
+    if verify is None:
+        return lines + ["no end-to-end measurement yet: run verify.py (or `orchestrate.py run --verify`); "
+                        "the estimate alone is not a measurement"]
+    where = f"CPU mode, {CPU_CAVEAT}" if verify.get("cpu_mode") else (verify.get("gpu") or "GPU")
+    stale = " (older than the last kept experiment: run verify.py again)" if last_kept and \
+        verify["written"] < last_kept else ""
+    lines.append(f"measured by verify.py, {verify.get('model', '?')} input {verify.get('input_shape')} "
+                 f"({where}, {verify['written']}){stale}:")
+    for row, label in VERIFY_ROWS:
+        r = verify["timing"].get(row)
+        if r and r.get("speedup_vs_eager"):
+            off = f"; the estimate is off by {100 * (estimate / r['speedup_vs_eager'] - 1):+.1f}%" \
+                if estimate and row == "optimized_graph" else ""
+            lines.append(f"  {r['speedup_vs_eager']:.3f}x over eager {label}{off}")
+    if not verify["timing"]:
+        lines.append("  (no timing: correctness only, or the optimized model failed its check)")
+    against = verify.get("against") or {}
+    if "verdict" in against:  # verify.py --against: the kernels in turns with the ones the loop began from
+        lines.append(f"  the kept kernels against the {against['against']} ones ({', '.join(against['differs'])} "
+                     f"differ), timed in turns: {against['speedup']:.4f}x, {against['verdict']} (this run's faster "
+                     f"in {against['won_rounds']} of {against['rounds']} turns, sign test p={against['p_value']:.2g})")
+    return lines
+
+
+def verify_command(plan: dict, device: str | None = None, json_path: Path = VERIFY_JSON) -> list[str]:
+    """verify.py's command line for the model a plan was profiled on (profile.py records how it ran)."""
+    source = plan.get("source")
+    if not source or not plan.get("class_name"):
+        raise ValueError("the plan does not say which model it profiled (no source/class_name): run verify.py "
+                         "by hand")
+    where = "--model" if source.endswith(".py") else "--module"
+    cmd = [sys.executable, "verify.py", where, source, "--class-name", plan["class_name"]]
+    if plan.get("config"):
+        cmd += ["--config", str(plan["config"])]
+    cmd += ["--input-shape", ",".join(map(str, plan.get("input_shape") or [])), "--dtype", plan.get("dtype", "float16")]
+    device = device or ("cpu" if plan.get("cpu_mode") else "cuda")
+    cmd += ["--device", device] + (["--cuda-graph"] if device == "cuda" else [])
+    if any(e.get("kernel_file") for e in plan.get("entries", [])):  # extract.py wrote the files the loop began from
+        cmd += ["--against", "extracted"]
+    return cmd + ["--report", str(json_path)]
+
+
+def shell_line(cmd: list[str]) -> str:
+    return shlex.join(["python", *cmd[1:]])
+
+
+def state_text(status: str, reason: str) -> str:
+    """A kernel's state as the report and the loop say it: "parked (5 reverts in a row)", "done (...)"."""
+    return f"{status} ({reason})" if reason else status
+
+
+def rows_device(rows: list[dict]) -> str:
+    """The device a tag's rows were timed on (results.tsv's device column, the last one given), "" if none."""
+    return next((r["device"] for r in reversed(rows) if r.get("device")), "")
+
+
+def is_cpu(device: str) -> bool:
+    return device.startswith("cpu")  # bench.py writes "cpu (Triton interpreter)"
+
+
+def report_table(summaries: list[dict], tag: str, device: str = ""):
+    from rich.table import Table
+
+    where = f" on {device}" if device else ""
+    table = Table(title=f"AutoKernel report: tag {tag}{where}", caption=f"CPU mode: {CPU_CAVEAT}" if is_cpu(device)
+                  else None, caption_style="bold red")
+    for col in ("kernel", "share f", "time", "baseline", "best", "vs baseline", "vs pytorch", "host/call", "runs",
+                "kept", "state"):
+        table.add_column(col, justify="left" if col in ("kernel", "time", "state") else "right")
+    for s in summaries:
+        gain = f"{s['baseline_us'] / s['best_us']:.2f}x" if s["baseline_us"] and s["best_us"] else "-"
+        table.add_row(escape(s["kernel"]), f"{s['f']:.1%}" if s["f"] else "-",
+                      "in model" if s["in_model"] else "one call", format_us(s["baseline_us"]),
+                      format_us(s["best_us"]), gain, format_x(s["best_vs_pytorch"]), format_us(s["host_us"]),
+                      str(s["runs"]), str(s["kept"]), escape(state_text(s["status"], s["reason"])))
+    return table

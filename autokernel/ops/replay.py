@@ -1,0 +1,278 @@
+"""A kernel_fn's launches replayed: after the first call with given inputs, later calls with inputs of the same
+signature skip kernel_fn's Python and call the compiled Triton kernels straight.
+
+On an H200 host one call of a starter's kernel_fn costs 33-170 us of host time (scripts/launch_breakdown.py):
+12-70 us are its own Python (reshape, contiguous, empty, tile heuristics, TMA descriptors), 15-30 us are
+JITFunction.run (binding, specialization key, cache lookup), and 5-16 us the compiled launcher itself. All
+but the launcher and the output's allocation depend only on the inputs' signature (dtypes, shapes, strides,
+16-byte alignment, devices and the values of the other arguments), so they are worked out once.
+
+The first call of a signature runs kernel_fn once, recording:
+- every Triton launch (the kernel's @triton.jit functions are wrapped in a copy of its namespace, as in
+  launchers.rebound): the CompiledKernel, the grid and all its arguments;
+- every torch op it runs (a TorchDispatchMode). Only allocations (empty*, zeros*) and views are allowed:
+  anything that computes (a copy, a cast, an add) makes the signature unreplayable, and kernel_fn runs
+  as it is for it from then on;
+- how each tensor argument of a launch, and the output, relate to the inputs and the allocations: the same
+  storage at a fixed byte offset. A pointer inside two inputs' storage is ambiguous: unreplayable.
+Triton's own launch hook counts the launches meanwhile; a launch the wrappers did not see (a kernel reached
+some other way) makes the signature unreplayable.
+
+A replay allocates the buffers, fills each launch's pointer arguments as integers (input or buffer address
+plus offset; Triton's launchers take an int as a device pointer) and calls the compiled launcher with the
+current stream: an allocation per buffer and one launcher call per kernel. Launch hooks set by a profiler
+(proton, ...) send every call back through kernel_fn, so they see the launches as usual.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from autokernel import compat
+
+aten = torch.ops.aten
+ALLOCATIONS = {aten.empty.memory_format, aten.empty_strided.default, aten.empty_like.default,
+               aten.new_empty.default, aten.new_empty_strided.default}
+ZEROED = {aten.zeros.default, aten.zeros_like.default, aten.new_zeros.default}
+
+
+MAX_SIGNATURES = 1024  # plans kept per kernel; past that they start again (a model has a few shapes, a sweep many)
+
+
+class Unreplayable(Exception):
+    """What kernel_fn did for this signature cannot be replayed (the reason is the message)."""
+
+
+@dataclass
+class Buffer:
+    size: tuple
+    stride: tuple
+    dtype: torch.dtype
+    device: torch.device
+    zeroed: bool
+
+    def allocate(self) -> torch.Tensor:
+        t = torch.empty_strided(self.size, self.stride, dtype=self.dtype, device=self.device)
+        return t.zero_() if self.zeroed else t
+
+
+@dataclass
+class Launch:
+    run: Callable  # the compiled kernel's launcher (compat.raw_launcher)
+    grid: tuple  # x, y, z
+    head: tuple  # the launcher's arguments between the stream and the kernel's
+    args: list  # the kernel's arguments, constants in place; pointers and descriptors filled per call
+    pointers: list = field(default_factory=list)  # (position, from an input (else a buffer), index, byte offset)
+    descriptors: list = field(default_factory=list)  # (position, template, from an input, index)
+
+
+@dataclass
+class Plan:
+    buffers: list[Buffer]
+    launches: list[Launch]
+    output: tuple  # (from an input, index, shape, stride, element offset, is the whole buffer), or a tuple of them
+    stream: Callable[[], int]
+
+    def run(self, args: tuple, pointers: list):
+        buffers = [b.allocate() for b in self.buffers]
+        addresses = [b.data_ptr() for b in buffers]
+        stream = self.stream()
+        for launch in self.launches:
+            values = launch.args.copy()
+            for position, from_input, index, offset in launch.pointers:
+                values[position] = (pointers if from_input else addresses)[index] + offset
+            for position, template, from_input, index in launch.descriptors:
+                values[position] = copy.copy(template)
+                values[position].base = (args if from_input else buffers)[index]
+            launch.run(*launch.grid, stream, *launch.head, *values)
+        if type(self.output[0]) is tuple:
+            return tuple(_view(o, args, buffers) for o in self.output)
+        return _view(self.output, args, buffers)
+
+
+def _view(spec: tuple, args: tuple, buffers: list) -> torch.Tensor:
+    from_input, index, shape, stride, offset, whole = spec  # offset: elements from the start of the input or buffer
+    t = (args if from_input else buffers)[index]
+    return t if whole else t.as_strided(shape, stride, t.storage_offset() + offset)
+
+
+class Replayed:
+    """kernel_fn with its launches replayed per input signature (see the module's docstring); `fallback` (kernel_fn
+    with cheaper launches, or kernel_fn itself) runs the signatures that cannot be replayed.
+    is_kernel picks the launchable kernels in kernel_fn's namespace; count_launches counts launches the
+    wrappers may not see. Both are Triton's by default; tests give their own."""
+
+    def __init__(self, kernel_fn: Callable, fallback: Callable, is_kernel: Callable | None = None,
+                 count_launches: Callable | None = None):
+        from autokernel.ops import launchers
+
+        self.kernel_fn = kernel_fn
+        self.fallback = fallback
+        self.launches: list = []
+        self.recording = launchers.rebound(kernel_fn, is_kernel or compat.is_jit_kernel,
+                                           lambda kernel: launchers.Intercepted(kernel, self._launch))
+        self.count_launches = count_launches or compat.count_launches
+        self.hooked = compat.launch_hooks_probe()
+        self.plans: dict = {}  # signature -> Plan, or the reason it cannot be replayed
+        self.__name__ = getattr(kernel_fn, "__name__", "kernel_fn")
+        self.__wrapped__ = kernel_fn
+
+    def __call__(self, *args):
+        key, pointers = signature(args)
+        plan = self.plans.get(key)
+        if type(plan) is Plan and not self.hooked():
+            return plan.run(args, pointers)
+        if plan is not None or self.recording is None:
+            return self.fallback(*args)
+        if len(self.plans) >= MAX_SIGNATURES:
+            self.plans.clear()
+        out, self.plans[key] = self._record(args)
+        return out
+
+    def reasons(self) -> dict:
+        """For each signature seen, why it is not replayed (the signatures that are replayed are left out)."""
+        return {k: v for k, v in self.plans.items() if type(v) is not Plan}
+
+    # ------------------------------------------------------------------ recording
+    def _launch(self, kernel, grid, args: tuple, kwargs: dict):
+        compiled = kernel[grid](*args, **kwargs)
+        self.launches.append((kernel, grid, args, kwargs, compiled))
+        return compiled
+
+    def _record(self, args: tuple):
+        """(kernel_fn's output, its Plan or the reason it has none)."""
+        self.launches = []
+        log = _OpLog()
+        with self.count_launches() as counted, log:
+            out = self.recording(*args)
+        try:
+            if counted is None:
+                raise Unreplayable("launches cannot be counted (a launch hook is set)")
+            if counted[0] != len(self.launches):
+                raise Unreplayable(f"{counted[0]} launches, {len(self.launches)} of them through the kernel file's "
+                                   "own @triton.jit names")
+            plan = _plan(args, out, log, self.launches)
+        except Unreplayable as e:
+            return out, str(e)
+        finally:
+            self.launches = []
+        return out, plan
+
+
+def signature(args: tuple) -> tuple[tuple, list]:
+    """(what a replay must match, the tensors' addresses): per tensor its dtype, shape, strides, address modulo 16
+    (Triton specializes pointers on 16-byte alignment) and device; any other argument by type and value."""
+    key, pointers = [], []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            p = a.data_ptr()
+            pointers.append(p)
+            key.append((a.dtype, a.shape, a.stride(), p % 16, a.get_device()))
+        else:
+            pointers.append(None)
+            key.append((type(a), a))
+    return tuple(key), pointers
+
+
+class _OpLog(TorchDispatchMode):
+    """The torch ops a kernel_fn runs: allocations are kept (the tensors), views pass, anything else is noted."""
+
+    def __init__(self):
+        super().__init__()
+        self.allocations: list[tuple[torch.Tensor, bool]] = []
+        self.refused: str | None = None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func in ALLOCATIONS or func in ZEROED:
+            self.allocations.append((out, func in ZEROED))
+        elif not func.is_view and self.refused is None:
+            self.refused = str(func)
+        return out
+
+
+def _plan(args: tuple, out, log: _OpLog, launches: list) -> Plan:
+    if log.refused:
+        raise Unreplayable(f"kernel_fn computes with torch ({log.refused})")
+    inputs = [a if isinstance(a, torch.Tensor) else None for a in args]
+    devices = {a.get_device() for a in inputs if a is not None}
+    if len(devices) != 1:
+        raise Unreplayable("inputs on several devices, or no tensor input")
+    buffers = [t for t, _ in log.allocations]
+    where = _Locator(inputs, buffers)
+    plan_launches = [_launch(where, *launch) for launch in launches]
+    outputs = out if isinstance(out, (tuple, list)) else (out,)
+    if not outputs or not all(isinstance(o, torch.Tensor) for o in outputs):
+        raise Unreplayable("the output is not a tensor or a tuple of tensors")
+    specs = [_output(where, o) for o in outputs]
+    used = sorted({i for launch in plan_launches for _, from_input, i, _ in launch.pointers if not from_input}
+                  | {i for launch in plan_launches for _, _, from_input, i in launch.descriptors if not from_input}
+                  | {i for from_input, i, *_ in specs if not from_input})
+    renumber = {old: new for new, old in enumerate(used)}  # allocations nothing refers to are not replayed
+    for launch in plan_launches:
+        launch.pointers = [(p, s, i if s else renumber[i], o) for p, s, i, o in launch.pointers]
+        launch.descriptors = [(p, t, s, i if s else renumber[i]) for p, t, s, i in launch.descriptors]
+    specs = [(s, i if s else renumber[i], *rest) for s, i, *rest in specs]
+    kept = [Buffer(tuple(buffers[i].shape), buffers[i].stride(), buffers[i].dtype, buffers[i].device,
+                   log.allocations[i][1]) for i in used]
+    output = tuple(specs) if isinstance(out, (tuple, list)) else specs[0]
+    return Plan(kept, plan_launches, output, compat.stream_of(devices.pop()))
+
+
+class _Locator:
+    """Which input or allocation a tensor lives in, and at which byte offset from its start."""
+
+    def __init__(self, inputs: list, buffers: list):
+        self.storages = {}
+        for from_input, tensors in ((True, inputs), (False, buffers)):
+            for i, t in enumerate(tensors):
+                if t is not None and t.numel():
+                    self.storages.setdefault(t.untyped_storage().data_ptr(), []).append((from_input, i, t))
+
+    def find(self, t: torch.Tensor) -> tuple[bool, int, int, torch.Tensor]:
+        owners = self.storages.get(t.untyped_storage().data_ptr(), [])
+        if len(owners) != 1:
+            raise Unreplayable("a tensor argument shares its memory with no input or allocation" if not owners
+                               else "a tensor argument lies in memory that several inputs share")
+        source, i, owner = owners[0]
+        return source, i, t.data_ptr() - owner.data_ptr(), owner
+
+
+def _launch(where: _Locator, kernel, grid, args: tuple, kwargs: dict, compiled) -> Launch:
+    if not isinstance(grid, tuple) or not all(isinstance(g, int) for g in grid):
+        raise Unreplayable("a launch grid that is not a tuple of ints")
+    raw = compat.raw_launcher(compiled)
+    if raw is None:
+        raise Unreplayable("this Triton's compiled kernels cannot be launched straight")
+    values = compat.launch_arguments(kernel, args, kwargs)
+    launch = Launch(run=raw[0], grid=(*grid, 1, 1)[:3], head=raw[1], args=list(values))
+    for position, value in enumerate(values):
+        if isinstance(value, torch.Tensor):
+            source, index, offset, _ = where.find(value)
+            launch.pointers.append((position, source, index, offset))
+            launch.args[position] = None  # filled per call; the recorded tensor is not kept alive
+        elif isinstance(getattr(value, "base", None), torch.Tensor):  # a host TMA descriptor
+            source, index, offset, owner = where.find(value.base)
+            if offset or value.base.dtype != owner.dtype:
+                raise Unreplayable("a TMA descriptor on a view that starts inside a tensor")
+            template = copy.copy(value)
+            template.base = None
+            launch.descriptors.append((position, template, source, index))
+            launch.args[position] = None
+    return launch
+
+
+def _output(where: _Locator, out: torch.Tensor) -> tuple:
+    source, index, offset, owner = where.find(out)
+    if offset % out.element_size():
+        raise Unreplayable("an output that starts between two elements")
+    whole = (out.dtype == owner.dtype and out.shape == owner.shape and out.stride() == owner.stride() and not offset
+             and not source)
+    if out.dtype != owner.dtype:
+        raise Unreplayable("an output viewed as another dtype")
+    return source, index, tuple(out.shape), out.stride(), offset // out.element_size(), whole

@@ -1,0 +1,121 @@
+"""`autokernel.optimize(model)`: the model with the night's verified kernels in place, in the user's own code.
+
+    import autokernel
+    model = autokernel.optimize(model)                    # workspace/kernels, every type
+    model = torch.compile(autokernel.optimize(model))     # the kernels are graph nodes: no graph break
+
+For each kernel type the best file is taken (the loop's winner, else the extracted starter, else the
+shipped starter: autokernel/ops/customops.py), plugged into its op, and swapped into the model site by
+site (autokernel/ops/swap.py), with the same per-site fallbacks verify.py reports: a module or call the
+kernel does not cover runs the original code. The returned module is a copy of the model's module
+tree over the same weights (no weight is copied): the original keeps working unchanged beside it.
+One line says what was swapped (`quiet=True` keeps it for `model.autokernel.summary`).
+
+verify.py proves the result correct and faster; this function trusts the files it is given, and follows
+the prune of verify.py's report beside them (workspace/verify.json) when it is about this model's class. On a
+machine without a GPU the kernels run only through Triton's interpreter (TRITON_INTERPRET=1, set
+before any kernel file is imported); without it a CPU model is returned as it is, and the line says why.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch.nn as nn
+
+from autokernel import compat
+from autokernel.ops import customops, swap
+
+DEFAULT_KERNELS = Path("workspace") / "kernels"  # relative to the working directory, where the loop writes
+STARTERS = compat.ROOT / "kernels"  # the shipped starters, for types without a file in the kernels directory
+
+
+def optimize(model: nn.Module, kernels: str | Path = DEFAULT_KERNELS, types: Iterable[str] | None = None, *,
+             exclude: Iterable[str] = (), verified: str | Path | None = "auto", starters: str | Path | None = STARTERS,
+             quiet: bool = False) -> nn.Module:
+    """The model with the kernels of `types` (default: every type with a file) in place; see the module doc.
+
+    exclude: types to leave out. verified: a verify.py report (workspace/verify.json) whose prune to follow:
+    the types it left out for this model class are left out too (default "auto": the report beside the
+    kernels directory, if it is about this model's class; None: none). starters: where types without a
+    file in `kernels` fall back to (None: no fallback, only the files in `kernels`)."""
+    if isinstance(getattr(model, "autokernel", None), swap.Optimized):  # optimized before: start from the original
+        model = model.autokernel.original
+    if _device_type(model) == "cpu" and not compat.interpreting():
+        why = "left as it is: Triton kernels need a CUDA device (or TRITON_INTERPRET=1 for the CPU interpreter)"
+        _say(f"autokernel: {type(model).__name__} {why}", quiet)
+        return model
+    if verified == "auto":  # the report verify.py writes beside its kernels directory, if there is one
+        verified = Path(kernels).parent / "verify.json"
+        verified = verified if verified.is_file() else None
+    pruned = verified_prune(model, verified) if verified is not None else {}
+    choices = load_kernels(kernels, types, starters, [*exclude, *pruned])
+    optimized = swap.build(model, list(choices)).module()
+    optimized.autokernel.choices = choices  # type -> KernelChoice: which file, and from where
+    optimized.autokernel.left_out = pruned  # type -> why verify.py left it out
+    optimized.autokernel.summary = summary_line(model, optimized.autokernel, choices)
+    _say(optimized.autokernel.summary, quiet)
+    return optimized
+
+
+def load_kernels(kernels: str | Path, types: Iterable[str] | None = None, starters: str | Path | None = STARTERS,
+                 exclude: Iterable[str] = (), winners: bool = True) -> dict[str, customops.KernelChoice]:
+    """The best file of every type, each imported and plugged into its op (type -> KernelChoice); winners=False
+    takes the files the loop began from, not its *_optimized winners."""
+    types = [t for t in types if t not in exclude] if types is not None else None
+    nowhere = Path(kernels) / "__no_starters__"  # no starters wanted: a directory that holds none
+    choices = customops.find_kernels(Path(kernels), Path(starters) if starters else nowhere, types, entries(),
+                                     winners)
+    choices = {t: c for t, c in choices.items() if t not in set(exclude)}
+    for choice in choices.values():
+        customops.load(choice)
+    return choices
+
+
+def entries() -> dict:
+    """Type -> registry entry of every type verify.py can plug in (its entry has a deployment). The exported
+    package has no registry: there the built-in entries its runtime carries (autokernel/specs.py) are all."""
+    try:
+        from autokernel import registry
+    except ImportError:
+        from autokernel import specs
+
+        return {spec.name: spec for spec in specs.BUILTIN if spec.deployment is not None}
+    return registry.specs_where("deployment")
+
+
+def verified_prune(model: nn.Module, report: str | Path) -> dict[str, str]:
+    """{type: why} that a verify.py report left out for this model's class ({} if the report is about another).
+
+    A report is followed only when it is about a model of this class that passed: the prune was timed
+    on that model in the mode it is deployed in, and a kernel it left out makes the model slower there."""
+    found = json.loads(Path(report).read_text())
+    about = str(found.get("model", "")).split(" (")[0]
+    if about != type(model).__name__ or found.get("correctness", {}).get("status") != "PASS":
+        return {}
+    mode = found.get("prune", {}).get("mode", "eager")
+    return {t: f"verify.py left it out in {mode} mode: {why}" for t, why in found.get("pruned", {}).items()}
+
+
+def summary_line(model: nn.Module, optimized: swap.Optimized, choices: dict) -> str:
+    """One line: each type swapped in (its file's origin) and what it replaces; the types with no site, and
+    those verify.py's prune left out."""
+    planned = optimized.planned()
+    swapped = "; ".join(f"{t} ({choices[t].source}): {', '.join(what)}" for t, what in planned.items())
+    idle = sorted(set(choices) - set(planned))
+    tail = f"; no site for {', '.join(idle)}" if idle else ""
+    left_out = getattr(optimized, "left_out", {})
+    tail += f"; left out as verify.py decided: {', '.join(left_out)}" if left_out else ""
+    return f"autokernel: {type(model).__name__} with {swapped or 'no kernel'}{tail}"
+
+
+def _device_type(model: nn.Module) -> str:
+    p = next(model.parameters(), None)
+    return p.device.type if p is not None else "cpu"
+
+
+def _say(line: str, quiet: bool) -> None:
+    if not quiet:
+        print(line)

@@ -1,0 +1,397 @@
+"""The end-to-end measurement behind verify.py: the optimized model against the original, correct and faster.
+
+Correctness: the optimized model's output (and, for a language model, the next-token loss, which runs
+the cross_entropy kernel) is compared with the original's on fresh inputs by relative L2 error, within
+swap.REL_L2_TOLERANCE (verify.py's docstring says where those numbers come from); on a mismatch each
+type is swapped in alone and the types that alone exceed the tolerance are blamed.
+
+Timing: one protocol (autokernel.harness.timing) for every row, in the four modes a user deploys a model in:
+eager, graphed (replayed from a CUDA graph), compiled (torch.compile) and compiled + graphed. The
+prune decides in the mode the user deploys (`DEPLOY_MODES`): a kernel that wins eager, where it saves
+launches, can lose under torch.compile, whose own kernels fuse across what ours cannot.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from autokernel import cli
+from autokernel.harness import timing
+from autokernel.kernelfile import KernelFileError, declarations
+from autokernel.ops import customops, swap
+from autokernel.profile.extraction import model_origin, model_shapes
+
+CHECK_INPUTS = 3  # fresh inputs the optimized model must match the original on
+TIMING_INPUTS = 2  # input sets the timed runs rotate through
+CHECK_SEED, TIMING_SEED = 1, 1000  # seeds of the checked and of the timed inputs (distinct sets)
+GPU_BACKEND, CPU_BACKEND = "inductor", "aot_eager"  # compile backends (a C++ build would dominate a CPU run)
+PRUNE_MARGIN = 0.01  # a kernel type is left out when the model runs this much faster without it
+DEPLOY_MODES = ("eager", "graph", "compile", "compile_graph")  # how a user runs the model; the prune's yardstick
+PAIRED_ROUNDS = 200  # turns of a paired comparison: each times one run of both kernel sets (~5 s at 12 ms)
+CPU_PAIRED_ROUNDS = 2  # in the interpreter: enough to run the path, the figures mean nothing there
+PAIRED_P = 0.05  # a side is faster when it won this improbably many rounds for a coin (two-sided sign test)
+
+
+def backend_for(device: str) -> str:
+    return GPU_BACKEND if device == "cuda" else CPU_BACKEND
+
+
+# ------------------------------------------------------------------------------ which model the kernels are for
+def origin_warnings(files: dict[str, Path], verified: dict, plan: dict | None = None) -> list[str]:
+    """One line per kernel file whose MODEL_SOURCE (extract.py's record, autokernel.profile.extraction.model_origin)
+    names another model than the one verified, or this model at another input shape or dtype. files: the
+    name to show -> the file; verified: the model being verified, in MODEL_SOURCE's form. A file without
+    MODEL_SOURCE (extracted before it existed) is checked by its MODEL_SHAPES against `plan`, when the plan
+    (workspace/plan.json) profiled this model: none of them among the plan's shapes of its type is a line
+    too. A starter declares neither, and nothing is said of it."""
+    lines = []
+    for name, path in files.items():
+        try:
+            decl = declarations(Path(path).read_text(), Path(path).name)
+        except (OSError, KernelFileError):
+            continue
+        origin = decl.get("MODEL_SOURCE")
+        if not isinstance(origin, dict):
+            if _profiled_elsewhere(decl, verified, plan):
+                lines.append(f"warning: {name} carries none of the shapes profiled for {_describe(verified)} "
+                             "(workspace/plan.json): it was extracted for another model or input")
+            continue
+        if _model_key(origin) != _model_key(verified):
+            lines.append(f"warning: {name} was extracted for {_describe(origin)}, not for {_describe(verified)}: "
+                         "its shapes and tuning are another model's (run profile.py and extract.py for this one)")
+        elif _input_key(origin) != _input_key(verified):
+            lines.append(f"warning: {name} was extracted for this model at input {_describe_input(origin)}, "
+                         f"verified at {_describe_input(verified)}: its shapes and tuning are another input's")
+    return lines
+
+
+def _profiled_elsewhere(decl: dict, verified: dict, plan: dict | None) -> bool:
+    """A file's MODEL_SHAPES are none of the shapes a plan of this very model and input profiled for its type."""
+    planned = model_origin(plan or {})
+    if not decl.get("MODEL_SHAPES") or planned is None or (_model_key(planned), _input_key(planned)) != (
+            _model_key(verified), _input_key(verified)):
+        return False
+    shapes = [s for e in plan.get("entries", []) if e.get("type") == decl.get("KERNEL_TYPE") for s in model_shapes(e)]
+    return bool(shapes) and not any(s in shapes for s in decl["MODEL_SHAPES"])
+
+
+def _model_key(origin: dict) -> tuple:
+    source, _, class_name = str(origin.get("model", "")).rpartition(":")
+    return Path(source).name, class_name, origin.get("config")  # models/llama.py and /abs/models/llama.py alike
+
+
+def _input_key(origin: dict) -> tuple:
+    dtype = str(origin.get("dtype"))
+    return list(origin.get("input_shape") or []), cli.DTYPE_ALIASES.get(dtype.lower(), dtype)
+
+
+def _describe(origin: dict) -> str:
+    config = f" (config {origin['config']})" if origin.get("config") else ""
+    return f"{origin.get('model')}{config}"
+
+
+def _describe_input(origin: dict) -> str:
+    shape, dtype = _input_key(origin)
+    return f"{','.join(map(str, shape))} {dtype}"
+
+
+# ------------------------------------------------------------------------------ correctness
+def check(model, optimized: swap.Optimized, inputs: Callable, dtype, n_inputs: int = CHECK_INPUTS) -> dict:
+    """Compare the optimized model with the original on n_inputs fresh inputs; blame on a mismatch."""
+    tol = swap.REL_L2_TOLERANCE[dtype]
+    runs, cases = [], []
+    for i in range(n_inputs):
+        args = inputs(CHECK_SEED + i)
+        want = forward(model, args)
+        try:
+            got = forward(optimized.module(), args, optimized.patched)  # the loss, too, in the patches' scope
+        except customops.KernelCallError as e:
+            return {"status": "FAIL", "tolerance_rel_l2": tol, "inputs": runs, "blamed": [e.kernel_type],
+                    "reason": str(e).splitlines()[0], "forwards": i}
+        runs.append(compare_outputs(got, want, tol))
+        cases.append((args, want))
+    failed = [c for c, r in zip(cases, runs) if not r["ok"]]
+    result = {"status": "FAIL" if failed else "PASS", "tolerance_rel_l2": tol, "inputs": runs,
+              "worst_rel_l2": max(r["rel_l2"] for r in runs), "forwards": n_inputs}
+    if failed:
+        result["blame"] = blame(model, optimized.swapped_types(), failed[:1], tol)
+        result["blamed"] = [t for t, r in result["blame"].items() if not r["ok"]]
+        result["reason"] = _mismatch_reason(result)
+    return result
+
+
+def forward(model, args, scope=None):
+    """(main output, next-token loss or None) of one forward, inside `scope` (a context) if given."""
+    with (scope or contextlib.nullcontext)():
+        out = main_output(model(*args))
+        return out, _lm_loss(model, args, out)
+
+
+def main_output(out):
+    """The tensor to compare: the output itself, or the logits / last hidden state / first tensor."""
+    for name in ("logits", "last_hidden_state"):
+        if getattr(out, name, None) is not None:
+            return getattr(out, name)
+    if isinstance(out, dict):
+        out = list(out.values())
+    if isinstance(out, (tuple, list)):
+        out = next((o for o in out if isinstance(o, torch.Tensor)), None)
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"the model returned {type(out).__name__}: verify.py compares tensors or logits")
+    return out
+
+
+def _lm_loss(model, args, logits):
+    """The loss a training step computes on a language model's logits: next-token cross-entropy.
+
+    Computed through F.cross_entropy, so that inside the optimized model's scope it runs the cross_entropy kernel;
+    where linear_cross_entropy replaced the model's output embedding (swap.KernelLMHead), computed there instead,
+    in a forward of its own that stops at the head: the LM head and the loss are one kernel call on the hidden
+    states, and no logits are built for it."""
+    import torch.nn.functional as F
+
+    from autokernel.models import config_value
+
+    vocab, ids = config_value(model, "vocab_size"), args[0] if args else None
+    if (vocab is None or ids is None or ids.is_floating_point() or ids.dim() != 2 or ids.shape[1] < 2
+            or logits.dim() != 3 or tuple(logits.shape) != (*ids.shape, vocab)):
+        return None
+    head = swap.fused_lm_head(model)
+    if head is not None:
+        return head.next_token_loss(model, args, ids)
+    return F.cross_entropy(logits[:, :-1].reshape(-1, vocab), ids[:, 1:].reshape(-1))
+
+
+def compare_outputs(got, want, tol: float) -> dict:
+    """Norm-wise and elementwise errors of (output, loss) against the original's."""
+    (out, loss), (ref, ref_loss) = got, want
+    if out.shape != ref.shape:
+        return {"ok": False, "rel_l2": float("inf"), "reason": f"output shape {tuple(out.shape)}, "
+                                                              f"expected {tuple(ref.shape)}"}
+    bad = int((~torch.isfinite(out) & torch.isfinite(ref)).sum())
+    diff = (out.double() - ref.double()).abs().nan_to_num(float("inf"))
+    scale = float(ref.double().abs().max()) or 1.0
+    r = {"rel_l2": float("inf") if bad else swap.rel_l2(out, ref), "max_abs": float(diff.max()),
+         "max_rel": float(diff.max()) / scale, "nonfinite": bad}
+    if loss is not None and ref_loss is not None:
+        r["loss"], r["ref_loss"] = float(loss), float(ref_loss)
+        r["loss_rel"] = abs(float(loss) - float(ref_loss)) / max(abs(float(ref_loss)), 1e-12)
+    r["ok"] = r["rel_l2"] <= tol and r.get("loss_rel", 0.0) <= tol
+    return r
+
+
+def blame(model, types, cases, tol) -> dict:
+    """Each swapped type alone in the model: its error on the failing inputs."""
+    found = {}
+    for t in types:
+        single = swap.build(model, [t])
+        results = []
+        for args, want in cases:
+            try:
+                results.append(compare_outputs(forward(single.model, args, single.patched), want, tol))
+            except customops.KernelCallError as e:
+                results.append({"ok": False, "rel_l2": float("inf"), "reason": str(e).splitlines()[0]})
+        found[t] = max(results, key=lambda r: (not r["ok"], r["rel_l2"]))
+    return found
+
+
+def _mismatch_reason(result) -> str:
+    worst = max(result["inputs"], key=lambda r: r["rel_l2"])
+    what = f"relative L2 error {worst['rel_l2']:.3g} > {result['tolerance_rel_l2']:g}"
+    if worst.get("nonfinite"):
+        what = f"{worst['nonfinite']} NaN/Inf outputs where the original is finite"
+    elif worst.get("loss_rel", 0) > result["tolerance_rel_l2"]:
+        what = f"loss off by {worst['loss_rel']:.3g} (relative)"
+    if result["blamed"]:
+        return f"{what}; alone over the tolerance: {', '.join(result['blamed'])}"
+    errors = {t: r["rel_l2"] for t, r in result["blame"].items()}
+    top = max(errors, key=errors.get) if errors else "none"
+    return f"{what}; no kernel alone exceeds the tolerance, their errors add up (largest alone: {top})"
+
+
+# ------------------------------------------------------------------------------ timing
+def in_mode(fn: Callable, mode: str, backend: str, example: tuple) -> Callable:
+    """fn as it runs when deployed in `mode` (one of DEPLOY_MODES)."""
+    if mode.startswith("compile"):
+        fn = torch.compile(fn, backend=backend)
+    return timing.cuda_graphed(fn, example) if mode.endswith("graph") else fn
+
+
+def time_models(model, optimized: swap.Optimized, inputs: Callable, device: str, with_compile: bool,
+                with_graphs: bool = False) -> tuple[dict, dict]:
+    """Median latency of the original (eager, compiled) and the optimized model, one process, one protocol.
+
+    Rows: eager, compile, optimized, optimized_compile (with_compile), and each again as <row>_graph
+    replayed from a CUDA graph (with_graphs); each with its speedup over the original in its mode.
+    Returns (rows, {row: error}): a mode that fails (a compile error, a capture error) is reported, and
+    the other rows are still timed."""
+    backend = backend_for(device)
+    sets = [inputs(TIMING_SEED + i) for i in range(TIMING_INPUTS)]
+    module = optimized.module()
+    makers = {"eager": lambda: model, "compile": lambda: torch.compile(model, backend=backend),
+              "optimized": lambda: module}
+    if with_compile:
+        makers["optimized_compile"] = lambda: torch.compile(module, backend=backend)
+    names = list(makers) + ([f"{name}_graph" for name in makers] if with_graphs else [])
+    result, errors = {}, {}
+    # Rows without torch.compile first: once a compile ran, the process holds its compiler's objects, and an
+    # eager model timed after it ran 20-70% slower and noisier on the H200 host (a TinyLlama's optimized
+    # eager forward: 12.8 ms timed before any compile, 22.3 ms after). A user running eager compiles nothing.
+    for name in sorted(names, key=lambda n: "compile" in n):
+        try:
+            fn = makers[name.removesuffix("_graph")]()
+            if name.endswith("_graph"):  # replayed from a CUDA graph, compared with its graphed original
+                fn = timing.cuda_graphed(fn, sets[0])
+            wrong = wrong_output(fn, model, sets[-1]) if name.startswith("optimized") else None
+            if wrong:
+                errors[name] = wrong
+                continue
+            t = timing.time_fn(fn, sets, device)
+        except Exception as e:  # one failing mode must not hide the others
+            errors[name] = _error_line(e)
+            continue
+        result[name] = {"ms": t.median_us / 1e3, "noise_pct": t.spread_pct, "runs": len(t.samples_us)}
+    result = {name: result[name] for name in names if name in result}  # back in the table's order
+    for name, r in result.items():
+        mode = "_graph" if name.endswith("_graph") else ""
+        for base in ("eager", "compile"):
+            if base + mode in result:
+                r[f"speedup_vs_{base}"] = result[base + mode]["ms"] / r["ms"]
+    return result, errors
+
+
+def wrong_output(fn: Callable, model, args: tuple) -> str | None:
+    """None when fn (the optimized model as deployed: compiled, graphed) gives the original's output on args
+    within the tolerance, else what is wrong. check() proves the optimized model eagerly; a mode can still
+    break it (Inductor misreading what a kernel writes), and a wrong model is never timed."""
+    with torch.no_grad():
+        want = main_output(model(*args)).clone()
+        got = main_output(fn(*args))
+    tol = swap.REL_L2_TOLERANCE.get(want.dtype, 1e-4)
+    r = compare_outputs((got, None), (want, None), tol)
+    return None if r["ok"] else (f"wrong output in this mode (relative L2 error {r['rel_l2']:.3g}, tolerance {tol:g}"
+                                 + (f": {r['reason']})" if "reason" in r else ")"))
+
+
+def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, mode: str = "eager"):
+    """Leave out, one type at a time, each kernel whose removal makes the whole model faster in `mode`.
+
+    A kernel that beats PyTorch at the harness's shape can still lose at this model's shapes (a
+    Triton matmul against cuBLAS at N=256), or in the mode the model is deployed in (under
+    torch.compile, against Inductor's fused kernels); the end-to-end time in that mode is what
+    counts. A model that fails to run in that mode counts as infinitely slow, so a type that breaks
+    the mode is left out too. Greedy, in the order of the types; then, if the original itself is
+    faster still, every kernel goes. Returns (optimized, {type: why it was left out}).
+    """
+    if mode not in DEPLOY_MODES:
+        raise ValueError(f"deploy mode {mode!r}: one of {', '.join(DEPLOY_MODES)}")
+    sets = [inputs(TIMING_SEED + i) for i in range(TIMING_INPUTS)]
+    backend = backend_for(device)
+    failures = {}
+
+    def ms(fn) -> float:
+        if mode.startswith("compile"):
+            torch._dynamo.reset()  # every trial compiles anew; stale traces would count against the recompile limit
+        try:
+            deployed = in_mode(fn, mode, backend, sets[0])
+            wrong = wrong_output(deployed, model, sets[-1]) if fn is not model else None
+            if wrong:
+                failures[id(fn)] = wrong
+                return float("inf")
+            return timing.time_fn(deployed, sets, device).median_us / 1e3
+        except Exception as e:
+            failures[id(fn)] = _error_line(e)
+            return float("inf")
+
+    def why(trial_ms, best_ms, failed) -> str:
+        if failed:
+            return f"the model fails in {mode} mode with it ({failed})"
+        return f"the model is faster without it in {mode} mode ({trial_ms:.3f} ms vs {best_ms:.3f} ms)"
+
+    module = optimized.module()
+    keep, best = optimized.swapped_types(), ms(module)
+    failed, dropped = failures.get(id(module)), {}
+    for kernel_type in list(keep):
+        trial = swap.build(model, [t for t in keep if t != kernel_type])
+        trial_ms = ms(trial.module())
+        if trial_ms < best * (1 - PRUNE_MARGIN) or (failed and trial_ms < best):
+            dropped[kernel_type] = why(trial_ms, best, failed)
+            keep.remove(kernel_type)
+            optimized, best, failed = trial, trial_ms, failures.get(id(trial.module()))
+    original_ms = ms(model) if keep else best
+    if original_ms < best * (1 - PRUNE_MARGIN) or (failed and original_ms < best):
+        for kernel_type in keep:
+            dropped[kernel_type] = why(original_ms, best, failed) if failed else (
+                f"together the kernels lose in {mode} mode (original {original_ms:.3f} ms vs {best:.3f} ms)")
+        optimized = swap.build(model, [])
+    return optimized, dropped
+
+
+def paired(model, module, ours: dict, theirs: dict, inputs: Callable, device: str,
+           rounds: int = PAIRED_ROUNDS) -> dict:
+    """The optimized model with our kernels against the same model with theirs (customops.installed() of the
+    same types), timed in turns in one process (timing.time_turns: one run of each per turn), so that a
+    difference of a few tenths of a percent is not lost in the drift between two runs. On a GPU each side is
+    replayed from its own CUDA graph (GPU time, what the loop optimizes), captured while its kernels were
+    installed. Each side's output is checked against the original's first: a wrong one is an error, not a
+    figure."""
+    sets = [inputs(TIMING_SEED + i) for i in range(TIMING_INPUTS)]
+    sides = {"ours": ours, "theirs": theirs}
+    fns = {}
+    try:
+        for name, kernels in sides.items():
+            customops.reinstall(kernels)
+            fns[name] = timing.cuda_graphed(module, sets[0]) if device == "cuda" else _installing(kernels, module)
+            wrong = wrong_output(fns[name], model, sets[-1])
+            if wrong:
+                return {"error": f"{name}: {wrong}"}
+        samples = timing.time_turns(fns, sets, device, rounds)
+    except Exception as e:
+        return {"error": _error_line(e)}
+    finally:
+        customops.reinstall(ours)
+    ms = {name: [us / 1e3 for us in runs] for name, runs in samples.items()}
+    return {"mode": "graph" if device == "cuda" else "eager", **paired_verdict(ms["ours"], ms["theirs"])}
+
+
+def _installing(kernels: dict, module) -> Callable:
+    """The eager module run with these kernels installed (a graph replays what it captured; eager code
+    calls whatever is installed at the time)."""
+    def run(*args):
+        customops.reinstall(kernels)
+        return module(*args)
+    return run
+
+
+def paired_verdict(ours: list[float], theirs: list[float]) -> dict:
+    """Medians, their ratio (theirs / ours: above 1 when ours is faster), the rounds ours won, and the verdict of
+    a two-sided sign test over the rounds: faster, slower, or no measurable difference."""
+    wins = sum(o < t for o, t in zip(ours, theirs))
+    losses = sum(o > t for o, t in zip(ours, theirs))
+    n = wins + losses  # ties carry no sign
+    tail = sum(math.comb(n, k) for k in range(max(wins, losses), n + 1)) / 2**n if n else 1.0
+    p = min(1.0, 2 * tail)
+    verdict = "no measurable difference" if p >= PAIRED_P else ("faster" if wins > losses else "slower")
+    ms, against_ms = statistics.median(ours), statistics.median(theirs)
+    return {"rounds": len(ours), "ms": ms, "against_ms": against_ms, "speedup": against_ms / ms,
+            "won_rounds": wins, "p_value": p, "verdict": verdict}
+
+
+def _error_line(e: Exception) -> str:
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+
+
+def graph_breaks(optimized: swap.Optimized, args) -> dict:
+    """Graphs and graph breaks dynamo makes of the optimized model (0 breaks: the kernels are graph nodes)."""
+    import torch._dynamo
+
+    explained = torch._dynamo.explain(optimized.module())(*args)
+    torch._dynamo.reset()  # explain's traces are not the ones to time
+    return {"graphs": explained.graph_count, "graph_breaks": explained.graph_break_count,
+            "break_reasons": [str(b.reason) for b in explained.break_reasons][:10]}
