@@ -55,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Examples:\n" + "\n".join(__doc__.split("\n\n")[1].splitlines()))
     how = cli.add_model_arguments(p)
     how.add_argument("--steps", type=int, default=3, help="profiled forward passes (default 3)")
+    how.add_argument("--types", default="", help="comma-separated kernel types whose profiler rules are opt-in "
+                     "(rope_attention: RoPE + SDPA of an attention module as one type)")
     out = p.add_argument_group("output")
     out.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT,
                      help="where profile.json and plan.json go (default workspace/)")
@@ -83,7 +85,8 @@ def run(args) -> int:
         print("CPU mode: no GPU here, so this profiles CPU time. The shares show where a CPU spends "
               "its time, not where a GPU would; use --device cuda on a GPU for a real plan.")
     try:
-        prof = profiling.profile_model(model, inputs, device, steps=args.steps, trace_path=args.export_trace)
+        prof = profiling.profile_model(model, inputs, device, steps=args.steps, trace_path=args.export_trace,
+                                       types=[t for t in args.types.split(",") if t])
     except (RuntimeError, ValueError, TypeError, IndexError) as e:
         if _is_oom(e):
             raise
