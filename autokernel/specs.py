@@ -635,8 +635,10 @@ def _rope_attention_shape(hidden_shape, members) -> dict | None:
         return None
     shape = _attention_shape(sdpa)
     b, s, d = shape["B"], shape["S"], shape["D"]
-    heads = [t[1] for op in members for t in op.shapes
-             if isinstance(t, (list, tuple)) and len(t) == 4 and (t[0], t[2], t[3]) == (b, s, d)]
+    heads = []
+    for op in members:  # each op's [B, H, S, D] operands, less the broadcast partners (cos [1, 1, S, D])
+        four_d = [tuple(t) for t in op.shapes if isinstance(t, (list, tuple)) and len(t) == 4]
+        heads += [t[1] for t in four_d if (t[0], t[2], t[3]) == (b, s, d) and t[1] == max(o[1] for o in four_d)]
     return {"B": b, "Hq": shape["H"], "Hkv": min(heads, default=shape["H"]), "S": s, "D": d,
             **{k: shape[k] for k in ("causal", "sm_scale") if k in shape}}
 
