@@ -27,6 +27,13 @@ Variants (how K is rotated):
   "rotate_k_first"  a small kernel rotates K once into a [B, Hkv, S, D] scratch buffer (a K-sized
                     write and read, one more launch), then the attention loop streams plain K tiles.
 Q, K, V may be strided views ([B, S, H, D] projections viewed as [B, H, S, D]): strides, no copies.
+
+Not measured on a GPU yet (scripts/gpu_ropeattn.sh). Toward FlashAttention-3 from here, in order: (1) K and V
+through TMA descriptors as flash_attention's "tma" variant does (plain K after "rotate_k_first"; Q once, its two
+halves as two [BLOCK_M, D/2] boxes); (2) pack GQA: one program takes the Hq/Hkv query heads of one kv head, so
+each K/V tile is loaded (and rotated) once for all of them; (3) warp specialization (a producer warp issuing the
+TMA copies, tl.range(..., warp_specialize=True) on triton >= 3.4) and ping-pong softmax between two consumer
+warpgroups, which is where cuDNN's and FA3's lead over a FlashAttention-2 loop comes from on Hopper.
 """
 
 import math
@@ -59,29 +66,30 @@ LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)); folded into the score 
 
 
 @triton.jit
-def _load_f32(ptrs, mask, MASKED: tl.constexpr):
-    if MASKED:
+def _load_f32(ptrs, mask, ROW_MASK: tl.constexpr, EVEN_HALF: tl.constexpr):
+    if ROW_MASK:
         return tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
-    else:  # interior tiles of a power-of-two head dim load bare
+    elif EVEN_HALF:  # interior tiles of a power-of-two head dim load bare
         return tl.load(ptrs).to(tl.float32)
+    else:
+        return tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
 
 
 @triton.jit
 def _halves(base, cos_base, sin_base, offs_r, offs_h, stride_r, stride_d, stride_cr, stride_sr, n_rows,
             HALF: tl.constexpr, ROTATE: tl.constexpr, ROW_MASK: tl.constexpr, EVEN_HALF: tl.constexpr):
     """Rows offs_r of a [rows, 2*HALF] tile as its two halves in fp32, rotated (rotate-half RoPE) when ROTATE."""
-    MASKED: tl.constexpr = ROW_MASK or not EVEN_HALF
     mask = (offs_r[:, None] < n_rows) & (offs_h[None, :] < HALF)
     ptrs = base + offs_r[:, None] * stride_r + offs_h[None, :] * stride_d
-    x1 = _load_f32(ptrs, mask, MASKED)
-    x2 = _load_f32(ptrs + HALF * stride_d, mask, MASKED)
+    x1 = _load_f32(ptrs, mask, ROW_MASK, EVEN_HALF)
+    x2 = _load_f32(ptrs + HALF * stride_d, mask, ROW_MASK, EVEN_HALF)
     if ROTATE:
         c_ptrs = cos_base + offs_r[:, None] * stride_cr + offs_h[None, :]
         s_ptrs = sin_base + offs_r[:, None] * stride_sr + offs_h[None, :]
-        c1 = _load_f32(c_ptrs, mask, MASKED)
-        c2 = _load_f32(c_ptrs + HALF, mask, MASKED)
-        s1 = _load_f32(s_ptrs, mask, MASKED)
-        s2 = _load_f32(s_ptrs + HALF, mask, MASKED)
+        c1 = _load_f32(c_ptrs, mask, ROW_MASK, EVEN_HALF)
+        c2 = _load_f32(c_ptrs + HALF, mask, ROW_MASK, EVEN_HALF)
+        s1 = _load_f32(s_ptrs, mask, ROW_MASK, EVEN_HALF)
+        s2 = _load_f32(s_ptrs + HALF, mask, ROW_MASK, EVEN_HALF)
         return x1 * c1 - x2 * s1, x2 * c2 + x1 * s2
     return x1, x2
 
