@@ -17,6 +17,12 @@ rotated once more, eagerly, for the cache, since the kernel rotates K only insid
 (loss evaluation) pass use_cache=False and save that. Everything else runs the original forward, and the site
 says why. The projections stay as they are (with matmul requested, F.linear's patch still takes them).
 
+Under torch.compile, transformers (5.x with torch < 2.14) builds an explicit causal mask tensor even where it
+would pass None in eager mode, and a layer given a mask falls back. So the type also patches HF's
+create_causal_mask where the model's modules import it (causal_mask_patches): with no attention_mask, no past
+positions, SDPA as the implementation and no extra mask functions it returns None, as transformers itself does
+in eager mode for that case (SDPA then runs with is_causal=True; nothing is padded, so nothing is lost).
+
 A layer the kernel runs never calls apply_rotary_pos_emb or F.scaled_dot_product_attention, so the
 rotary_embedding and flash_attention types do not claim it as well; they see only the calls of layers that fell
 back to the original forward.
@@ -31,7 +37,16 @@ import torch
 import torch.nn as nn
 
 from autokernel.customops import KERNEL_DTYPES, Site, grad_reason, in_eager
-from autokernel.swap import PROBE_SEQ, REL_L2_TOLERANCE, _dtype_device, _f64, _KernelModule, reference, rel_l2
+from autokernel.swap import (
+    PROBE_SEQ,
+    REL_L2_TOLERANCE,
+    _dtype_device,
+    _f64,
+    _KernelModule,
+    _model_modules,
+    reference,
+    rel_l2,
+)
 
 KERNEL_TYPE = "rope_attention"
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -99,7 +114,7 @@ def _unfit(m, hidden, tables, mask, cache, kwargs) -> str | None:
         return "an attention mask is given (padding, or the eager implementation's causal mask)"
     if not isinstance(tables, (tuple, list)) or len(tables) != 2:
         return "no position_embeddings=(cos, sin)"
-    if cache is not None and _cached_length(cache, m) != 0:
+    if cache is not None and _cached_length(cache, m.layer_idx) != 0:
         return "a KV cache holds past positions (decoding)"
     if kwargs.get("output_attentions") or kwargs.get("is_causal") is False:
         return "attention weights asked for, or not causal"
@@ -118,9 +133,9 @@ def _unfit(m, hidden, tables, mask, cache, kwargs) -> str | None:
     return grad_reason(hidden, m.q_proj.weight)
 
 
-def _cached_length(cache, m) -> int | None:
+def _cached_length(cache, layer_idx: int) -> int | None:
     try:
-        return int(cache.get_seq_length(m.layer_idx))
+        return int(cache.get_seq_length(layer_idx))
     except Exception:  # a cache of another kind: not ours to fill
         return None
 
@@ -188,3 +203,37 @@ def rope_attention_module_site(name, m):
     call = CallShape({n: i for i, n in enumerate(names)}, cache_name, n_outputs)
     site.swapped = True
     return site, KernelRopeAttention(m, site, call)
+
+
+# ------------------------------------------------------------------------------ the causal mask under compile
+def _no_mask_needed(config, attention_mask, past_key_values, extra) -> bool:
+    """True where transformers' eager path passes no mask to SDPA: plain causal attention over the whole sequence."""
+    if attention_mask is not None or any(extra.get(k) is not None for k in ("or_mask_function", "and_mask_function",
+                                                                              "block_sequence_ids")):
+        return False
+    if past_key_values is not None and _cached_length(past_key_values, 0) != 0:
+        return False
+    return getattr(config, "_attn_implementation", None) == "sdpa"
+
+
+def _causal_mask_wrapper(original):
+    def create_causal_mask(config, inputs_embeds, attention_mask, past_key_values, *args, **kwargs):
+        if not args and _no_mask_needed(config, attention_mask, past_key_values, kwargs):
+            return None
+        return original(config, inputs_embeds, attention_mask, past_key_values, *args, **kwargs)
+    return create_causal_mask
+
+
+def causal_mask_patches(model: nn.Module, sites) -> tuple[list, list[Site]]:
+    """rope_attention's model functions: transformers' create_causal_mask in the model's modules (see the docstring)."""
+    try:
+        from transformers import masking_utils
+    except ImportError:
+        return [], []
+    original = getattr(masking_utils, "create_causal_mask", None)
+    if original is None or list(inspect.signature(original).parameters)[:4] != [
+            "config", "inputs_embeds", "attention_mask", "past_key_values"]:
+        return [], []  # another transformers: its masks are left alone (layers with a mask fall back)
+    wrapper = _causal_mask_wrapper(original)
+    return [(module, "create_causal_mask", wrapper) for module in _model_modules(model)
+            if vars(module).get("create_causal_mask") is original], []

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 import reference
 from autokernel import customops, swap
-from autokernel.attention_sites import rope_attention_module_site
+from autokernel.attention_sites import causal_mask_patches, rope_attention_module_site
 from autokernel.kerneltype import Deployment, KernelSpec, Profiling, SuiteTarget
 
 BUILTIN: list[KernelSpec] = []  # in the order kernel_types() lists them
@@ -711,7 +711,7 @@ BUILTIN.append(KernelSpec(
     extra_baselines=_rope_attention_baselines,
     deployment=Deployment("(Tensor q, Tensor k, Tensor v, Tensor cos, Tensor sin, bool causal, float? sm_scale) "
                           "-> Tensor", lambda q, k, v, cos, sin, causal, sm_scale: q.shape,
-                          module_site=rope_attention_module_site,
+                          module_site=rope_attention_module_site, model_functions=causal_mask_patches,
                           # the same tl.dot on a rescaled accumulator as flash_attention's, which Inductor's
                           # compile of user kernels rejects (triton 3.6)
                           opaque_under_compile=True),

@@ -96,6 +96,25 @@ def test_optimize_runs_hf_llama_attention_as_one_kernel_call(interpreter, tmp_pa
     assert not [s for s in sites if s.kernel_type in ("rotary_embedding", "flash_attention") and s.calls]
 
 
+def test_under_torch_compile_the_kernel_is_one_node_of_the_graph(interpreter, tmp_path):
+    # transformers builds a causal mask tensor while compiling (a layer given a mask falls back); the type's
+    # create_causal_mask patch passes None where eager transformers would, so the kernel runs compiled too
+    model, ids = _tiny_llama(), _ids()
+    graphs = []
+
+    def backend(gm, example):
+        graphs.append(gm)
+        return gm.forward
+
+    with torch.no_grad():
+        optimized = _optimize(model, tmp_path / "none", [TYPE])
+        got = torch.compile(optimized, backend=backend, fullgraph=True)(ids, use_cache=False).logits
+        torch.testing.assert_close(got, model(ids, use_cache=False).logits, atol=1e-4, rtol=1e-4)
+    ops = [str(n.target) for g in graphs for n in g.graph.nodes if n.op == "call_function"]
+    assert sum(f"autokernel.{TYPE}" in op for op in ops) == 2  # one per layer
+    assert not any("scaled_dot_product" in op for op in ops)
+
+
 def test_calls_the_kernel_does_not_cover_run_the_original_forward(interpreter, tmp_path):
     model, ids = _tiny_llama(), _ids()
     padded = torch.ones_like(ids)
