@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 import triton
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -74,7 +75,7 @@ def attention_only(sets) -> dict:
     repeated = [(q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), c) for q, k, v, c in pre]
 
     def cudnn(q, k, v, causal):
-        with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
     sdpa = lambda q, k, v, causal: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
     return {"sdpa_only": (sdpa, pre), "cudnn_only": (cudnn, repeated)}
