@@ -72,6 +72,19 @@ def reduce_ref(x, dim: int = -1):
     return x.sum(dim=dim)
 
 
+def add_rmsnorm_ref(x, residual, weight, eps: float = 1e-6):
+    """A decoder layer's residual add and the RMSNorm after it: (sum, normed). The sum is rounded to the
+    input dtype before it is normalized, as eager computes `residual + x` and then normalizes that tensor."""
+    total = x + residual
+    return total, rmsnorm_ref(total, weight, eps)
+
+
+def add_layernorm_ref(x, residual, weight, bias, eps: float = 1e-5):
+    """The residual add and the LayerNorm after it (GPT-2's `attn_out + residual`, then ln_2): (sum, normed)."""
+    total = x + residual
+    return total, layernorm_ref(total, weight, bias, eps)
+
+
 def _rotate_half(x):
     """[x1, x2] -> [-x2, x1] over the last dimension's halves (transformers' rotate_half)."""
     half = x.shape[-1] // 2

@@ -33,7 +33,8 @@ will be deployed in (--deploy eager | graph | compile | compile_graph): a kernel
 harness's shape and lose at the model's, or win eager and lose under torch.compile; --keep-all
 times them all. --against extracted (the files the loop began from), starters or DIR times the kept
 types with those files in turns with this run's (endtoend.paired: each side replayed from its own CUDA
-graph, PAIRED_ROUNDS rounds, a sign test over them), for differences smaller than two runs' drift.
+graph, PAIRED_ROUNDS turns of one run each, a sign test over them), for differences smaller than two
+runs' drift.
 Without a GPU the kernels run through Triton's CPU interpreter and the compiler
 backend is aot_eager (inductor's C++ build would dominate a test run): those timings only show that
 the pipeline runs and are labelled so.
@@ -226,10 +227,11 @@ def _time_against(args, model, optimized, choices: dict, inputs, device: str) ->
     finally:
         customops.reinstall(ours)
     files = {t: _rel(c.path) for t, c in theirs_choices.items()}
-    differs = [t for t in types if theirs_choices[t].path.resolve() != choices[t].path.resolve()]
+    # by content: a type the loop kept nothing for has an _optimized copy equal to its extracted file
+    differs = [t for t in types if theirs_choices[t].path.read_bytes() != choices[t].path.read_bytes()]
     result = {"against": args.against, "kernels": files, "differs": differs}
     if not differs:
-        return {**result, "note": "the same file for every kept type: nothing to compare"}
+        return {**result, "note": "the same source for every kept type: nothing to compare"}
     rounds = endtoend.PAIRED_ROUNDS if device == "cuda" else endtoend.CPU_PAIRED_ROUNDS  # the interpreter is slow
     return {**result, **endtoend.paired(model, optimized.module(), ours, theirs, inputs, device, rounds)}
 
@@ -311,8 +313,8 @@ def against_line(a: dict, cpu_mode: bool = False) -> str:
         return f"{head}: {a.get('note') or 'not timed: ' + a['error']}"
     how = "CPU, Triton interpreter: NOT a performance figure" if cpu_mode else \
         ("CUDA graph" if a["mode"] == "graph" else a["mode"])
-    return (f"{head}, {a['rounds']} rounds in turns ({how}): {a['ms']:.3f} ms vs {a['against_ms']:.3f} ms, "
-            f"{a['speedup']:.4f}x, this run's kernels faster in {a['won_rounds']} of {a['rounds']} rounds "
+    return (f"{head}, {a['rounds']} turns of one run each ({how}): {a['ms']:.3f} ms vs {a['against_ms']:.3f} ms, "
+            f"{a['speedup']:.4f}x, this run's kernels faster in {a['won_rounds']} of {a['rounds']} turns "
             f"(sign test p={a['p_value']:.2g}): {a['verdict']}")
 
 

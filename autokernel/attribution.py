@@ -7,6 +7,8 @@ one op that launched it, so summing `self_us` counts each kernel exactly once.
 
 The rules, tried in this order for each timed op (the first that matches decides); what each type
 matches is its registry entry's `Profiling` (autokernel/specs.py for the nine built-ins):
+  0. a residual add and the norm right after it, in a decoder layer (Profiling.residual_add): the
+     add_rmsnorm / add_layernorm types take the add and the norm module's time together.
   1. module: the innermost enclosing module whose class names a type: *RMSNorm* -> rmsnorm,
      *LayerNorm* -> layernorm, *Rotary*/*RoPE* -> rotary_embedding, and an MLP/FeedForward module
      that runs a silu (SwiGLU) -> fused_mlp, its three matmuls included (GATED_MLP_OWNS_MATMULS):
@@ -89,11 +91,14 @@ def attribute(ops: list[Op], types=None) -> list[Group]:
     chains = _Chains(ops)
     gated = _gated_modules(ops, chains, rules)
     patterns = _op_patterns(ops, chains, rules)
+    fused = _residual_adds(ops, chains, rules)
     groups: dict[tuple, Group] = {}
     for i, op in enumerate(ops):
         if op.self_us <= 0:
             continue
-        type_, key, anchor, label = _classify(i, ops, chains, gated, patterns, rules)
+        hit = next((fused[j] for j in chains(i) if j in fused), None)
+        type_, key, anchor, label = (hit[0], ("module", hit[1]), hit[1], "") if hit else \
+            _classify(i, ops, chains, gated, patterns, rules)
         group = groups.get(key)
         if group is None:
             group = groups[key] = Group(type_, anchor, label=label)
@@ -112,7 +117,9 @@ class _Rules:
 
     def __init__(self, rules: list[tuple[str, Profiling]]):
         self.by_type = dict(rules)
-        self.modules = [(p.modules, t) for t, p in rules if p.modules is not None and not p.module_needs]
+        self.modules = [(p.modules, t) for t, p in rules
+                        if p.modules is not None and not p.module_needs and p.residual_add is None]
+        self.residual_adds = [(p.modules, p.residual_add, t) for t, p in rules if p.residual_add is not None]
         self.gated = [(p.modules, p.module_needs, p.module_needs_function, t)
                       for t, p in rules if p.modules is not None and p.module_needs]
         self.leaves = {t: p.module_leaves for t, p in rules if p.module_leaves}
@@ -249,6 +256,27 @@ def _op_patterns(ops, chains, rules) -> dict[int, tuple[str, int]]:
                 span = span_of(names, pos)
                 if span:
                     found.update({seq[k]: (t, seq[span[0]]) for k in range(span[0], span[1] + 1)})
+    return found
+
+
+def _residual_adds(ops, chains, rules) -> dict[int, tuple[str, int]]:
+    """A residual add and the norm module right after it (Profiling.residual_add): the module range and the add
+    -> (their type, the module range). The add is the top-level aten::add just before the module in their
+    parent module, of two tensors of the module's input shape."""
+    found = {}
+    siblings = defaultdict(list)  # parent module -> its top-level ops and module ranges, in order
+    for i, op in enumerate(ops):
+        if op.kind == "module" or (op.kind == "op" and chains.top_op(i) == i):
+            siblings[chains.module(i)].append(i)
+    for items in siblings.values():
+        items.sort(key=lambda i: ops[i].start)
+        for before, j in zip(items, items[1:]):
+            module, add = ops[j].module, ops[before]
+            t = next((t for cls, path, t in rules.residual_adds if ops[j].kind == "module"
+                      and cls.search(module["cls"]) and path.search(module["name"])), None)
+            shape = module["input_shape"] if t else None
+            if t and add.name in ("aten::add", "aten::add_") and [list(s) for s in add.shapes[:2]] == [shape] * 2:
+                found[j] = found[before] = (t, j)
     return found
 
 

@@ -30,13 +30,15 @@ def out_dtype(inputs) -> torch.dtype:
     return next(x.dtype for x in inputs if isinstance(x, torch.Tensor) and x.is_floating_point())
 
 
-def compare(out, expected: torch.Tensor, dtype: torch.dtype, atol: float, rtol: float,
-            scale: torch.Tensor | None = None) -> str | None:
+def compare(out, expected, dtype: torch.dtype, atol: float, rtol: float, scale=None) -> str | None:
     """None when out matches, else the reason: shape, dtype, non-finite values or error sizes.
 
     Each element may be off by atol + rtol * max(|expected|, scale); scale (the spec's error_scale)
-    defaults to |expected|.
+    defaults to |expected|. A reference that returns a tuple of tensors (a sum and its norm) wants a tuple
+    of as many from the kernel, each held to the same tolerance (scale: a tuple too, or None).
     """
+    if isinstance(expected, tuple):
+        return _compare_each(out, expected, dtype, atol, rtol, scale)
     if not isinstance(out, torch.Tensor):
         return f"kernel_fn returned {type(out).__name__}, not a tensor"
     if tuple(out.shape) != tuple(expected.shape):
@@ -65,6 +67,23 @@ def compare(out, expected: torch.Tensor, dtype: torch.dtype, atol: float, rtol: 
     return (f"max_abs {err.max().item():.3e} max_rel {rel[finite].max().item():.3e}, "
             f"{int(off.sum())}/{off.numel()} elements off (atol {atol:g}, rtol {rtol:g}); "
             f"worst at {worst}: got {got[worst].item():.6g}, want {want[worst].item():.6g}")
+
+
+def _compare_each(out, expected: tuple, dtype, atol, rtol, scale) -> str | None:
+    if not isinstance(out, (tuple, list)) or len(out) != len(expected):
+        what = f"{len(out)} outputs" if isinstance(out, (tuple, list)) else type(out).__name__
+        return f"kernel_fn returned {what}, expected a tuple of {len(expected)} tensors"
+    scales = scale if scale is not None else (None,) * len(expected)
+    for i, (got, want, s) in enumerate(zip(out, expected, scales)):
+        reason = compare(got, want, dtype, atol, rtol, s)
+        if reason:
+            return f"output {i}: {reason}"
+    return None
+
+
+def outputs(out) -> tuple:
+    """The tensors a kernel returned: its one output, or each of a tuple's."""
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
 
 def checked_call(kernel_fn, spec: KernelSpec, inputs, what: str, tol_scale: float = 1.0):
@@ -99,6 +118,9 @@ def modified_inputs(inputs, pristine) -> list[int]:
 
 
 def bitwise_equal(a, b) -> bool:
+    if isinstance(a, (tuple, list)) or isinstance(b, (tuple, list)):  # a kernel's tuple of outputs
+        a, b = outputs(a), outputs(b)
+        return len(a) == len(b) and all(bitwise_equal(x, y) for x, y in zip(a, b))
     if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.shape != b.shape or a.dtype != b.dtype:
         return False
     return torch.equal(a.reshape(-1).contiguous().view(torch.uint8), b.reshape(-1).contiguous().view(torch.uint8))
@@ -107,11 +129,13 @@ def bitwise_equal(a, b) -> bool:
 def verify_output(out, spec: KernelSpec, inputs, what: str, tol_scale: float = 1.0, pristine=None) -> None:
     """Check out against the oracle of `pristine` (copies of the inputs from before the call; the inputs
     themselves when the caller kept none), and that the kernel left the inputs as they were."""
-    if isinstance(out, torch.Tensor):
-        if type(out) is not torch.Tensor:  # a subclass could answer the checker's own calls
-            raise guards.GuardFailed(f"{what}: kernel_fn returned a {type(out).__name__}, a Tensor subclass; "
+    for t in outputs(out):
+        if not isinstance(t, torch.Tensor):
+            continue  # compare() says what was returned instead
+        if type(t) is not torch.Tensor:  # a subclass could answer the checker's own calls
+            raise guards.GuardFailed(f"{what}: kernel_fn returned a {type(t).__name__}, a Tensor subclass; "
                                      "it must return a plain torch.Tensor")
-        aliased = guards.aliased_input(out, inputs)
+        aliased = guards.aliased_input(t, inputs)
         if aliased is not None:
             raise CheckFailed(f"{what}: the output shares memory with input {aliased}; "
                               "a kernel must write a fresh output")

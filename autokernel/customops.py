@@ -176,7 +176,9 @@ def _run(kernel_type: str, *args) -> torch.Tensor:
     except Exception as e:
         raise KernelCallError(kernel_type, f"the {kernel_type} kernel ({_LABELS[kernel_type]}) raised "
                                            f"{type(e).__name__}: {e}") from e
-    # The op's fake promises a contiguous tensor; a strided result would break that promise.
+    # The op's fake promises contiguous tensors; a strided result would break that promise.
+    if isinstance(out, (tuple, list)):  # an op of several outputs (a sum and its norm)
+        return tuple(t if t.is_contiguous() else t.contiguous() for t in out)
     return out if out.is_contiguous() else out.contiguous()
 
 
@@ -226,15 +228,21 @@ _SCHEMA_TYPES = {"Tensor": torch.Tensor, "float": float, "bool": bool, "int": in
 def _signature(schema: str) -> inspect.Signature:
     """The Python signature of a schema string such as "(Tensor x, float eps) -> Tensor"."""
     params = schema.split(")", 1)[0].lstrip("(").split(", ")
+    outputs = schema.rsplit("->", 1)[1].strip().strip("()").split(", ")
+    returns = torch.Tensor if len(outputs) == 1 else tuple[(torch.Tensor,) * len(outputs)]
     return inspect.Signature([inspect.Parameter(p.split()[1], inspect.Parameter.POSITIONAL_OR_KEYWORD,
                                                 annotation=_SCHEMA_TYPES[p.split()[0]]) for p in params],
-                             return_annotation=torch.Tensor)
+                             return_annotation=returns)
 
 
-def _fake_output(kernel_type: str, args) -> torch.Tensor:
-    """An empty contiguous tensor of the output's shape, in the first floating input's dtype (the kernel contract)."""
+def _fake_output(kernel_type: str, args):
+    """An empty contiguous tensor of the output's shape, in the first floating input's dtype (the kernel contract);
+    a tuple of them for an op of several outputs (its output_shape gives a list of shapes)."""
     dtype = next(a.dtype for a in args if isinstance(a, torch.Tensor) and a.is_floating_point())
-    return args[0].new_empty(_DEPLOYMENTS[kernel_type].output_shape(*args), dtype=dtype)
+    shape = _DEPLOYMENTS[kernel_type].output_shape(*args)
+    if isinstance(shape, list):
+        return tuple(args[0].new_empty(s, dtype=dtype) for s in shape)
+    return args[0].new_empty(shape, dtype=dtype)
 
 
 # ------------------------------------------------- drop-in replacements of torch functions

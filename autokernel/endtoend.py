@@ -31,7 +31,7 @@ CHECK_SEED, TIMING_SEED = 1, 1000  # seeds of the checked and of the timed input
 GPU_BACKEND, CPU_BACKEND = "inductor", "aot_eager"  # compile backends (a C++ build would dominate a CPU run)
 PRUNE_MARGIN = 0.01  # a kernel type is left out when the model runs this much faster without it
 DEPLOY_MODES = ("eager", "graph", "compile", "compile_graph")  # how a user runs the model; the prune's yardstick
-PAIRED_ROUNDS = 30  # turns of a paired comparison: each times both kernel sets, one right after the other
+PAIRED_ROUNDS = 200  # turns of a paired comparison: each times one run of both kernel sets (~5 s at 12 ms)
 CPU_PAIRED_ROUNDS = 2  # in the interpreter: enough to run the path, the figures mean nothing there
 PAIRED_P = 0.05  # a side is faster when it won this improbably many rounds for a coin (two-sided sign test)
 
@@ -328,30 +328,37 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, mode:
 def paired(model, module, ours: dict, theirs: dict, inputs: Callable, device: str,
            rounds: int = PAIRED_ROUNDS) -> dict:
     """The optimized model with our kernels against the same model with theirs (customops.installed() of the
-    same types), timed in turns in one process, so that a difference of a few tenths of a percent is not lost
-    in the drift between two runs. On a GPU each side is replayed from its own CUDA graph (GPU time, what the
-    loop optimizes), captured while its kernels were installed; each round times both, in alternating order.
-    Each side's output is checked against the original's first: a wrong one is an error, not a figure."""
+    same types), timed in turns in one process (timing.time_turns: one run of each per turn), so that a
+    difference of a few tenths of a percent is not lost in the drift between two runs. On a GPU each side is
+    replayed from its own CUDA graph (GPU time, what the loop optimizes), captured while its kernels were
+    installed. Each side's output is checked against the original's first: a wrong one is an error, not a
+    figure."""
     sets = [inputs(TIMING_SEED + i) for i in range(TIMING_INPUTS)]
     sides = {"ours": ours, "theirs": theirs}
     fns = {}
     try:
         for name, kernels in sides.items():
             customops.reinstall(kernels)
-            fns[name] = timing.cuda_graphed(module, sets[0]) if device == "cuda" else module
+            fns[name] = timing.cuda_graphed(module, sets[0]) if device == "cuda" else _installing(kernels, module)
             wrong = wrong_output(fns[name], model, sets[-1])
             if wrong:
                 return {"error": f"{name}: {wrong}"}
-        samples = {"ours": [], "theirs": []}
-        for r in range(rounds):
-            for name in ("ours", "theirs") if r % 2 == 0 else ("theirs", "ours"):
-                customops.reinstall(sides[name])  # for the eager side; a graph replays what it captured
-                samples[name].append(timing.time_fn(fns[name], sets, device).median_us / 1e3)
+        samples = timing.time_turns(fns, sets, device, rounds)
     except Exception as e:
         return {"error": _error_line(e)}
     finally:
         customops.reinstall(ours)
-    return {"mode": "graph" if device == "cuda" else "eager", **paired_verdict(samples["ours"], samples["theirs"])}
+    ms = {name: [us / 1e3 for us in runs] for name, runs in samples.items()}
+    return {"mode": "graph" if device == "cuda" else "eager", **paired_verdict(ms["ours"], ms["theirs"])}
+
+
+def _installing(kernels: dict, module) -> Callable:
+    """The eager module run with these kernels installed (a graph replays what it captured; eager code
+    calls whatever is installed at the time)."""
+    def run(*args):
+        customops.reinstall(kernels)
+        return module(*args)
+    return run
 
 
 def paired_verdict(ours: list[float], theirs: list[float]) -> dict:

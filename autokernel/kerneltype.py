@@ -53,6 +53,10 @@ class Profiling:
     # one call per distinct widest 4-D tensor the matched function's ops take, its shape [B, H, S, D] (RoPE
     # applied to q and k: two calls, GQA's k with fewer heads)
     per_tensor: bool = False
+    # a module of `modules` whose path matches this, called right after a top-level aten::add of two tensors of its
+    # input's shape in the same parent module: the add and the module are one call (a residual add fused into the
+    # norm after it); such a type claims no other module of `modules`
+    residual_add: re.Pattern | None = None
     # where rules of two types match the same name, the lower precedence wins (an attention kernel is
     # often a cutlass kernel: flash_attention before matmul)
     precedence: int = 0
@@ -73,7 +77,8 @@ class Deployment:
     # the torch.library schema of `autokernel::<type>`: kernel_fn's parameters, optional ones (eps, causal,
     # sm_scale, dim) always passed explicitly so the op never depends on a kernel file's defaults
     schema: str
-    # the op's inputs -> its output's shape: all a fake implementation needs. Written out rather than taken
+    # the op's inputs -> its output's shape (a list of shapes, one per output, for an op returning several
+    # tensors): all a fake implementation needs. Written out rather than taken
     # from the reference run on fake tensors, because verify.py patches F.* functions while the optimized
     # model is traced, and the references call those very functions.
     output_shape: Callable

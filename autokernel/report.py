@@ -212,7 +212,7 @@ def estimate_lines(estimate: float | None, verify: dict | None, last_kept: str |
     if "verdict" in against:  # verify.py --against: the kernels in turns with the ones the loop began from
         lines.append(f"  the kept kernels against the {against['against']} ones ({', '.join(against['differs'])} "
                      f"differ), timed in turns: {against['speedup']:.4f}x, {against['verdict']} (this run's faster "
-                     f"in {against['won_rounds']} of {against['rounds']} rounds, sign test p={against['p_value']:.2g})")
+                     f"in {against['won_rounds']} of {against['rounds']} turns, sign test p={against['p_value']:.2g})")
     return lines
 
 

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import reference
-from autokernel import customops, swap
+from autokernel import addnorm_sites, customops, swap
 from autokernel.attention_sites import causal_mask_patches, rope_attention_module_site
 from autokernel.kerneltype import Deployment, KernelSpec, Profiling, SuiteTarget
 
@@ -591,6 +591,112 @@ BUILTIN.append(KernelSpec(
     deployment=Deployment("(Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down) -> Tensor",
                           lambda x, w_gate, w_up, w_down: (*x.shape[:-1], w_down.shape[0]),
                           module_site=swap.swiglu_module_site),
+))
+
+
+# ---------------------------------------------------------------------- add_rmsnorm, add_layernorm
+# A decoder layer's residual add and the norm after it, as one kernel returning (sum, normed): x is the
+# attention output, residual the layer's input. Shapes of HF models: M = batch x sequence tokens, N = hidden
+# (GPT-2 768/1024, TinyLlama 2048, Llama-2 7B 4096, 13B 5120, 70B 8192).
+ADD_NORM_SHAPES = [
+    {"M": 2048, "N": 2048}, {"M": 4096, "N": 2048}, {"M": 2048, "N": 4096}, {"M": 8192, "N": 4096},
+    {"M": 16384, "N": 4096}, {"M": 4096, "N": 768}, {"M": 16384, "N": 768}, {"M": 8192, "N": 1024},
+    {"M": 4096, "N": 5120}, {"M": 2048, "N": 8192},
+]
+ADD_NORM_EDGES = [{"M": 2047, "N": 2048}, {"M": 4097, "N": 768}, {"M": 1537, "N": 5120}, {"M": 7, "N": 8191}]
+
+
+def _add_norm_inputs(with_bias: bool, scale: float = 1.0, residual_scale: float = 4.0, cancel: bool = False):
+    """(x, residual, weight[, bias]): the residual stream larger than the attention output, as in a model.
+    cancel: residual = -x plus noise of `scale`, so that the sum is small and made of the low bits."""
+    def make(shape, dtype, device, gen):
+        x = _randn(_rows(shape), torch.float32, device, gen, residual_scale if cancel else scale)
+        noise = _randn(_rows(shape), torch.float32, device, gen, scale if cancel else residual_scale)
+        residual = (-x + noise) if cancel else noise
+        weight = _randn((shape["N"],), dtype, device, gen, 0.5) + 1
+        inputs = (x.to(dtype), residual.to(dtype), weight)
+        return inputs + ((_randn((shape["N"],), dtype, device, gen, 0.5),) if with_bias else ())
+    return make
+
+
+def _add_norm_exact_sum(binade: float, scale: float):
+    """(x, residual, weight, bias) whose sums lie in [binade, 2 binade) (binade a power of two), x and residual on
+    the dtype's grid there: the sum is exact, so its rounding (eager's too, which the float64 oracle does not
+    do) stays out of a test of the statistics around a large mean."""
+    def make(shape, dtype, device, gen):
+        step = binade * torch.finfo(dtype).eps  # the spacing of [binade, 2 binade)
+        x = (_randn(_rows(shape), torch.float32, device, gen, scale) / step).round() * step
+        r = (_randn(_rows(shape), torch.float32, device, gen, scale) / step).round() * step + 1.5 * binade
+        x, r = x.clamp(-binade / 8, binade / 8), r.clamp(1.125 * binade, 1.875 * binade - step)
+        weight = _randn((shape["N"],), dtype, device, gen, 0.5) + 1
+        return x.to(dtype), r.to(dtype), weight, _randn((shape["N"],), dtype, device, gen, 0.5)
+    return make
+
+
+def _add_norm_noncontiguous(inputs):
+    return (_padded_rows(inputs[0]), _padded_rows(inputs[1])) + tuple(inputs[2:])
+
+
+def _add_norm_profiling(norm_class: str) -> Profiling:
+    """The post-attention norm module of a decoder layer (addnorm_sites.POST_ATTENTION_NORMS names it), with the
+    residual add run right before it in the layer: the pair is one call."""
+    names = "|".join(addnorm_sites.POST_ATTENTION_NORMS)
+    return Profiling(modules=re.compile(norm_class, re.I), residual_add=re.compile(rf"(^|\.)({names})$"),
+                     module_shape=_module_rows)
+
+
+def _add_rmsnorm_baselines(liger) -> dict:
+    fused = getattr(liger, "liger_fused_add_rms_norm", None)  # Liger >= 0.6 (returns normed, sum)
+    if fused is None:
+        return {}
+    return {"liger": lambda x, r, w, eps=1e-6: fused(x, r, w, eps, in_place=False)[::-1]}
+
+
+BUILTIN.append(KernelSpec(
+    name="add_rmsnorm",
+    reference=reference.add_rmsnorm_ref,
+    make_inputs=_add_norm_inputs(with_bias=False),
+    shapes=ADD_NORM_SHAPES, small_shapes=SMALL_ROW_SHAPES,
+    edge_shapes=ADD_NORM_EDGES, small_edge_shapes=SMALL_ROW_EDGES,
+    bench_shape={"M": 16384, "N": 4096}, small_bench_shape={"M": 64, "N": 1024},
+    # x and residual read, the sum and the normed output written, the weight read once
+    bytes_moved=_row_bytes(2, 2, params=1), flops=_row_flops(5),
+    adversarial={
+        # residual ~ -x: the sum cancels (exactly, Sterbenz) to ~1e-3, its mean square near eps
+        "cancellation": _add_norm_inputs(with_bias=False, scale=1e-3, residual_scale=1.0, cancel=True),
+        # the sum's squares overflow fp16 unless accumulated in fp32
+        "large_values": _add_norm_inputs(with_bias=False, scale=200.0, residual_scale=200.0),
+    },
+    noncontiguous=_add_norm_noncontiguous,
+    description="residual add + RMSNorm: (x + residual, rmsnorm(x + residual)), the sum rounded first",
+    profiling=_add_norm_profiling(r"rms_?norm"),
+    default_speedup=1.5,  # eager writes the sum and reads it back before its ~5 norm kernels; compile fuses both
+    extra_baselines=_add_rmsnorm_baselines,
+    deployment=Deployment("(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)",
+                          lambda x, residual, weight, eps: [x.shape, x.shape],
+                          module_site=addnorm_sites.add_rmsnorm_layer_site),
+))
+
+BUILTIN.append(KernelSpec(
+    name="add_layernorm",
+    reference=reference.add_layernorm_ref,
+    make_inputs=_add_norm_inputs(with_bias=True),
+    shapes=ADD_NORM_SHAPES, small_shapes=SMALL_ROW_SHAPES,
+    edge_shapes=ADD_NORM_EDGES, small_edge_shapes=SMALL_ROW_EDGES,
+    bench_shape={"M": 16384, "N": 4096}, small_bench_shape={"M": 64, "N": 1024},
+    bytes_moved=_row_bytes(2, 2, params=2), flops=_row_flops(9),
+    adversarial={
+        # var = E[s^2] - E[s]^2 cancels catastrophically around a large mean of the sum
+        "large_mean": _add_norm_exact_sum(binade=512.0, scale=8.0),
+        "near_zero_variance": _add_norm_exact_sum(binade=1.0, scale=1e-3),
+    },
+    noncontiguous=_add_norm_noncontiguous,
+    description="residual add + LayerNorm: (x + residual, layernorm(x + residual)), the sum rounded first",
+    profiling=_add_norm_profiling(r"layer_?norm"),
+    default_speedup=1.3,  # eager: the add and the norm as two kernels, the sum written and read back
+    deployment=Deployment("(Tensor x, Tensor residual, Tensor weight, Tensor bias, float eps) -> (Tensor, Tensor)",
+                          lambda x, residual, weight, bias, eps: [x.shape, x.shape],
+                          module_site=addnorm_sites.add_layernorm_layer_site),
 ))
 
 

@@ -51,6 +51,8 @@ from autokernel.kerneltype import TOLERANCES
 REL_L2_TOLERANCE = {dtype: atol for dtype, (atol, _rtol) in TOLERANCES.items()}
 PROBE_ROWS = 2, 5  # leading dims of a module probe input [2, 5, features]
 PROBE_SEQ = 8  # positions of a rotary probe; its head dim is 16
+# attribute of a module whose forward a site rewrote in place: the names of the children it now computes itself
+OWNS = "_autokernel_owns"
 
 
 def rel_l2(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -168,6 +170,12 @@ def _f64(t):
 
 
 def _rmsnorm_site(name, m):
+    site, eps = rmsnorm_probed(name, m)
+    return site, (KernelRMSNorm(m, site, eps) if site.swapped else None)
+
+
+def rmsnorm_probed(name, m) -> tuple[Site, float | None]:
+    """rmsnorm's Site for an RMSNorm module and its eps; site.swapped only where it computes the reference."""
     eps = getattr(m, "eps", getattr(m, "variance_epsilon", None))
     weight = getattr(m, "weight", None)
     if not isinstance(weight, torch.Tensor) or weight.dim() != 1:
@@ -180,8 +188,7 @@ def _rmsnorm_site(name, m):
     reason = _probe(m, weight.shape[0], lambda x: reference.rmsnorm_ref(x, _f64(weight), eps))
     if reason:
         site.swapped, site.reason = False, reason
-        return site, None
-    return site, KernelRMSNorm(m, site, eps)
+    return site, eps
 
 
 def _layernorm_site(name, m: nn.LayerNorm):
@@ -278,16 +285,20 @@ def _conv1d_site(name, m):
 
 
 def _replace_modules(model: nn.Module, types) -> list[Site]:
-    sites, skip = [], ()
+    sites, skip, owned = [], (), ()
     for name, m in list(model.named_modules())[1:]:  # the root itself is not replaced
         if skip and name.startswith(skip):
             continue  # inside a module already replaced whole (a fused MLP)
+        if owned and (name + ".").startswith(owned):
+            continue  # computed by its parent's rewritten forward (a decoder layer's post-attention norm)
         found = _module_site(name, m, types)
         if found is None:
             continue
         site, replacement = found
         sites.append(site)
-        if replacement is not None:
+        if replacement is m:  # its forward rewritten in place: its children stay sites, but those it took over
+            owned += tuple(f"{name}.{child}." for child in getattr(m, OWNS, ()))
+        elif replacement is not None:
             _set_submodule(model, name, replacement)
             skip = name + "."
     return sites

@@ -5,6 +5,7 @@
 set -euo pipefail
 DIR=${1:?usage: fresh_project.sh DIR}
 rm -rf "$DIR" && mkdir -p "$DIR"
-cp -r autokernel kernels models profiles benchmarks reference.py bench.py orchestrate.py profile.py extract.py \
-  verify.py program.md pyproject.toml kernel.py .gitignore "$DIR"/
+# the whole tree as a clone has it, less what the device tool carries and what runs leave behind
+tar cf - --exclude=./.git --exclude=./.whl --exclude=./.whl_extra --exclude=./.venv --exclude=__pycache__ --exclude=./workspace \
+  --exclude=./results.tsv --exclude=./.night --exclude=.pytest_cache --exclude=.ruff_cache --exclude="*.egg-info" . | tar xf - -C "$DIR"
 cd "$DIR" && git init -q && git add -A && git -c user.name=setup -c user.email=setup@localhost commit -qm "fresh project"

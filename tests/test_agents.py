@@ -283,3 +283,27 @@ def test_builtin_agent_learns_which_tunables_made_no_difference(tmp_path):
     rows.append({"status": "keep", "latency_us": "80.0"})
     agent.observe(task, Proposal("A, B", {"config": {"A": 2, "B": 2}, "directions": {"A": 1, "B": 1}}), "keep")
     assert task.memory["flat"] == []
+
+
+def test_builtin_agent_moves_a_tunable_that_launched_nothing_new_no_more_until_a_keep(tmp_path):
+    from autokernel.agents import Proposal
+
+    kernel = tmp_path / "kernel.py"
+    kernel.write_text('KERNEL_TYPE = "rmsnorm"\nA = 1\nB = 1\nC = 1\n'
+                      'TUNABLES = {"A": [1, 2, 3], "B": [1, 2], "C": [1, 2]}\n')
+    task = Task(root=tmp_path, kernel_name="k", kernel_type="rmsnorm", experiment=2, memory={})
+    agent = BuiltinAgent()
+    agent.observe(task, None, "baseline")
+    moved = []
+    while (proposal := agent.propose(task)) is not None:
+        config = proposal.meta["config"]
+        moved.append({n for n, v in config.items() if v != 1})
+        # A launches nothing new at these shapes: the harness reverts it untimed, the loop says "unchanged"
+        agent.observe(task, proposal, "unchanged" if moved[-1] == {"A"} else "revert")
+        kernel.write_text(apply_config(kernel.read_text(), {"A": 1, "B": 1, "C": 1}))
+    assert moved.count({"A"}) == 1 and not any("A" in m for m in moved if m != {"A"})  # never again, not in pairs
+    assert {"B", "C"} in moved  # the others are still searched, together too
+    # a keep changes the configuration: A may act there, and is moved again
+    agent.observe(task, Proposal("B 1 -> 2", {"config": {"A": 1, "B": 2, "C": 1}, "directions": {"B": 1}}), "keep")
+    kernel.write_text(apply_config(kernel.read_text(), {"B": 2}))
+    assert task.memory["inert"] == [] and "A" in agent.propose(task).description

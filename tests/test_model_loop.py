@@ -312,7 +312,7 @@ def test_report_puts_the_estimate_beside_verify_and_builds_its_command(repo):
                "won_rounds": 27, "rounds": 30, "p_value": 1e-5}
     lines = report.estimate_lines(1.3, {**verify, "against": against}, None)
     assert lines[-1].strip().startswith("the kept kernels against the extracted ones (rmsnorm differ)")
-    assert "1.0036x, faster (this run's faster in 27 of 30 rounds" in lines[-1]
+    assert "1.0036x, faster (this run's faster in 27 of 30 turns" in lines[-1]
 
 
 def test_workers_share_their_gpu_hours_by_amdahl():

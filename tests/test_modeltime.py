@@ -97,3 +97,19 @@ def test_graph_replay_catches_a_kernel_that_does_nothing_while_captured():
         modeltime.time_shape(lazy, spec, make, SHAPES[0], 1, torch.float16, "cuda", reuse=True)
     honest = modeltime.time_shape(spec.reference, spec, make, SHAPES[0], 1, torch.float16, "cuda", reuse=True)
     assert honest.graphed and honest.us > 0 and honest.host_us > 0
+
+
+def test_time_turns_runs_each_function_once_per_turn_in_alternating_order():
+    order = []
+
+    def work(name, n):
+        def run(x):
+            order.append(name)
+            return sum(range(n)) + x
+        return run
+
+    samples = timing.time_turns({"light": work("light", 10), "heavy": work("heavy", 200_000)}, [(1,), (2,)],
+                                "cpu", turns=6)
+    assert order[2:] == ["light", "heavy", "heavy", "light"] * 3  # after one warm-up run of each
+    assert [len(s) for s in samples.values()] == [6, 6]
+    assert all(h > l for h, l in zip(samples["heavy"], samples["light"]))  # turn by turn, the heavier one

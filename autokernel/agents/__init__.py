@@ -64,7 +64,9 @@ class Agent:
         raise NotImplementedError
 
     def observe(self, task: Task, proposal: Proposal | None, status: str) -> None:
-        """Learn the outcome (baseline/keep/revert/crash/timeout) of a proposal; None for the baseline."""
+        """Learn the outcome (baseline/keep/revert/crash/timeout) of a proposal; None for the baseline.
+        "unchanged": reverted untimed, because the candidate launches exactly what the best launches at every
+        timed shape (the harness's launch record): what it changed does not act at these shapes."""
 
     def finish(self, task: Task) -> Proposal | None:
         """One last change when the loop ends the kernel (kept only if it beats the best), or None."""

@@ -6,7 +6,9 @@ far the agent moves one tunable at a time, nearest values first (a coordinate se
 and warp counts are smooth enough that the neighbour of a good value is the best next guess), except
 that handing hard-coded values back to the kernel's own heuristics (0 or "auto") comes first, all of
 them at once and then one by one, and that a tunable whose last move changed nothing (within 1%)
-waits until the others have been moved. When a
+waits until the others have been moved, and one whose move changed not even what the kernel launches (the
+harness's launch record: a tunable of a variant these shapes do not run) is not moved again, alone or with
+others, until a keep changes the configuration. When a
 move is kept, the same tunable is pushed one step further in the same direction before anything else.
 When every single-tunable move from the best has been tried, pairs are tried, then triples, until
 the whole space is exhausted, which ends the kernel. Configurations already tried are never repeated;
@@ -150,6 +152,8 @@ def next_move(source: str, memory: dict, seed: int) -> Proposal | None:
     """The configuration to try next from the one in `source`, given what `memory` says was tried."""
     space, current = tunable_space(source)
     tried = {config_key(c) for c in memory.get("tried", [])} | {config_key(current)}
+    inert = set(memory.get("inert", ()))
+    space = {n: values for n, values in space.items() if n not in inert}
     for config in candidates(space, current, seed, memory.get("momentum"), memory.get("flat", ())):
         if config_key(config) not in tried:
             moves = {n: _moves(space[n], current[n]) for n in space if config[n] != current[n]}
@@ -279,7 +283,11 @@ class BuiltinAgent(Agent):
         record_shape_times(task.memory, config, task.model_shapes)
         if status == "keep" and proposal is not None:
             task.memory["momentum"] = proposal.meta.get("directions", {})
-            task.memory["flat"] = []  # under the new configuration every tunable may matter again
+            # under the new configuration every tunable may matter again
+            task.memory["flat"], task.memory["inert"] = [], []
+        elif status == "unchanged" and proposal is not None and len(proposal.meta.get("directions", {})) == 1:
+            inert = task.memory.setdefault("inert", [])
+            inert.extend(n for n in proposal.meta["directions"] if n not in inert)
         elif status == "revert" and proposal is not None and _made_no_difference(task.history):
             flat = task.memory.setdefault("flat", [])
             flat.extend(n for n in proposal.meta.get("directions", {}) if n not in flat)

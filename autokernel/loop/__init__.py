@@ -52,7 +52,8 @@ LOOP_BENCH_TIMEOUT_S = {"cuda": 120, "cpu": 600}
 BASELINE_TIMEOUT_FACTOR = 4
 # what an experiment's outcome keeps of the harness result (the loop state and the agent read them)
 OUTCOME_KEYS = ("latency_us", "noise_pct", "pct_peak", "speedup_vs_pytorch", "model_us", "model_noise_pct",
-                "model_vs_pytorch", "model_host_us", "model_timing", "model_shapes", "device", "launch_digest")
+                "model_vs_pytorch", "model_host_us", "model_timing", "model_shapes", "device", "launch_digest",
+                "unchanged")
 # what the objective is made of, and which model it was made for: never the agent's edit
 MODEL_DECLARATIONS = ("MODEL_SHAPES", "MODEL_CALLS", "MODEL_SOURCE")
 # The host clock of two benches of the same launcher differs by a few percent; a launcher that really costs
@@ -636,8 +637,10 @@ class Loop:
         proposal = inflight.get("proposal") or {}
         task = self._task(job, inflight["experiment"])
         task.model_shapes = out.get("model_shapes") or []
+        # the agent hears of a revert untimed because the candidate launched what the best launches as "unchanged"
         self.agent.observe(task, None if status == "baseline" else
-                           Proposal(proposal.get("description", ""), proposal.get("meta", {})), status)
+                           Proposal(proposal.get("description", ""), proposal.get("meta", {})),
+                           "unchanged" if status == "revert" and out.get("unchanged") else status)
         if status in ("keep", "baseline"):
             self._save_optimized(job)
         self.state.data.update(head=self.git.head(), next_experiment=inflight["experiment"] + 1,

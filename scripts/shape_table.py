@@ -1,0 +1,72 @@
+"""A starter against eager, torch.compile and the type's extra baselines (Liger, ...) at every shape of its registry
+entry, on the GPU: the per-shape table bench.py (one timing shape) does not give.
+
+    python scripts/shape_table.py add_rmsnorm [add_layernorm ...] [--dtype fp16] [--json OUT]
+
+Times through autokernel.timing (graph replay, the L2 flushed) on the inputs autokernel.perf times; the kernel's
+output is checked against the oracle at each shape first. Prints one row per shape: microseconds, GB/s of the
+kernel and its speedup over compile.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from autokernel import baselines, checking, gpu  # noqa: E402
+from autokernel.kernelfile import import_kernel  # noqa: E402
+from autokernel.kerneltype import parse_dtype, shape_label  # noqa: E402
+from autokernel.perf import compiled_reference, gpu_input_sets  # noqa: E402
+from autokernel.registry import get_spec  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def table(kernel_type: str, dtype: torch.dtype, liger) -> list[dict]:
+    spec = get_spec(kernel_type)
+    kernel = import_kernel(ROOT / "kernels" / f"{kernel_type}.py").kernel_fn
+    fns = {"kernel": kernel, "eager": spec.reference, "compile": compiled_reference(spec),
+           **(spec.extra_baselines(liger) if spec.extra_baselines else {})}
+    rows = []
+    for shape in spec.shapes:
+        sets = gpu_input_sets(spec, shape, dtype)
+        checking.checked_call(kernel, spec, sets[0], f"{kernel_type} {checking.describe(shape, dtype)}")
+        row = {"type": kernel_type, "shape": shape_label(shape), "bytes": spec.bytes_moved(shape, dtype)}
+        row.update({name: baselines._median_or_error(fn, sets) for name, fn in fns.items()})
+        rows.append(row)
+        print(_line(row, list(fns)), flush=True)
+    return rows
+
+
+def _line(row: dict, names: list[str]) -> str:
+    us = {n: row[n] for n in names}
+    cells = "  ".join(f"{n} {v:8.1f} us" if isinstance(v, float) else f"{n} {v}" for n, v in us.items())
+    kernel, compiled = us["kernel"], us["compile"]
+    if isinstance(kernel, float) and isinstance(compiled, float):
+        cells += f"  | {row['bytes'] / kernel / 1e3:6.0f} GB/s  vs compile {compiled / kernel:.2f}x"
+    return f"{row['type']:<14} {row['shape']:<16} {cells}"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("types", nargs="+")
+    p.add_argument("--dtype", default="fp16")
+    p.add_argument("--json", help="also write the rows as JSON")
+    args = p.parse_args(argv)
+    if not gpu.has_cuda():
+        print("needs a CUDA GPU", file=sys.stderr)
+        return 2
+    liger = baselines._liger()
+    print(f"{gpu.device_name()}, torch {torch.__version__}, {args.dtype}, liger: {'yes' if liger else 'absent'}")
+    rows = [row for t in args.types for row in table(t, parse_dtype(args.dtype), liger)]
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
