@@ -22,7 +22,8 @@ from autokernel import cli, kernelfile, results
 SUMMARY_KEYS = ["correctness", "status", "kernel_type", "failed_stage", "model_us", "model_vs_pytorch",
                 "model_vs_compile", "host_us", "latency_us", "throughput_tflops",
                 "bandwidth_gb_s", "pct_peak", "speedup_vs_pytorch", "speedup_vs_compile", "eager_us",
-                "compile_us", "noise_pct", "peak_vram_mb", "shape", "dtype", "device", "gpu", "wall_s"]
+                "compile_us", "noise_pct", "peak_vram_mb", "eager_peak_vram_mb", "shape", "dtype", "device", "gpu",
+                "wall_s"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -55,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Examples:\n" + "\n".join(__doc__.split("\n\n")[1].splitlines()))
     how = cli.add_model_arguments(p)
     how.add_argument("--steps", type=int, default=3, help="profiled forward passes (default 3)")
+    how.add_argument("--with-loss", action="store_true",
+                     help="each forward pass also computes the next-token loss (a loss evaluation): the LM head's "
+                          "GEMM and the loss count as linear_cross_entropy")
     how.add_argument("--types", default="", help="comma-separated kernel types whose profiler rules are opt-in "
                      "(rope_attention: RoPE + SDPA of an attention module as one type)")
     out = p.add_argument_group("output")
@@ -86,7 +89,7 @@ def run(args) -> int:
               "its time, not where a GPU would; use --device cuda on a GPU for a real plan.")
     try:
         prof = profiling.profile_model(model, inputs, device, steps=args.steps, trace_path=args.export_trace,
-                                       types=[t for t in args.types.split(",") if t])
+                                       with_loss=args.with_loss, types=[t for t in args.types.split(",") if t])
     except (RuntimeError, ValueError, TypeError, IndexError) as e:
         if _is_oom(e):
             raise

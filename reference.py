@@ -85,6 +85,14 @@ def add_layernorm_ref(x, residual, weight, bias, eps: float = 1e-5):
     return total, layernorm_ref(total, weight, bias, eps)
 
 
+def linear_cross_entropy_ref(hidden, weight, target, ignore_index: int = -100):
+    """An LM head and its loss: mean cross-entropy of the logits hidden [N, H] @ weight [V, H].T against
+    integer targets [N], targets equal to ignore_index left out. The logits are upcast before the loss, as
+    transformers' loss does (fp16/bf16 logits -> fp32), so the loss is fp32 (fp64 for fp64 inputs)."""
+    logits = hidden @ weight.T
+    return F.cross_entropy(logits.to(_compute_dtype(logits)), target, ignore_index=ignore_index)
+
+
 def _rotate_half(x):
     """[x1, x2] -> [-x2, x1] over the last dimension's halves (transformers' rotate_half)."""
     half = x.shape[-1] // 2

@@ -26,7 +26,8 @@ ROOT = Path(__file__).resolve().parent.parent
 ROPE_K_HEADS = 8  # the k of a grouped-query model beside q's 32 heads (LLaMA-3 8B, TinyLlama)
 
 
-def _liger():
+def liger_functional():
+    """Liger-Kernel's functional module where it is installed, else None."""
     try:
         from liger_kernel.transformers import functional as liger
 
@@ -95,7 +96,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--types", default="", help="comma-separated kernel types (default: all)")
     args = p.parse_args(argv)
-    liger = _liger()
+    liger = liger_functional()
     types = set(filter(None, args.types.split(","))) or None
     ceil = gpu.measure_ceilings()
     result = {

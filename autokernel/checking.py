@@ -2,8 +2,8 @@
 
 The oracle is the reference run on float64 copies of the inputs, never on the low-precision inputs
 themselves (an fp16 reference overflows where a careful kernel does not). The kernel's output must
-have the reference's shape and the input's dtype, hold no NaN or Inf where the oracle has none, and
-satisfy |out - oracle| <= atol + rtol * |oracle| everywhere.
+have the reference's shape and the input's dtype (or the spec's output_dtype: a loss is fp32), hold no
+NaN or Inf where the oracle has none, and satisfy |out - oracle| <= atol + rtol * |oracle| everywhere.
 """
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ def verify_output(out, spec: KernelSpec, inputs, what: str, tol_scale: float = 1
             raise guards.GuardFailed(f"{what}: the kernel modified its input {changed[0]} (kernel_fn must leave "
                                      "its inputs as they were; the oracle sees copies taken before the call)")
     reference_inputs = inputs if pristine is None else pristine
-    dtype = out_dtype(reference_inputs)
+    dtype = spec.output_dtype or out_dtype(reference_inputs)
     atol, rtol = (tol_scale * t for t in spec.tolerance(dtype))
     scale = spec.error_scale(upcast(reference_inputs)) if spec.error_scale else None
     reason = compare(out, oracle(spec, reference_inputs), dtype, atol, rtol, scale)

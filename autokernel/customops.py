@@ -236,10 +236,13 @@ def _signature(schema: str) -> inspect.Signature:
 
 
 def _fake_output(kernel_type: str, args):
-    """An empty contiguous tensor of the output's shape, in the first floating input's dtype (the kernel contract);
-    a tuple of them for an op of several outputs (its output_shape gives a list of shapes)."""
-    dtype = next(a.dtype for a in args if isinstance(a, torch.Tensor) and a.is_floating_point())
-    shape = _DEPLOYMENTS[kernel_type].output_shape(*args)
+    """An empty contiguous tensor of the output's shape, in the first floating input's dtype (the kernel contract)
+    or the Deployment's output_dtype; a tuple of them for an op of several outputs (its output_shape gives a
+    list of shapes)."""
+    deployment = _DEPLOYMENTS[kernel_type]
+    dtype = deployment.output_dtype or next(a.dtype for a in args
+                                            if isinstance(a, torch.Tensor) and a.is_floating_point())
+    shape = deployment.output_shape(*args)
     if isinstance(shape, list):
         return tuple(args[0].new_empty(s, dtype=dtype) for s in shape)
     return args[0].new_empty(shape, dtype=dtype)

@@ -148,7 +148,10 @@ def main_output(out):
 def _lm_loss(model, args, logits):
     """The loss a training step computes on a language model's logits: next-token cross-entropy.
 
-    Computed through F.cross_entropy, so that inside the optimized model's scope it runs the cross_entropy kernel."""
+    Computed through F.cross_entropy, so that inside the optimized model's scope it runs the cross_entropy kernel;
+    where linear_cross_entropy replaced the model's output embedding (swap.KernelLMHead), computed there instead,
+    in a forward of its own that stops at the head: the LM head and the loss are one kernel call on the hidden
+    states, and no logits are built for it."""
     import torch.nn.functional as F
 
     from autokernel.models import config_value
@@ -157,6 +160,9 @@ def _lm_loss(model, args, logits):
     if (vocab is None or ids is None or ids.is_floating_point() or ids.dim() != 2 or ids.shape[1] < 2
             or logits.dim() != 3 or tuple(logits.shape) != (*ids.shape, vocab)):
         return None
+    head = swap.fused_lm_head(model)
+    if head is not None:
+        return head.next_token_loss(model, args, ids)
     return F.cross_entropy(logits[:, :-1].reshape(-1, vocab), ids[:, 1:].reshape(-1))
 
 

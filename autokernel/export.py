@@ -21,8 +21,9 @@ from pathlib import Path
 from autokernel import compat
 
 # autokernel modules optimize() runs on; the built-in registry entries (specs) say how each type is plugged in
-RUNTIME = ("addnorm_sites", "compat", "customops", "deploy", "kernelfile", "kerneltype", "launchers", "replay", "specs",
-           "swap", "attention_sites")
+RUNTIME = ("addnorm_sites", "compat", "customops", "deploy", "kernelfile", "kerneltype", "launchers", "models",
+           "replay", "specs", "swap",
+           "attention_sites")
 # What a CUDA C++ kernel file imports: the build helper, which runs the static check of CUDA C++ on every
 # source it compiles (sourcecheck, failing with guards.GuardFailed), in the user's process too.
 CUDA_RUNTIME = ("cuda_build", "cuda_prelude", "guards", "sourcecheck")

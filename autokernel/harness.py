@@ -208,6 +208,9 @@ def _timing(harness: Harness, module, dtype, reuse_baselines: bool, same_as: str
         print(f"  roofline       {result.bandwidth_gb_s:.0f} GB/s, {result.throughput_tflops:.1f} TFLOP/s, "
               f"{result.pct_peak:.1f}% of peak ({c['bandwidth_gb_s']} GB/s, {c['fp16_tflops']} TFLOP/s, "
               f"{c['source']})")
+    if result.peak_vram_mb is not None:
+        print(f"  peak memory    {result.peak_vram_mb:12.1f} MiB  (eager {result.eager_peak_vram_mb:.1f} MiB; one call "
+              "beyond its inputs)")
     print(f"  timing took {time.perf_counter() - start:.1f} s")
     out = {k: v for k, v in result.__dict__.items() if k != "ceilings"}
     out.update(speedup_vs_pytorch=result.speedup_vs_pytorch, speedup_vs_compile=result.speedup_vs_compile,

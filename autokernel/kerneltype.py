@@ -92,6 +92,12 @@ class Deployment:
     model_functions: Callable | None = None
     # True: Inductor cannot compile the kernel file's own code, so under torch.compile the op stays opaque
     opaque_under_compile: bool = False
+    # the op's output dtype where it is not the first floating input's (a loss in fp32 from fp16 inputs)
+    output_dtype: torch.dtype | None = None
+    # the model (its module tree, built for the swap) -> (module path, Site, replacement module or None) for
+    # a site found from the model as a whole (its output embedding, model.get_output_embeddings()), else
+    # None; tried after the module sites, so the replacement may wrap one of theirs
+    model_site: Callable | None = None
 
 
 @dataclass(frozen=True)
@@ -141,6 +147,8 @@ class KernelSpec:
     # liger (Liger-Kernel's functional module, or None) -> {baseline name: fn with the reference's signature}
     extra_baselines: Callable | None = None
     deployment: Deployment | None = None  # verify.py, autokernel.optimize, the exported package
+    # the output's dtype where it is not the first floating input's (a loss: fp32 from fp16 inputs)
+    output_dtype: torch.dtype | None = None
 
     def tolerance(self, dtype: torch.dtype) -> tuple[float, float]:
         return self.tolerances.get(dtype, TOLERANCES[dtype])

@@ -125,6 +125,22 @@ def config_value(model: torch.nn.Module, *names: str):
     return None
 
 
+def output_embedding(model: torch.nn.Module) -> tuple[str, torch.nn.Module] | None:
+    """(module path, module) of a language model's output embedding, model.get_output_embeddings() (the LM head
+    of a transformers model, or any model that names its own), or None where it has none inside the model."""
+    getter = getattr(model, "get_output_embeddings", None)
+    head = getter() if callable(getter) else None
+    if not isinstance(head, torch.nn.Module):
+        return None
+    return next(((name, m) for name, m in model.named_modules() if m is head and name), None)
+
+
+def set_submodule(model: torch.nn.Module, path: str, new: torch.nn.Module) -> None:
+    """Put `new` at `path` (dotted, as named_modules() names it) in model."""
+    parent, _, child = path.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, child, new)
+
+
 def example_inputs(model: torch.nn.Module, shape: tuple[int, ...], device: str, dtype: torch.dtype,
                    seed: int = 0) -> tuple:
     """Positional inputs for the model's forward for an --input-shape (see models/custom.py)."""

@@ -50,9 +50,10 @@ class PerfResult:
     throughput_tflops: float
     bandwidth_gb_s: float
     pct_peak: float | None
-    peak_vram_mb: float | None
+    peak_vram_mb: float | None  # what one call of the kernel allocates beyond its inputs (call_peak_mb)
     ceilings: dict | None
     host_clock_us: float | None = None  # GPU time per call by the host clock (the events' cross-check)
+    eager_peak_vram_mb: float | None = None  # the same for PyTorch eager (the reference) on the same inputs
 
     @property
     def speedup_vs_pytorch(self):
@@ -136,17 +137,14 @@ def measure(fn, spec: KernelSpec, make_inputs, shape, dtype, device, reuse_basel
     and reference (the loop benches one shape hundreds of times; compiling it each time costs seconds).
     """
     input_sets = [make_inputs() for _ in range(INPUT_SETS)]
-    if device == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base_mb = torch.cuda.memory_allocated() / 2**20
     timed = timing.time_fn(fn, None, device, fresh=make_inputs, check_runs=CHECKED_RUNS)
-    peak_mb = torch.cuda.max_memory_allocated() / 2**20 - base_mb if device == "cuda" else None
+    peak_mb = call_peak_mb(fn, input_sets[0]) if device == "cuda" else None
     _check_timed_outputs(fn, spec, input_sets, timed)
     host_clock = _host_clock_guard(fn, input_sets, timed.median_us) if device == "cuda" else None
     if after_kernel is not None:
         after_kernel()
     eager_us = timing.time_fn(spec.reference, input_sets, device).median_us
+    eager_peak_mb = call_peak_mb(spec.reference, input_sets[0]) if device == "cuda" else None
     compile_us, compile_note = _time_compile(spec, input_sets, device, shape, dtype, reuse_baselines)
 
     nbytes, nflops = spec.bytes_moved(shape, dtype), spec.flops(shape)
@@ -162,7 +160,21 @@ def measure(fn, spec: KernelSpec, make_inputs, shape, dtype, device, reuse_basel
         noise_pct=timed.spread_pct, eager_us=eager_us, compile_us=compile_us, compile_note=compile_note,
         throughput_tflops=nflops / seconds / 1e12, bandwidth_gb_s=nbytes / seconds / 1e9,
         pct_peak=pct, peak_vram_mb=peak_mb, ceilings=ceil.__dict__ if ceil else None, host_clock_us=host_clock,
+        eager_peak_vram_mb=eager_peak_mb,
     )
+
+
+def call_peak_mb(fn, inputs) -> float:
+    """MiB that one call of fn allocates at its peak beyond what was allocated before it: its workspace and
+    output, with its inputs already resident (as in a model). Measured on a call of its own: over the timed
+    runs the peak would be the fresh input sets, the oracle's copies and the L2 flush buffer instead (a
+    linear + cross-entropy's 470 MB weight made every time, against a fused kernel's few MB of workspace)."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    fn(*inputs)
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2**20
 
 
 def _flops_ceiling(ceil: gpu.Ceilings, dtype) -> float:

@@ -1,11 +1,11 @@
 """Profiling a model: where its time goes, by kernel type and shape.
 
 The model runs WARMUP_STEPS times, then PROFILE_STEPS times under torch.profiler with shapes
-recorded, while forward hooks open a profiler range around every module call (the ranges carry the
-module's class, qualified name and input shape, which the profiler itself does not give) and a
-profile hook opens one around every call of a function named like a type (apply_rotary,
-rotate_half). The events become `attribution.Op` records and the rules in autokernel/attribution.py
-turn them into calls of kernel types.
+recorded (with a loss, each forward pass also computes the next-token loss at its output embedding),
+while forward hooks open a profiler range around every module call (the ranges carry the module's class,
+qualified name and input shape, which the profiler itself does not give) and a profile hook opens one
+around every call of a function named like a type (apply_rotary, rotate_half). The events become
+`attribution.Op` records and the rules in autokernel/attribution.py turn them into calls of kernel types.
 
 What is counted: on a GPU, device time: each kernel once, through the op that launched it; kernels
 the profiler could not tie to an op count as "other". On a CPU there are no kernels and CPU time is
@@ -20,13 +20,16 @@ import re
 import statistics
 import sys
 from collections import defaultdict
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from autokernel.attribution import OTHER, Op, attribute, function_patterns, group_shape
+from autokernel.models import output_embedding, set_submodule
 
 WARMUP_STEPS = 2  # forward passes before profiling: lazy init, cuBLAS/cuDNN heuristics, allocator
 PROFILE_STEPS = 3  # profiled forward passes; every time reported is per forward pass
@@ -115,12 +118,46 @@ class FunctionRanges:
             self._open.pop(id(frame)).__exit__(None, None, None)
 
 
+class LMHeadWithLoss(torch.nn.Module):
+    """A language model's output embedding and the next-token loss of its logits as one module call: how a
+    profile with a loss (--with-loss) shows the LM head's GEMM and the loss's ops together, as the one call
+    of linear_cross_entropy they become (its profiler rule names this class). The logits go on unchanged."""
+
+    def __init__(self, head: torch.nn.Module, targets: torch.Tensor):
+        super().__init__()
+        self.head, self.targets = head, targets
+
+    def forward(self, x):
+        logits = self.head(x)
+        if logits.shape[:-1] == self.targets.shape:  # upcast as transformers' loss does
+            F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), self.targets.reshape(-1))
+        return logits
+
+
+@contextmanager
+def loss_at_head(model, inputs):
+    """The model with its output embedding wrapped in LMHeadWithLoss for next-token targets of its token ids
+    inputs[0] (the last position has none); ValueError where the model has no output embedding or no ids."""
+    found = output_embedding(model)
+    ids = inputs[0] if inputs else None
+    if found is None or not isinstance(ids, torch.Tensor) or ids.is_floating_point() or ids.dim() != 2:
+        raise ValueError("profiling with a loss needs a language model (get_output_embeddings()) and token ids "
+                         "[batch, seq] as its first input")
+    path, head = found
+    set_submodule(model, path, LMHeadWithLoss(head, F.pad(ids[:, 1:], (0, 1), value=-100)))
+    try:
+        yield model
+    finally:
+        set_submodule(model, path, head)
+
+
 def run_profiler(model, inputs, device: str, steps: int = PROFILE_STEPS, warmup: int = WARMUP_STEPS,
-                 trace_path: str | Path | None = None):
-    """(profiler events, module calls) for `steps` forward passes after `warmup` unprofiled ones."""
+                 trace_path: str | Path | None = None, with_loss: bool = False):
+    """(profiler events, module calls) for `steps` forward passes after `warmup` unprofiled ones; with_loss,
+    each forward pass computes the next-token loss too (loss_at_head)."""
     on_gpu = device.startswith("cuda")
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
-    with torch.inference_mode():
+    with torch.inference_mode(), (loss_at_head(model, inputs) if with_loss else nullcontext()):
         for _ in range(warmup):
             model(*inputs)
         _sync(device)
@@ -302,13 +339,15 @@ def _by_module(ops: list[Op]) -> dict:
 
 
 def profile_model(model, inputs, device: str, steps: int = PROFILE_STEPS, warmup: int = WARMUP_STEPS,
-                  trace_path: str | Path | None = None, types=None) -> dict:
+                  trace_path: str | Path | None = None, with_loss: bool = False, types=None) -> dict:
     """Run and attribute: the profile as a JSON-ready dict (see summarize), plus how it was measured."""
-    events, calls = run_profiler(model, inputs, device, steps, warmup, trace_path)
+    events, calls = run_profiler(model, inputs, device, steps, warmup, trace_path, with_loss)
     on_gpu = device.startswith("cuda")
     ops, total = to_ops(events, calls, on_gpu)
     if total <= 0 or not math.isfinite(total):
         raise RuntimeError("the profiler recorded no time: did the model run any ops?")
     summary = summarize(ops, total, steps, types)
     summary.update({"time_kind": "device" if on_gpu else "cpu", "steps": steps, "warmup": warmup})
+    if with_loss:
+        summary["with_loss"] = True
     return summary

@@ -700,6 +700,89 @@ BUILTIN.append(KernelSpec(
 ))
 
 
+# --------------------------------------------------------------------------- linear_cross_entropy
+LCE_IGNORE_INDEX = -100  # F.cross_entropy's default, and the label transformers pads shifted targets with
+LCE_MAX_MARGIN = 12.0  # the target's logit is raised by up to this: per-row losses from ~0 to ~log V, as a model's
+
+
+def _lce_inputs(logit_scale: float = 1.0, ignored: float = 0.0, ignored_half: bool = False):
+    """hidden [N, H], weight [V, H] (logits of std logit_scale), targets whose logit a trained head raises
+    (a random margin per row), ignore_index. ignored: the share of targets set to ignore_index; ignored_half:
+    the first half of the rows as well (whole row blocks with nothing to count)."""
+    def make(shape, dtype, device, gen):
+        n, h, v = shape["N"], shape["H"], shape["V"]
+        weight = _randn((v, h), torch.float32, device, gen, logit_scale / math.sqrt(h))
+        target = torch.randint(0, v, (n,), device=device, generator=gen)
+        w_t = weight[target]
+        margin = _uniform((n, 1), device, gen, 0.0, LCE_MAX_MARGIN * max(1.0, logit_scale))
+        hidden = _randn((n, h), torch.float32, device, gen) + margin * w_t / w_t.pow(2).sum(-1, keepdim=True)
+        drop = torch.rand(n, device=device, generator=gen) < ignored
+        if ignored_half:
+            drop[: n // 2] = True
+        drop[-1] = False  # at least one target counts: an all-ignored call is 0/0
+        target = target.masked_fill(drop, LCE_IGNORE_INDEX)
+        return hidden.to(dtype), weight.to(dtype), target, LCE_IGNORE_INDEX
+    return make
+
+
+def _lce_head_shape(input_shape, members) -> dict | None:
+    """The loss-evaluated output embedding's input [..., H] and its matmul [N, H] -> V."""
+    for op in members:
+        if op.name in MATMUL_OPS and op.shapes:
+            mm = _matmul_shape(op)
+            if input_shape and mm["K"] == input_shape[-1]:
+                return {"N": math.prod(input_shape[:-1]), "H": input_shape[-1], "V": mm["N"]}
+    return None
+
+
+def _lce_baselines(liger) -> dict:
+    if liger is None:
+        return {}
+
+    def fused(hidden, weight, target, ignore_index=LCE_IGNORE_INDEX):
+        return liger.liger_fused_linear_cross_entropy(hidden, weight, target, ignore_index=ignore_index)
+    return {"liger": fused}
+
+
+BUILTIN.append(KernelSpec(
+    name="linear_cross_entropy",
+    reference=reference.linear_cross_entropy_ref,
+    make_inputs=_lce_inputs(),
+    # loss evaluations: TinyLlama (H 2048, V 32000) at batch 1 and 4 x 2048 tokens, Qwen2-1.5B (H 1536,
+    # V 151936), GPT-2 (H 768, V 50257), Llama-2/3 7-8B (H 4096, V 32000 / 128256)
+    shapes=[{"N": 2048, "H": 2048, "V": 32000}, {"N": 8192, "H": 2048, "V": 32000},
+            {"N": 2048, "H": 1536, "V": 151936}, {"N": 8192, "H": 1536, "V": 151936},
+            {"N": 4096, "H": 768, "V": 50257}, {"N": 16384, "H": 768, "V": 50257},
+            {"N": 4096, "H": 4096, "V": 32000}, {"N": 4096, "H": 4096, "V": 128256}],
+    small_shapes=[{"N": 8, "H": 32, "V": 64}, {"N": 16, "H": 64, "V": 500}, {"N": 40, "H": 48, "V": 257},
+                  {"N": 64, "H": 32, "V": 1000}, {"N": 3, "H": 16, "V": 17}],
+    edge_shapes=[{"N": 2047, "H": 2048, "V": 32001}, {"N": 1023, "H": 768, "V": 50257},
+                 {"N": 4097, "H": 1000, "V": 151936}, {"N": 7, "H": 4096, "V": 128256}],
+    small_edge_shapes=[{"N": 37, "H": 40, "V": 1023}, {"N": 5, "H": 24, "V": 4097}, {"N": 129, "H": 16, "V": 97}],
+    bench_shape={"N": 8192, "H": 2048, "V": 32000}, small_bench_shape={"N": 64, "H": 64, "V": 1024},
+    # hidden and weight read once, int64 targets read once, the fp32 loss written; the logits never leave chip
+    bytes_moved=lambda s, dt: (s["N"] * s["H"] + s["V"] * s["H"]) * _esize(dt) + s["N"] * 8 + 4,
+    flops=lambda s: 2 * s["N"] * s["H"] * s["V"] + 4 * s["N"] * s["V"],
+    adversarial={
+        "large_logits": _lce_inputs(logit_scale=60.0),  # exp() without the running max overflows even in fp32
+        "ignored_padding": _lce_inputs(ignored=0.3),  # counted in the mean, they would move it by ~log V each
+        "ignored_row_blocks": _lce_inputs(ignored_half=True),  # whole row blocks with nothing to count
+    },
+    noncontiguous=lambda inputs: (_padded_rows(inputs[0]),) + tuple(inputs[1:]),
+    description="LM head + mean cross-entropy: hidden [N, H] @ weight [V, H].T, fp32 loss over non-ignored targets",
+    output_dtype=torch.float32,
+    # profile.py --with-loss wraps the output embedding in LMHeadWithLoss, so the head's GEMM and the loss's
+    # ops are one module call of this type
+    profiling=Profiling(modules=re.compile(r"^LMHeadWithLoss$"), module_shape=_lce_head_shape),
+    default_speedup=1.5,  # eager writes the 16-bit logits, an fp32 copy and log_softmax's output: ~3 GB at 8192x32000
+    suite_target=SuiteTarget("1.0x torch.compile", lambda r, b: r["speedup_vs_compile"] or 0.0),
+    extra_baselines=_lce_baselines,
+    deployment=Deployment("(Tensor hidden, Tensor weight, Tensor target, int ignore_index) -> Tensor",
+                          lambda hidden, weight, target, ignore_index: (), output_dtype=torch.float32,
+                          model_site=swap.lm_head_site),
+))
+
+
 # --------------------------------------------------------------------------- rope_attention
 def _hf_rope_tables(seq, dim, device, dtype, offset=0):
     """cos and sin [S, D] as HF's rotary module builds them: cat(freqs, freqs), both halves present."""

@@ -7,7 +7,9 @@ registry entry's `Deployment`: module_site, functions, model_functions; for the 
   modules are replaced  nn.Linear -> matmul (x @ W.T on a transposed view of W, the bias added after;
                         transformers' Conv1D likewise, x @ W), *RMSNorm* -> rmsnorm, nn.LayerNorm ->
                         layernorm, SwiGLU MLPs (three bias-free Linears, gate/up told apart by the probe)
-                        -> fused_mlp;
+                        -> fused_mlp; a causal LM's output embedding (model.get_output_embeddings(),
+                        no bias, nothing between it and the loss) -> linear_cross_entropy, which runs
+                        when the model's next-token loss is evaluated (KernelLMHead.next_token_loss);
   functions are patched while the optimized model runs (and restored after) with the drop-in
                         replacements of autokernel/customops.py: F.scaled_dot_product_attention ->
                         flash_attention, F.softmax / torch.softmax -> softmax, F.layer_norm, F.rms_norm,
@@ -44,6 +46,7 @@ except ModuleNotFoundError:  # autokernel imported from outside its checkout (an
     reference = compat.load_root_module("reference")
 from autokernel.customops import KERNEL_DTYPES, CallSites, Site, in_eager
 from autokernel.kerneltype import TOLERANCES
+from autokernel.models import output_embedding, set_submodule
 
 # Relative L2 error, by dtype, within which a probed site must match its reference: the registry's absolute
 # tolerances (autokernel/kerneltype.py); verify.py uses the same numbers for the end-to-end check (its
@@ -299,14 +302,9 @@ def _replace_modules(model: nn.Module, types) -> list[Site]:
         if replacement is m:  # its forward rewritten in place: its children stay sites, but those it took over
             owned += tuple(f"{name}.{child}." for child in getattr(m, OWNS, ()))
         elif replacement is not None:
-            _set_submodule(model, name, replacement)
+            set_submodule(model, name, replacement)
             skip = name + "."
     return sites
-
-
-def _set_submodule(model: nn.Module, name: str, new: nn.Module) -> None:
-    parent, _, child = name.rpartition(".")
-    setattr(model.get_submodule(parent) if parent else model, child, new)
 
 
 # ------------------------------------------------------------------------------ rotary functions
@@ -466,8 +464,111 @@ def build(model: nn.Module, types) -> Optimized:
     memo = {id(t): t for t in [*model.parameters(), *model.buffers()]}
     clone = copy.deepcopy(model, memo)  # a new module tree over the same weights
     module_sites = _replace_modules(clone, types)
+    module_sites += _model_sites(clone, types)
     call_sites = CallSites()
     patches, notes, patch_types = _function_patches(model, types, call_sites)
     optimized = Optimized(clone, patches, module_sites, notes, call_sites, types, patch_types)
     optimized.original = model  # optimize() of an optimized model starts again from it
     return optimized
+
+
+# ------------------------------------------------------------------------------ the LM head and its loss
+# config entries that put a transformation between the output embedding and the loss (Gemma 2's soft-capping,
+# Cohere's logit_scale, Granite's logits_scaling): the fused kernel computes the loss of x @ W.T itself
+LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+IGNORE_INDEX = -100  # transformers' label for a position without a target
+
+
+class LossReady(Exception):
+    """Raised by a KernelLMHead in loss mode with the loss: the model's forward stops at its head, so nothing
+    after it (a logits tensor, its upcast) is ever built."""
+
+    def __init__(self, loss: torch.Tensor):
+        super().__init__("the loss is computed at the output embedding")
+        self.loss = loss
+
+
+class KernelLMHead(_KernelModule):
+    """A causal LM's output embedding. A forward returns the logits through what it wraps (the original head,
+    or matmul's replacement of it); in loss mode (`next_token_loss`) the head takes the hidden states it is
+    given and the targets it was armed with to linear_cross_entropy, which never holds the [N, V] logits."""
+
+    def __init__(self, original: nn.Module, site: Site):
+        super().__init__(original, site, "linear_cross_entropy")
+        self.targets: torch.Tensor | None = None
+
+    def forward(self, x):
+        if self.targets is None:
+            return self.original(x)
+        if x.shape[:-1] != self.targets.shape:  # the model kept only some positions (logits_to_keep)
+            if in_eager():
+                self.site.fallbacks += 1
+                self.site.reason = "the head saw other positions than the targets"
+            raise LossReady(self._unfused_loss(x))
+        if not self._fits(x, self.original.weight):
+            raise LossReady(self._unfused_loss(x))
+        hidden = x.reshape(-1, x.shape[-1])
+        raise LossReady(self.op(hidden, self.original.weight, self.targets.reshape(-1), IGNORE_INDEX))
+
+    def _unfused_loss(self, x):
+        """The loss as the model computes it: the logits, upcast as transformers does, then F.cross_entropy."""
+        logits = self.original(x)
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), self.targets.reshape(-1),
+                               ignore_index=IGNORE_INDEX)
+
+    def next_token_loss(self, model: nn.Module, args: tuple, ids: torch.Tensor) -> torch.Tensor:
+        """The mean next-token cross-entropy of model(*args) on token ids [B, S] (position t predicts ids[t + 1];
+        the last position has no target), computed at this head from the hidden states."""
+        self.targets = F.pad(ids[:, 1:], (0, 1), value=IGNORE_INDEX)
+        try:
+            model(*args)
+        except LossReady as ready:
+            return ready.loss
+        finally:
+            self.targets = None
+        raise RuntimeError("the model returned without calling its output embedding")
+
+
+def fused_lm_head(model: nn.Module) -> KernelLMHead | None:
+    """The model's output embedding where linear_cross_entropy replaced it, else None."""
+    return next((m for m in model.modules() if isinstance(m, KernelLMHead)), None)
+
+
+def lm_head_site(model: nn.Module):
+    """linear_cross_entropy's site: the model's output embedding (model.get_output_embeddings()) when it computes
+    x @ W.T with no bias and nothing transforms the logits before the loss. Tied weights are fine: the kernel
+    reads W wherever it lives. (path, Site, KernelLMHead or None), or None for a model without one."""
+    found = output_embedding(model)
+    if found is None:
+        return None
+    path, head = found
+    base = head.original if isinstance(head, _KernelModule) else head  # the probe runs the reference, never a kernel
+    w, bias = getattr(base, "weight", None), getattr(base, "bias", None)
+    site = Site(path, f"{type(base).__name__} output embedding", "linear_cross_entropy", False)
+    config = getattr(model, "config", None)
+    transforms = [k for k in LOGIT_TRANSFORMS if getattr(config, k, None) not in (None, 1, 1.0)]
+    if not isinstance(w, torch.Tensor) or w.dim() != 2:
+        site.reason = "no 2-D weight"
+    elif bias is not None:
+        site.reason = "the output embedding has a bias (the kernel computes x @ W.T)"
+    elif transforms:
+        site.reason = f"the logits are transformed before the loss ({', '.join(transforms)})"
+    else:
+        site.reason = _probe(base, w.shape[1], lambda x: x @ _f64(w).T) or ""
+    site.swapped = not site.reason
+    return path, site, KernelLMHead(head, site) if site.swapped else None
+
+
+def _model_sites(model: nn.Module, types) -> list[Site]:
+    """Sites found from the model as a whole (Deployment.model_site), after the module sites."""
+    sites = []
+    for t in types:
+        found_by = customops.deployment(t).model_site
+        found = found_by(model) if found_by is not None else None
+        if found is not None:
+            path, site, replacement = found
+            sites.append(site)
+            if replacement is not None:
+                set_submodule(model, path, replacement)
+    return sites
