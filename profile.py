@@ -58,6 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     how.add_argument("--with-loss", action="store_true",
                      help="each forward pass also computes the next-token loss (a loss evaluation): the LM head's "
                           "GEMM and the loss count as linear_cross_entropy")
+    how.add_argument("--types", default="", help="comma-separated kernel types whose profiler rules are opt-in "
+                     "(rope_attention: RoPE + SDPA of an attention module as one type)")
     out = p.add_argument_group("output")
     out.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT,
                      help="where profile.json and plan.json go (default workspace/)")
@@ -88,7 +90,7 @@ def run(args) -> int:
               "its time, not where a GPU would; use --device cuda on a GPU for a real plan.")
     try:
         prof = profiling.profile_model(model, inputs, device, steps=args.steps, trace_path=args.export_trace,
-                                       with_loss=args.with_loss)
+                                       with_loss=args.with_loss, types=[t for t in args.types.split(",") if t])
     except (RuntimeError, ValueError, TypeError, IndexError) as e:
         if _is_oom(e):
             raise

@@ -91,3 +91,30 @@ def linear_cross_entropy_ref(hidden, weight, target, ignore_index: int = -100):
     transformers' loss does (fp16/bf16 logits -> fp32), so the loss is fp32 (fp64 for fp64 inputs)."""
     logits = hidden @ weight.T
     return F.cross_entropy(logits.to(_compute_dtype(logits)), target, ignore_index=ignore_index)
+
+
+def _rotate_half(x):
+    """[x1, x2] -> [-x2, x1] over the last dimension's halves (transformers' rotate_half)."""
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def rope_attention_ref(q, k, v, cos, sin, causal: bool = True, sm_scale: float | None = None):
+    """Attention with its prologue, as HF Llama's attention runs it: rotate-half RoPE on q and k
+    (apply_rotary_pos_emb), K/V repeated for grouped-query attention (repeat_kv), then SDPA.
+
+    q is [batch, heads, seq, head_dim]; k and v are [batch, kv_heads, seq, head_dim] with kv_heads
+    dividing heads; cos and sin are [seq, head_dim] or, as HF's rotary module gives them,
+    [batch or 1, seq, head_dim] (both halves present: cat(freqs, freqs)).
+    """
+    if cos.dim() == 2:
+        cos, sin = cos[None], sin[None]
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    q = q * cos + _rotate_half(q) * sin
+    k = k * cos + _rotate_half(k) * sin
+    batch, kv_heads, seq, head_dim = k.shape
+    repeated = (batch, q.shape[1], seq, head_dim)
+    groups = q.shape[1] // kv_heads
+    k, v = (t[:, :, None].expand(batch, kv_heads, groups, seq, head_dim).reshape(repeated) for t in (k, v))
+    scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)

@@ -60,6 +60,14 @@ class Profiling:
     # where rules of two types match the same name, the lower precedence wins (an attention kernel is
     # often a cutlass kernel: flash_attention before matmul)
     precedence: int = 0
+    # with module_needs: the module must also run a Python function whose name matches (attention with its RoPE:
+    # apply_rotary_pos_emb); such functions get a profiler range when another type's `functions` names them
+    module_needs_function: re.Pattern | None = None
+    # top-level ops inside a matched module that keep their own type (an attention module's projections stay matmul)
+    module_leaves: frozenset = frozenset()
+    # the rules apply only where the type is asked for (profile.py --types): a fusion of types that are profiled on
+    # their own otherwise (rope_attention takes rotary_embedding's and flash_attention's time in an attention module)
+    opt_in: bool = False
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,9 @@ matches is its registry entry's `Profiling` (autokernel/specs.py for the nine bu
      the fused kernel replaces the whole MLP and its speedup is measured against the whole MLP, so
      its share f must be the whole MLP's time too, or Amdahl's gain would be computed on the wrong f.
      A GELU MLP (GPT-2, BERT) is not SwiGLU: its matmuls are matmul, its GELU is "other".
+     Asked for (profile.py --types; opt-in rules apply only then), an *Attention* module that runs SDPA
+     and a RoPE function (HF Llama's apply_rotary_pos_emb) -> rope_attention: its RoPE, repeat_kv and
+     SDPA, not its projections (module_leaves: they stay matmul).
   2. function: an enclosing Python function named *rotary*, *rope* or *rotate_half* -> rotary_embedding
      (RoPE is written as a function more often than as a module).
   3. pattern: RMSNorm written as plain ops: [to] pow|mul -> mean -> [add] -> rsqrt -> mul [to] [mul].
@@ -42,10 +45,12 @@ OTHER = "other"
 GATED_MLP_OWNS_MATMULS = True
 
 
-def _rules() -> list[tuple[str, Profiling]]:
-    """(type, its profiler rules) of every registered type that has them, in precedence order."""
+def _rules(types=None) -> list[tuple[str, Profiling]]:
+    """(type, its profiler rules) of every registered type that has them, in precedence order; a type whose rules
+    are opt-in (Profiling.opt_in) only where `types` names it."""
     found = registry.specs_where("profiling")
-    return sorted(((t, spec.profiling) for t, spec in found.items()), key=lambda rule: rule[1].precedence)
+    rules = [(t, spec.profiling) for t, spec in found.items() if not spec.profiling.opt_in or t in (types or ())]
+    return sorted(rules, key=lambda rule: rule[1].precedence)
 
 
 def function_patterns() -> list[re.Pattern]:
@@ -79,9 +84,10 @@ class Group:
     shape: dict | None = None  # set where attribution reads it itself (a per-tensor type: one per tensor rotated)
 
 
-def attribute(ops: list[Op]) -> list[Group]:
-    """Group every timed op into calls of kernel types (see the module docstring for the rules)."""
-    rules = _Rules(_rules())
+def attribute(ops: list[Op], types=None) -> list[Group]:
+    """Group every timed op into calls of kernel types (see the module docstring for the rules); `types` asks for
+    the opt-in ones."""
+    rules = _Rules(_rules(types))
     chains = _Chains(ops)
     gated = _gated_modules(ops, chains, rules)
     patterns = _op_patterns(ops, chains, rules)
@@ -114,7 +120,9 @@ class _Rules:
         self.modules = [(p.modules, t) for t, p in rules
                         if p.modules is not None and not p.module_needs and p.residual_add is None]
         self.residual_adds = [(p.modules, p.residual_add, t) for t, p in rules if p.residual_add is not None]
-        self.gated = [(p.modules, p.module_needs, t) for t, p in rules if p.modules is not None and p.module_needs]
+        self.gated = [(p.modules, p.module_needs, p.module_needs_function, t)
+                      for t, p in rules if p.modules is not None and p.module_needs]
+        self.leaves = {t: p.module_leaves for t, p in rules if p.module_leaves}
         self.functions = [(p.functions, t) for t, p in rules if p.functions is not None]
         self.ops = {}
         for t, p in reversed(rules):  # the first type in precedence order wins an op two types name
@@ -160,6 +168,8 @@ def _classify(i, ops, chains, gated, patterns, rules):
             t = gated.get(j) or _module_type(node.module["cls"], rules)
             if j in gated and op_type and not GATED_MLP_OWNS_MATMULS:
                 break
+            if t in rules.leaves and ops[chains.top_op(i)].name in rules.leaves[t]:
+                continue  # an op the module leaves to its own type (a projection inside an attention)
             if t:
                 return t, ("module", j), j, ""
     functions = [j for j in chain if _function_type(ops[j], rules)]
@@ -209,17 +219,26 @@ def _function_type(op: Op, rules) -> str | None:
 
 
 def _gated_modules(ops, chains, rules) -> dict[int, str]:
-    """Module ranges of a type that needs an op inside (an MLP that runs a silu: SwiGLU, a fused_mlp) -> type."""
-    gated = {}
+    """Module ranges of a type that needs an op inside (an MLP that runs a silu: SwiGLU, a fused_mlp), and where
+    its rule says so a function too (an attention that runs RoPE: rope_attention) -> type."""
+    met = defaultdict(set)  # (module range, type) -> which of its needs ran inside: "op", "function"
     for i, op in enumerate(ops):
-        if op.kind != "op":
-            continue
-        for pattern, needs, t in rules.gated:
-            if op.name in needs:
-                for j in chains(i):
-                    if ops[j].kind == "module" and pattern.search(ops[j].module["cls"]):
-                        gated[j] = t
-                        break
+        for pattern, needs, function, t in rules.gated:
+            if op.kind == "op" and op.name in needs:
+                need = "op"
+            elif function is not None and op.kind == "python" and function.search(op.name.rsplit(": ", 1)[-1]):
+                need = "function"
+            else:
+                continue
+            for j in chains(i):
+                if ops[j].kind == "module" and pattern.search(ops[j].module["cls"]):
+                    met[j, t].add(need)
+                    break
+    gated = {}
+    for _, _, function, t in rules.gated:  # precedence order: the first type whose needs a module meets
+        for (j, of), found in met.items():
+            if of == t and j not in gated and "op" in found and (function is None or "function" in found):
+                gated[j] = t
     return gated
 
 

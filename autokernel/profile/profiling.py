@@ -263,9 +263,10 @@ def _op_from_event(e, parent: int | None, calls: list[dict]) -> Op:
               kernels=tuple(k.name for k in e.kernels), frames=tuple(e.stack or ()), module=module)
 
 
-def summarize(ops: list[Op], total_us: float, steps: int) -> dict:
-    """Per-type time, share and shapes; "other" by op; time by module class and by op. Per forward pass."""
-    groups = attribute(ops)
+def summarize(ops: list[Op], total_us: float, steps: int, types=None) -> dict:
+    """Per-type time, share and shapes; "other" by op; time by module class and by op. Per forward pass.
+    `types` asks for the types whose profiler rules are opt-in (rope_attention)."""
+    groups = attribute(ops, types)
     by_type: dict[str, dict] = {}
     other_ops: dict[str, float] = defaultdict(float)
     for g in groups:
@@ -338,14 +339,14 @@ def _by_module(ops: list[Op]) -> dict:
 
 
 def profile_model(model, inputs, device: str, steps: int = PROFILE_STEPS, warmup: int = WARMUP_STEPS,
-                  trace_path: str | Path | None = None, with_loss: bool = False) -> dict:
+                  trace_path: str | Path | None = None, with_loss: bool = False, types=None) -> dict:
     """Run and attribute: the profile as a JSON-ready dict (see summarize), plus how it was measured."""
     events, calls = run_profiler(model, inputs, device, steps, warmup, trace_path, with_loss)
     on_gpu = device.startswith("cuda")
     ops, total = to_ops(events, calls, on_gpu)
     if total <= 0 or not math.isfinite(total):
         raise RuntimeError("the profiler recorded no time: did the model run any ops?")
-    summary = summarize(ops, total, steps)
+    summary = summarize(ops, total, steps, types)
     summary.update({"time_kind": "device" if on_gpu else "cpu", "steps": steps, "warmup": warmup})
     if with_loss:
         summary["with_loss"] = True

@@ -1,0 +1,239 @@
+"""rope_attention's model sites: an HF attention module (LlamaAttention and its relatives) whose RoPE, repeat_kv
+and attention run as one `autokernel::rope_attention` call.
+
+A candidate is a module with q_proj, k_proj, v_proj and o_proj Linears, a head_dim, num_key_value_groups, and a
+forward that takes hidden_states, position_embeddings=(cos, sin) and attention_mask (transformers >= 4.48; the
+names are read from the forward's signature, not assumed). It is swapped when a probe agrees: the original forward
+on a random input, with no mask and no cache, must give o_proj(rope_attention_ref(q, k, v, cos, sin)) computed in
+float64 from its own weights; a module with q/k norms (Qwen3), partial rotary or another scaling fails the probe
+and is left alone. The probe also records what the forward returns (its tuple length: (out, weights) in 5.x,
+(out, weights, cache) in older 4.x), so the replacement returns the same.
+
+At run time the replacement runs the kernel only for the prefill / loss-evaluation case: full-sequence causal
+attention with no attention mask (HF passes None for a plain causal mask to SDPA), no past positions in a cache,
+no dropout, no attention weights asked for, and a sliding window (if any) no shorter than the sequence. An empty
+cache (HF creates one on every plain forward with use_cache=True) is filled as the original fills it: K is
+rotated once more, eagerly, for the cache, since the kernel rotates K only inside; callers that need no cache
+(loss evaluation) pass use_cache=False and save that. Everything else runs the original forward, and the site
+says why. The projections stay as they are (with matmul requested, F.linear's patch still takes them).
+
+Under torch.compile, transformers (5.x with torch < 2.14) builds an explicit causal mask tensor even where it
+would pass None in eager mode, and a layer given a mask falls back. So the type also patches HF's
+create_causal_mask where the model's modules import it (causal_mask_patches): with no attention_mask, no past
+positions, SDPA as the implementation and no extra mask functions it returns None, as transformers itself does
+in eager mode for that case (SDPA then runs with is_causal=True; nothing is padded, so nothing is lost).
+
+A layer the kernel runs never calls apply_rotary_pos_emb or F.scaled_dot_product_attention, so the
+rotary_embedding and flash_attention types do not claim it as well; they see only the calls of layers that fell
+back to the original forward.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+from autokernel.ops.customops import KERNEL_DTYPES, Site, grad_reason, in_eager
+from autokernel.ops.swap import (
+    PROBE_SEQ,
+    REL_L2_TOLERANCE,
+    _dtype_device,
+    _f64,
+    _KernelModule,
+    _model_modules,
+    reference,
+    rel_l2,
+)
+
+KERNEL_TYPE = "rope_attention"
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
+CACHE_NAMES = ("past_key_values", "past_key_value")  # transformers 5.x, 4.x
+
+
+@dataclass(frozen=True)
+class CallShape:
+    """Where the original forward takes its arguments, and how many values it returns (None: a bare tensor)."""
+    positions: dict  # argument name -> its position in forward's signature
+    cache_name: str | None
+    n_outputs: int | None
+
+    def arg(self, name, args, kwargs):
+        i = self.positions.get(name)
+        return args[i] if i is not None and i < len(args) else kwargs.get(name)
+
+    def result(self, out, cache):
+        if self.n_outputs is None:
+            return out
+        return (out, None, cache, *(None,) * (self.n_outputs - 3))[: self.n_outputs]
+
+
+def _rotated(x, cos, sin):
+    """HF's apply_rotary_pos_emb on one tensor, in its dtype: what the original forward puts in the cache."""
+    cos, sin = (t[None] if t.dim() == 2 else t for t in (cos, sin))
+    return x * cos.unsqueeze(1) + reference._rotate_half(x) * sin.unsqueeze(1)
+
+
+class KernelRopeAttention(_KernelModule):
+    """The attention module with RoPE + repeat_kv + attention as one kernel call where the call fits (see the
+    module docstring); the original forward otherwise."""
+
+    def __init__(self, original: nn.Module, site: Site, call: CallShape):
+        super().__init__(original, site, KERNEL_TYPE)
+        self.call = call
+
+    def forward(self, *args, **kwargs):
+        m, call = self.original, self.call
+        hidden = call.arg("hidden_states", args, kwargs)
+        tables = call.arg("position_embeddings", args, kwargs)
+        cache = call.arg(call.cache_name, args, kwargs) if call.cache_name else None
+        reason = _unfit(m, hidden, tables, call.arg("attention_mask", args, kwargs), cache, kwargs)
+        if in_eager():
+            self.site.calls += not reason
+            self.site.fallbacks += bool(reason)
+            self.site.reason = reason or self.site.reason
+        if reason:
+            return m(*args, **kwargs)
+        cos, sin = tables
+        batch, seq = hidden.shape[:2]
+        heads = (batch, seq, -1, m.head_dim)
+        q, k, v = (getattr(m, p)(hidden).view(heads).transpose(1, 2) for p in PROJECTIONS[:3])
+        if cache is not None:  # an empty cache (prefill): it gets the rotated keys, as from the original
+            extra = {"sin": sin, "cos": cos, "cache_position": kwargs["cache_position"]} \
+                if "cache_position" in kwargs else None
+            cache.update(_rotated(k, cos, sin), v, m.layer_idx, *([extra] if extra else []))
+        out = self.op(q, k, v, cos, sin, True, float(getattr(m, "scaling", m.head_dim ** -0.5)))
+        return call.result(m.o_proj(out.transpose(1, 2).reshape(batch, seq, -1)), cache)
+
+
+def _unfit(m, hidden, tables, mask, cache, kwargs) -> str | None:
+    """Why this call must run the original forward, or None."""
+    if mask is not None:
+        return "an attention mask is given (padding, or the eager implementation's causal mask)"
+    if not isinstance(tables, (tuple, list)) or len(tables) != 2:
+        return "no position_embeddings=(cos, sin)"
+    if cache is not None and _cached_length(cache, m.layer_idx) != 0:
+        return "a KV cache holds past positions (decoding)"
+    if kwargs.get("output_attentions") or kwargs.get("is_causal") is False:
+        return "attention weights asked for, or not causal"
+    if m.training and getattr(m, "attention_dropout", 0.0):
+        return "attention dropout"
+    cos, sin = tables
+    seq = hidden.shape[1] if hidden.dim() == 3 else 0
+    window = getattr(m, "sliding_window", None) or getattr(getattr(m, "config", None), "sliding_window", None)
+    if isinstance(window, int) and 0 < window < seq:
+        return f"a sliding window of {window} < {seq} positions"
+    if hidden.dim() != 3 or seq == 0 or hidden.dtype not in KERNEL_DTYPES or hidden.dtype != m.q_proj.weight.dtype:
+        return "not a [batch, seq, hidden] input in the weights' dtype"
+    if cos.shape != sin.shape or cos.dim() not in (2, 3) or tuple(cos.shape[-2:]) != (seq, m.head_dim) \
+            or cos.dtype != hidden.dtype:
+        return "tables not [(batch,) seq, head_dim] in the input's dtype"
+    return grad_reason(hidden, m.q_proj.weight)
+
+
+def _cached_length(cache, layer_idx: int) -> int | None:
+    try:
+        return int(cache.get_seq_length(layer_idx))
+    except Exception:  # a cache of another kind: not ours to fill
+        return None
+
+
+def _probe_tables(head_dim: int, dtype, device):
+    """HF-style [1, seq, head_dim] cos and sin (cat(freqs, freqs)) at random frequencies."""
+    gen = torch.Generator().manual_seed(0)
+    angles = torch.outer(torch.arange(PROBE_SEQ, dtype=torch.float64), torch.rand(head_dim // 2, generator=gen) * 2)
+    emb = torch.cat((angles, angles), dim=-1)[None]
+    return emb.cos().to(device, dtype), emb.sin().to(device, dtype)
+
+
+def _expected(m, x, cos, sin, scaling):
+    """What the module must compute, in float64 from its own weights: projections, the reference, o_proj."""
+    x, cos, sin = x.double(), cos.double(), sin.double()
+    heads = (x.shape[0], x.shape[1], -1, m.head_dim)
+    q, k, v = (nn.functional.linear(x, _f64(getattr(m, p).weight), _f64(getattr(m, p).bias))
+               .view(heads).transpose(1, 2) for p in PROJECTIONS[:3])
+    out = reference.rope_attention_ref(q, k, v, cos, sin, True, scaling).transpose(1, 2).reshape(*x.shape[:2], -1)
+    return nn.functional.linear(out, _f64(m.o_proj.weight), _f64(m.o_proj.bias))
+
+
+def _probe(m) -> tuple[str | None, int | None]:
+    """(None or why not, the forward's output count) from one call of the original on a random input."""
+    dtype, device = _dtype_device(m)
+    hidden = m.q_proj.in_features
+    x = torch.randn(1, PROBE_SEQ, hidden, generator=torch.Generator().manual_seed(1)).to(device, dtype)
+    cos, sin = _probe_tables(m.head_dim, dtype, device)
+    try:
+        with torch.no_grad():
+            got = m(hidden_states=x, position_embeddings=(cos, sin), attention_mask=None)
+            want = _expected(m, x, cos, sin, float(getattr(m, "scaling", m.head_dim ** -0.5)))
+    except Exception as e:  # a forward that wants other arguments is not this kind of site
+        return f"probe raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", None
+    n_outputs = len(got) if isinstance(got, tuple) else None
+    out = got[0] if isinstance(got, tuple) else got
+    if not isinstance(out, torch.Tensor) or out.shape != want.shape:
+        return "probe output has another shape than the reference's", n_outputs
+    err = rel_l2(out, want)
+    if err > REL_L2_TOLERANCE.get(dtype, 1e-4):
+        return f"computes something else than RoPE + GQA causal attention (probe rel. error {err:.2g})", n_outputs
+    return None, n_outputs
+
+
+def rope_attention_module_site(name, m):
+    """rope_attention's module site: an HF attention module (see the module docstring) that passes the probe."""
+    if not all(isinstance(getattr(m, p, None), nn.Linear) for p in PROJECTIONS) or not isinstance(
+            getattr(m, "head_dim", None), int) or not hasattr(m, "num_key_value_groups"):
+        return None
+    what = (f"{type(m).__name__}(Hq={m.q_proj.out_features // m.head_dim}, "
+            f"Hkv={m.k_proj.out_features // m.head_dim}, D={m.head_dim})")
+    site = Site(name, what, KERNEL_TYPE, False)
+    names = list(inspect.signature(m.forward).parameters)
+    if not {"hidden_states", "position_embeddings", "attention_mask"} <= set(names):
+        site.reason = "forward takes no hidden_states, position_embeddings and attention_mask (transformers < 4.48)"
+        return site, None
+    if not getattr(m, "is_causal", True):
+        site.reason = "not causal"
+        return site, None
+    reason, n_outputs = _probe(m)
+    if reason:
+        site.reason = reason
+        return site, None
+    cache_name = next((n for n in CACHE_NAMES if n in names), None)
+    call = CallShape({n: i for i, n in enumerate(names)}, cache_name, n_outputs)
+    site.swapped = True
+    return site, KernelRopeAttention(m, site, call)
+
+
+# ------------------------------------------------------------------------------ the causal mask under compile
+def _no_mask_needed(config, attention_mask, past_key_values, extra) -> bool:
+    """True where transformers' eager path passes no mask to SDPA: plain causal attention over the whole sequence."""
+    if attention_mask is not None or any(extra.get(k) is not None for k in ("or_mask_function", "and_mask_function",
+                                                                              "block_sequence_ids")):
+        return False
+    if past_key_values is not None and _cached_length(past_key_values, 0) != 0:
+        return False
+    return getattr(config, "_attn_implementation", None) == "sdpa"
+
+
+def _causal_mask_wrapper(original):
+    def create_causal_mask(config, inputs_embeds, attention_mask, past_key_values, *args, **kwargs):
+        if not args and _no_mask_needed(config, attention_mask, past_key_values, kwargs):
+            return None
+        return original(config, inputs_embeds, attention_mask, past_key_values, *args, **kwargs)
+    return create_causal_mask
+
+
+def causal_mask_patches(model: nn.Module, sites) -> tuple[list, list[Site]]:
+    """rope_attention's model functions: transformers' create_causal_mask in the model's modules (see the docstring)."""
+    try:
+        from transformers import masking_utils
+    except ImportError:
+        return [], []
+    original = getattr(masking_utils, "create_causal_mask", None)
+    if original is None or list(inspect.signature(original).parameters)[:4] != [
+            "config", "inputs_embeds", "attention_mask", "past_key_values"]:
+        return [], []  # another transformers: its masks are left alone (layers with a mask fall back)
+    wrapper = _causal_mask_wrapper(original)
+    return [(module, "create_causal_mask", wrapper) for module in _model_modules(model)
+            if vars(module).get("create_causal_mask") is original], []

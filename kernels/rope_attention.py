@@ -1,0 +1,273 @@
+"""Attention with its prologue (forward): O = softmax(rope(Q) rope(K)^T * sm_scale [+ causal mask]) V, with
+grouped-query attention. Built from kernels/flash_attention.py's "split" loop (see its docstring and
+BENCHMARKS.md for the tile choices this starts from).
+
+Q is [B, Hq, S, D], K and V [B, Hkv, S, D] with Hkv dividing Hq; cos and sin are [S, D] or, as HF's
+rotary module gives them, [1 or B, S, D] (rotate-half convention: q * cos + rotate_half(q) * sin).
+Eager (HF Llama) runs RoPE as ~10 elementwise kernels over q and k, copies K and V to Hq heads
+(repeat_kv), then SDPA. Here none of that touches memory: one call must move Q, K, V and O once plus
+the tables, (2*B*Hq*S*D + 2*B*Hkv*S*D + 2*S*D) * element_size bytes, and does 4*B*Hq*S*S*D FLOPs
+(half when causal). At TinyLlama's attention (B=1, Hq=32, Hkv=4, S=2048, D=64, fp16) that is 8.6
+GFLOP against 10 MB: compute-bound, so the prologue's whole gain is the memory round trips and
+launches it removes (eager RoPE + repeat_kv move ~60 MB at this shape).
+
+Algorithm: one program owns BLOCK_M query rows of one query head and reads K/V of its kv head
+(h // (Hq // Hkv): no copy). Its Q tile is loaded once as two halves, rotated in fp32 registers
+(lo = q1*cos1 - q2*sin1, hi = q2*cos2 + q1*sin2) and rounded to the input dtype, as eager rounds it (and
+as the tensor cores need it). Scores are the sum of two dots
+over the halves, lo.k_lo^T + hi.k_hi^T, so the rotated halves are never concatenated. The online
+softmax (running max, running sum, rescaled accumulator) is flash_attention's, on scores scaled by
+sm_scale*log2(e) in fp32 after the dot. Folding that scale into q before its rounding (one multiply per
+score less) costs a relative rounding of every score: at +-64 sigma scores (the large_scores inputs) 0.1
+of output error in fp16, where the scale after the dot leaves a quarter-turn rotation exact.
+
+Variants (how K is rotated):
+  "fused"           each K tile is rotated in registers as it streams (its two halves and the four
+                    half-rows of the tables: table reads come from L2, shared by every program).
+  "rotate_k_first"  a small kernel rotates K once into a [B, Hkv, S, D] scratch buffer (a K-sized
+                    write and read, one more launch), then the attention loop streams plain K tiles.
+Q, K, V may be strided views ([B, S, H, D] projections viewed as [B, H, S, D]): strides, no copies.
+
+Not measured on a GPU yet (scripts/gpu_ropeattn.sh). Toward FlashAttention-3 from here, in order: (1) K and V
+through TMA descriptors as flash_attention's "tma" variant does (plain K after "rotate_k_first"; Q once, its two
+halves as two [BLOCK_M, D/2] boxes); (2) pack GQA: one program takes the Hq/Hkv query heads of one kv head, so
+each K/V tile is loaded (and rotated) once for all of them; (3) warp specialization (a producer warp issuing the
+TMA copies, tl.range(..., warp_specialize=True) on triton >= 3.4) and ping-pong softmax between two consumer
+warpgroups, which is where cuDNN's and FA3's lead over a FlashAttention-2 loop comes from on Hopper.
+"""
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+KERNEL_TYPE = "rope_attention"
+
+VARIANT = "fused"  # "fused" | "rotate_k_first"
+BLOCK_M = 0  # query rows per program; 0 = by head dim and dtype (64 for 16-bit tiles)
+BLOCK_N = 0  # keys per inner step; 0 = by head dim and dtype (64); capped at BLOCK_M
+NUM_WARPS = 0  # 0 = by tile (4 for 16-bit tiles)
+NUM_STAGES = 0  # K/V pipeline depth; 0 = by tile (3 at D <= 64, 2 at D = 128: the rotation needs registers)
+REVERSE_CAUSAL_ORDER = True  # causal: launch the longest query blocks first to shorten the tail
+ROTATE_BLOCK_S = 64  # positions per program of the "rotate_k_first" pre-pass
+
+TUNABLES = {
+    "VARIANT": ["fused", "rotate_k_first"],
+    "BLOCK_M": [0, 32, 64, 128],
+    "BLOCK_N": [0, 32, 64, 128],
+    "NUM_WARPS": [0, 4, 8],
+    "NUM_STAGES": [0, 1, 2, 3, 4],
+    "REVERSE_CAUSAL_ORDER": [True, False],
+    "ROTATE_BLOCK_S": [32, 64, 128],
+}
+
+LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)); folded into the score scale
+
+
+@triton.jit
+def _load_f32(ptrs, mask, ROW_MASK: tl.constexpr, EVEN_HALF: tl.constexpr):
+    if ROW_MASK:
+        return tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+    elif EVEN_HALF:  # interior tiles of a power-of-two head dim load bare
+        return tl.load(ptrs).to(tl.float32)
+    else:
+        return tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _halves(base, cos_base, sin_base, offs_r, offs_h, stride_r, stride_d, stride_cr, stride_sr, n_rows,
+            HALF: tl.constexpr, ROTATE: tl.constexpr, ROW_MASK: tl.constexpr, EVEN_HALF: tl.constexpr):
+    """Rows offs_r of a [rows, 2*HALF] tile as its two halves in fp32, rotated (rotate-half RoPE) when ROTATE."""
+    mask = (offs_r[:, None] < n_rows) & (offs_h[None, :] < HALF)
+    ptrs = base + offs_r[:, None] * stride_r + offs_h[None, :] * stride_d
+    x1 = _load_f32(ptrs, mask, ROW_MASK, EVEN_HALF)
+    x2 = _load_f32(ptrs + HALF * stride_d, mask, ROW_MASK, EVEN_HALF)
+    if ROTATE:
+        c_ptrs = cos_base + offs_r[:, None] * stride_cr + offs_h[None, :]
+        s_ptrs = sin_base + offs_r[:, None] * stride_sr + offs_h[None, :]
+        c1 = _load_f32(c_ptrs, mask, ROW_MASK, EVEN_HALF)
+        c2 = _load_f32(c_ptrs + HALF, mask, ROW_MASK, EVEN_HALF)
+        s1 = _load_f32(s_ptrs, mask, ROW_MASK, EVEN_HALF)
+        s2 = _load_f32(s_ptrs + HALF, mask, ROW_MASK, EVEN_HALF)
+        return x1 * c1 - x2 * s1, x2 * c2 + x1 * s2
+    return x1, x2
+
+
+@triton.jit
+def _load_v(base, offs_r, offs_d, stride_r, stride_d, n_rows,
+            HEAD_DIM: tl.constexpr, ROW_MASK: tl.constexpr, EVEN_D: tl.constexpr):
+    ptrs = base + offs_r[:, None] * stride_r + offs_d[None, :] * stride_d
+    if ROW_MASK:
+        if EVEN_D:
+            return tl.load(ptrs, mask=offs_r[:, None] < n_rows, other=0.0)
+        else:
+            return tl.load(ptrs, mask=(offs_r[:, None] < n_rows) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    else:
+        if EVEN_D:
+            return tl.load(ptrs)
+        else:
+            return tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+
+
+@triton.jit
+def _attn_blocks(acc, l_i, m_i, q_lo, q_hi, k_base, v_base, cos_base, sin_base,
+                 stride_kn, stride_kd, stride_vn, stride_vd, stride_cs, stride_ss,
+                 offs_m, offs_h, offs_d, lo, hi, S, qk_scale,
+                 BLOCK_N: tl.constexpr, HALF: tl.constexpr, HEAD_DIM: tl.constexpr, EVEN_HALF: tl.constexpr,
+                 EVEN_D: tl.constexpr, ROTATE_K: tl.constexpr, CAUSAL_MASK: tl.constexpr, KEY_MASK: tl.constexpr,
+                 DOT_PRECISION: tl.constexpr):
+    """Fold keys [lo, hi) into the running (acc, l, m); q is rotated, the scores are scaled to exp2 units in fp32."""
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        k_lo, k_hi = _halves(k_base, cos_base, sin_base, offs_n, offs_h, stride_kn, stride_kd, stride_cs, stride_ss,
+                             S, HALF, ROTATE_K, KEY_MASK, EVEN_HALF)
+        qk = tl.dot(q_lo, tl.trans(k_lo.to(q_lo.dtype)), input_precision=DOT_PRECISION)
+        qk = tl.dot(q_hi, tl.trans(k_hi.to(q_hi.dtype)), qk, input_precision=DOT_PRECISION) * qk_scale
+        if CAUSAL_MASK:
+            qk = tl.where(offs_m[:, None] >= offs_n[None, :], qk, float("-inf"))
+        if KEY_MASK:
+            qk = tl.where(offs_n[None, :] < S, qk, float("-inf"))
+        # Every row sees at least one live key in its first block, so m_new is finite.
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        p = tl.math.exp2(qk - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = _load_v(v_base, offs_n, offs_d, stride_vn, stride_vd, S, HEAD_DIM, KEY_MASK, EVEN_D)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _rope_attention_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, o_ptr, S, H, GROUP, qk_scale,
+                           stride_qb, stride_qh, stride_qs, stride_qd,
+                           stride_kb, stride_kh, stride_ks, stride_kd,
+                           stride_vb, stride_vh, stride_vs, stride_vd,
+                           stride_ob, stride_oh, stride_os, stride_od,
+                           stride_cb, stride_cs, stride_sb, stride_ss,
+                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HALF: tl.constexpr,
+                           HALF_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+                           EVEN_HALF: tl.constexpr, EVEN_D: tl.constexpr, CAUSAL: tl.constexpr,
+                           ROTATE_K: tl.constexpr, REVERSE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    start_m = tl.program_id(0)
+    if REVERSE:
+        start_m = tl.num_programs(0) - 1 - start_m
+    b = (tl.program_id(1) // H).to(tl.int64)
+    h = tl.program_id(1) % H
+    kv = (h // GROUP).to(tl.int64)  # grouped-query attention: the query head's kv head, no repeated copy
+    h = h.to(tl.int64)
+    q_base = q_ptr + b * stride_qb + h * stride_qh
+    k_base = k_ptr + b * stride_kb + kv * stride_kh
+    v_base = v_ptr + b * stride_vb + kv * stride_vh
+    o_base = o_ptr + b * stride_ob + h * stride_oh
+    cos_base = cos_ptr + b * stride_cb
+    sin_base = sin_ptr + b * stride_sb
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_h = tl.arange(0, HALF_PAD)
+    offs_d = tl.arange(0, D_PAD)
+
+    q_lo, q_hi = _halves(q_base, cos_base, sin_base, offs_m, offs_h, stride_qs, stride_qd, stride_cs, stride_ss,
+                         S, HALF, True, True, EVEN_HALF)
+    q_lo = q_lo.to(q_ptr.dtype.element_ty)
+    q_hi = q_hi.to(q_ptr.dtype.element_ty)
+    acc = tl.zeros((BLOCK_M, D_PAD), dtype=tl.float32)
+    l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+    # Key ranges: [0, free) needs no mask at all, [free, end) is masked (the diagonal or the ragged tail).
+    if CAUSAL:
+        end = tl.minimum((start_m + 1) * BLOCK_M, S)
+        free = start_m * BLOCK_M
+    else:
+        end = S
+        free = (S // BLOCK_N) * BLOCK_N
+    acc, l_i, m_i = _attn_blocks(acc, l_i, m_i, q_lo, q_hi, k_base, v_base, cos_base, sin_base,
+                                 stride_ks, stride_kd, stride_vs, stride_vd, stride_cs, stride_ss,
+                                 offs_m, offs_h, offs_d, 0, free, S, qk_scale,
+                                 BLOCK_N, HALF, HEAD_DIM, EVEN_HALF, EVEN_D, ROTATE_K, False, False, DOT_PRECISION)
+    acc, l_i, m_i = _attn_blocks(acc, l_i, m_i, q_lo, q_hi, k_base, v_base, cos_base, sin_base,
+                                 stride_ks, stride_kd, stride_vs, stride_vd, stride_cs, stride_ss,
+                                 offs_m, offs_h, offs_d, free, end, S, qk_scale,
+                                 BLOCK_N, HALF, HEAD_DIM, EVEN_HALF, EVEN_D, ROTATE_K, CAUSAL, True, DOT_PRECISION)
+    out = acc / l_i[:, None]
+    o_ptrs = o_base + offs_m[:, None] * stride_os + offs_d[None, :] * stride_od
+    tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=(offs_m[:, None] < S) & (offs_d[None, :] < HEAD_DIM))
+
+
+@triton.jit
+def _rotate_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, S, H,
+                   stride_xb, stride_xh, stride_xs, stride_xd, stride_cb, stride_cs, stride_sb, stride_ss,
+                   BLOCK_S: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr):
+    """The "rotate_k_first" pre-pass: BLOCK_S positions of one (batch, head) of x, rotated into a contiguous out."""
+    b = (tl.program_id(1) // H).to(tl.int64)
+    h = (tl.program_id(1) % H).to(tl.int64)
+    offs_s = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
+    offs_h = tl.arange(0, HALF_PAD)
+    lo, hi = _halves(x_ptr + b * stride_xb + h * stride_xh, cos_ptr + b * stride_cb, sin_ptr + b * stride_sb,
+                     offs_s, offs_h, stride_xs, stride_xd, stride_cs, stride_ss, S, HALF, True, True,
+                     HALF == HALF_PAD)
+    o_ptrs = out_ptr + (tl.program_id(1).to(tl.int64) * S + offs_s[:, None]) * (2 * HALF) + offs_h[None, :]
+    mask = (offs_s[:, None] < S) & (offs_h[None, :] < HALF)
+    tl.store(o_ptrs, lo.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(o_ptrs + HALF, hi.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _auto_config(d_pad, dtype):
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages): flash_attention's tiles (64x64, 4 warps on 16-bit inputs)."""
+    if dtype == torch.float32:  # 4-byte tiles and CUDA-core (ieee) dots: smaller tiles
+        return (64, 32, 4, 2) if d_pad <= 128 else (32, 32, 4, 2)
+    if d_pad <= 64:
+        return 64, 64, 4, 3
+    if d_pad <= 128:
+        return 64, 64, 4, 2
+    return 64, 32, 4, 2
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def _table(t):
+    """cos or sin as [1 or B, S, D] with unit-stride rows, and its batch stride (0 for a table shared by the batch)."""
+    t3 = t if t.dim() == 3 else t.reshape(1, *t.shape[-2:])
+    if t3.stride(-1) != 1:
+        t3 = t3.contiguous()
+    return t3, (0 if t3.shape[0] == 1 else t3.stride(0)), t3.stride(1)
+
+
+def _rotate_k(k, cos3, cb, cs, sin3, sb, ss, half, half_pad):
+    batch, kv_heads, seq, head_dim = k.shape
+    out = torch.empty((batch, kv_heads, seq, head_dim), dtype=k.dtype, device=k.device)
+    grid = ((seq + ROTATE_BLOCK_S - 1) // ROTATE_BLOCK_S, batch * kv_heads)
+    _rotate_kernel[grid](k, cos3, sin3, out, seq, kv_heads, *k.stride(), cb, cs, sb, ss,
+                         BLOCK_S=ROTATE_BLOCK_S, HALF=half, HALF_PAD=half_pad)
+    return out
+
+
+def kernel_fn(q, k, v, cos, sin, causal=True, sm_scale=None):
+    batch, heads, seq, head_dim = q.shape
+    kv_heads = k.shape[1]
+    out = torch.empty((batch, heads, seq, head_dim), dtype=q.dtype, device=q.device)
+    if out.numel() == 0:
+        return out
+    scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(head_dim)
+    half = head_dim // 2
+    half_pad = max(16, _next_pow2(half))  # tl.dot needs K >= 16
+    d_pad = max(16, _next_pow2(head_dim))
+    cos3, cb, cs = _table(cos)
+    sin3, sb, ss = _table(sin)
+    auto = _auto_config(d_pad, q.dtype)
+    block_m, block_n, warps, stages = (c or a for c, a in zip((BLOCK_M, BLOCK_N, NUM_WARPS, NUM_STAGES), auto))
+    block_n = min(block_n, block_m)  # the causal diagonal is whole BLOCK_N steps
+    rotate_k = VARIANT != "rotate_k_first"
+    if not rotate_k:
+        k = _rotate_k(k, cos3, cb, cs, sin3, sb, ss, half, half_pad)
+    grid = ((seq + block_m - 1) // block_m, batch * heads)
+    _rope_attention_kernel[grid](
+        q, k, v, cos3, sin3, out, seq, heads, heads // kv_heads, scale * LOG2E,
+        *q.stride(), *k.stride(), *v.stride(), *out.stride(), cb, cs, sb, ss,
+        BLOCK_M=block_m, BLOCK_N=block_n, HALF=half, HALF_PAD=half_pad, HEAD_DIM=head_dim, D_PAD=d_pad,
+        EVEN_HALF=half == half_pad, EVEN_D=head_dim == d_pad, CAUSAL=bool(causal), ROTATE_K=rotate_k, REVERSE=bool(causal) and REVERSE_CAUSAL_ORDER,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=warps, num_stages=stages)
+    return out

@@ -1,0 +1,220 @@
+"""rope_attention (issue #19): RoPE + grouped-query attention as one kernel type, through the harness, HF Llama's
+attention modules (optimize / verify) and profile attribution. CPU: Triton's interpreter at small shapes."""
+
+import json
+
+import pytest
+import torch
+
+import autokernel
+import verify
+from autokernel import compat
+from autokernel.harness.runner import run_bench
+from autokernel.profile.attribution import Op, attribute
+from autokernel.profile.profiling import profile_model
+from autokernel.registry import get_spec
+
+transformers = pytest.importorskip("transformers")
+
+TYPE = "rope_attention"
+# planted bugs, each a one-line edit of the starter: (what is replaced, what replaces it)
+BUGS = {
+    "RoPE on k skipped": ("CAUSAL=bool(causal), ROTATE_K=rotate_k,", "CAUSAL=bool(causal), ROTATE_K=False,"),
+    "the wrong kv head": ("kv = (h // GROUP).to(tl.int64)", "kv = (h % (H // GROUP)).to(tl.int64)"),
+}
+
+
+@pytest.fixture
+def interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    compat.prepare_interpreter()
+
+
+def _bugged(repo_root, tmp_path, bug: str, name: str):
+    old, new = BUGS[bug]
+    source = (repo_root / "kernels" / f"{TYPE}.py").read_text()
+    assert old in source, "the planted bug no longer fits the starter"
+    path = tmp_path / name
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(source.replace(old, new))
+    return path
+
+
+def test_the_small_shapes_cover_both_head_dims_and_gqa_groups_1_4_8():
+    shapes = get_spec(TYPE).small_shapes
+    assert {s["D"] for s in shapes} >= {64, 128}
+    assert {s["Hq"] // s["Hkv"] for s in shapes} >= {1, 4, 8}
+
+
+@pytest.mark.usefixtures("warm_launcher")
+def test_the_starter_passes_the_five_stages(repo_root):
+    result = run_bench(repo_root / "kernels" / f"{TYPE}.py", device="cpu", timed=False)
+    assert result["status"] == "pass", f"{result['failed_stage']}: {result['reason']}"
+    assert [s["passed"] for s in result["stages"]] == [True] * 5
+
+
+@pytest.mark.usefixtures("warm_launcher")
+@pytest.mark.parametrize("bug", sorted(BUGS))
+def test_a_wrong_kernel_fails_the_harness(repo_root, tmp_path, bug):
+    result = run_bench(_bugged(repo_root, tmp_path, bug, f"{TYPE}.py"), device="cpu", timed=False)
+    assert result["status"] == "fail" and result["failed_stage"] in ("smoke", "shape_sweep")
+
+
+# ------------------------------------------------------------------------------ HF Llama
+def _tiny_llama(**extra):
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(hidden_size=128, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, head_dim=32, vocab_size=256,
+                                      **extra)
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def _ids(batch=2, seq=24):
+    return torch.randint(0, 256, (batch, seq), generator=torch.Generator().manual_seed(1))
+
+
+def _optimize(model, kernels, types):
+    return autokernel.optimize(model, kernels, types, verified=None, quiet=True)
+
+
+def test_optimize_runs_hf_llama_attention_as_one_kernel_call(interpreter, tmp_path):
+    model, ids = _tiny_llama(), _ids()
+    types = [TYPE, "rotary_embedding", "flash_attention"]
+    with torch.no_grad():
+        optimized = _optimize(model, tmp_path / "none", types)
+        attention = optimized.model.layers[0].self_attn
+        assert type(attention).__name__ == "KernelRopeAttention"
+        assert attention.q_proj.weight is model.model.layers[0].self_attn.q_proj.weight  # projections stay
+        for use_cache in (False, True):  # with a cache, the prefill fills it with the rotated keys, as HF does
+            got, want = optimized(ids, use_cache=use_cache), model(ids, use_cache=use_cache)
+            torch.testing.assert_close(got.logits, want.logits, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(got.past_key_values.layers[1].keys, want.past_key_values.layers[1].keys)
+    sites = optimized.autokernel.sites()
+    ours = [s for s in sites if s.kernel_type == TYPE]
+    assert len(ours) == 2 and all(s.swapped and s.calls == 2 and not s.fallbacks for s in ours)
+    # the layers the kernel ran never reached the rotary or SDPA patches: those types claimed no call
+    assert not [s for s in sites if s.kernel_type in ("rotary_embedding", "flash_attention") and s.calls]
+
+
+def test_under_torch_compile_the_kernel_is_one_node_of_the_graph(interpreter, tmp_path):
+    # transformers builds a causal mask tensor while compiling (a layer given a mask falls back); the type's
+    # create_causal_mask patch passes None where eager transformers would, so the kernel runs compiled too
+    model, ids = _tiny_llama(), _ids()
+    graphs = []
+
+    def backend(gm, example):
+        graphs.append(gm)
+        return gm.forward
+
+    with torch.no_grad():
+        optimized = _optimize(model, tmp_path / "none", [TYPE])
+        got = torch.compile(optimized, backend=backend, fullgraph=True)(ids, use_cache=False).logits
+        torch.testing.assert_close(got, model(ids, use_cache=False).logits, atol=1e-4, rtol=1e-4)
+    ops = [str(n.target) for g in graphs for n in g.graph.nodes if n.op == "call_function"]
+    assert sum(f"autokernel.{TYPE}" in op for op in ops) == 2  # one per layer
+    assert not any("scaled_dot_product" in op for op in ops)
+
+
+def test_calls_the_kernel_does_not_cover_run_the_original_forward(interpreter, tmp_path):
+    model, ids = _tiny_llama(), _ids()
+    padded = torch.ones_like(ids)
+    padded[0, :5] = 0  # left padding: a real attention mask
+    with torch.no_grad():
+        optimized = _optimize(model, tmp_path / "none", [TYPE])
+        prefill = model(ids, use_cache=True)
+        step = dict(past_key_values=prefill.past_key_values, use_cache=True)
+        want_step = model(ids[:, :1], **{**step, "past_key_values": _copy_cache(prefill.past_key_values)})
+        got_step = optimized(ids[:, :1], **step)
+        torch.testing.assert_close(got_step.logits, want_step.logits)
+        torch.testing.assert_close(optimized(ids, attention_mask=padded).logits,
+                                   model(ids, attention_mask=padded).logits)
+    reasons = {s.reason for s in optimized.autokernel.sites() if s.kernel_type == TYPE}
+    assert any("KV cache" in r for r in reasons) or any("mask" in r for r in reasons)
+    assert all(s.fallbacks == 2 and s.calls == 0 for s in optimized.autokernel.sites() if s.kernel_type == TYPE)
+
+
+def _copy_cache(cache):
+    import copy
+
+    return copy.deepcopy(cache)
+
+
+@pytest.mark.parametrize("bug", sorted(BUGS))
+def test_a_wrong_kernel_changes_the_models_output(interpreter, repo_root, tmp_path, bug):
+    kernels = tmp_path / "kernels"
+    _bugged(repo_root, tmp_path, bug, f"kernels/01_{TYPE}.py")
+    model, ids = _tiny_llama(), _ids()
+    with torch.no_grad():
+        wrong = _optimize(model, kernels, [TYPE])
+        err = (wrong(ids, use_cache=False).logits - model(ids, use_cache=False).logits).abs().max()
+    assert wrong.autokernel.choices[TYPE].source == "extracted" and not err <= 1e-2  # (NaN is wrong too)
+
+
+def test_an_attention_that_computes_something_else_is_left_alone(interpreter, tmp_path):
+    # Qwen3 normalizes q and k per head before RoPE: the same projections and call, another result
+    torch.manual_seed(0)
+    config = transformers.Qwen3Config(hidden_size=128, intermediate_size=128, num_hidden_layers=1,
+                                      num_attention_heads=4, num_key_value_heads=2, head_dim=32, vocab_size=256)
+    model = transformers.Qwen3ForCausalLM(config).eval()
+    with torch.no_grad():
+        optimized = _optimize(model, tmp_path / "none", [TYPE])
+        torch.testing.assert_close(optimized(_ids()).logits, model(_ids()).logits)
+    (site,) = [s for s in optimized.autokernel.sites() if s.kernel_type == TYPE]
+    assert not site.swapped and "probe" in site.reason
+
+
+def test_verify_swaps_hf_llama_attention_and_blames_a_wrong_kernel(interpreter, repo_root, tmp_path, capsys):
+    transformers.LlamaConfig(hidden_size=128, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                             num_key_value_heads=2, head_dim=32, vocab_size=256,
+                             use_cache=False).save_pretrained(tmp_path / "cfg")
+    kernels = tmp_path / "kernels"
+    _bugged(repo_root, tmp_path, "the wrong kv head", f"kernels/01_{TYPE}.py")
+    argv = ["--module", "transformers", "--class-name", "AutoModelForCausalLM", "--config", str(tmp_path / "cfg"),
+            "--input-shape", "1,16", "--device", "cpu", "--checks", "1", "--no-timing", "--types", TYPE]
+    code = verify.main([*argv, "--report", str(tmp_path / "right.json")])
+    printed = capsys.readouterr()
+    assert code == 0, printed.out + printed.err
+    assert json.loads((tmp_path / "right.json").read_text())["swapped_types"] == [TYPE]
+    code = verify.main([*argv, "--kernels", str(kernels), "--report", str(tmp_path / "wrong.json")])
+    capsys.readouterr()
+    report = json.loads((tmp_path / "wrong.json").read_text())
+    assert code == 1 and report["correctness"]["blamed"] == [TYPE]
+
+
+# ------------------------------------------------------------------------------ profiling
+def test_profile_attributes_rope_and_sdpa_of_hf_attention_to_the_type_when_asked():
+    model, ids = _tiny_llama(), _ids(batch=1, seq=32)
+    asked = profile_model(model, (ids,), "cpu", steps=1, warmup=1, types=[TYPE])["types"]
+    plain = profile_model(model, (ids,), "cpu", steps=1, warmup=1)["types"]
+    assert TYPE in asked and "flash_attention" not in asked and "matmul" in asked  # the projections stay matmul
+    # RoPE on q and k in both layers is rope_attention's now; the table-making LlamaRotaryEmbedding stays rotary
+    assert asked["rotary_embedding"]["calls"] == plain["rotary_embedding"]["calls"] - 4 == 1
+    assert [s["shape"] for s in asked[TYPE]["shapes"]] == [{"B": 1, "Hq": 4, "Hkv": 2, "S": 32, "D": 32,
+                                                            "causal": True}]
+    assert asked[TYPE]["calls"] == 2
+    assert TYPE not in plain and "flash_attention" in plain
+
+
+def _attention_ops(cls: str, with_rope: bool) -> list[Op]:
+    ops = [Op("autokernel.step", "step"),
+           Op("autokernel.module#0", "module", parent=0,
+              module={"name": "attn", "cls": cls, "input_shape": [1, 64, 256]}),
+           Op("autokernel.module#1", "module", parent=1, module={"name": "attn.q_proj", "cls": "Linear",
+                                                                  "input_shape": [1, 64, 256]}),
+           Op("aten::linear", "op", parent=2, self_us=10.0, shapes=[[1, 64, 256], [256, 256]])]
+    if with_rope:
+        ops += [Op("modeling_llama.py(127): apply_rotary_pos_emb", "python", parent=1),
+                Op("aten::mul", "op", parent=4, self_us=3.0, shapes=[[1, 4, 64, 64], [1, 1, 64, 64]]),
+                Op("aten::mul", "op", parent=4, self_us=1.0, shapes=[[1, 1, 64, 64], [1, 1, 64, 64]])]
+    ops.append(Op("aten::_scaled_dot_product_flash_attention", "op", parent=1, self_us=20.0,
+                  shapes=[[1, 4, 64, 64], [1, 1, 64, 64], [1, 1, 64, 64]], args=[None, None, None, 0.0, True]))
+    return ops
+
+
+def test_attribution_leaves_projections_to_matmul_and_needs_rope():
+    groups = attribute(_attention_ops("LlamaAttention", with_rope=True), types=[TYPE])
+    time = {g.type: g.time_us for g in groups}
+    assert time == {"matmul": 10.0, TYPE: 24.0}
+    # an attention without RoPE (GPT-2) is not rope_attention even when asked for
+    time = {g.type: g.time_us for g in attribute(_attention_ops("GPT2Attention", with_rope=False), types=[TYPE])}
+    assert time == {"matmul": 10.0, "flash_attention": 20.0}
