@@ -6,11 +6,11 @@ PYTHON ?= python3
 install:
 	$(PYTHON) -m pip install -e ".[dev]"
 
-test:
-	$(PYTHON) -m pytest -q
+test:  # one pytest-xdist worker per CPU
+	$(PYTHON) -m pytest -q -n logical
 
 test-fast:
-	$(PYTHON) -m pytest -q -m "not slow"
+	$(PYTHON) -m pytest -q -n logical -m "not slow"
 
 test-gpu:  # on a machine with a CUDA GPU: the GPU-marked tests only
 	$(PYTHON) -m pytest -q -m gpu

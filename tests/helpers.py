@@ -38,7 +38,8 @@ def copy_project(tmp_path, files=PROJECT, extra=None) -> tuple:
     for dest, src in [(name, name) for name in dict.fromkeys(files)] + list((extra or {}).items()):
         (repo / dest).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / src, repo / dest)
-    shutil.copytree(ROOT / "autokernel", repo / "autokernel", ignore=shutil.ignore_patterns("__pycache__"))
+    for package in ("autokernel", "kernelbench"):  # the registry imports kernelbench: this tree's, not an install's
+        shutil.copytree(ROOT / package, repo / package, ignore=shutil.ignore_patterns("__pycache__"))
     home = tmp_path / "home"  # no ~/.gitconfig
     home.mkdir()
     env = {**os.environ, "HOME": str(home), "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null"}

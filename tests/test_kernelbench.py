@@ -176,10 +176,7 @@ def test_fast_p_counts_correct_and_faster_over_the_whole_set():
 
 # ---------------------------------------------------------------------------------------- end to end
 def project(tmp_path) -> tuple[Path, dict]:
-    repo, env = copy_project(tmp_path, PROJECT)
-    shutil.copytree(ROOT / "kernelbench", repo / "kernelbench", ignore=shutil.ignore_patterns("__pycache__"))
-    git(repo, env, "add", "-A")
-    git(repo, env, "commit", "-qm", "kernelbench")
+    repo, env = copy_project(tmp_path, PROJECT)  # kernelbench/ included
     for var in (problems.ENV_ROOT, problems.ENV_DATASET, spec.ENV_WORKSPACE):
         env.pop(var, None)
     return repo, env

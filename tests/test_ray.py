@@ -31,7 +31,9 @@ RUN_LIMIT_S = 300  # one orchestrate.py run
 @pytest.fixture(scope="module")
 def ray_instance():
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # "local": always a fresh instance of this process, never a cluster that another test process (a
+    # pytest-xdist worker, another checkout's run) started on this machine and may stop under it
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
 
