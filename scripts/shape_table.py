@@ -60,7 +60,7 @@ def main(argv=None) -> int:
     if not gpu.has_cuda():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
-    liger = baselines._liger()
+    liger = baselines.liger_functional()
     print(f"{gpu.device_name()}, torch {torch.__version__}, {args.dtype}, liger: {'yes' if liger else 'absent'}")
     rows = [row for t in args.types for row in table(t, parse_dtype(args.dtype), liger)]
     if args.json:
