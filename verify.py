@@ -48,17 +48,14 @@ Exit status: 0 when the optimized model matches, 1 when it does not, 2 when it c
 
 import argparse
 import json
-import os
 import shlex
 import sys
 from pathlib import Path
 
 from autokernel import cli
+from autokernel.verify.verification import CHECK_INPUTS, DEFAULT_KERNELS, ROOT  # torch-free, like this script
 
-ROOT = Path(__file__).resolve().parent
-DEFAULT_KERNELS = ROOT / "workspace" / "kernels"
 DEFAULT_REPORT = ROOT / "workspace" / "verify.json"  # read by the morning report (orchestrate.py report)
-CHECK_INPUTS = 3  # fresh inputs the optimized model must match the original on (autokernel.verify.endtoend's default)
 DEPLOY_CHOICES = ("eager", "graph", "compile", "compile_graph")  # autokernel.verify.endtoend.DEPLOY_MODES, torch-free
 
 
@@ -112,7 +109,10 @@ def main(argv=None) -> int:
 
 
 def run_and_show(args) -> int:
-    report = run(args)
+    from autokernel.verify.verification import Request, verify  # torch: after the parser's checks
+
+    fields = {name: getattr(args, name) for name in Request.__dataclass_fields__ if hasattr(args, name)}
+    report = verify(Request(**fields, command="python " + shlex.join(sys.argv)))
     show(report)
     for path in filter(None, (args.report, args.json)):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -122,149 +122,6 @@ def run_and_show(args) -> int:
         print(f"exported {', '.join(report['export']['types']) or 'no kernel'} to {report['export']['path']}: "
               f"pip install {report['export']['path']}")
     return 0 if report["correctness"]["status"] == "PASS" else cli.EXIT_FAILURE
-
-
-def _pick_device(requested) -> str:
-    """cuda or cpu; on the CPU, Triton's interpreter is switched on before any kernel file is imported."""
-    from autokernel.harness import gpu
-
-    device = gpu.pick_device(requested)
-    if device == "cpu":
-        os.environ["TRITON_INTERPRET"] = "1"  # read when a kernel file's @triton.jit runs: set it first
-        from autokernel.compat import prepare_interpreter
-
-        prepare_interpreter()
-    return device
-
-
-def deploy_mode(args) -> str:
-    """The mode the prune times: --deploy, else the most deployed-looking mode the flags time."""
-    if args.deploy:
-        return args.deploy
-    return {(True, True): "compile_graph", (True, False): "compile", (False, True): "graph"}.get(
-        (args.compile, args.cuda_graph), "eager")
-
-
-def run(args) -> dict:
-    cli.check_model_arguments(args)  # before torch's import: bad input fails at once
-    device = _pick_device(args.device)
-    import torch
-
-    from autokernel.harness import gpu
-    from autokernel.models import describe_model, load_model, parse_shape
-    from autokernel.profile.extraction import model_origin
-    from autokernel.registry import dtype_name, parse_dtype
-    from autokernel.verify import endtoend
-    from autokernel.verify.deploy import optimize
-
-    dtype, shape = parse_dtype(args.dtype), parse_shape(args.input_shape)
-    if args.checks < 1:
-        raise ValueError("--checks must be at least 1")
-    if not args.kernels.is_dir() and args.kernels != DEFAULT_KERNELS:
-        raise ValueError(f"--kernels {args.kernels}: no such directory")
-    if args.against:
-        _against_dir(args)
-    types = [t.strip() for t in args.types.split(",") if t.strip()] or None
-    model = load_model(args.class_name, model_file=args.model, module=args.module, config=args.config,
-                       pretrained=args.pretrained, device=device, dtype=dtype)
-    inputs = lambda seed: _inputs(model, shape, device, dtype, seed)
-    mode = deploy_mode(args)
-    with torch.no_grad():
-        optimized = optimize(model, args.kernels, types, starters=ROOT / "kernels", verified=None,
-                             quiet=True).autokernel  # the prune below decides afresh
-        choices = optimized.choices
-        this_model = model_origin({"source": args.model or args.module, "class_name": args.class_name,
-                                   "config": args.config, "input_shape": list(shape), "dtype": dtype_name(dtype)})
-        plan_path = args.kernels.parent / "plan.json"  # extract.py's plan beside its kernels, if any
-        plan = json.loads(plan_path.read_text()) if plan_path.is_file() else None
-        warnings = endtoend.origin_warnings({_rel(c.path): c.path for c in choices.values()}, this_model, plan)
-        for line in warnings:  # before the checks and timing, which take minutes on a large model
-            print(line, flush=True)
-        correctness = endtoend.check(model, optimized, inputs, dtype, args.checks)
-        sites = [s.to_dict() for s in optimized.sites()]  # calls counted over the checked forwards only
-        checked_types = optimized.swapped_types()
-        timed = not args.no_timing and correctness["status"] == "PASS"
-        graphs = args.cuda_graph and device == "cuda"
-        pruned = {}
-        if timed and device == "cuda" and not args.keep_all:
-            optimized, pruned = endtoend.prune(model, optimized, inputs, device, mode)
-            _mark_pruned(sites, pruned)
-        timings, timing_errors = endtoend.time_models(model, optimized, inputs, device, args.compile, graphs) \
-            if timed else ({}, {})
-        against = _time_against(args, model, optimized, choices, inputs, device) if timed and args.against else None
-        graph = endtoend.graph_breaks(optimized, inputs(endtoend.CHECK_SEED)) \
-            if args.compile and correctness["status"] == "PASS" else None
-    kept = [t for t in checked_types if t not in pruned]
-    exported = _export(args, choices, kept) if args.export and correctness["status"] == "PASS" else None
-    return {
-        "model": describe_model(model), "class_name": args.class_name, "source": args.model or args.module,
-        "config": args.config, "input_shape": list(shape), "dtype": dtype_name(dtype), "device": device,
-        "gpu": gpu.device_name(device) if device == "cuda" else None, "cpu_mode": device == "cpu",
-        "kernels": {t: {"path": _rel(c.path), "source": c.source, "passed_over": [_rel(p) for p in c.passed_over]}
-                    for t, c in choices.items()},
-        "origin_warnings": warnings, "sites": sites, "swapped_types": kept, "pruned": pruned,
-        "prune": {"mode": mode, "decided": timed and device == "cuda" and not args.keep_all, "left_out": pruned},
-        "unused_types": sorted(set(choices) - set(checked_types)),
-        "correctness": correctness, "timing": timings, "timing_errors": timing_errors, "against": against,
-        "graph": graph,
-        "export": exported,
-        "compile_backend": endtoend.backend_for(device),
-        "torch": torch.__version__, "triton": _triton_version(), "command": "python " + shlex.join(sys.argv),
-    }
-
-
-def _time_against(args, model, optimized, choices: dict, inputs, device: str) -> dict:
-    """The kept types with this run's kernels against the same types with the files --against names
-    (endtoend.paired): did the loop's winners make the model faster than the kernels it began from?"""
-    from autokernel.ops import customops
-    from autokernel.verify import endtoend
-    from autokernel.verify.deploy import load_kernels
-
-    types = optimized.swapped_types()
-    ours = customops.installed(types)
-    where = _against_dir(args)
-    try:
-        theirs_choices = load_kernels(where, types, ROOT / "kernels", winners=args.against != "extracted")
-        theirs = customops.installed(types)
-    finally:
-        customops.reinstall(ours)
-    files = {t: _rel(c.path) for t, c in theirs_choices.items()}
-    # by content: a type the loop kept nothing for has an _optimized copy equal to its extracted file
-    differs = [t for t in types if theirs_choices[t].path.read_bytes() != choices[t].path.read_bytes()]
-    result = {"against": args.against, "kernels": files, "differs": differs}
-    if not differs:
-        return {**result, "note": "the same source for every kept type: nothing to compare"}
-    rounds = endtoend.PAIRED_ROUNDS if device == "cuda" else endtoend.CPU_PAIRED_ROUNDS  # the interpreter is slow
-    return {**result, **endtoend.paired(model, optimized.module(), ours, theirs, inputs, device, rounds)}
-
-
-def _against_dir(args) -> Path:
-    where = {"extracted": args.kernels, "starters": ROOT / "kernels"}.get(args.against, Path(args.against or "."))
-    if not where.is_dir():
-        raise ValueError(f"--against {args.against}: no such directory (nor 'extracted' or 'starters')")
-    return where
-
-
-def _export(args, choices: dict, kept: list[str]) -> dict:
-    from autokernel.verify import export
-
-    package = export.write_package(args.export, {t: choices[t].path for t in kept}, name=args.package_name)
-    return {"path": str(args.export), "package": package.name, "types": kept}
-
-
-def _inputs(model, shape, device, dtype, seed: int) -> tuple:
-    import torch
-
-    from autokernel.models import example_inputs
-
-    torch.manual_seed(seed)  # models with their own example_inputs draw from the global generator
-    return example_inputs(model, shape, device, dtype, seed=seed)
-
-
-def _mark_pruned(sites: list[dict], pruned: dict) -> None:
-    for site in sites:
-        if site["swapped"] and site["kernel_type"] in pruned:
-            site["swapped"], site["reason"] = False, pruned[site["kernel_type"]]
 
 
 # ------------------------------------------------------------------------------ report
@@ -393,17 +250,6 @@ def _timing_table(report):
         ratios = [f"{r[key]:.2f}x" if key in r else "-" for key in ("speedup_vs_eager", "speedup_vs_compile")]
         table.add_row(name, f"{r['ms']:.3f}", f"{r['noise_pct']:.1f}%", *ratios)
     return table
-
-
-def _rel(path) -> str:
-    path = Path(path).resolve()
-    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
-
-
-def _triton_version():
-    import triton
-
-    return triton.__version__
 
 
 def _explain(e: Exception) -> str:

@@ -16,7 +16,7 @@ from helpers import summary_values
 
 import verify
 from autokernel.ops import customops, swap
-from autokernel.verify import deploy, endtoend
+from autokernel.verify import deploy, endtoend, verification
 
 MODELS = {  # model file -> (class, input shape, the kernel types that must have run in it)
     "llama": ("LlamaModel", "1,8", {"matmul", "rmsnorm", "fused_mlp", "rotary_embedding", "flash_attention",
@@ -410,9 +410,9 @@ def test_verify_reports_the_prune_mode_and_writes_its_report(repo_root, tmp_path
     assert code == 0, printed.out + printed.err
     assert report["prune"] == {"mode": "compile", "decided": False, "left_out": {}}  # no GPU: no prune
     args = verify.build_parser().parse_args(["--model", "m.py", "--class-name", "M", "--cuda-graph"])
-    assert verify.deploy_mode(args) == "graph"
+    assert verification.deploy_mode(args) == "graph"
     args = verify.build_parser().parse_args(["--model", "m.py", "--class-name", "M", "--deploy", "eager", "--compile"])
-    assert verify.deploy_mode(args) == "eager"
+    assert verification.deploy_mode(args) == "eager"
     assert set(verify.DEPLOY_CHOICES) == set(endtoend.DEPLOY_MODES)
     assert args.report == repo_root / "workspace" / "verify.json"  # where the morning report reads it
 

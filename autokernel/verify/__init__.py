@@ -1,2 +1,3 @@
-"""The night's kernels back in the model: the end-to-end check behind verify.py (endtoend.py),
-`autokernel.optimize` (deploy.py) and the self-contained package of `verify.py --export` (export.py)."""
+"""The night's kernels back in the model: verify.py's work as a library call (verification.py), the end-to-end
+check, prune and timing behind it (endtoend.py), `autokernel.optimize` (deploy.py) and the self-contained
+package of `verify.py --export` (export.py)."""

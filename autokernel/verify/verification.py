@@ -1,0 +1,200 @@
+"""verify.py's work as a library call: check the model with the kernels plugged in against the original, prune
+the types it is faster without in the mode it is deployed in, time every row, compare with other kernel
+files in turns, export the kept kernels. `verify(Request(...))` returns the report verify.py prints and writes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from autokernel import cli
+from autokernel.compat import ROOT
+
+CHECK_INPUTS = 3  # fresh inputs the optimized model must match the original on (endtoend.CHECK_INPUTS)
+DEFAULT_KERNELS = ROOT / "workspace" / "kernels"
+
+
+@dataclass
+class Request:
+    """What to verify, with verify.py's defaults: the model (a file and class, or a package), its input, where
+    the kernels are, what to time and in which deploy mode, and what to compare and export."""
+    class_name: str
+    model: str | None = None
+    module: str | None = None
+    config: str | None = None
+    pretrained: bool = False
+    input_shape: str = "1,512"
+    dtype: str = "fp16"
+    device: str = "auto"
+    kernels: Path = DEFAULT_KERNELS
+    types: str = ""  # comma-separated; empty: every type
+    checks: int = CHECK_INPUTS
+    no_timing: bool = False
+    compile: bool = False
+    cuda_graph: bool = False
+    deploy: str | None = None  # None: the most deployed-looking mode the flags time (deploy_mode)
+    keep_all: bool = False
+    against: str | None = None  # "extracted", "starters" or a directory
+    export: Path | None = None
+    package_name: str = "autokernel_kernels"
+    command: str = ""  # how the run was asked for, recorded in the report
+
+
+def _pick_device(requested) -> str:
+    """cuda or cpu; on the CPU, Triton's interpreter is switched on before any kernel file is imported."""
+    from autokernel.harness import gpu
+
+    device = gpu.pick_device(requested)
+    if device == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"  # read when a kernel file's @triton.jit runs: set it first
+        from autokernel.compat import prepare_interpreter
+
+        prepare_interpreter()
+    return device
+
+
+def deploy_mode(request: Request) -> str:
+    """The mode the prune times: --deploy, else the most deployed-looking mode the flags time."""
+    if request.deploy:
+        return request.deploy
+    return {(True, True): "compile_graph", (True, False): "compile", (False, True): "graph"}.get(
+        (request.compile, request.cuda_graph), "eager")
+
+
+def verify(request: Request) -> dict:
+    """The report of one verification (what verify.py prints, and writes as JSON)."""
+    cli.check_model_arguments(request)  # before torch's import: bad input fails at once
+    device = _pick_device(request.device)
+    import torch
+
+    from autokernel.harness import gpu
+    from autokernel.models import describe_model, load_model, parse_shape
+    from autokernel.profile.extraction import model_origin
+    from autokernel.registry import dtype_name, parse_dtype
+    from autokernel.verify import endtoend
+    from autokernel.verify.deploy import optimize
+
+    dtype, shape = parse_dtype(request.dtype), parse_shape(request.input_shape)
+    if request.checks < 1:
+        raise ValueError("--checks must be at least 1")
+    if not request.kernels.is_dir() and request.kernels != DEFAULT_KERNELS:
+        raise ValueError(f"--kernels {request.kernels}: no such directory")
+    if request.against:
+        _against_dir(request)
+    types = [t.strip() for t in request.types.split(",") if t.strip()] or None
+    model = load_model(request.class_name, model_file=request.model, module=request.module, config=request.config,
+                       pretrained=request.pretrained, device=device, dtype=dtype)
+    inputs = lambda seed: _inputs(model, shape, device, dtype, seed)
+    mode = deploy_mode(request)
+    with torch.no_grad():
+        optimized = optimize(model, request.kernels, types, starters=ROOT / "kernels", verified=None,
+                             quiet=True).autokernel  # the prune below decides afresh
+        choices = optimized.choices
+        this_model = model_origin({"source": request.model or request.module, "class_name": request.class_name,
+                                   "config": request.config, "input_shape": list(shape), "dtype": dtype_name(dtype)})
+        plan_path = request.kernels.parent / "plan.json"  # extract.py's plan beside its kernels, if any
+        plan = json.loads(plan_path.read_text()) if plan_path.is_file() else None
+        warnings = endtoend.origin_warnings({_rel(c.path): c.path for c in choices.values()}, this_model, plan)
+        for line in warnings:  # before the checks and timing, which take minutes on a large model
+            print(line, flush=True)
+        correctness = endtoend.check(model, optimized, inputs, dtype, request.checks)
+        sites = [s.to_dict() for s in optimized.sites()]  # calls counted over the checked forwards only
+        checked_types = optimized.swapped_types()
+        timed = not request.no_timing and correctness["status"] == "PASS"
+        graphs = request.cuda_graph and device == "cuda"
+        pruned = {}
+        if timed and device == "cuda" and not request.keep_all:
+            optimized, pruned = endtoend.prune(model, optimized, inputs, device, mode)
+            _mark_pruned(sites, pruned)
+        timings, timing_errors = endtoend.time_models(model, optimized, inputs, device, request.compile, graphs) \
+            if timed else ({}, {})
+        against = _time_against(request, model, optimized, choices, inputs, device) \
+            if timed and request.against else None
+        graph = endtoend.graph_breaks(optimized, inputs(endtoend.CHECK_SEED)) \
+            if request.compile and correctness["status"] == "PASS" else None
+    kept = [t for t in checked_types if t not in pruned]
+    exported = _export(request, choices, kept) if request.export and correctness["status"] == "PASS" else None
+    return {
+        "model": describe_model(model), "class_name": request.class_name, "source": request.model or request.module,
+        "config": request.config, "input_shape": list(shape), "dtype": dtype_name(dtype), "device": device,
+        "gpu": gpu.device_name(device) if device == "cuda" else None, "cpu_mode": device == "cpu",
+        "kernels": {t: {"path": _rel(c.path), "source": c.source, "passed_over": [_rel(p) for p in c.passed_over]}
+                    for t, c in choices.items()},
+        "origin_warnings": warnings, "sites": sites, "swapped_types": kept, "pruned": pruned,
+        "prune": {"mode": mode, "decided": timed and device == "cuda" and not request.keep_all, "left_out": pruned},
+        "unused_types": sorted(set(choices) - set(checked_types)),
+        "correctness": correctness, "timing": timings, "timing_errors": timing_errors, "against": against,
+        "graph": graph,
+        "export": exported,
+        "compile_backend": endtoend.backend_for(device),
+        "torch": torch.__version__, "triton": _triton_version(), "command": request.command,
+    }
+
+
+def _time_against(request, model, optimized, choices: dict, inputs, device: str) -> dict:
+    """The kept types with this run's kernels against the same types with the files --against names
+    (endtoend.paired): did the loop's winners make the model faster than the kernels it began from?"""
+    from autokernel.ops import customops
+    from autokernel.verify import endtoend
+    from autokernel.verify.deploy import load_kernels
+
+    types = optimized.swapped_types()
+    ours = customops.installed(types)
+    where = _against_dir(request)
+    try:
+        theirs_choices = load_kernels(where, types, ROOT / "kernels", winners=request.against != "extracted")
+        theirs = customops.installed(types)
+    finally:
+        customops.reinstall(ours)
+    files = {t: _rel(c.path) for t, c in theirs_choices.items()}
+    # by content: a type the loop kept nothing for has an _optimized copy equal to its extracted file
+    differs = [t for t in types if theirs_choices[t].path.read_bytes() != choices[t].path.read_bytes()]
+    result = {"against": request.against, "kernels": files, "differs": differs}
+    if not differs:
+        return {**result, "note": "the same source for every kept type: nothing to compare"}
+    rounds = endtoend.PAIRED_ROUNDS if device == "cuda" else endtoend.CPU_PAIRED_ROUNDS  # the interpreter is slow
+    return {**result, **endtoend.paired(model, optimized.module(), ours, theirs, inputs, device, rounds)}
+
+
+def _against_dir(request) -> Path:
+    starters = ROOT / "kernels"
+    where = {"extracted": request.kernels, "starters": starters}.get(request.against, Path(request.against or "."))
+    if not where.is_dir():
+        raise ValueError(f"--against {request.against}: no such directory (nor 'extracted' or 'starters')")
+    return where
+
+
+def _export(request, choices: dict, kept: list[str]) -> dict:
+    from autokernel.verify import export
+
+    package = export.write_package(request.export, {t: choices[t].path for t in kept}, name=request.package_name)
+    return {"path": str(request.export), "package": package.name, "types": kept}
+
+
+def _inputs(model, shape, device, dtype, seed: int) -> tuple:
+    import torch
+
+    from autokernel.models import example_inputs
+
+    torch.manual_seed(seed)  # models with their own example_inputs draw from the global generator
+    return example_inputs(model, shape, device, dtype, seed=seed)
+
+
+def _mark_pruned(sites: list[dict], pruned: dict) -> None:
+    for site in sites:
+        if site["swapped"] and site["kernel_type"] in pruned:
+            site["swapped"], site["reason"] = False, pruned[site["kernel_type"]]
+
+
+def _rel(path) -> str:
+    path = Path(path).resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def _triton_version():
+    import triton
+
+    return triton.__version__
