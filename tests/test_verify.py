@@ -475,3 +475,16 @@ def test_the_paired_verdict_needs_more_wins_than_a_coin_gives():
     assert endtoend.paired_verdict(coin, base)["verdict"] == "no measurable difference"
     few = endtoend.paired_verdict([9.0, 9.0, 9.0], [10.0, 10.0, 10.0])  # 3 of 3: p = 0.25, not enough rounds
     assert few["verdict"] == "no measurable difference" and few["p_value"] == pytest.approx(0.25)
+
+
+def test_verification_is_a_library_call_that_returns_the_report(repo_root, tmp_path, interpreter):
+    """What verify.py prints, from Python without its parser: a wrong kernel is still caught and blamed."""
+    cls, shape, _ = MODELS["llama"]
+    kernels = against_kernels(repo_root, tmp_path, extracted_factor=" * 1.05")  # 01_rmsnorm.py is wrong
+    (kernels / "01_rmsnorm_optimized.py").unlink()
+    request = verification.Request(class_name=cls, model=str(repo_root / "models" / "llama.py"), config="tiny",
+                                   input_shape=shape, device="cpu", checks=1, kernels=kernels, types="rmsnorm",
+                                   no_timing=True, command="from a test")
+    report = verification.verify(request)
+    assert report["correctness"]["status"] == "FAIL" and report["correctness"]["blamed"] == ["rmsnorm"]
+    assert report["kernels"]["rmsnorm"]["path"].endswith("01_rmsnorm.py") and report["command"] == "from a test"
