@@ -28,7 +28,7 @@ CHUNK = 4096  # columns per step of the looped variant
 ROWS_PER_PROGRAM = 0  # rows per program (a power of two); 0 = auto: pack short rows up to TILE elements
 TILE = 4096  # elements; the auto tile size for short rows
 MIN_PROGRAMS = 512  # programs; auto packing stops before the grid gets smaller (~4 per SM on H100)
-ELEMENTS_PER_WARP = 512  # elements; auto warps = tile / this (16 per thread = two 16-byte fp16 loads)
+ELEMENTS_PER_WARP = 1024  # elements; auto warps = tile / this (16 per thread = two 16-byte fp16 loads)
 NUM_WARPS = 0  # warps per program; 0 = auto from ELEMENTS_PER_WARP, 1..16
 LOOP_STAGES = 1  # software-pipeline depth of the chunk loops (Triton num_stages)
 

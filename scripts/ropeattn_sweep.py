@@ -43,7 +43,8 @@ DEVICE = "cuda"
 KNOBS = ("VARIANT", "BLOCK_M", "BLOCK_N", "NUM_WARPS", "NUM_STAGES")
 DEFAULT_CONFIGS = ([f"fused/{bm}x{bn}/w{w}/s{s}" for bm, bn in ((64, 64), (128, 64), (128, 32), (64, 32), (128, 128))
                     for w in (4, 8) for s in (2, 3)]
-                   + ["rotate_k_first/64x64/w4/s2", "rotate_k_first/64x64/w4/s3", "rotate_k_first/128x64/w8/s3"])
+                   + [f"rotate_k_first/{bm}x{bn}/w{w}/s{s}" for bm, bn in ((64, 64), (128, 64), (64, 32), (128, 128))
+                      for w in (4, 8) for s in (2, 3)])
 
 
 def parse_config(text: str) -> dict:
@@ -126,7 +127,8 @@ def main():
     p.add_argument("--kernel", type=Path, default=Path("kernels/rope_attention.py"))
     p.add_argument("--json", type=Path, help="also write the rows and the setup as JSON here")
     p.add_argument("--shapes", default="all", help=f"comma-separated, of {list(SHAPES)} (default all)")
-    p.add_argument("--sweep", default="tinyllama", help="the shape the tunables are swept at (default tinyllama)")
+    p.add_argument("--sweep", default="tinyllama",
+                   help="comma-separated shapes the tunables are swept at (default tinyllama)")
     p.add_argument("--configs", default=",".join(DEFAULT_CONFIGS),
                    help="comma-separated VARIANT/BMxBN/wWARPS/sSTAGES")
     args = p.parse_args()
@@ -142,7 +144,7 @@ def main():
     names = list(SHAPES) if args.shapes == "all" else args.shapes.split(",")
     rows = []
     for name in names:
-        configs = [parse_config(t) for t in args.configs.split(",") if t] if name == args.sweep else []
+        configs = [parse_config(t) for t in args.configs.split(",") if t] if name in args.sweep.split(",") else []
         shape_rows = run_shape(module, spec, rotary, name, {**SHAPES[name], "causal": True}, configs, gen)
         print_table(shape_rows)
         rows += shape_rows

@@ -1,15 +1,18 @@
 """A starter against eager, torch.compile and the type's extra baselines (Liger, ...) at every shape of its registry
 entry, on the GPU: the per-shape table bench.py (one timing shape) does not give.
 
-    python scripts/shape_table.py add_rmsnorm [add_layernorm ...] [--dtype fp16] [--json OUT]
+    python scripts/shape_table.py add_rmsnorm [add_layernorm ...] [--dtype fp16] [--rounds 3] [--json OUT]
 
-Times through autokernel.harness.timing (graph replay, the L2 flushed) on the inputs autokernel.harness.perf
-times; the kernel's output is checked against the oracle at each shape first. Prints one row per shape:
-microseconds, GB/s of the kernel and its speedup over compile.
+Times through autokernel.harness.timing (the L2 flushed) on the inputs autokernel.harness.perf times; the
+kernel's output is checked against the oracle at each shape first. Every function is timed in --rounds
+interleaved rounds and the median round is reported: on the H200 a whole timing of a 10-40 us kernel now and then
+ran 2-4x slow (kernel and compile alike, in some processes and not others), which one round per row reported
+as a speedup or a loss. Prints one row per shape: microseconds, GB/s of the kernel and its speedup over compile.
 """
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -26,7 +29,7 @@ from autokernel.registry import get_spec  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def table(kernel_type: str, dtype: torch.dtype, liger) -> list[dict]:
+def table(kernel_type: str, dtype: torch.dtype, liger, rounds: int) -> list[dict]:
     spec = get_spec(kernel_type)
     kernel = import_kernel(ROOT / "kernels" / f"{kernel_type}.py").kernel_fn
     fns = {"kernel": kernel, "eager": spec.reference, "compile": compiled_reference(spec),
@@ -36,10 +39,20 @@ def table(kernel_type: str, dtype: torch.dtype, liger) -> list[dict]:
         sets = gpu_input_sets(spec, shape, dtype)
         checking.checked_call(kernel, spec, sets[0], f"{kernel_type} {checking.describe(shape, dtype)}")
         row = {"type": kernel_type, "shape": shape_label(shape), "bytes": spec.bytes_moved(shape, dtype)}
-        row.update({name: baselines._median_or_error(fn, sets) for name, fn in fns.items()})
+        times = {name: [] for name in fns}
+        for _ in range(rounds):
+            for name, fn in fns.items():
+                times[name].append(baselines._median_or_error(fn, sets))
+        row.update({name: _median_round(t) for name, t in times.items()})
         rows.append(row)
         print(_line(row, list(fns)), flush=True)
     return rows
+
+
+def _median_round(times: list):
+    """The median of a function's rounds, or its first error (a function that fails, fails every round)."""
+    errors = [t for t in times if isinstance(t, str)]
+    return errors[0] if errors else round(statistics.median(times), 2)
 
 
 def _line(row: dict, names: list[str]) -> str:
@@ -55,6 +68,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("types", nargs="+")
     p.add_argument("--dtype", default="fp16")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds per shape (default 3)")
     p.add_argument("--json", help="also write the rows as JSON")
     args = p.parse_args(argv)
     if not gpu.has_cuda():
@@ -62,7 +76,7 @@ def main(argv=None) -> int:
         return 2
     liger = baselines.liger_functional()
     print(f"{gpu.device_name()}, torch {torch.__version__}, {args.dtype}, liger: {'yes' if liger else 'absent'}")
-    rows = [row for t in args.types for row in table(t, parse_dtype(args.dtype), liger)]
+    rows = [row for t in args.types for row in table(t, parse_dtype(args.dtype), liger, args.rounds)]
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0

@@ -19,7 +19,7 @@ transformers = pytest.importorskip("transformers")
 TYPE = "rope_attention"
 # planted bugs, each a one-line edit of the starter: (what is replaced, what replaces it)
 BUGS = {
-    "RoPE on k skipped": ("CAUSAL=bool(causal), ROTATE_K=rotate_k,", "CAUSAL=bool(causal), ROTATE_K=False,"),
+    "RoPE on k skipped": ("k = _rotate_k(k, cos3", "_ = _rotate_k(k, cos3"),  # the default variant's pre-pass
     "the wrong kv head": ("kv = (h // GROUP).to(tl.int64)", "kv = (h % (H // GROUP)).to(tl.int64)"),
 }
 
