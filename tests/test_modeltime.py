@@ -114,3 +114,22 @@ def test_time_turns_runs_each_function_once_per_turn_in_alternating_order():
     assert order[2:] == ["light", "heavy", "heavy", "light"] * 3  # after one warm-up run of each
     assert [len(s) for s in samples.values()] == [6, 6]
     assert all(h > l for h, l in zip(samples["heavy"], samples["light"]))  # turn by turn, the heavier one
+
+
+@pytest.mark.gpu
+def test_a_call_whose_host_cost_exceeds_its_gpu_time_is_timed_at_its_gpu_time():
+    """A 64 KB add behind 300 us of host work (a slow Python launcher): the events must not see the host."""
+    import time
+
+    x = torch.zeros(16384, device="cuda")
+
+    def slow_launcher(a):
+        end = time.perf_counter() + 300e-6
+        while time.perf_counter() < end:
+            pass
+        return a.add_(1)
+
+    gpu_only = timing.time_gpu(lambda a: a.add_(1), [(x,)]).median_us
+    assert timing.time_gpu(slow_launcher, [(x,)]).median_us < gpu_only + 30
+    turns = timing.time_turns({"slow": slow_launcher, "fast": lambda a: a.add_(1)}, [(x,)], "cuda", turns=20)
+    assert sorted(turns["slow"])[10] < gpu_only + 30

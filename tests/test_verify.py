@@ -311,7 +311,7 @@ class Candidate:  # a stand-in for swap.Optimized whose end-to-end time is made 
         return self
 
 
-def fake_time_fn(candidate, sets, device, keep_outputs=False):
+def fake_time_fn(candidate, sets, device, keep_outputs=False, latency=False):
     from autokernel.harness import timing
 
     ms = 10.0 + sum(Candidate.COST_MS[t] for t in candidate.types)
@@ -388,6 +388,22 @@ def test_a_mode_that_computes_something_else_is_left_out_and_not_timed(monkeypat
     assert "optimized_compile" not in rows and "wrong output" in errors["optimized_compile"]
 
 
+def test_each_mode_times_the_original_and_the_optimized_model_in_turns(monkeypatch):
+    """A host that slows down for a while must slow both sides of a row pair alike: each mode's pair is one
+    time_turns call, the modes without torch.compile first."""
+    from autokernel.harness import timing
+
+    made_up_compile(monkeypatch, lambda fn, backend=None, mode=None: _Costed(fn.types, {"matmul": -1.0}))
+    monkeypatch.setattr(Candidate, "ms", 10.0, raising=False)
+    calls = []
+    monkeypatch.setattr(timing, "time_turns", lambda fns, sets, device, turns, **kw: calls.append(list(fns)) or {
+        name: [fn.ms * 1e3] * turns for name, fn in fns.items()})
+    rows, errors = endtoend.time_models(Candidate([]), Candidate(["matmul"]), lambda seed: (), "cpu",
+                                        with_compile=True)
+    assert calls == [["eager", "optimized"], ["compile", "optimized_compile"]] and not errors
+    assert rows["optimized_compile"]["speedup_vs_compile"] == 10.0 / 9.0
+
+
 def made_up_compile(monkeypatch, fake_compile):
     """Candidates built by swap.build, compiled by fake_compile, timed by the .ms it gives them."""
     from autokernel.harness import timing
@@ -395,7 +411,9 @@ def made_up_compile(monkeypatch, fake_compile):
     monkeypatch.setattr(swap, "build", lambda model, types: Candidate(types))
     monkeypatch.setattr(torch, "compile", fake_compile)
     monkeypatch.setattr(torch._dynamo, "reset", lambda: None)
-    monkeypatch.setattr(timing, "time_fn", lambda fn, sets, device: timing.Timing(fn.ms * 1e3, [fn.ms * 1e3]))
+    monkeypatch.setattr(timing, "time_fn", lambda fn, sets, device, **kw: timing.Timing(fn.ms * 1e3, [fn.ms * 1e3]))
+    monkeypatch.setattr(timing, "time_turns", lambda fns, sets, device, turns, **kw: {
+        name: [fn.ms * 1e3] * turns for name, fn in fns.items()})
     monkeypatch.setattr(endtoend, "wrong_output", lambda fn, model, args: None)  # made-up models, right by fiat
 
 

@@ -1,7 +1,8 @@
 """The one timing protocol. Every number the project reports goes through here.
 
 On a GPU: warm-up, then each run is timed with CUDA events around one call, the L2 cache is flushed
-before every run (so repeated runs over one buffer do not measure the cache), inputs are rotated
+before every run (so repeated runs over one buffer do not measure the cache), the GPU is kept busy while
+the host queues the call (so the events see GPU time, not the host's launch cost), inputs are rotated
 among several sets, and the median is reported together with the spread. On the CPU (Triton's
 interpreter) the host clock is used, and the number is not a performance figure. The host's own cost of
 a call (host_cost_us: calls enqueued without a sync) is measured here too.
@@ -26,6 +27,9 @@ CPU_RUNS = 3  # the interpreter is slow; these timings only show that timing wor
 HOST_CALLS = 100  # calls enqueued per host-cost sample, far below the ~1000 launches a CUDA queue holds
 HOST_ROUNDS = 5  # host-cost samples; the least is reported (the host clock's noise only ever adds time)
 CPU_HOST_CALLS = 2  # in the interpreter: enough to run the path, the figure means nothing there
+QUEUE_SPIN_FACTOR = 3  # the spin before a timed call outlasts this many times the host's cost of queueing it
+QUEUE_SPIN_PAD_US = 20  # plus this (the two event records, a slow moment of the host)
+QUEUE_SPIN_MAX_US = 5000  # a call that takes the host longer is timed as it is (its host cost shows)
 
 
 @dataclass
@@ -84,21 +88,50 @@ def _flush_l2(dirty: bool = True):
         _flush_buffer.max()
 
 
+def _warm_up(fn: Callable, source) -> float:
+    """Run fn WARMUP_RUNS times, queued back to back (the first may compile); the least host microseconds of
+    one call after the first: what the host takes to queue it."""
+    host_us = []
+    for i in range(WARMUP_RUNS):
+        inputs = source.get(i)
+        t0 = time.perf_counter()
+        fn(*inputs)
+        host_us.append((time.perf_counter() - t0) * 1e6)
+    torch.cuda.synchronize()
+    return min(host_us[1:])
+
+
+def _queue_spin(host_us: float) -> int:
+    """Spin cycles that keep the GPU busy while the host queues one timed call. Without the spin a call whose
+    host cost exceeds its GPU time is timed from the start event to its last launch: a 10-40 us kernel behind
+    a 20-60 us Python launcher measured 2-4x its GPU time whenever the host ran slow (H200, add_rmsnorm,
+    kernel and torch.compile alike, in some processes and not in others)."""
+    return int(_spin_cycles_per_us() * min(QUEUE_SPIN_MAX_US, QUEUE_SPIN_FACTOR * host_us + QUEUE_SPIN_PAD_US))
+
+
+def _timed_run(fn: Callable, inputs: tuple, start, end, spin_cycles: int, dirty_flush: bool = True):
+    """One run of fn between two events, after an L2 flush and a spin that outlasts the host's queueing."""
+    _flush_l2(dirty_flush)
+    if spin_cycles:
+        torch.cuda._sleep(spin_cycles)
+    start.record()
+    out = fn(*inputs)
+    end.record()
+    return out
+
+
 def time_gpu(fn: Callable, input_sets: Sequence[tuple] | None, reps: int | None = None,
              keep_outputs: bool = False, dirty_flush: bool = True, fresh: Callable[[], tuple] | None = None,
-             check_runs: int = 0) -> Timing:
-    """Median time of fn(*inputs) with the L2 flushed before each run. Inputs rotate over input_sets, or,
-    with fresh, are a new set every run (made outside the timed region)."""
+             check_runs: int = 0, latency: bool = False) -> Timing:
+    """Median GPU time of fn(*inputs) with the L2 flushed before each run. Inputs rotate over input_sets, or,
+    with fresh, are a new set every run (made outside the timed region). latency: no spin before the call, so
+    that a host slower than the GPU counts (a whole model's forward as its caller waits for it)."""
     source = _Inputs(input_sets, fresh, 0, 1)
-    for i in range(WARMUP_RUNS):
-        fn(*source.get(i))
-    torch.cuda.synchronize()
+    host_us = _warm_up(fn, source)
+    spin = 0 if latency else _queue_spin(host_us)
     if reps is None:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        inputs = source.get(0)
-        start.record()
-        fn(*inputs)
-        end.record()
+        _timed_run(fn, source.get(0), start, end, spin, dirty_flush)
         torch.cuda.synchronize()
         estimate_ms = max(start.elapsed_time(end), 1e-3)
         reps = int(min(MAX_RUNS, max(MIN_RUNS, TARGET_MS / estimate_ms)))
@@ -109,10 +142,7 @@ def time_gpu(fn: Callable, input_sets: Sequence[tuple] | None, reps: int | None 
     for i in range(reps):
         inputs = source.get(i)
         pristine = source.pristine(i, inputs)
-        _flush_l2(dirty_flush)
-        starts[i].record()
-        out = fn(*inputs)
-        ends[i].record()
+        out = _timed_run(fn, inputs, starts[i], ends[i], spin, dirty_flush)
         source.keep(i, inputs, pristine, out)
         if keep_outputs:
             outputs[i % len(input_sets)] = out
@@ -122,27 +152,25 @@ def time_gpu(fn: Callable, input_sets: Sequence[tuple] | None, reps: int | None 
 
 
 def time_turns(fns: dict[str, Callable], input_sets: Sequence[tuple], device: str,
-               turns: int) -> dict[str, list[float]]:
+               turns: int, latency: bool = False) -> dict[str, list[float]]:
     """Microseconds of each of several functions timed in turns: one run of each per turn, the order reversed
     every other turn, the L2 flushed before every run on a GPU. Comparing the samples turn by turn cancels
     the drift of clocks and temperature between two measurements taken one after the other, which is larger
     than a difference of a few tenths of a percent (two verify runs of one model: 11.63 and 11.59 ms)."""
     cuda = device == "cuda"
-    for fn in fns.values():
-        for i in range(WARMUP_RUNS if cuda else 1):
-            fn(*input_sets[i % len(input_sets)])
     if cuda:
-        torch.cuda.synchronize()
+        hosts = {name: _warm_up(fn, _Inputs(input_sets, None, 0, 1)) for name, fn in fns.items()}
+        spins = {name: 0 if latency else _queue_spin(us) for name, us in hosts.items()}
+    else:
+        for fn in fns.values():
+            fn(*input_sets[0])
     runs: dict[str, list] = {name: [] for name in fns}
     for turn in range(turns):
         inputs = input_sets[turn % len(input_sets)]
         for name in list(fns) if turn % 2 == 0 else list(fns)[::-1]:
             if cuda:
-                _flush_l2()
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                fns[name](*inputs)
-                end.record()
+                _timed_run(fns[name], inputs, start, end, spins[name])
                 runs[name].append((start, end))
             else:
                 t0 = time.perf_counter()
@@ -172,9 +200,10 @@ def time_cpu(fn: Callable, input_sets: Sequence[tuple] | None, reps: int = CPU_R
 
 
 def time_fn(fn: Callable, input_sets: Sequence[tuple] | None, device: str, keep_outputs: bool = False,
-            fresh: Callable[[], tuple] | None = None, check_runs: int = 0) -> Timing:
+            fresh: Callable[[], tuple] | None = None, check_runs: int = 0, latency: bool = False) -> Timing:
     if device == "cuda":
-        return time_gpu(fn, input_sets, keep_outputs=keep_outputs, fresh=fresh, check_runs=check_runs)
+        return time_gpu(fn, input_sets, keep_outputs=keep_outputs, fresh=fresh, check_runs=check_runs,
+                        latency=latency)
     return time_cpu(fn, input_sets, keep_outputs=keep_outputs, fresh=fresh, check_runs=check_runs)
 
 

@@ -228,9 +228,12 @@ def time_models(model, optimized: swap.Optimized, inputs: Callable, device: str,
     """Median latency of the original (eager, compiled) and the optimized model, one process, one protocol.
 
     Rows: eager, compile, optimized, optimized_compile (with_compile), and each again as <row>_graph
-    replayed from a CUDA graph (with_graphs); each with its speedup over the original in its mode.
-    Returns (rows, {row: error}): a mode that fails (a compile error, a capture error) is reported, and
-    the other rows are still timed."""
+    replayed from a CUDA graph (with_graphs); each with its speedup over the original in its mode. The
+    original and the optimized model of one mode are timed in turns (timing.time_turns), as latency (the
+    host's cost counts: without a CUDA graph a model's forward can wait on its launches): a host that runs
+    slower for a while slows both alike. Run one after the other, a host-bound compiled Qwen2's forward
+    measured 8.6 to 17.4 ms in one process on the H200 host. Returns (rows, {row: error}): a mode that
+    fails (a compile error, a capture error) is reported, and the other rows are still timed."""
     backend = backend_for(device)
     sets = [inputs(TIMING_SEED + i) for i in range(TIMING_INPUTS)]
     module = optimized.module()
@@ -239,24 +242,36 @@ def time_models(model, optimized: swap.Optimized, inputs: Callable, device: str,
     if with_compile:
         makers["optimized_compile"] = lambda: torch.compile(module, backend=backend)
     names = list(makers) + ([f"{name}_graph" for name in makers] if with_graphs else [])
+    pairs = [(name, f"optimized{name.removeprefix('eager')}" if name.startswith("eager") else f"optimized_{name}")
+             for name in names if not name.startswith("optimized")]
     result, errors = {}, {}
-    # Rows without torch.compile first: once a compile ran, the process holds its compiler's objects, and an
+    # Modes without torch.compile first: once a compile ran, the process holds its compiler's objects, and an
     # eager model timed after it ran 20-70% slower and noisier on the H200 host (a TinyLlama's optimized
     # eager forward: 12.8 ms timed before any compile, 22.3 ms after). A user running eager compiles nothing.
-    for name in sorted(names, key=lambda n: "compile" in n):
-        try:
-            fn = makers[name.removesuffix("_graph")]()
-            if name.endswith("_graph"):  # replayed from a CUDA graph, compared with its graphed original
-                fn = timing.cuda_graphed(fn, sets[0])
-            wrong = wrong_output(fn, model, sets[-1]) if name.startswith("optimized") else None
-            if wrong:
-                errors[name] = wrong
+    for pair in sorted(pairs, key=lambda p: "compile" in p[0]):
+        fns = {}
+        for name in pair:
+            if name not in names:
                 continue
-            t = timing.time_fn(fn, sets, device)
-        except Exception as e:  # one failing mode must not hide the others
-            errors[name] = _error_line(e)
+            try:
+                fn = makers[name.removesuffix("_graph")]()
+                if name.endswith("_graph"):  # replayed from a CUDA graph, compared with its graphed original
+                    fn = timing.cuda_graphed(fn, sets[0])
+                wrong = wrong_output(fn, model, sets[-1]) if name.startswith("optimized") else None
+                if wrong:
+                    errors[name] = wrong
+                    continue
+                fns[name] = fn
+            except Exception as e:  # one failing mode must not hide the others
+                errors[name] = _error_line(e)
+        try:
+            samples = _latency_turns(fns, sets, device) if fns else {}
+        except Exception as e:
+            errors.update({name: _error_line(e) for name in fns})
             continue
-        result[name] = {"ms": t.median_us / 1e3, "noise_pct": t.spread_pct, "runs": len(t.samples_us)}
+        for name, us in samples.items():
+            t = timing.Timing(statistics.median(us), us)
+            result[name] = {"ms": t.median_us / 1e3, "noise_pct": t.spread_pct, "runs": len(us)}
     result = {name: result[name] for name in names if name in result}  # back in the table's order
     for name, r in result.items():
         mode = "_graph" if name.endswith("_graph") else ""
@@ -264,6 +279,17 @@ def time_models(model, optimized: swap.Optimized, inputs: Callable, device: str,
             if base + mode in result:
                 r[f"speedup_vs_{base}"] = result[base + mode]["ms"] / r["ms"]
     return result, errors
+
+
+def _latency_turns(fns: dict[str, Callable], sets: list, device: str) -> dict[str, list[float]]:
+    """Latency samples of each function in turns, as many turns as fill about timing.TARGET_MS per function
+    (timing's bounds on runs), from one probe run of each."""
+    if device != "cuda":
+        return timing.time_turns(fns, sets, device, timing.CPU_RUNS)
+    probe = timing.time_turns(fns, sets, device, 1, latency=True)
+    slowest_ms = max(us[0] for us in probe.values()) / 1e3
+    turns = int(min(timing.MAX_RUNS, max(timing.MIN_RUNS, timing.TARGET_MS / max(slowest_ms, 1e-3))))
+    return timing.time_turns(fns, sets, device, turns, latency=True)
 
 
 def wrong_output(fn: Callable, model, args: tuple) -> str | None:
@@ -304,7 +330,7 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, mode:
             if wrong:
                 failures[id(fn)] = wrong
                 return float("inf")
-            return timing.time_fn(deployed, sets, device).median_us / 1e3
+            return timing.time_fn(deployed, sets, device, latency=True).median_us / 1e3
         except Exception as e:
             failures[id(fn)] = _error_line(e)
             return float("inf")
