@@ -103,7 +103,8 @@ def test_other_gelu_mlps_are_swapped_with_their_gelu(interpreter, tmp_path, buil
 
 def test_a_wrong_linear_gelu_kernel_changes_the_models_output(repo_root, interpreter, tmp_path):
     # GPT-2 initialises its biases to zero, so the planted error is in the GELU: 10% high
-    (tmp_path / "01_linear_gelu.py").write_text(_starter(repo_root, TANH_GELU, TANH_GELU.replace("acc /", "1.1 * acc /")))
+    wrong = TANH_GELU.replace("acc /", "1.1 * acc /")
+    (tmp_path / "01_linear_gelu.py").write_text(_starter(repo_root, TANH_GELU, wrong))
     model = _gpt2()
     optimized = autokernel.optimize(model, tmp_path, ["linear_gelu"], verified=None, quiet=True)
     assert optimized.autokernel.choices["linear_gelu"].source == "extracted"

@@ -53,7 +53,8 @@ def gelu_mlp_module_site(name, m):
         return site, None
     for first, second in ((up, down), (down, up)) if down else ((up, None),):  # which is up: the probe says
         weight, bias = _weight_bias(getattr(m, first))
-        reason = _probe(m, weight.shape[1], _expected(weight, bias, approximate, getattr(m, second) if second else None))
+        down_module = getattr(m, second) if second else None
+        reason = _probe(m, weight.shape[1], _expected(weight, bias, approximate, down_module))
         if reason is None:
             m.forward = types.MethodType(_fused_forward(site, first, second, approximate), m)
             setattr(m, swap.OWNS, (first, act))
