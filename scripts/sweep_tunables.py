@@ -3,11 +3,13 @@
     python scripts/sweep_tunables.py kernels/rmsnorm.py kernels/softmax.py [--rounds 2]
     python scripts/sweep_tunables.py kernels/rmsnorm.py --compare MAX_SINGLE_PASS=4096 \
         --compare MAX_SINGLE_PASS=4096,LOOP_ELEMENTS_PER_WARP=128 [--rounds 3]
+    python scripts/sweep_tunables.py kernels/linear_gelu.py --shape '{"T": 1024, "H": 1024, "I": 4096}'
 
 Coordinate search: from the defaults, each tunable is moved to each of its values one at a time; the
 best configuration becomes the start of the next round. Every configuration's output on the bench
-shape is checked against the float64 oracle before it is timed. This picks good starter defaults; the
-product's own search is the loop's builtin agent, which goes through the full harness.
+shape (or --shape, a shape dict in JSON) is checked against the float64 oracle before it is timed. This
+picks good starter defaults; the product's own search is the loop's builtin agent, which goes through the
+full harness.
 
 --compare times just the defaults, the given configurations and torch.compile of the reference, in
 --rounds interleaved rounds, so that a difference of 1-3% can be told from the drift between rounds.
@@ -15,6 +17,7 @@ product's own search is the loop's builtin agent, which goes through the full ha
 
 import argparse
 import ast
+import json
 import sys
 from pathlib import Path
 
@@ -45,17 +48,18 @@ def time_config(module, spec, config, sets, expected):
     return timing.time_gpu(module.kernel_fn, sets, reps=REPS).median_us, ""
 
 
-def _inputs(spec):
-    sets = gpu_input_sets(spec, spec.bench_shape, torch.float16)
+def _inputs(spec, shape):
+    sets = gpu_input_sets(spec, shape, torch.float16)
     return sets, checking.oracle(spec, sets[0])
 
 
-def sweep(path: Path, rounds: int, start: dict):
+def sweep(path: Path, rounds: int, start: dict, shape: dict | None = None):
     decl = {**declarations(path.read_text()), **start}
     module = import_kernel(path)
     spec = get_spec(decl["KERNEL_TYPE"])
     tunables = decl.get("TUNABLES", {})
-    sets, expected = _inputs(spec)
+    shape = shape or spec.bench_shape
+    sets, expected = _inputs(spec, shape)
     best = {name: decl[name] for name in tunables}
     seen = {}
     for _ in range(rounds):
@@ -67,7 +71,7 @@ def sweep(path: Path, rounds: int, start: dict):
         timed = [(us, dict(k)) for k, (us, _) in seen.items() if us is not None]
         best = min(timed, key=lambda t: t[0])[1] if timed else best
     default_us = seen[tuple(sorted({n: decl[n] for n in tunables}.items()))][0]
-    print(f"\n== {path} ({spec.name}, {spec.bench_shape}, fp16): default {default_us} us")
+    print(f"\n== {path} ({spec.name}, {shape}, fp16): default {default_us} us")
     for key, (us, note) in sorted(seen.items(), key=lambda kv: kv[1][0] or 1e12)[:12]:
         print(f"  {us if us is None else round(us, 1):>8}  {dict(key)} {note}")
     failures = [(dict(k), note) for k, (us, note) in seen.items() if us is None]
@@ -75,12 +79,13 @@ def sweep(path: Path, rounds: int, start: dict):
         print(f"  failed: {config} {note}")
 
 
-def compare(path: Path, rounds: int, configs: list[dict]):
+def compare(path: Path, rounds: int, configs: list[dict], shape: dict | None = None):
     decl = declarations(path.read_text())
     module = import_kernel(path)
     spec = get_spec(decl["KERNEL_TYPE"])
     defaults = {name: decl[name] for name in decl.get("TUNABLES", {})}
-    sets, expected = _inputs(spec)
+    shape = shape or spec.bench_shape
+    sets, expected = _inputs(spec, shape)
     compiled = compiled_reference(spec)
     times = {"torch.compile": [], "defaults": []} | {str(c): [] for c in configs}
     for _ in range(rounds):
@@ -88,7 +93,7 @@ def compare(path: Path, rounds: int, configs: list[dict]):
         for label, config in [("defaults", {})] + [(str(c), c) for c in configs]:
             us, note = time_config(module, spec, {**defaults, **config}, sets, expected)
             times[label].append(us if us is not None else note)
-    print(f"\n== {path} ({spec.name}, {spec.bench_shape}, fp16), {rounds} interleaved rounds, us")
+    print(f"\n== {path} ({spec.name}, {shape}, fp16), {rounds} interleaved rounds, us")
     for label, row in times.items():
         print(f"  {label:60} " + "  ".join(f"{t:7.1f}" if isinstance(t, float) else t for t in row))
 
@@ -106,14 +111,15 @@ def main():
                    help="start the search from this value instead of the file's (a Python literal)")
     p.add_argument("--compare", action="append", default=[], metavar="NAME=VALUE[,NAME=VALUE]",
                    help="time only the defaults, these configurations and torch.compile, interleaved")
+    p.add_argument("--shape", type=json.loads, help="the shape to time, as JSON (default: the entry's bench shape)")
     args = p.parse_args()
     start = {name: value for item in args.start for name, value in _config(item).items()}
     for path in args.kernels:
         try:
             if args.compare:
-                compare(path, args.rounds, [_config(c) for c in args.compare])
+                compare(path, args.rounds, [_config(c) for c in args.compare], args.shape)
             else:
-                sweep(path, args.rounds, start)
+                sweep(path, args.rounds, start, args.shape)
         except Exception as e:
             print(f"\n== {path}: sweep failed: {type(e).__name__}: {e}")
 
