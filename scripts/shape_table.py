@@ -5,7 +5,7 @@ entry, on the GPU: the per-shape table bench.py (one timing shape) does not give
 
 Times through autokernel.harness.timing (graph replay, the L2 flushed) on the inputs autokernel.harness.perf
 times; the kernel's output is checked against the oracle at each shape first. Prints one row per shape:
-microseconds, GB/s of the kernel and its speedup over compile.
+microseconds, GB/s and TFLOP/s of the kernel and its speedup over compile.
 """
 
 import argparse
@@ -35,7 +35,8 @@ def table(kernel_type: str, dtype: torch.dtype, liger) -> list[dict]:
     for shape in spec.shapes:
         sets = gpu_input_sets(spec, shape, dtype)
         checking.checked_call(kernel, spec, sets[0], f"{kernel_type} {checking.describe(shape, dtype)}")
-        row = {"type": kernel_type, "shape": shape_label(shape), "bytes": spec.bytes_moved(shape, dtype)}
+        row = {"type": kernel_type, "shape": shape_label(shape), "bytes": spec.bytes_moved(shape, dtype),
+               "flops": spec.flops(shape)}
         row.update({name: baselines._median_or_error(fn, sets) for name, fn in fns.items()})
         rows.append(row)
         print(_line(row, list(fns)), flush=True)
@@ -47,7 +48,8 @@ def _line(row: dict, names: list[str]) -> str:
     cells = "  ".join(f"{n} {v:8.1f} us" if isinstance(v, float) else f"{n} {v}" for n, v in us.items())
     kernel, compiled = us["kernel"], us["compile"]
     if isinstance(kernel, float) and isinstance(compiled, float):
-        cells += f"  | {row['bytes'] / kernel / 1e3:6.0f} GB/s  vs compile {compiled / kernel:.2f}x"
+        cells += (f"  | {row['bytes'] / kernel / 1e3:6.0f} GB/s {row['flops'] / kernel / 1e6:6.1f} TFLOP/s"
+                  f"  vs compile {compiled / kernel:.2f}x")
     return f"{row['type']:<14} {row['shape']:<16} {cells}"
 
 
