@@ -118,3 +118,10 @@ def rope_attention_ref(q, k, v, cos, sin, causal: bool = True, sm_scale: float |
     k, v = (t[:, :, None].expand(batch, kv_heads, groups, seq, head_dim).reshape(repeated) for t in (k, v))
     scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+
+
+def linear_gelu_ref(x, weight, bias=None, approximate: str = "none"):
+    """The first GEMM of a GELU MLP with its bias and activation: gelu(x @ weight.T + bias). x is [..., H], weight
+    [I, H] as nn.Linear holds it, bias [I] or None; approximate "none" is the exact erf GELU (BERT, GPT-NeoX, Phi),
+    "tanh" the tanh approximation (GPT-2's gelu_new)."""
+    return F.gelu(F.linear(x, weight, bias), approximate=approximate)

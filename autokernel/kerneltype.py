@@ -65,6 +65,11 @@ class Profiling:
     module_needs_function: re.Pattern | None = None
     # top-level ops inside a matched module that keep their own type (an attention module's projections stay matmul)
     module_leaves: frozenset = frozenset()
+    # a GEMM and the elementwise op right after it as one call (an epilogue fused into the GEMM): a module of `modules`
+    # or a top-level op of `ops` called right after, in the same parent module and on as many rows, a top-level op
+    # named here or a module range that runs exactly one (an nn.Linear, transformers' Conv1D). Such a type claims no
+    # module or op of its own otherwise; module_shape reads its shape from the GEMM's input shape and the pair's ops
+    epilogue_of: frozenset = frozenset()
     # the rules apply only where the type is asked for (profile.py --types): a fusion of types that are profiled on
     # their own otherwise (rope_attention takes rotary_embedding's and flash_attention's time in an attention module)
     opt_in: bool = False

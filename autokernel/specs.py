@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 import reference
 from autokernel.kerneltype import Deployment, KernelSpec, Profiling, SuiteTarget
-from autokernel.ops import addnorm_sites, customops, swap
+from autokernel.ops import addnorm_sites, customops, gelu_sites, swap
 from autokernel.ops.attention_sites import causal_mask_patches, rope_attention_module_site
 
 BUILTIN: list[KernelSpec] = []  # in the order kernel_types() lists them
@@ -904,4 +904,125 @@ BUILTIN.append(KernelSpec(
                           # the same tl.dot on a rescaled accumulator as flash_attention's, which Inductor's
                           # compile of user kernels rejects (triton 3.6)
                           opaque_under_compile=True),
+))
+
+
+# ------------------------------------------------------------------------------- linear_gelu
+# The up-projection of a GELU MLP with its bias and GELU as the GEMM's epilogue. T = batch x sequence tokens;
+# GPT-2 small/medium/large/xl H 768/1024/1280/1600 with the tanh GELU (gelu_new), BERT-base/large, Pythia-1b
+# (GPT-NeoX) H 2048 and Phi-2 H 2560 with the exact one; I = 4H throughout.
+_GPT2 = {"small": (768, 3072), "medium": (1024, 4096), "large": (1280, 5120), "xl": (1600, 6400)}
+
+
+def _gelu_shape(t, h_i, approximate, **extra):
+    return {**extra, "T": t, "H": h_i[0], "I": h_i[1], "approximate": approximate}
+
+
+def _linear_gelu_inputs(row_decades: tuple = (0.0, 0.0), bias_shift: float = 0.0, x_scale: float = 1.0):
+    """(x [..., T, H], weight [I, H], bias [I] or None, approximate): pre-activations of unit scale, or, with
+    row_decades, rows of x scaled by 10^U(lo, hi) (pre-activations far out where erf and tanh saturate); bias_shift
+    moves every pre-activation (a large negative one: the outputs are GELU's tail, -0 and tiny negatives)."""
+    def make(shape, dtype, device, gen):
+        t, h, i = shape["T"], shape["H"], shape["I"]
+        lead = (shape["B"],) if "B" in shape else ()
+        x = _randn(lead + (t, h), torch.float32, device, gen, x_scale)
+        if row_decades != (0.0, 0.0):
+            x = x * 10 ** _uniform(lead + (t, 1), device, gen, *row_decades)
+        weight = _randn((i, h), dtype, device, gen, 1 / math.sqrt(h))
+        bias = (_randn((i,), torch.float32, device, gen, 0.5) + bias_shift).to(dtype) if shape.get("bias", True) \
+            else None
+        return x.to(dtype), weight, bias, shape.get("approximate", "none")
+    return make
+
+
+def _linear_gelu_cancelling(shape, dtype, device, gen):
+    """Every product x_k w_k large (~2.5e5 / H), the first half of each row's products positive and the second half
+    negative: the exact sum is of moderate size (~700), a partial sum halfway through ~1.2e5. An fp16 accumulator
+    overflows to inf there (inf - inf = NaN); an fp32 one holds it."""
+    t, h, i = shape["T"], shape["H"], shape["I"]
+    lead = (shape["B"],) if "B" in shape else ()
+    big = math.sqrt(2.5e5 / h)
+    sign = torch.ones(h, device=device)
+    sign[h // 2:] = -1
+    if h % 2:
+        sign[h // 2] = 0  # as many negative products as positive ones
+    x = big * sign + _randn(lead + (t, h), torch.float32, device, gen)
+    weight = big + _randn((i, h), torch.float32, device, gen)
+    return x.to(dtype), weight.to(dtype), _randn((i,), dtype, device, gen), shape.get("approximate", "none")
+
+
+def _linear_gelu_noncontiguous(inputs):
+    # x with padded rows; the weight as GPT-2's Conv1D holds it, [H, I], passed transposed: a [I, H] view whose
+    # rows are strided
+    x, weight, *rest = inputs
+    return (_padded_rows(x), weight.t().contiguous().t(), *rest)
+
+
+def _linear_gelu_error_scale(inputs):
+    # where large products cancel (the cancelling adversarial), a correct fp32 sum is off by ~eps * sum |x w|; a
+    # sixteenth of it, so that on ordinary inputs fp32's tolerance still tells the tanh GELU from the exact one
+    # (they differ by up to 4.7e-4 around |y| ~ 2.7)
+    x, weight, bias = inputs[:3]
+    terms = x.abs() @ weight.abs().T + (0 if bias is None else bias.abs())
+    return terms / 16
+
+
+def _linear_gelu_shape(input_shape, members) -> dict | None:
+    """[T, H] -> I from the GEMM whose reduction is the input's last dim, and which GELU: the tanh one where the
+    epilogue's ops include a tanh (transformers' NewGELUActivation writes it out), else the exact one (aten::gelu's
+    approximate argument is not recorded by the profiler)."""
+    for op in members:
+        if op.name in MATMUL_OPS and op.shapes:
+            mm = _matmul_shape(op)
+            if input_shape and mm["K"] == input_shape[-1]:
+                tanh = any(o.name == "aten::tanh" for o in members)
+                return {"T": math.prod(input_shape[:-1]), "H": input_shape[-1], "I": mm["N"],
+                        "approximate": "tanh" if tanh else "none"}
+    return None
+
+
+BUILTIN.append(KernelSpec(
+    name="linear_gelu",
+    reference=reference.linear_gelu_ref,
+    make_inputs=_linear_gelu_inputs(),
+    shapes=[_gelu_shape(1024, _GPT2["medium"], "tanh"), _gelu_shape(4096, _GPT2["medium"], "tanh"),
+            _gelu_shape(8192, _GPT2["small"], "tanh"), _gelu_shape(4096, _GPT2["large"], "tanh"),
+            _gelu_shape(2048, _GPT2["xl"], "tanh"), _gelu_shape(4096, (768, 3072), "none"),  # BERT-base, 8x512
+            _gelu_shape(512, (1024, 4096), "none", B=8),  # BERT-large, 8x512
+            _gelu_shape(2048, (2048, 8192), "none"), _gelu_shape(2048, (2560, 10240), "none")],  # Pythia-1b, Phi-2
+    small_shapes=[_gelu_shape(16, (32, 64), "tanh"), _gelu_shape(8, (64, 96), "none"),
+                  _gelu_shape(32, (48, 80), "tanh"), _gelu_shape(8, (32, 64), "none", B=2),
+                  {**_gelu_shape(24, (40, 72), "none"), "bias": False}],
+    edge_shapes=[_gelu_shape(1023, _GPT2["medium"], "tanh"), _gelu_shape(1537, (768, 3072), "none"),
+                 _gelu_shape(4097, (1000, 4001), "tanh"), {**_gelu_shape(7, _GPT2["xl"], "tanh"), "bias": False}],
+    small_edge_shapes=[_gelu_shape(1023, (16, 40), "tanh"), _gelu_shape(37, (24, 1537), "none"),
+                       {**_gelu_shape(5, (33, 97), "tanh"), "bias": False}],
+    bench_shape=_gelu_shape(4096, _GPT2["medium"], "tanh"), small_bench_shape=_gelu_shape(64, (64, 256), "tanh"),
+    # x, the weight and the bias read once, the activation written once; the pre-activation never leaves chip
+    bytes_moved=lambda s, dt: (_numel(s, "B", "T", "H") + s["I"] * s["H"] + _numel(s, "B", "T", "I") + s["I"])
+    * _esize(dt),
+    flops=lambda s: 2 * _numel(s, "B", "T", "H", "I") + 10 * _numel(s, "B", "T", "I"),  # the GEMM, bias + GELU
+    adversarial={
+        # pre-activations up to ~1e3 either way: erf and tanh saturate, exp() overflows (inf / inf in a tanh
+        # written as (e^2u - 1) / (e^2u + 1)), y^3 is ~1e9
+        "large_preactivations": _linear_gelu_inputs(row_decades=(-1.0, 2.5)),
+        # most pre-activations around -100: the output is GELU's negative tail (-0 and tiny negatives)
+        "large_negative": _linear_gelu_inputs(bias_shift=-100.0, x_scale=30.0),
+        "cancelling_products": _linear_gelu_cancelling,
+    },
+    noncontiguous=_linear_gelu_noncontiguous,
+    error_scale=_linear_gelu_error_scale,
+    description="gelu(x @ weight.T + bias), exact or tanh GELU: a GELU MLP's up-projection with its epilogue",
+    # a GEMM (a Linear or Conv1D module, or F.linear) and the GELU right after it (transformers' GELU activation
+    # classes, nn.GELU or F.gelu) are one call; the MLP's down-projection stays matmul
+    profiling=Profiling(modules=re.compile(r"gelu", re.I), ops=frozenset({"aten::gelu"}), epilogue_of=MATMUL_OPS,
+                        module_shape=_linear_gelu_shape),
+    # eager: cuBLAS (the bias in its epilogue), then GELU reading and writing [T, I] again; compile fuses only the
+    # pointwise part. At cuBLAS speed the kernel saves that round trip, ~25% of the pair at GPT-2's shapes
+    default_speedup=1.2,
+    suite_target=SuiteTarget("1.0x torch.compile", lambda r, b: r["speedup_vs_compile"] or 0.0),
+    # no Liger baseline: Liger-Kernel has GEGLU (gelu(gate) * up, after the GEMMs), not a GEMM with a GELU epilogue
+    deployment=Deployment("(Tensor x, Tensor weight, Tensor? bias, str approximate) -> Tensor",
+                          lambda x, weight, bias, approximate: (*x.shape[:-1], weight.shape[0]),
+                          module_site=gelu_sites.gelu_mlp_module_site),
 ))

@@ -7,7 +7,8 @@ Times through autokernel.harness.timing (the L2 flushed) on the inputs autokerne
 kernel's output is checked against the oracle at each shape first. Every function is timed in --rounds
 interleaved rounds and the median round is reported: on the H200 a whole timing of a 10-40 us kernel now and then
 ran 2-4x slow (kernel and compile alike, in some processes and not others), which one round per row reported
-as a speedup or a loss. Prints one row per shape: microseconds, GB/s of the kernel and its speedup over compile.
+as a speedup or a loss. Prints one row per shape: microseconds, GB/s and TFLOP/s of the kernel and its speedup
+over compile.
 """
 
 import argparse
@@ -38,7 +39,8 @@ def table(kernel_type: str, dtype: torch.dtype, liger, rounds: int) -> list[dict
     for shape in spec.shapes:
         sets = gpu_input_sets(spec, shape, dtype)
         checking.checked_call(kernel, spec, sets[0], f"{kernel_type} {checking.describe(shape, dtype)}")
-        row = {"type": kernel_type, "shape": shape_label(shape), "bytes": spec.bytes_moved(shape, dtype)}
+        row = {"type": kernel_type, "shape": shape_label(shape), "bytes": spec.bytes_moved(shape, dtype),
+               "flops": spec.flops(shape)}
         times = {name: [] for name in fns}
         for _ in range(rounds):
             for name, fn in fns.items():
@@ -60,7 +62,8 @@ def _line(row: dict, names: list[str]) -> str:
     cells = "  ".join(f"{n} {v:8.1f} us" if isinstance(v, float) else f"{n} {v}" for n, v in us.items())
     kernel, compiled = us["kernel"], us["compile"]
     if isinstance(kernel, float) and isinstance(compiled, float):
-        cells += f"  | {row['bytes'] / kernel / 1e3:6.0f} GB/s  vs compile {compiled / kernel:.2f}x"
+        cells += (f"  | {row['bytes'] / kernel / 1e3:6.0f} GB/s {row['flops'] / kernel / 1e6:6.1f} TFLOP/s"
+                  f"  vs compile {compiled / kernel:.2f}x")
     return f"{row['type']:<14} {row['shape']:<16} {cells}"
 
 

@@ -36,8 +36,12 @@ EXPECTED = {  # the types each model really runs, and those its time must mostly
               {"matmul", "fused_mlp", "rmsnorm", "rotary_embedding", "flash_attention"}, {"matmul", "fused_mlp"}),
     # its blocks add the attention output to x right before ln_2: the pair is add_layernorm (swap leaves the block
     # alone: its forward is not HF's statement sequence)
-    "gpt2": ("models/gpt2.py", "GPT2Model", {"matmul", "layernorm", "add_layernorm", "flash_attention"}, {"matmul"}),
-    "bert": ("models/bert.py", "BertModel", {"matmul", "layernorm", "flash_attention"}, {"matmul"}),
+    # and their MLPs' up-projection + GELU (an nn.GELU module after c_fc; F.gelu after BERT's intermediate Linear) is
+    # linear_gelu
+    "gpt2": ("models/gpt2.py", "GPT2Model", {"matmul", "layernorm", "add_layernorm", "flash_attention", "linear_gelu"},
+             {"matmul", "linear_gelu"}),
+    "bert": ("models/bert.py", "BertModel", {"matmul", "layernorm", "flash_attention", "linear_gelu"},
+             {"matmul", "linear_gelu"}),
 }
 
 
@@ -117,12 +121,12 @@ def test_gpu_kernels_are_counted_once_and_recognised():
     assert (add.type, add.label) == ("other", "aten::add")
 
 
-def test_gated_mlp_takes_its_matmuls_and_a_gelu_mlp_does_not():
-    def mlp(cls, act):
+def test_gated_mlp_takes_its_matmuls_and_a_gelu_mlp_gives_its_first_and_the_gelu_to_linear_gelu():
+    def mlp(cls, act, first="aten::linear"):
         return [Op("autokernel.step", "step"),
                 Op("autokernel.module#0", "module", parent=0, module={"name": "mlp", "cls": cls,
                                                                        "input_shape": [4, 16]}),
-                Op("aten::linear", "op", parent=1, self_us=10.0, shapes=[[4, 16], [40, 16]]),
+                Op(first, "op", parent=1, self_us=10.0, shapes=[[4, 16], [40, 16]]),
                 Op(act, "op", parent=1, self_us=1.0, shapes=[[4, 40]]),
                 Op("aten::mul", "op", parent=1, self_us=1.0)]
     def by_type(ops):
@@ -131,7 +135,8 @@ def test_gated_mlp_takes_its_matmuls_and_a_gelu_mlp_does_not():
             table[g.type] = table.get(g.type, 0.0) + g.time_us
         return table
     assert by_type(mlp("LlamaMLP", "aten::silu")) == {"fused_mlp": 12.0}
-    assert by_type(mlp("GPT2MLP", "aten::gelu")) == {"matmul": 10.0, "other": 2.0}
+    assert by_type(mlp("GPT2MLP", "aten::gelu")) == {"linear_gelu": 11.0, "other": 1.0}
+    assert by_type(mlp("GPT2MLP", "aten::gelu", first="aten::add")) == {"other": 12.0}  # a GELU after no GEMM
 
 
 def test_plan_uses_measured_speedups_when_there_are_some(tmp_path):

@@ -21,7 +21,7 @@ from autokernel.verify import deploy, endtoend, verification
 MODELS = {  # model file -> (class, input shape, the kernel types that must have run in it)
     "llama": ("LlamaModel", "1,8", {"matmul", "rmsnorm", "fused_mlp", "rotary_embedding", "flash_attention",
                                     "cross_entropy"}),
-    "gpt2": ("GPT2Model", "1,8", {"matmul", "layernorm", "flash_attention", "cross_entropy"}),
+    "gpt2": ("GPT2Model", "1,8", {"matmul", "layernorm", "flash_attention", "cross_entropy", "linear_gelu"}),
     "bert": ("BertModel", "1,8", {"matmul", "layernorm", "flash_attention"}),
     "custom": ("CustomModel", "2,64", {"matmul", "layernorm", "softmax"}),
 }

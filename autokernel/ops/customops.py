@@ -223,7 +223,8 @@ def _define(kernel_type: str) -> None:
     _DEFINED[kernel_type] = (opaque, torch.library.triton_op(name, traced, mutates_args=()))
 
 
-_SCHEMA_TYPES = {"Tensor": torch.Tensor, "float": float, "bool": bool, "int": int, "float?": float | None}
+_SCHEMA_TYPES = {"Tensor": torch.Tensor, "float": float, "bool": bool, "int": int, "str": str, "float?": float | None,
+                 "Tensor?": torch.Tensor | None}
 
 
 def _signature(schema: str) -> inspect.Signature:

@@ -8,13 +8,16 @@ one op that launched it, so summing `self_us` counts each kernel exactly once.
 The rules, tried in this order for each timed op (the first that matches decides); what each type
 matches is its registry entry's `Profiling` (autokernel/specs.py for the nine built-ins):
   0. a residual add and the norm right after it, in a decoder layer (Profiling.residual_add): the
-     add_rmsnorm / add_layernorm types take the add and the norm module's time together.
+     add_rmsnorm / add_layernorm types take the add and the norm module's time together; and a GEMM with the
+     elementwise op right after it (Profiling.epilogue_of): an MLP's up-projection (a Linear or Conv1D module,
+     or F.linear) and the GELU module or F.gelu that follows it are one linear_gelu call.
   1. module: the innermost enclosing module whose class names a type: *RMSNorm* -> rmsnorm,
      *LayerNorm* -> layernorm, *Rotary*/*RoPE* -> rotary_embedding, and an MLP/FeedForward module
      that runs a silu (SwiGLU) -> fused_mlp, its three matmuls included (GATED_MLP_OWNS_MATMULS):
      the fused kernel replaces the whole MLP and its speedup is measured against the whole MLP, so
      its share f must be the whole MLP's time too, or Amdahl's gain would be computed on the wrong f.
-     A GELU MLP (GPT-2, BERT) is not SwiGLU: its matmuls are matmul, its GELU is "other".
+     A GELU MLP (GPT-2, BERT) is not SwiGLU: its up-projection and GELU are linear_gelu (rule 0), its
+     down-projection matmul.
      Asked for (profile.py --types; opt-in rules apply only then), an *Attention* module that runs SDPA
      and a RoPE function (HF Llama's apply_rotary_pos_emb) -> rope_attention: its RoPE, repeat_kv and
      SDPA, not its projections (module_leaves: they stay matmul).
@@ -89,25 +92,26 @@ def attribute(ops: list[Op], types=None) -> list[Group]:
     the opt-in ones."""
     rules = _Rules(_rules(types))
     chains = _Chains(ops)
+    children = defaultdict(list)
+    for i, op in enumerate(ops):
+        if op.parent is not None:
+            children[op.parent].append(i)
     gated = _gated_modules(ops, chains, rules)
     patterns = _op_patterns(ops, chains, rules)
-    fused = _residual_adds(ops, chains, rules)
+    siblings = _siblings(ops, chains)
+    fused = {**_residual_adds(ops, siblings, rules), **_epilogues(ops, chains, siblings, children, rules)}
     groups: dict[tuple, Group] = {}
     for i, op in enumerate(ops):
         if op.self_us <= 0:
             continue
         hit = next((fused[j] for j in chains(i) if j in fused), None)
-        type_, key, anchor, label = (hit[0], ("module", hit[1]), hit[1], "") if hit else \
+        type_, key, anchor, label = (hit[0], ("fused", hit[1]), hit[1], "") if hit else \
             _classify(i, ops, chains, gated, patterns, rules)
         group = groups.get(key)
         if group is None:
-            group = groups[key] = Group(type_, anchor, label=label)
+            group = groups[key] = Group(type_, anchor, label=label, shape=hit[2] if hit else None)
         group.members.append(i)
         group.time_us += op.self_us
-    children = defaultdict(list)
-    for i, op in enumerate(ops):
-        if op.parent is not None:
-            children[op.parent].append(i)
     return [call for g in groups.values()
             for call in (_per_tensor_calls(g, ops, children, rules) if g.type in rules.per_tensor else [g])]
 
@@ -117,16 +121,17 @@ class _Rules:
 
     def __init__(self, rules: list[tuple[str, Profiling]]):
         self.by_type = dict(rules)
-        self.modules = [(p.modules, t) for t, p in rules
-                        if p.modules is not None and not p.module_needs and p.residual_add is None]
+        self.modules = [(p.modules, t) for t, p in rules if p.modules is not None and not p.module_needs
+                        and p.residual_add is None and not p.epilogue_of]
         self.residual_adds = [(p.modules, p.residual_add, t) for t, p in rules if p.residual_add is not None]
+        self.epilogues = [(p.modules, p.ops, p.epilogue_of, t) for t, p in rules if p.epilogue_of]
         self.gated = [(p.modules, p.module_needs, p.module_needs_function, t)
                       for t, p in rules if p.modules is not None and p.module_needs]
         self.leaves = {t: p.module_leaves for t, p in rules if p.module_leaves}
         self.functions = [(p.functions, t) for t, p in rules if p.functions is not None]
         self.ops = {}
         for t, p in reversed(rules):  # the first type in precedence order wins an op two types name
-            self.ops.update({name: t for name in p.ops})
+            self.ops.update({name: t for name in p.ops if not p.epilogue_of})
         self.kernels = [(p.kernels, t) for t, p in rules if p.kernels is not None]
         self.patterns = [(p.op_pattern, t) for t, p in rules if p.op_pattern is not None]
         self.per_tensor = {t for t, p in rules if p.per_tensor}
@@ -259,25 +264,60 @@ def _op_patterns(ops, chains, rules) -> dict[int, tuple[str, int]]:
     return found
 
 
-def _residual_adds(ops, chains, rules) -> dict[int, tuple[str, int]]:
-    """A residual add and the norm module right after it (Profiling.residual_add): the module range and the add
-    -> (their type, the module range). The add is the top-level aten::add just before the module in their
-    parent module, of two tensors of the module's input shape."""
-    found = {}
-    siblings = defaultdict(list)  # parent module -> its top-level ops and module ranges, in order
+def _siblings(ops, chains) -> list[list[int]]:
+    """The top-level ops and module ranges of each module, in the order they ran."""
+    siblings = defaultdict(list)
     for i, op in enumerate(ops):
         if op.kind == "module" or (op.kind == "op" and chains.top_op(i) == i):
             siblings[chains.module(i)].append(i)
-    for items in siblings.values():
-        items.sort(key=lambda i: ops[i].start)
+    return [sorted(items, key=lambda i: ops[i].start) for items in siblings.values()]
+
+
+def _residual_adds(ops, siblings, rules) -> dict[int, tuple[str, int, None]]:
+    """A residual add and the norm module right after it (Profiling.residual_add): the module range and the add
+    -> (their type, the module range, None). The add is the top-level aten::add just before the module in their
+    parent module, of two tensors of the module's input shape."""
+    found = {}
+    for items in siblings:
         for before, j in zip(items, items[1:]):
             module, add = ops[j].module, ops[before]
             t = next((t for cls, path, t in rules.residual_adds if ops[j].kind == "module"
                       and cls.search(module["cls"]) and path.search(module["name"])), None)
             shape = module["input_shape"] if t else None
             if t and add.name in ("aten::add", "aten::add_") and [list(s) for s in add.shapes[:2]] == [shape] * 2:
-                found[j] = found[before] = (t, j)
+                found[j] = found[before] = (t, j, None)
     return found
+
+
+def _epilogues(ops, chains, siblings, children, rules) -> dict[int, tuple[str, int, dict]]:
+    """A GEMM and the epilogue right after it (Profiling.epilogue_of): both -> (their type, the GEMM, the call's
+    shape). The GEMM is a top-level op of epilogue_of or a module range that runs exactly one; the epilogue a
+    module of the type's `modules` or a top-level op of its `ops`, on as many rows as the GEMM's input."""
+    found = {}
+    for items in siblings:
+        for before, j in zip(items, items[1:]):
+            t = next((t for cls, names, _, t in rules.epilogues if (ops[j].name in names and ops[j].kind == "op")
+                      or (ops[j].kind == "module" and cls is not None and cls.search(ops[j].module["cls"]))), None)
+            if t is None:
+                continue
+            gemms = rules.by_type[t].epilogue_of
+            pair = _subtree(before, children) + _subtree(j, children)
+            inner = [k for k in _subtree(before, children)
+                     if ops[k].kind == "op" and ops[k].name in gemms and chains.top_op(k) == k]
+            rows_in, rows_out = _input_shape(ops[before]), _input_shape(ops[j])
+            if len(inner) != 1 or not rows_in or not rows_out or math.prod(rows_in[:-1]) != math.prod(rows_out[:-1]):
+                continue
+            shape = rules.by_type[t].module_shape(rows_in, [ops[k] for k in pair])
+            if shape:
+                found[j] = found[before] = (t, before, shape)
+    return found
+
+
+def _input_shape(op: Op) -> list | None:
+    """A module range's input shape, or an op's first operand's."""
+    if op.kind == "module":
+        return op.module["input_shape"]
+    return list(op.shapes[0]) if op.shapes and isinstance(op.shapes[0], (list, tuple)) else None
 
 
 # ----------------------------------------------------------------------------------- shapes
@@ -289,7 +329,7 @@ def group_shape(group: Group, ops: list[Op]) -> dict | None:
         return None
     profiling = spec.profiling
     try:
-        if profiling.per_tensor:
+        if profiling.per_tensor or group.shape is not None:
             return group.shape
         if anchor.kind == "module" and profiling.module_shape is not None:
             shape = anchor.module["input_shape"]

@@ -21,8 +21,8 @@ from pathlib import Path
 from autokernel import compat
 
 # autokernel modules optimize() runs on; the built-in registry entries (specs) say how each type is plugged in
-RUNTIME = ("compat", "models", "ops/addnorm_sites", "ops/attention_sites", "ops/customops", "verify/deploy",
-           "kernelfile", "kerneltype", "ops/launchers", "ops/replay", "specs", "ops/swap")
+RUNTIME = ("compat", "models", "ops/addnorm_sites", "ops/attention_sites", "ops/customops", "ops/gelu_sites",
+           "verify/deploy", "kernelfile", "kerneltype", "ops/launchers", "ops/replay", "specs", "ops/swap")
 # What a CUDA C++ kernel file imports: the build helper, which runs the static check of CUDA C++ on every
 # source it compiles (sourcecheck, failing with guards.GuardFailed), in the user's process too.
 CUDA_RUNTIME = ("cuda/cuda_build", "cuda/cuda_prelude", "harness/guards", "harness/sourcecheck")
