@@ -80,7 +80,8 @@ def compiled_reference(spec: KernelSpec):
 
 def _baseline_key(spec, shape, dtype) -> str:
     source = hashlib.sha1(inspect.getsource(spec.reference).encode()).hexdigest()[:12]
-    return f"{gpu.device_name()}|torch {torch.__version__}|{spec.name}|{shape_label(shape)}|{dtype}|{source}"
+    return (f"{gpu.device_name()}|torch {torch.__version__}|{spec.name}|{shape_label(shape)}|{dtype}|{source}"
+            f"|timing {timing.PROTOCOL}")
 
 
 def _time_compile(spec, input_sets, device, shape, dtype, reuse: bool) -> tuple[float | None, str]:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+PROTOCOL = 2  # bumped when what a figure means changes (2: the spin before each timed GPU call); keys cached figures
 WARMUP_RUNS = 5  # compile, autotune and cache warm-up stay out of the numbers
 MIN_RUNS = 20  # at least this many timed runs, even for slow kernels
 MAX_RUNS = 500  # at most this many, even for fast kernels
