@@ -21,7 +21,23 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+SLOW_S = 5  # a `slow` test without a measured figure: at least this long (pyproject.toml's marker)
+
+
+def measured_s(item) -> float:
+    """A test's measured seconds on the 2-core machine: `@pytest.mark.slow(120)`, 5 for a bare `slow`, 0 else."""
+    slow = item.get_closest_marker("slow")
+    if slow is None:
+        return 0.0
+    return float(slow.args[0]) if slow.args else SLOW_S
+
+
 def pytest_collection_modifyitems(config, items):
+    # Longest first: pytest-xdist deals the first quarter of the run round-robin and the rest to whichever
+    # worker is free, so the long end-to-end tests start at once on both workers and the short ones fill in
+    # behind them, instead of one long test starting last while the other worker idles. Every worker
+    # collects the same order (a stable sort on the markers), as xdist requires.
+    items.sort(key=measured_s, reverse=True)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (run on the GPU machine)")
