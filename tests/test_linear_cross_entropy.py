@@ -33,7 +33,8 @@ def interpreter(monkeypatch):
     compat.prepare_interpreter()
 
 
-@pytest.mark.slow
+@pytest.mark.slow(38)
+@pytest.mark.usefixtures("warm_launcher")
 def test_the_starter_passes_the_five_stages_through_bench(repo_root, tmp_path, interpreter):
     out = tmp_path / "result.json"
     code = bench.main([str(repo_root / "kernels" / f"{LCE}.py"), "--device", "cpu", "--quick", "--no-log",
