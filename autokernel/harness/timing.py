@@ -22,10 +22,10 @@ MIN_RUNS = 20  # at least this many timed runs, even for slow kernels
 MAX_RUNS = 500  # at most this many, even for fast kernels
 TARGET_MS = 300  # aim to spend about this long timing one function
 L2_FLUSH_BYTES = 256 * 1024 * 1024  # larger than any current GPU's L2 (H100 50 MB, B200 126 MB)
-CPU_RUNS = 3  # the interpreter is slow; these timings only show that timing works
+CPU_RUNS = 2  # the interpreter is slow (a second per call at 64x1024): these timings only show that timing works
 HOST_CALLS = 100  # calls enqueued per host-cost sample, far below the ~1000 launches a CUDA queue holds
 HOST_ROUNDS = 5  # host-cost samples; the least is reported (the host clock's noise only ever adds time)
-CPU_HOST_CALLS = 2  # in the interpreter: enough to run the path, the figure means nothing there
+CPU_HOST_CALLS = 1  # in the interpreter: enough to run the path, the figure means nothing there
 
 
 @dataclass
