@@ -32,11 +32,18 @@ def measured_s(item) -> float:
     return float(slow.args[0]) if slow.args else SLOW_S
 
 
+def pytest_configure(config):
+    # pytest-xdist sends one test at a time to whichever worker is free (a --maxschedchunk given wins). Its
+    # default deals each worker a block of a quarter of its share up front: with the longest first, one
+    # worker would get all the long tests while the other ran everything else and then idled.
+    if getattr(config.option, "maxschedchunk", False) is None:
+        config.option.maxschedchunk = 1
+
+
 def pytest_collection_modifyitems(config, items):
-    # Longest first: pytest-xdist deals the first quarter of the run round-robin and the rest to whichever
-    # worker is free, so the long end-to-end tests start at once on both workers and the short ones fill in
-    # behind them, instead of one long test starting last while the other worker idles. Every worker
-    # collects the same order (a stable sort on the markers), as xdist requires.
+    # Longest first (every worker collects the same order, as xdist requires): the long end-to-end tests start
+    # at once on both workers and the short ones fill in behind them, so that the two workers end together
+    # instead of one starting a long test last while the other idles.
     items.sort(key=measured_s, reverse=True)
     if torch.cuda.is_available():
         return
