@@ -108,8 +108,8 @@ def test_verify_computes_a_llamas_loss_through_the_fused_head(tmp_path, capsys, 
     transformers.LlamaConfig(**TINY_LLAMA).save_pretrained(tmp_path / "cfg")
     out = tmp_path / "report.json"
     code = verify.main(["--module", "transformers", "--class-name", "AutoModelForCausalLM", "--config",
-                        str(tmp_path / "cfg"), "--input-shape", "2,16", "--device", "cpu", "--checks", "1",
-                        "--types", f"matmul,{LCE}", "--no-timing", "--report", str(out)])
+                        str(tmp_path / "cfg"), "--input-shape", "2,16", "--dtype", "float32", "--device", "cpu",
+                        "--checks", "1", "--types", f"matmul,{LCE}", "--no-timing", "--report", str(out)])
     printed = capsys.readouterr()
     assert code == 0, printed.out + printed.err
     report = json.loads(out.read_text())
