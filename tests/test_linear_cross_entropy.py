@@ -143,7 +143,8 @@ def test_an_output_embedding_that_does_not_fit_is_left_alone_with_the_reason(mod
     assert (path, site.swapped, replacement) == ("head", False, None) and reason in site.reason
 
 
-def test_a_model_without_an_output_embedding_has_no_site():
+def test_a_model_without_an_output_embedding_has_no_site(repo_root, interpreter):
+    deploy.load_kernels(repo_root / "kernels", [LCE], repo_root / "kernels")  # what the swapped site will run
     assert swap.lm_head_site(nn.Sequential(nn.Linear(4, 4))) is None
     path, site, replacement = swap.lm_head_site(_TinyLM())
     assert path == "head" and site.swapped and isinstance(replacement, swap.KernelLMHead)
