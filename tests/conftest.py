@@ -21,7 +21,30 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+SLOW_S = 5  # a `slow` test without a measured figure: at least this long (pyproject.toml's marker)
+
+
+def measured_s(item) -> float:
+    """A test's measured seconds on the 2-core machine: `@pytest.mark.slow(120)`, 5 for a bare `slow`, 0 else."""
+    slow = item.get_closest_marker("slow")
+    if slow is None:
+        return 0.0
+    return float(slow.args[0]) if slow.args else SLOW_S
+
+
+def pytest_configure(config):
+    # pytest-xdist sends one test at a time to whichever worker is free (a --maxschedchunk given wins). Its
+    # default deals each worker a block of a quarter of its share up front: with the longest first, one
+    # worker would get all the long tests while the other ran everything else and then idled.
+    if getattr(config.option, "maxschedchunk", False) is None:
+        config.option.maxschedchunk = 1
+
+
 def pytest_collection_modifyitems(config, items):
+    # Longest first (every worker collects the same order, as xdist requires): the long end-to-end tests start
+    # at once on both workers and the short ones fill in behind them, so that the two workers end together
+    # instead of one starting a long test last while the other idles.
+    items.sort(key=measured_s, reverse=True)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (run on the GPU machine)")

@@ -18,7 +18,7 @@ def run_bench_py(cwd, *args):
                           text=True, timeout=600)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(65)
 def test_a_correct_kernel_exits_0_prints_key_values_and_logs_one_row(tmp_path):
     (tmp_path / "kernel.py").write_text(STARTER)
     first = run_bench_py(tmp_path, "--device", "cpu", "--quick", "--json", "out.json", "--tag", "t1")

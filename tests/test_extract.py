@@ -74,7 +74,7 @@ def _run(repo_root, *args):
                           env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "TRITON_INTERPRET": "1"})
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # read only: one profile for the run (its tests no longer sit together: conftest.py)
 def llama_plan(tmp_path_factory):
     root = Path(__file__).resolve().parent.parent
     out = tmp_path_factory.mktemp("ws")
@@ -107,7 +107,7 @@ def test_extract_cli_errors_are_one_line(repo_root, tmp_path):
     assert r.returncode == 2 and "plan not found" in r.stderr and "Traceback" not in r.stderr
 
 
-@pytest.mark.slow
+@pytest.mark.slow(40)
 def test_extracted_rmsnorm_passes_bench(repo_root, llama_plan, tmp_path):
     if not (repo_root / "bench.py").is_file():
         pytest.skip("bench.py is not there yet")

@@ -33,7 +33,8 @@ def interpreter(monkeypatch):
     compat.prepare_interpreter()
 
 
-@pytest.mark.slow
+@pytest.mark.slow(38)
+@pytest.mark.usefixtures("warm_launcher")
 def test_the_starter_passes_the_five_stages_through_bench(repo_root, tmp_path, interpreter):
     out = tmp_path / "result.json"
     code = bench.main([str(repo_root / "kernels" / f"{LCE}.py"), "--device", "cpu", "--quick", "--no-log",
@@ -107,8 +108,8 @@ def test_verify_computes_a_llamas_loss_through_the_fused_head(tmp_path, capsys, 
     transformers.LlamaConfig(**TINY_LLAMA).save_pretrained(tmp_path / "cfg")
     out = tmp_path / "report.json"
     code = verify.main(["--module", "transformers", "--class-name", "AutoModelForCausalLM", "--config",
-                        str(tmp_path / "cfg"), "--input-shape", "2,16", "--device", "cpu", "--checks", "1",
-                        "--types", f"matmul,{LCE}", "--no-timing", "--report", str(out)])
+                        str(tmp_path / "cfg"), "--input-shape", "2,16", "--dtype", "float32", "--device", "cpu",
+                        "--checks", "1", "--types", f"matmul,{LCE}", "--no-timing", "--report", str(out)])
     printed = capsys.readouterr()
     assert code == 0, printed.out + printed.err
     report = json.loads(out.read_text())
@@ -142,7 +143,8 @@ def test_an_output_embedding_that_does_not_fit_is_left_alone_with_the_reason(mod
     assert (path, site.swapped, replacement) == ("head", False, None) and reason in site.reason
 
 
-def test_a_model_without_an_output_embedding_has_no_site():
+def test_a_model_without_an_output_embedding_has_no_site(repo_root, interpreter):
+    deploy.load_kernels(repo_root / "kernels", [LCE], repo_root / "kernels")  # what the swapped site will run
     assert swap.lm_head_site(nn.Sequential(nn.Linear(4, 4))) is None
     path, site, replacement = swap.lm_head_site(_TinyLM())
     assert path == "head" and site.swapped and isinstance(replacement, swap.KernelLMHead)

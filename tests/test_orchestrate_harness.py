@@ -45,6 +45,7 @@ def project(tmp_path):
     return copy_project(tmp_path)
 
 
+@pytest.mark.slow(44)
 def test_builtin_agent_recovers_a_detuned_starter(project):
     repo, env = project
     starter = repo / "kernels" / "rmsnorm.py"
@@ -93,6 +94,7 @@ def _wait_for_bench(repo, proc, experiment: int, limit_s: float = 240) -> dict:
         raise AssertionError(f"experiment {experiment} never reached the bench: {proc.communicate()[0]!r}") from None
 
 
+@pytest.mark.slow(58)
 def test_kill_9_during_an_experiment_then_resume(project):
     repo, env = project
     proc = orchestrate(repo, env, "--kernel", "kernels/rmsnorm.py", "--max-experiments", "5", "--seed", "1",
@@ -124,6 +126,7 @@ def test_kill_9_during_an_experiment_then_resume(project):
     assert state["inflight"] is None and state["next_experiment"] == 3
 
 
+@pytest.mark.slow(37)
 def test_the_pipeline_plan_extract_loop_optimizes_the_models_own_kernel(tmp_path):
     """extract.py records the file in workspace/plan.json; a bare `run` takes it, says so, and scores it by
     its time in the model (MODEL_SHAPES x MODEL_CALLS)."""

@@ -63,7 +63,7 @@ def check_results_file(repo) -> list[dict]:
     return rows
 
 
-@pytest.mark.slow
+@pytest.mark.slow(105)
 def test_two_workers_three_kernels(project):
     repo, env = project
     done = orchestrate(repo, env, *[a for k in KERNELS + [THIRD] for a in ("--kernel", k)], "--max-experiments", "2")
@@ -130,7 +130,7 @@ def _kill_tree(pid: int) -> list[int]:
     return victims
 
 
-@pytest.mark.slow
+@pytest.mark.slow(63)
 def test_kill_9_of_a_worker_then_of_everything(project):
     repo, env = project
     proc = orchestrate(repo, env, *[a for k in KERNELS for a in ("--kernel", k)], "--max-experiments", "1",

@@ -75,6 +75,7 @@ def _started_in(log: str) -> float:
     return float(log.split("(started in ", 1)[1].split(" s)", 1)[0])
 
 
+@pytest.mark.slow(48)
 def test_a_correct_kernel_passes_warm_as_it_does_fresh(warm):
     fresh = runner.run_bench(RMSNORM, device="cpu", quick=True, seed=7, warm=False)
     forked = runner.run_bench(RMSNORM, device="cpu", quick=True, seed=7)
