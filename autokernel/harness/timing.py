@@ -157,7 +157,8 @@ def time_turns(fns: dict[str, Callable], input_sets: Sequence[tuple], device: st
     """Microseconds of each of several functions timed in turns: one run of each per turn, the order reversed
     every other turn, the L2 flushed before every run on a GPU. Comparing the samples turn by turn cancels
     the drift of clocks and temperature between two measurements taken one after the other, which is larger
-    than a difference of a few tenths of a percent (two verify runs of one model: 11.63 and 11.59 ms)."""
+    than a difference of a few tenths of a percent (two verify runs of one model: 11.63 and 11.59 ms).
+    latency: as in time_gpu, each run timed as its caller waits for it (no spin hides the host's cost)."""
     cuda = device == "cuda"
     if cuda:
         hosts = {name: _warm_up(fn, _Inputs(input_sets, None, 0, 1)) for name, fn in fns.items()}
