@@ -89,6 +89,11 @@ def _flush_l2(dirty: bool = True):
         _flush_buffer.max()
 
 
+def runs_for(estimate_ms: float) -> int:
+    """Timed runs for a call of about estimate_ms: about TARGET_MS of them, within MIN_RUNS..MAX_RUNS."""
+    return int(min(MAX_RUNS, max(MIN_RUNS, TARGET_MS / max(estimate_ms, 1e-3))))
+
+
 def _warm_up(fn: Callable, source) -> float:
     """Run fn WARMUP_RUNS times, queued back to back (the first may compile); the least host microseconds of
     one call after the first: what the host takes to queue it."""
@@ -134,8 +139,7 @@ def time_gpu(fn: Callable, input_sets: Sequence[tuple] | None, reps: int | None 
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         _timed_run(fn, source.get(0), start, end, spin, dirty_flush)
         torch.cuda.synchronize()
-        estimate_ms = max(start.elapsed_time(end), 1e-3)
-        reps = int(min(MAX_RUNS, max(MIN_RUNS, TARGET_MS / estimate_ms)))
+        reps = runs_for(start.elapsed_time(end))
     source = _Inputs(input_sets, fresh, check_runs, reps)
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]

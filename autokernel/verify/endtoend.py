@@ -282,13 +282,12 @@ def time_models(model, optimized: swap.Optimized, inputs: Callable, device: str,
 
 
 def _latency_turns(fns: dict[str, Callable], sets: list, device: str) -> dict[str, list[float]]:
-    """Latency samples of each function in turns, as many turns as fill about timing.TARGET_MS per function
-    (timing's bounds on runs), from one probe run of each."""
+    """Latency samples of each function in turns, as many turns as timing.runs_for gives the slowest one's
+    probe run."""
     if device != "cuda":
         return timing.time_turns(fns, sets, device, timing.CPU_RUNS)
     probe = timing.time_turns(fns, sets, device, 1, latency=True)
-    slowest_ms = max(us[0] for us in probe.values()) / 1e3
-    turns = int(min(timing.MAX_RUNS, max(timing.MIN_RUNS, timing.TARGET_MS / max(slowest_ms, 1e-3))))
+    turns = timing.runs_for(max(us[0] for us in probe.values()) / 1e3)
     return timing.time_turns(fns, sets, device, turns, latency=True)
 
 
