@@ -868,7 +868,11 @@ BUILTIN.append(KernelSpec(
     small_shapes=[{"B": 1, "Hq": 2, "Hkv": 2, "S": 32, "D": 64, "causal": True},
                   {"B": 2, "Hq": 4, "Hkv": 1, "S": 48, "D": 64, "causal": True},
                   {"B": 1, "Hq": 8, "Hkv": 1, "S": 32, "D": 128, "causal": True},
-                  {"B": 1, "Hq": 4, "Hkv": 2, "S": 64, "D": 128, "causal": False, "sm_scale": 0.2}],
+                  # sm_scale 0.12, not 0.2: at 0.2 (scores 2.3x the default's) the bf16 rounding of the rotated q
+                  # and k, which eager and the kernel both do, took 9 of 100 seeds past bf16's tolerance; at 0.12
+                  # eager's worst of 100 is 0.67 of it, the starter's of 150 0.66, and a kernel that ignores
+                  # sm_scale is still off by 12x the tolerance or more
+                  {"B": 1, "Hq": 4, "Hkv": 2, "S": 64, "D": 128, "causal": False, "sm_scale": 0.12}],
     edge_shapes=[{"B": 1, **_TINYLLAMA, "S": 1023, "causal": True}, {"B": 1, **_QWEN2, "S": 1537, "causal": True},
                  {"B": 1, "Hq": 8, "Hkv": 2, "S": 1000, "D": 96, "causal": True},
                  {"B": 1, "Hq": 4, "Hkv": 1, "S": 4097, "D": 64, "causal": False}],

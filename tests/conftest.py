@@ -59,6 +59,30 @@ def repo_root() -> Path:
 
 
 @pytest.fixture
+def install_starter():
+    """install_starter(kernel_type): the shipped starter kernels/<type>.py plugged into the type's op for this
+    test, as optimize() does before it builds any site; what the op ran before is put back afterwards, so no
+    test depends on a kernel an earlier test installed."""
+    from autokernel import kernelfile
+    from autokernel.ops import customops
+    from autokernel.registry import get_spec
+
+    before = {name: dict(table) for name, table in
+              (("_IMPLS", customops._IMPLS), ("_LABELS", customops._LABELS), ("_TRACEABLE", customops._TRACEABLE))}
+
+    def install(kernel_type: str):
+        path = ROOT / "kernels" / f"{kernel_type}.py"
+        kernel_fn = kernelfile.import_kernel(path).kernel_fn
+        customops.install(kernel_type, kernel_fn, str(path), get_spec(kernel_type).deployment)
+        return kernel_fn
+
+    yield install
+    for name, table in before.items():
+        getattr(customops, name).clear()
+        getattr(customops, name).update(table)
+
+
+@pytest.fixture
 def unguarded(monkeypatch):
     """Benches run with the static check off (tests/fixtures/unguarded_harness.py), fresh or forked warm: for
     tests of what lies behind it (the runtime guards, the launcher's handling of hangs and crashes) with

@@ -120,7 +120,8 @@ class QuickGELUMLP(torch.nn.Module):
         return self.fc2(self.act(self.fc1(x)))
 
 
-def test_an_activation_that_is_not_gelu_leaves_the_mlp_alone(interpreter, tmp_path):
+def test_an_activation_that_is_not_gelu_leaves_the_mlp_alone(interpreter, install_starter):
+    install_starter("linear_gelu")
     quick = QuickGELUMLP(transformers.activations.QuickGELUActivation())
     site, replacement = gelu_sites.gelu_mlp_module_site("mlp", quick)
     assert replacement is None and "neither the exact nor the tanh GELU" in site.reason
