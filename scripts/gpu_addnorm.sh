@@ -29,14 +29,7 @@ verify() {  # NAME ARGS...: a verify.py run on TinyLlama, its report and log und
   shift
   python3 verify.py "${TINYLLAMA[@]}" "$@" --report "$LOG/verify_$name.json" 2>&1 \
     | tee "$LOG/verify_$name.log" | tail -45
-  python3 - "$LOG/verify_$name.json" <<'PY'
-import json, sys
-r = json.load(open(sys.argv[1]))
-print(f"correctness {r['correctness']['status']}, swapped {','.join(r['swapped_types'])}, "
-      f"pruned {','.join(r.get('pruned') or []) or 'none'}")
-for row, t in r.get("timing", {}).items():
-    print(f"  {row:<24} {t['ms']:8.2f} ms")
-PY
+  python3 scripts/verify_summary.py "$LOG/verify_$name.json"
 }
 
 for step in "${STEPS[@]}"; do

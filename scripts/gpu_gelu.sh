@@ -31,17 +31,7 @@ verify() {  # NAME ARGS...: a verify.py run on GPT-2 medium, its report and log 
   shift
   timeout -k 5 160 python3 verify.py "${GPT2_MEDIUM[@]}" "$@" --report "$LOG/verify_$name.json" 2>&1 \
     | tee "$LOG/verify_$name.log" | tail -45
-  python3 - "$LOG/verify_$name.json" <<'PY'
-import json, sys
-r = json.load(open(sys.argv[1]))
-print(f"correctness {r['correctness']['status']}, swapped {','.join(r['swapped_types'])}, "
-      f"pruned {','.join(r.get('pruned') or []) or 'none'}")
-for row, t in r.get("timing", {}).items():
-    print(f"  {row:<24} {t['ms']:8.2f} ms")
-for s in r.get("sites", []):
-    if s["kernel_type"] == "linear_gelu" and (not s["swapped"] or not s["calls"]):
-        print(f"  site {s['where']}: swapped {s['swapped']}, calls {s['calls']}, {s['reason']}")
-PY
+  python3 scripts/verify_summary.py "$LOG/verify_$name.json" --sites linear_gelu
 }
 
 for step in "${STEPS[@]}"; do

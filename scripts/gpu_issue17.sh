@@ -25,26 +25,7 @@ declare -A CONFIG=([tinyllama]=benchmarks/hf/tinyllama [mistral]=benchmarks/hf/m
 declare -A SEQ=([tinyllama]=2048 [mistral]=2048 [qwen2]=1024)
 
 table() {
-  python3 - "$LOG" <<'PY'
-import json, pathlib, sys
-rows = ("eager", "compile", "optimized", "optimized_compile", "eager_graph", "compile_graph", "optimized_graph",
-        "optimized_compile_graph")
-for path in sorted(pathlib.Path(sys.argv[1]).glob("verify_*.json")):
-    r = json.loads(path.read_text())
-    t = r["timing"]
-    print(f"{path.stem}: {r['correctness']['status']}, kept {','.join(r['swapped_types'])}, "
-          f"prune in {r['prune']['mode']} left out {','.join(r['pruned']) or 'none'}")
-    print("   " + "  ".join(f"{k} {t[k]['ms']:.2f}" for k in rows if k in t))
-    def met(row, base, floor):
-        speedup = t.get(row, {}).get(f"speedup_vs_{base}")
-        return "n/a" if speedup is None else f"{speedup:.2f}x ({'met' if speedup >= floor else 'MISSED'})"
-    print(f"   optimized vs eager (>= 1.3): {met('optimized', 'eager', 1.3)}  "
-          f"optimized_compile vs compile (>= 1): {met('optimized_compile', 'compile', 1.0)}  "
-          f"optimized_compile_graph vs compile_graph (>= 1): {met('optimized_compile_graph', 'compile', 1.0)}  "
-          f"optimized_graph vs eager_graph (>= 1): {met('optimized_graph', 'eager', 1.0)}")
-    for row, error in r.get("timing_errors", {}).items():
-        print(f"   not timed: {row}: {error}")
-PY
+  python3 scripts/verify_summary.py "$LOG"/verify_*.json --targets
 }
 
 for step in "${STEPS[@]}"; do

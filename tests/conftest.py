@@ -59,6 +59,16 @@ def repo_root() -> Path:
 
 
 @pytest.fixture
+def interpreter(monkeypatch):
+    """Triton's interpreter for the kernel files a test imports (on a GPU machine too, for a model run on the CPU),
+    switched off again after; with compat's fixes, so that it computes what the GPU computes."""
+    from autokernel import compat
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    compat.prepare_interpreter()
+
+
+@pytest.fixture
 def install_starter():
     """install_starter(kernel_type): the shipped starter kernels/<type>.py plugged into the type's op for this
     test, as optimize() does before it builds any site; what the op ran before is put back afterwards, so no

@@ -1,6 +1,7 @@
 """What several test modules share: a copy of the project in a fresh git repository, `orchestrate.py run`
 on it, the check that its branch matches results.tsv, the process tree of a run, waiting on an event, reading
-printed output; the loop's stand-in harness and repositories (FakeBench), and a chat endpoint on loopback.
+printed output, importing a file as a module; the loop's stand-in harness and repositories (FakeBench), and a
+chat endpoint on loopback.
 
 Test modules import these from here (tests/ is on sys.path while pytest runs), never from each other.
 """
@@ -8,6 +9,7 @@ Test modules import these from here (tests/ is on sys.path while pytest runs), n
 from __future__ import annotations
 
 import ast
+import importlib.util
 import json
 import os
 import re
@@ -19,6 +21,8 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import torch
+
 from autokernel import results
 from autokernel.loop.gitlog import GitLog
 
@@ -29,6 +33,30 @@ IDENTITY = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NA
             "GIT_COMMITTER_EMAIL": "t@t"}
 RUN_LIMIT_S = 300  # one orchestrate.py run in these tests
 POLL_S = 0.05  # how often a barrier looks again
+TOKEN_IDS = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(0))  # tiny HF models' input
+
+
+def import_file(path: Path, name: str):
+    """The Python file at `path` as a module named `name` (a script, a model file, a kernel), not put in
+    sys.modules."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def starter_source(kernel_type: str, old: str | None = None, new: str | None = None) -> str:
+    """The shipped starter kernels/<type>.py, with `old` replaced by `new` (a planted change) if given."""
+    source = (ROOT / "kernels" / f"{kernel_type}.py").read_text()
+    if old is not None:
+        assert old in source, "the planted change no longer fits the starter"
+        source = source.replace(old, new)
+    return source
+
+
+def sites_of(optimized, kernel_type: str) -> dict:
+    """autokernel.optimize's sites of one kernel type, by where they are in the model."""
+    return {s.where: s for s in optimized.autokernel.sites() if s.kernel_type == kernel_type}
 
 
 def copy_project(tmp_path, files=PROJECT, extra=None) -> tuple:

@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from helpers import TOKEN_IDS, sites_of, starter_source
 
 import autokernel
 import bench
@@ -23,16 +24,8 @@ SUM_STORE = "tl.store(sum_ptr + rows[:, None] * N + cols[None, :], s, mask=mask)
 NORM_STATS = "rstd = tl.rsqrt(tl.sum(s * s, axis=1) / N + eps)"
 
 
-@pytest.fixture
-def interpreter(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-
-
 def _starter(repo_root, kernel_type, old=None, new=None, variant=None) -> str:
-    source = (repo_root / "kernels" / f"{kernel_type}.py").read_text()
-    if old is not None:
-        assert old in source, "the planted change no longer fits the starter"
-        source = source.replace(old, new)
+    source = starter_source(kernel_type, old, new)
     if variant is not None:
         source = source.replace('VARIANT = "auto"', f'VARIANT = "{variant}"').replace("CHUNK = 4096", "CHUNK = 64")
     return source
@@ -104,23 +97,16 @@ def _logits(model, ids):
         return model(ids).logits
 
 
-def _sites(optimized, kernel_type):
-    return {s.where: s for s in optimized.autokernel.sites() if s.kernel_type == kernel_type}
-
-
-IDS = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(0))
-
-
 def test_hf_llama_layers_fuse_the_residual_add_into_the_post_attention_norm(interpreter, tmp_path):
     model = _llama()
     optimized = autokernel.optimize(model, tmp_path, ["rmsnorm", "add_rmsnorm"], verified=None, quiet=True)
-    got, want = _logits(optimized, IDS), _logits(model, IDS)
+    got, want = _logits(optimized, TOKEN_IDS), _logits(model, TOKEN_IDS)
     assert swap.rel_l2(got, want) < 1e-4
-    fused = _sites(optimized, "add_rmsnorm")
+    fused = sites_of(optimized, "add_rmsnorm")
     assert sorted(fused) == ["model.layers.0", "model.layers.1"]
     assert all(s.swapped and s.calls == 1 and not s.fallbacks for s in fused.values())
     # the input norms and the final norm stay rmsnorm sites; the post-attention norms are the fused call's
-    assert sorted(_sites(optimized, "rmsnorm")) == ["model.layers.0.input_layernorm",
+    assert sorted(sites_of(optimized, "rmsnorm")) == ["model.layers.0.input_layernorm",
                                                     "model.layers.1.input_layernorm", "model.norm"]
     assert "forward" not in vars(model.model.layers[0])  # the original model is left as it was
     layer = optimized.model.layers[0]
@@ -133,17 +119,17 @@ def test_a_wrong_add_rmsnorm_kernel_changes_the_output(repo_root, interpreter, t
     model = _llama()
     optimized = autokernel.optimize(model, tmp_path, ["add_rmsnorm"], verified=None, quiet=True)
     assert optimized.autokernel.choices["add_rmsnorm"].source == "extracted"
-    assert swap.rel_l2(_logits(optimized, IDS), _logits(model, IDS)) > 1e-2
+    assert swap.rel_l2(_logits(optimized, TOKEN_IDS), _logits(model, TOKEN_IDS)) > 1e-2
 
 
 def test_hf_gpt2_blocks_fuse_the_residual_add_into_ln_2(interpreter, tmp_path):
     model = _gpt2()
     optimized = autokernel.optimize(model, tmp_path, ["layernorm", "add_layernorm"], verified=None, quiet=True)
-    assert swap.rel_l2(_logits(optimized, IDS), _logits(model, IDS)) < 1e-4
-    fused = _sites(optimized, "add_layernorm")
+    assert swap.rel_l2(_logits(optimized, TOKEN_IDS), _logits(model, TOKEN_IDS)) < 1e-4
+    fused = sites_of(optimized, "add_layernorm")
     assert sorted(fused) == ["transformer.h.0", "transformer.h.1"]
     assert all(s.swapped and s.calls == 1 for s in fused.values())
-    assert sorted(_sites(optimized, "layernorm")) == ["transformer.h.0.ln_1", "transformer.h.1.ln_1",
+    assert sorted(sites_of(optimized, "layernorm")) == ["transformer.h.0.ln_1", "transformer.h.1.ln_1",
                                                       "transformer.ln_f"]
 
 
@@ -205,7 +191,7 @@ def test_an_older_transformers_layer_gets_its_own_arguments_and_return_value(int
         want = old(h, position_embeddings=rope, output_attentions=True)
     assert isinstance(got, tuple) and len(got) == len(want) == 2
     assert swap.rel_l2(got[0], want[0]) < 1e-5
-    assert [s.calls for s in _sites(optimized, "add_rmsnorm").values()] == [1]
+    assert [s.calls for s in sites_of(optimized, "add_rmsnorm").values()] == [1]
 
 
 class PostNormLayer(torch.nn.Module):
@@ -225,11 +211,11 @@ class PostNormLayer(torch.nn.Module):
 def test_a_layer_without_the_pattern_is_left_alone_with_the_reason(interpreter, tmp_path):
     model = torch.nn.Sequential(PostNormLayer()).eval()
     optimized = autokernel.optimize(model, tmp_path, ["add_rmsnorm", "rmsnorm"], verified=None, quiet=True)
-    (site,) = _sites(optimized, "add_rmsnorm").values()
+    (site,) = sites_of(optimized, "add_rmsnorm").values()
     assert not site.swapped and "no residual add followed by" in site.reason
     assert "forward" not in vars(optimized[0])
     # the norm that was not fused is still an rmsnorm site
-    assert "0.post_attention_layernorm" in _sites(optimized, "rmsnorm")
+    assert "0.post_attention_layernorm" in sites_of(optimized, "rmsnorm")
     x = torch.randn(2, 3, 16)
     with torch.no_grad():
         assert swap.rel_l2(optimized(x), model(x)) < 1e-4
@@ -258,19 +244,19 @@ def test_gpt2s_cross_attention_branch_runs_the_original_statements(interpreter, 
     optimized = autokernel.optimize(model, tmp_path, ["add_layernorm"], verified=None, quiet=True)
     encoder = torch.randn(2, 5, 64)
     with torch.no_grad():
-        got, want = (m(IDS, encoder_hidden_states=encoder).logits for m in (optimized, model))
+        got, want = (m(TOKEN_IDS, encoder_hidden_states=encoder).logits for m in (optimized, model))
     assert torch.equal(got, want)  # the taken branch: the original add, cross-attention, ln_2
-    assert [s.calls for s in _sites(optimized, "add_layernorm").values()] == [0, 0]
-    assert swap.rel_l2(_logits(optimized, IDS), _logits(model, IDS)) < 1e-4
-    assert [s.calls for s in _sites(optimized, "add_layernorm").values()] == [1, 1]
+    assert [s.calls for s in sites_of(optimized, "add_layernorm").values()] == [0, 0]
+    assert swap.rel_l2(_logits(optimized, TOKEN_IDS), _logits(model, TOKEN_IDS)) < 1e-4
+    assert [s.calls for s in sites_of(optimized, "add_layernorm").values()] == [1, 1]
 
 
 # ---------------------------------------------------------------------------------- profiling
 def test_profile_gives_the_add_and_the_post_attention_norm_to_the_fused_type():
-    llama = profile_model(_llama(), (IDS,), "cpu")["types"]
+    llama = profile_model(_llama(), (TOKEN_IDS,), "cpu")["types"]
     assert llama["add_rmsnorm"]["calls"] == 2 and llama["rmsnorm"]["calls"] == 3  # 2 input norms + the final one
     assert [s["shape"] for s in llama["add_rmsnorm"]["shapes"]] == [{"M": 24, "N": 64}]
-    gpt2 = profile_model(_gpt2(), (IDS,), "cpu")["types"]
+    gpt2 = profile_model(_gpt2(), (TOKEN_IDS,), "cpu")["types"]
     assert gpt2["add_layernorm"]["calls"] == 2 and gpt2["layernorm"]["calls"] == 3
 
 

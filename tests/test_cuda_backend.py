@@ -7,7 +7,6 @@ starter through the harness; the pipelined GEMM against the single-buffered one 
 flash attention's tensor-core and scalar kernels against SDPA on ragged sequences and head dims.
 """
 
-import importlib.util
 import inspect
 import multiprocessing
 import subprocess
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import wait_for
+from helpers import import_file, wait_for
 
 import reference
 from autokernel.cuda import cuda_build
@@ -34,15 +33,9 @@ COMPILE_ARCH = "sm_90a"  # what the H100/H200 machines build for
 needs_nvcc = pytest.mark.skipif(cuda_build.nvcc_path() is None, reason="nvcc not found: device code not compiled")
 
 
-def _load_kernel(path: Path, name: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 def _starter(type_: str):
-    return _load_kernel(ROOT / "kernels" / "cuda" / f"{type_}.py", f"_cuda_starter_{type_}")
+    return import_file(ROOT / "kernels" / "cuda" / f"{type_}.py", f"_cuda_starter_{type_}")
 
 
 @pytest.mark.parametrize("type_", TYPES)
@@ -69,7 +62,7 @@ def test_a_changed_compile_time_tunable_is_a_new_build_and_an_unchanged_one_is_n
     again, changed = tmp_path / "again.py", tmp_path / "changed.py"
     again.write_text(source)
     changed.write_text(apply_config(source, {name: other}))
-    hashes = [cuda_build.source_hash(_load_kernel(p, f"_h{i}").cuda_source(), "", COMPILE_ARCH)
+    hashes = [cuda_build.source_hash(import_file(p, f"_h{i}").cuda_source(), "", COMPILE_ARCH)
               for i, p in enumerate([ROOT / "kernels" / "cuda" / f"{type_}.py", again, changed])]
     assert hashes[0] == hashes[1] != hashes[2]
     assert cuda_build.source_hash("x", "", "sm_90a") != cuda_build.source_hash("x", "", "sm_80")
@@ -207,7 +200,7 @@ def test_extract_with_the_cuda_backend_writes_cuda_starters_with_the_models_shap
 
 
 def _gpu_script():
-    return _load_kernel(ROOT / "scripts" / "gpu_cuda.py", "_gpu_cuda_script")
+    return import_file(ROOT / "scripts" / "gpu_cuda.py", "_gpu_cuda_script")
 
 
 def test_the_gpu_scripts_variants_change_real_tunables_and_bad_ones_are_refused(tmp_path):
@@ -249,7 +242,7 @@ def _reload(type_: str, **tunables):
     source = (ROOT / "kernels" / "cuda" / f"{type_}.py").read_text()
     path = Path(tempfile.mkdtemp(prefix="ak-cuda-test-")) / f"{type_}.py"
     path.write_text(apply_config(source, tunables))
-    return _load_kernel(path, f"_{type_}_{'_'.join(f'{k}{v}' for k, v in tunables.items())}")
+    return import_file(path, f"_{type_}_{'_'.join(f'{k}{v}' for k, v in tunables.items())}")
 
 
 @pytest.mark.gpu

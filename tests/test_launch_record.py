@@ -6,18 +6,11 @@ Kernels run through Triton's interpreter; the starters are the files, edited as 
 import pytest
 import torch
 
-from autokernel import compat
 from autokernel.harness import launch_record
 from autokernel.harness.runner import run_bench
 from autokernel.kernelfile import import_kernel
 
 RMSNORM_ONE_PASS = "rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)"
-
-
-@pytest.fixture
-def interpreter(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    compat.prepare_interpreter()
 
 
 def digest(path, *input_sets):

@@ -15,7 +15,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import bench
 import verify
-from autokernel import compat
 from autokernel.harness.runner import run_bench
 from autokernel.ops import swap
 from autokernel.profile.profiling import profile_model
@@ -24,13 +23,6 @@ from autokernel.verify import deploy, endtoend
 LCE = "linear_cross_entropy"
 TINY_LLAMA = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, vocab_size=256)
-
-
-@pytest.fixture
-def interpreter(monkeypatch):
-    """Triton's interpreter for the kernels run in this process (on a GPU machine too: the models run on the CPU)."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    compat.prepare_interpreter()
 
 
 @pytest.mark.slow(38)

@@ -5,6 +5,7 @@ through Triton's interpreter; the `gpu` tests run the starter's variants and a c
 
 import pytest
 import torch
+from helpers import TOKEN_IDS, sites_of, starter_source
 
 import autokernel
 from autokernel.harness.runner import run_bench
@@ -18,19 +19,6 @@ BIAS_FLAG = "HAS_BIAS=bias is not None"
 TANH_GELU = "return acc / (1.0 + tl.exp2("
 
 
-@pytest.fixture
-def interpreter(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-
-
-def _starter(repo_root, old=None, new=None) -> str:
-    source = (repo_root / "kernels" / "linear_gelu.py").read_text()
-    if old is not None:
-        assert old in source, "the planted change no longer fits the starter"
-        source = source.replace(old, new)
-    return source
-
-
 # ------------------------------------------------------------------------------------ the harness
 @pytest.mark.slow
 @pytest.mark.usefixtures("warm_launcher")
@@ -38,7 +26,7 @@ def _starter(repo_root, old=None, new=None) -> str:
                                         (BIAS_FLAG.replace("bias is not None", "False"), "no bias")])
 def test_a_kernel_with_the_wrong_epilogue_fails(repo_root, tmp_path, wrong, why):
     path = tmp_path / "linear_gelu_wrong.py"
-    path.write_text(_starter(repo_root, TANH_FLAG if "TANH" in wrong else BIAS_FLAG, wrong))
+    path.write_text(starter_source("linear_gelu", TANH_FLAG if "TANH" in wrong else BIAS_FLAG, wrong))
     result = run_bench(path, device="cpu", timed=False, quick=True)
     assert result["status"] == "fail", why
     assert "elements off" in result["reason"]
@@ -71,22 +59,15 @@ def _output(model, ids):
     return out.logits if hasattr(out, "logits") else out.last_hidden_state
 
 
-def _sites(optimized, kernel_type):
-    return {s.where: s for s in optimized.autokernel.sites() if s.kernel_type == kernel_type}
-
-
-IDS = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(0))
-
-
 def test_hf_gpt2_mlps_run_the_up_projection_and_gelu_as_one_kernel(interpreter, tmp_path):
     model = _gpt2()
     optimized = autokernel.optimize(model, tmp_path, ["linear_gelu", "matmul"], verified=None, quiet=True)
-    assert swap.rel_l2(_output(optimized, IDS), _output(model, IDS)) < 1e-4
-    fused = _sites(optimized, "linear_gelu")
+    assert swap.rel_l2(_output(optimized, TOKEN_IDS), _output(model, TOKEN_IDS)) < 1e-4
+    fused = sites_of(optimized, "linear_gelu")
     assert sorted(fused) == ["transformer.h.0.mlp", "transformer.h.1.mlp"]
     assert all(s.swapped and s.calls == 1 and not s.fallbacks and "approximate='tanh'" in s.what
                for s in fused.values())  # gelu_new: the tanh GELU, found by the probe
-    matmuls = _sites(optimized, "matmul")
+    matmuls = sites_of(optimized, "matmul")
     assert "transformer.h.0.mlp.c_proj" in matmuls and "transformer.h.0.mlp.c_fc" not in matmuls  # down stays matmul
     assert "forward" not in vars(model.transformer.h[0].mlp)  # the original model is left as it was
 
@@ -96,19 +77,19 @@ def test_hf_gpt2_mlps_run_the_up_projection_and_gelu_as_one_kernel(interpreter, 
 def test_other_gelu_mlps_are_swapped_with_their_gelu(interpreter, tmp_path, build, where, approximate):
     model = build()
     optimized = autokernel.optimize(model, tmp_path, ["linear_gelu"], verified=None, quiet=True)
-    assert swap.rel_l2(_output(optimized, IDS), _output(model, IDS)) < 1e-4
-    site = _sites(optimized, "linear_gelu")[where]
+    assert swap.rel_l2(_output(optimized, TOKEN_IDS), _output(model, TOKEN_IDS)) < 1e-4
+    site = sites_of(optimized, "linear_gelu")[where]
     assert site.swapped and site.calls == 1 and f"approximate={approximate!r}" in site.what
 
 
 def test_a_wrong_linear_gelu_kernel_changes_the_models_output(repo_root, interpreter, tmp_path):
     # GPT-2 initialises its biases to zero, so the planted error is in the GELU: 10% high
     wrong = TANH_GELU.replace("acc /", "1.1 * acc /")
-    (tmp_path / "01_linear_gelu.py").write_text(_starter(repo_root, TANH_GELU, wrong))
+    (tmp_path / "01_linear_gelu.py").write_text(starter_source("linear_gelu", TANH_GELU, wrong))
     model = _gpt2()
     optimized = autokernel.optimize(model, tmp_path, ["linear_gelu"], verified=None, quiet=True)
     assert optimized.autokernel.choices["linear_gelu"].source == "extracted"
-    assert swap.rel_l2(_output(optimized, IDS), _output(model, IDS)) > 1e-2
+    assert swap.rel_l2(_output(optimized, TOKEN_IDS), _output(model, TOKEN_IDS)) > 1e-2
 
 
 class QuickGELUMLP(torch.nn.Module):
@@ -133,7 +114,7 @@ def test_an_activation_that_is_not_gelu_leaves_the_mlp_alone(interpreter, instal
 
 # ---------------------------------------------------------------------------------- profiling
 def test_profile_gives_the_up_projection_and_its_gelu_to_linear_gelu():
-    found = profile_model(_gpt2(), (IDS,), "cpu")["types"]
+    found = profile_model(_gpt2(), (TOKEN_IDS,), "cpu")["types"]
     assert found["linear_gelu"]["calls"] == 2
     assert [s["shape"] for s in found["linear_gelu"]["shapes"]] == [{"T": 24, "H": 64, "I": 256,
                                                                      "approximate": "tanh"}]
@@ -147,7 +128,7 @@ def test_profile_gives_the_up_projection_and_its_gelu_to_linear_gelu():
 @pytest.mark.parametrize("variant", ["persistent", "tma"])  # "auto" (grouped, and TMA when large): bench.py's run
 def test_each_variant_passes_the_harness_on_the_gpu(repo_root, tmp_path, variant):
     path = tmp_path / f"linear_gelu_{variant}.py"
-    path.write_text(_starter(repo_root, 'VARIANT = "auto"', f'VARIANT = "{variant}"'))
+    path.write_text(starter_source("linear_gelu", 'VARIANT = "auto"', f'VARIANT = "{variant}"'))
     result = run_bench(path, device="cuda", timed=False, quick=True)
     assert result["status"] == "pass", f"{result['failed_stage']}: {result['reason']}"
 
@@ -157,7 +138,7 @@ def test_a_compiled_hf_gpt2_runs_the_kernel_from_inductors_code(tmp_path):
     from torch._inductor.utils import run_and_get_code
 
     model = _gpt2().to("cuda", torch.float16)
-    ids = IDS.to("cuda")
+    ids = TOKEN_IDS.to("cuda")
     with torch.no_grad():
         want = _output(model, ids)
         optimized = autokernel.optimize(model, tmp_path, ["linear_gelu"], quiet=True)

@@ -1,10 +1,10 @@
 """The shipped models (tiny presets) and loading a model from a file or a package."""
 
-import importlib.util
 import sys
 
 import pytest
 import torch
+from helpers import import_file
 
 import reference
 from autokernel.models import ModelError, example_inputs, load_model, parse_shape
@@ -34,10 +34,7 @@ def test_llama_presets_have_their_published_sizes(repo_root, preset, params_m, d
 
 
 def _llama_module(repo_root):
-    spec = importlib.util.spec_from_file_location("llama_under_test", repo_root / "models/llama.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return import_file(repo_root / "models" / "llama.py", "llama_under_test")
 
 
 @pytest.mark.parametrize("dtype,atol", [(torch.float16, 1e-2), (torch.bfloat16, 2e-2)])

@@ -8,7 +8,6 @@ import torch
 
 import autokernel
 import verify
-from autokernel import compat
 from autokernel.harness.runner import run_bench
 from autokernel.profile.attribution import Op, attribute
 from autokernel.profile.profiling import profile_model
@@ -22,12 +21,6 @@ BUGS = {
     "RoPE on k skipped": ("k = _rotate_k(k, cos3", "_ = _rotate_k(k, cos3"),  # the default variant's pre-pass
     "the wrong kv head": ("kv = (h // GROUP).to(tl.int64)", "kv = (h % (H // GROUP)).to(tl.int64)"),
 }
-
-
-@pytest.fixture
-def interpreter(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    compat.prepare_interpreter()
 
 
 def _bugged(repo_root, tmp_path, bug: str, name: str):

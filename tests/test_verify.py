@@ -4,7 +4,6 @@ caught and named, the torch.compile path without graph breaks, and the site deci
 Kernels run through Triton's interpreter, so the models are the tiny presets on a few tokens.
 """
 
-import importlib.util
 import json
 import shutil
 
@@ -12,7 +11,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from helpers import summary_values
+from helpers import import_file, summary_values
 
 import verify
 from autokernel.ops import customops, swap
@@ -25,12 +24,6 @@ MODELS = {  # model file -> (class, input shape, the kernel types that must have
     "bert": ("BertModel", "1,8", {"matmul", "layernorm", "flash_attention"}),
     "custom": ("CustomModel", "2,64", {"matmul", "layernorm", "softmax"}),
 }
-
-
-@pytest.fixture
-def interpreter(monkeypatch):
-    """Triton's interpreter for kernel files imported during the test, switched off again after."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 
 def run_verify(repo_root, tmp_path, capsys, model, *extra, device="cpu"):
@@ -218,9 +211,7 @@ def test_sites_that_differ_from_the_reference_are_left_alone_with_the_reason(rep
 
 
 def test_a_norm_computed_inline_is_reported_unused_and_its_module_still_reads(repo_root, interpreter):
-    spec = importlib.util.spec_from_file_location("llama_for_verify", repo_root / "models" / "llama.py")
-    llama = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(llama)
+    llama = import_file(repo_root / "models" / "llama.py", "llama_for_verify")
     model = llama.LlamaModel("tiny", rmsnorm_as_ops=True).eval()  # blocks read norm.weight, norm.eps inline
     deploy.load_kernels(repo_root / "kernels", ["rmsnorm"], repo_root / "kernels")
     optimized = swap.build(model, ["rmsnorm"])
@@ -433,6 +424,25 @@ def test_verify_reports_the_prune_mode_and_writes_its_report(repo_root, tmp_path
     assert verification.deploy_mode(args) == "eager"
     assert set(verify.DEPLOY_CHOICES) == set(endtoend.DEPLOY_MODES)
     assert args.report == repo_root / "workspace" / "verify.json"  # where the morning report reads it
+
+
+def test_the_gpu_scripts_summarize_a_report_in_a_few_lines(repo_root, tmp_path, capsys, interpreter):
+    code, report, printed = run_verify(repo_root, tmp_path, capsys, "custom", "--types", "softmax", "--no-timing")
+    assert code == 0, printed.out + printed.err
+    report["timing"] = {"compile": {"ms": 2.0}, "optimized_compile": {"ms": 1.6, "speedup_vs_compile": 1.25},
+                        "optimized": {"ms": 3.0, "speedup_vs_eager": 1.1}}
+    report["sites"].append({"where": "blocks.0.attn", "kernel_type": "softmax", "swapped": False, "calls": 0,
+                            "reason": "a mask the kernel does not take"})
+    (tmp_path / "verify_custom.json").write_text(json.dumps(report))
+    summary = import_file(repo_root / "scripts" / "verify_summary.py", "verify_summary")
+    assert summary.main([str(tmp_path / "verify_custom.json"), "--sites", "softmax", "--targets"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "verify_custom: correctness PASS, kept softmax, prune in eager left out none"
+    assert lines[2].split() == ["optimized_compile", "1.60", "ms", "compile", "1.25x"]
+    assert "site blocks.0.attn: swapped False, calls 0, a mask the kernel does not take" in lines[-2]
+    assert "optimized vs eager 1.10x (MISSED >= 1.3)" in lines[-1]
+    assert "optimized_compile vs compile 1.25x (met >= 1.0)" in lines[-1]
+    assert summary.main([str(tmp_path / "missing.json")]) == 1
 
 
 # ------------------------------------------------------------------------------ --against: two kernel sets in turns
