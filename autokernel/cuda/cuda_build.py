@@ -233,15 +233,16 @@ def nvcc_path() -> str | None:
     return None
 
 
-def _nvcc(name: str, cuda_source: str, arch: str, flags: list[str], timeout_s: float) -> str:
-    """`nvcc -c` of a source for arch (no torch, no GPU); its output, or CudaBuildError with the errors."""
+def _nvcc(name: str, cuda_source: str, arch: str, flags: list[str], timeout_s: float, output: str = "-c") -> str:
+    """`nvcc -c` (or `-cubin`: the device code alone) of a source for arch (no torch, no GPU); its output, or
+    CudaBuildError with the errors."""
     nvcc = nvcc_path()
     if nvcc is None:
         raise CudaBuildError("nvcc not found (PATH, CUDA_HOME, /usr/local/cuda)")
     with tempfile.TemporaryDirectory(prefix="autokernel-nvcc-") as tmp:
         src = Path(tmp) / f"{name}.cu"
         src.write_text(cuda_source)
-        cmd = [nvcc, *NVCC_FLAGS, gencode(arch), *flags, "-c", str(src), "-o", str(src) + ".o"]
+        cmd = [nvcc, *NVCC_FLAGS, gencode(arch), *flags, output, str(src), "-o", str(src) + ".out"]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     log = proc.stdout + proc.stderr
     if proc.returncode != 0:
@@ -260,7 +261,7 @@ def resource_usage(name: str, cuda_source: str, arch: str, timeout_s: float = 60
     What a launch configuration must fit: registers x threads <= 65536 per block, no spills in a hot loop.
     Compiles with nvcc only (no GPU); CudaBuildError if it does not compile.
     """
-    log = _nvcc(name, cuda_source, arch, ["--resource-usage"], timeout_s)
+    log = _nvcc(name, cuda_source, arch, ["--resource-usage"], timeout_s, output="-cubin")  # ptxas is what counts
     usage, current = {}, None
     for line in log.splitlines():
         entry = re.search(r"(?:Function properties for|Compiling entry function) '?([\w$]+)'?", line)
