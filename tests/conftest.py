@@ -6,7 +6,14 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # One OpenMP thread per xdist worker and the processes it starts (before torch is imported): `-n logical`
+    # already puts a worker on every CPU, and two workers' OpenMP threads spinning for each other on two cores
+    # made the 2-core suite 25% slower.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 for path in (ROOT, ROOT / "tests"):  # the project's modules; tests/helpers.py whatever pytest's import mode
