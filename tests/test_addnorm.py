@@ -2,6 +2,7 @@
 whose residual add and post-attention norm become one kernel call (optimize / verify), and the profiler giving the
 pair's time to the fused type. CPU: kernels run through Triton's interpreter."""
 
+import functools
 import inspect
 import json
 
@@ -191,6 +192,50 @@ def test_an_older_transformers_layer_gets_its_own_arguments_and_return_value(int
         want = old(h, position_embeddings=rope, output_attentions=True)
     assert isinstance(got, tuple) and len(got) == len(want) == 2
     assert swap.rel_l2(got[0], want[0]) < 1e-5
+    assert [s.calls for s in sites_of(optimized, "add_rmsnorm").values()] == [1]
+
+
+def _renamed_argument(old: str, new: str):
+    """A decorator in the manner of transformers' deprecate_kwarg (>= 5.24 wraps decoder layers' forward in it)."""
+    def decorate(forward):
+        @functools.wraps(forward)
+        def renaming(*args, **kwargs):
+            if old in kwargs:
+                kwargs[new] = kwargs.pop(old)
+            return forward(*args, **kwargs)
+        return renaming
+    return decorate
+
+
+class DecoratedLayer(torch.nn.Module):
+    def __init__(self, hidden=16):
+        super().__init__()
+        rmsnorm = transformers.models.llama.modeling_llama.LlamaRMSNorm
+        self.input_layernorm, self.post_attention_layernorm = rmsnorm(hidden), rmsnorm(hidden)
+        self.self_attn, self.mlp = torch.nn.Linear(hidden, hidden), torch.nn.Linear(hidden, hidden)
+
+    @_renamed_argument("past_key_values", "cache")
+    def forward(self, hidden_states: torch.Tensor, cache: dict | None = None) -> torch.Tensor:
+        residual = hidden_states
+        hidden_states = self.self_attn(self.input_layernorm(hidden_states))
+        hidden_states = residual + hidden_states
+        residual = hidden_states
+        hidden_states = self.post_attention_layernorm(hidden_states)
+        hidden_states = self.mlp(hidden_states)
+        if cache is not None:
+            cache["calls"] = cache.get("calls", 0) + 1
+        return residual + hidden_states
+
+
+def test_a_decorated_forward_keeps_its_decorator_and_its_signature(interpreter, tmp_path):
+    model = torch.nn.Sequential(DecoratedLayer()).eval()
+    optimized = autokernel.optimize(model, tmp_path, ["add_rmsnorm"], verified=None, quiet=True)
+    assert inspect.signature(optimized[0].forward) == inspect.signature(model[0].forward)  # annotations too
+    x, cache = torch.randn(2, 3, 16), {}
+    with torch.no_grad():
+        got = optimized[0](x, past_key_values=cache)  # the old name: the decorator still renames it
+        assert swap.rel_l2(got, model[0](x)) < 1e-4
+    assert cache == {"calls": 1}
     assert [s.calls for s in sites_of(optimized, "add_rmsnorm").values()] == [1]
 
 

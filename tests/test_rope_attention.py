@@ -1,6 +1,7 @@
 """rope_attention (issue #19): RoPE + grouped-query attention as one kernel type, through the harness, HF Llama's
 attention modules (optimize / verify) and profile attribution. CPU: Triton's interpreter at small shapes."""
 
+import inspect
 import json
 
 import pytest
@@ -99,6 +100,34 @@ def test_under_torch_compile_the_kernel_is_one_node_of_the_graph(interpreter, tm
     ops = [str(n.target) for g in graphs for n in g.graph.nodes if n.op == "call_function"]
     assert sum(f"autokernel.{TYPE}" in op for op in ops) == 2  # one per layer
     assert not any("scaled_dot_product" in op for op in ops)
+
+
+def _mask_before_5_24(config, inputs_embeds, attention_mask, past_key_values, position_ids=None,
+                      or_mask_function=None, allow_is_causal_skip=True):
+    return "a mask"
+
+
+def _mask_since_5_24(config, inputs_embeds, attention_mask, cache, position_ids=None, or_mask_function=None,
+                     allow_is_causal_skip=True):
+    return "a mask"
+
+
+@pytest.mark.parametrize("original", [_mask_before_5_24, _mask_since_5_24])
+def test_the_causal_mask_patch_reads_the_call_by_its_names(original):
+    """transformers 5.24 renamed create_causal_mask's past_key_values to cache; callers pass keywords."""
+    from types import SimpleNamespace
+
+    from autokernel.ops import attention_sites
+
+    cache_name = list(inspect.signature(original).parameters)[3]
+    patched = attention_sites._causal_mask_wrapper(original)
+    sdpa, x = SimpleNamespace(_attn_implementation="sdpa"), torch.zeros(1, 4, 8)
+    plain = {"config": sdpa, "inputs_embeds": x, "attention_mask": None, cache_name: None}
+    assert patched(**plain) is None and patched(sdpa, x, None, None) is None  # eager transformers' "no mask"
+    for call in ({**plain, "attention_mask": torch.ones(1, 4)}, {**plain, "allow_is_causal_skip": False},
+                 {**plain, "or_mask_function": lambda *a: True},
+                 {**plain, "config": SimpleNamespace(_attn_implementation="eager")}):
+        assert patched(**call) == "a mask"
 
 
 def test_calls_the_kernel_does_not_cover_run_the_original_forward(interpreter, tmp_path):

@@ -180,8 +180,11 @@ def _drop_annotations(fdef: ast.FunctionDef) -> None:
 
 def _annotated(factory, original, add_norm):
     fn = factory(add_norm)
-    fn.__annotations__ = dict(getattr(original, "__annotations__", {}))
-    fn.__doc__ = original.__doc__
+    # the function itself, and inside the decorators forward keeps (transformers' deprecate_kwarg), which
+    # inspect.signature reads through __wrapped__
+    for f in {fn, inspect.unwrap(fn)}:
+        f.__annotations__ = dict(getattr(original, "__annotations__", {}))
+        f.__doc__ = original.__doc__
     return fn
 
 

@@ -50,19 +50,24 @@ from autokernel.ops.swap import (
 
 KERNEL_TYPE = "rope_attention"
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
-CACHE_NAMES = ("past_key_values", "past_key_value")  # transformers 5.x, 4.x
+# the KV cache argument by its name in transformers >= 5.24 ("cache"; past_key_values still accepted, deprecated),
+# earlier 5.x and 4.x
+CACHE_NAMES = ("cache", "past_key_values", "past_key_value")
 
 
 @dataclass(frozen=True)
 class CallShape:
     """Where the original forward takes its arguments, and how many values it returns (None: a bare tensor)."""
     positions: dict  # argument name -> its position in forward's signature
-    cache_name: str | None
     n_outputs: int | None
 
     def arg(self, name, args, kwargs):
         i = self.positions.get(name)
         return args[i] if i is not None and i < len(args) else kwargs.get(name)
+
+    def cache(self, args, kwargs):
+        """The KV cache the call passes, under whichever of its names (a deprecated one included)."""
+        return next((c for c in (self.arg(n, args, kwargs) for n in CACHE_NAMES) if c is not None), None)
 
     def result(self, out, cache):
         if self.n_outputs is None:
@@ -88,7 +93,7 @@ class KernelRopeAttention(_KernelModule):
         m, call = self.original, self.call
         hidden = call.arg("hidden_states", args, kwargs)
         tables = call.arg("position_embeddings", args, kwargs)
-        cache = call.arg(call.cache_name, args, kwargs) if call.cache_name else None
+        cache = call.cache(args, kwargs)
         reason = _unfit(m, hidden, tables, call.arg("attention_mask", args, kwargs), cache, kwargs)
         if in_eager():
             self.site.calls += not reason
@@ -199,28 +204,31 @@ def rope_attention_module_site(name, m):
     if reason:
         site.reason = reason
         return site, None
-    cache_name = next((n for n in CACHE_NAMES if n in names), None)
-    call = CallShape({n: i for i, n in enumerate(names)}, cache_name, n_outputs)
+    call = CallShape({n: i for i, n in enumerate(names)}, n_outputs)
     site.swapped = True
     return site, KernelRopeAttention(m, site, call)
 
 
 # ------------------------------------------------------------------------------ the causal mask under compile
-def _no_mask_needed(config, attention_mask, past_key_values, extra) -> bool:
+def _no_mask_needed(config, attention_mask, cache, extra) -> bool:
     """True where transformers' eager path passes no mask to SDPA: plain causal attention over the whole sequence."""
     if attention_mask is not None or any(extra.get(k) is not None for k in ("or_mask_function", "and_mask_function",
                                                                               "block_sequence_ids")):
         return False
-    if past_key_values is not None and _cached_length(past_key_values, 0) != 0:
+    if extra.get("allow_is_causal_skip") is False or (cache is not None and _cached_length(cache, 0) != 0):
         return False
     return getattr(config, "_attn_implementation", None) == "sdpa"
 
 
 def _causal_mask_wrapper(original):
-    def create_causal_mask(config, inputs_embeds, attention_mask, past_key_values, *args, **kwargs):
-        if not args and _no_mask_needed(config, attention_mask, past_key_values, kwargs):
+    signature = inspect.signature(original)
+    config_name, _, mask_name, cache_name = list(signature.parameters)[:4]
+
+    def create_causal_mask(*args, **kwargs):
+        given = signature.bind(*args, **kwargs).arguments  # the call by name, positional or keyword
+        if _no_mask_needed(given[config_name], given[mask_name], given[cache_name], given):
             return None
-        return original(config, inputs_embeds, attention_mask, past_key_values, *args, **kwargs)
+        return original(*args, **kwargs)
     return create_causal_mask
 
 
@@ -231,8 +239,8 @@ def causal_mask_patches(model: nn.Module, sites) -> tuple[list, list[Site]]:
     except ImportError:
         return [], []
     original = getattr(masking_utils, "create_causal_mask", None)
-    if original is None or list(inspect.signature(original).parameters)[:4] != [
-            "config", "inputs_embeds", "attention_mask", "past_key_values"]:
+    leading = list(inspect.signature(original).parameters)[:4] if original is not None else []
+    if leading[:3] != ["config", "inputs_embeds", "attention_mask"] or leading[3:] not in ([n] for n in CACHE_NAMES):
         return [], []  # another transformers: its masks are left alone (layers with a mask fall back)
     wrapper = _causal_mask_wrapper(original)
     return [(module, "create_causal_mask", wrapper) for module in _model_modules(model)
