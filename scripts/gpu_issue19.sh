@@ -5,7 +5,7 @@
 #
 # Steps (each fits one 10-minute device command; minutes estimated):
 #   suite            bench.py --suite for the five fused types against eager, torch.compile and Liger (Liger from
-#                    a wheel in .whl_extra/ when carried): their rows in benchmarks/starters.json and
+#                    .whl_extra/, installed by gpu_session.sh): their rows in benchmarks/starters.json and
 #                    BENCHMARKS.md's starter section, both copied to LOGDIR to bring back        ~5 min
 #   profile-gpt2     profile.py on HF GPT-2 medium (B1 S1024 fp16): linear_gelu's share of the GPU time  ~1 min
 #   profile-llama    profile.py on HF TinyLlama (B1 S2048 fp16, rope_attention opted in, with the loss) ~1 min
@@ -17,11 +17,6 @@ STEPS=("$@")
 [ ${#STEPS[@]} -eq 0 ] && STEPS=(suite profile-gpt2 profile-llama)
 FUSED=add_rmsnorm,add_layernorm,rope_attention,linear_cross_entropy,linear_gelu
 HF=(--module transformers --class-name AutoModelForCausalLM --dtype float16)
-
-if ls .whl_extra/*.whl >/dev/null 2>&1; then  # Liger is not in the GPU image
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-extra .whl_extra/*.whl
-  export PYTHONPATH=/tmp/site-extra${PYTHONPATH:+:$PYTHONPATH}
-fi
 
 profile() {  # NAME ARGS...: profile.py into LOG/profile_NAME/, the ranked types printed
   local name=$1

@@ -25,7 +25,7 @@ SUM_STORE = "tl.store(sum_ptr + rows[:, None] * N + cols[None, :], s, mask=mask)
 NORM_STATS = "rstd = tl.rsqrt(tl.sum(s * s, axis=1) / N + eps)"
 
 
-def _starter(repo_root, kernel_type, old=None, new=None, variant=None) -> str:
+def _starter(kernel_type, old=None, new=None, variant=None) -> str:
     source = starter_source(kernel_type, old, new)
     if variant is not None:
         source = source.replace('VARIANT = "auto"', f'VARIANT = "{variant}"').replace("CHUNK = 4096", "CHUNK = 64")
@@ -63,7 +63,7 @@ def test_a_kernel_whose_sum_is_wrong_fails(repo_root, tmp_path):
     # the sum stored 2% high while the norm is taken of the right one: only the first output is wrong
     wrong = "tl.store(sum_ptr + rows[:, None] * N + cols[None, :], (s * 1.02).to(s.dtype), mask=mask)"
     path = tmp_path / "add_rmsnorm_wrong_sum.py"
-    path.write_text(_starter(repo_root, "add_rmsnorm", SUM_STORE, wrong))
+    path.write_text(_starter("add_rmsnorm", SUM_STORE, wrong))
     result = run_bench(path, device="cpu", timed=False, quick=True)
     assert result["status"] == "fail" and result["failed_stage"] == "smoke"
     assert "output 0:" in result["reason"]
@@ -74,7 +74,7 @@ def test_a_kernel_whose_sum_is_wrong_fails(repo_root, tmp_path):
 @pytest.mark.parametrize("kernel_type", ["add_rmsnorm", "add_layernorm"])
 def test_the_looped_variants_pass_the_harness(repo_root, tmp_path, kernel_type):
     path = tmp_path / f"{kernel_type}_looped.py"
-    path.write_text(_starter(repo_root, kernel_type, variant="looped"))  # 64-wide chunks: several per row
+    path.write_text(_starter(kernel_type, variant="looped"))  # 64-wide chunks: several per row
     result = run_bench(path, device="cpu", timed=False, quick=True)
     assert result["status"] == "pass", f"{result['failed_stage']}: {result['reason']}"
 
@@ -115,7 +115,7 @@ def test_hf_llama_layers_fuse_the_residual_add_into_the_post_attention_norm(inte
 
 
 def test_a_wrong_add_rmsnorm_kernel_changes_the_output(repo_root, interpreter, tmp_path):
-    (tmp_path / "01_add_rmsnorm.py").write_text(_starter(repo_root, "add_rmsnorm", NORM_STATS,
+    (tmp_path / "01_add_rmsnorm.py").write_text(_starter("add_rmsnorm", NORM_STATS,
                                                          NORM_STATS.replace("/ N", "/ N * 1.1")))
     model = _llama()
     optimized = autokernel.optimize(model, tmp_path, ["add_rmsnorm"], verified=None, quiet=True)

@@ -222,7 +222,7 @@ def _no_mask_needed(config, attention_mask, cache, extra) -> bool:
 
 def _causal_mask_wrapper(original):
     signature = inspect.signature(original)
-    config_name, _, mask_name, cache_name = list(signature.parameters)[:4]
+    config_name, _, mask_name, cache_name = list(signature.parameters)[:4]  # causal_mask_patches checked them
 
     def create_causal_mask(*args, **kwargs):
         given = signature.bind(*args, **kwargs).arguments  # the call by name, positional or keyword
@@ -240,7 +240,8 @@ def causal_mask_patches(model: nn.Module, sites) -> tuple[list, list[Site]]:
         return [], []
     original = getattr(masking_utils, "create_causal_mask", None)
     leading = list(inspect.signature(original).parameters)[:4] if original is not None else []
-    if leading[:3] != ["config", "inputs_embeds", "attention_mask"] or leading[3:] not in ([n] for n in CACHE_NAMES):
+    if len(leading) < 4 or leading[:3] != ["config", "inputs_embeds", "attention_mask"] \
+            or leading[3] not in CACHE_NAMES:
         return [], []  # another transformers: its masks are left alone (layers with a mask fall back)
     wrapper = _causal_mask_wrapper(original)
     return [(module, "create_causal_mask", wrapper) for module in _model_modules(model)
