@@ -51,14 +51,20 @@ def kernel_type(source: str, filename: str = "kernel.py") -> str:
     return decl["KERNEL_TYPE"]
 
 
-def import_kernel(path: str | Path):
-    """Import a kernel file as a fresh module (never cached under a shared name)."""
+def import_kernel(path: str | Path, source: str | None = None):
+    """Import a kernel file as a fresh module (never cached under a shared name), compiled from `source`
+    (the text the caller checked; the file's text by default).
+
+    Never through the import system's bytecode cache: a .pyc in __pycache__ stamped with the file's mtime
+    and size is run in place of the file, so a stale one (an edit of the same size within a second) or one
+    an agent planted would run code that nobody read."""
     path = Path(path).resolve()
+    if source is None:
+        source = read_source(path)
     name = f"_autokernel_candidate_{abs(hash(str(path)))}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
+    module = importlib.util.module_from_spec(importlib.util.spec_from_file_location(name, path))
     sys.modules[name] = module  # Triton's jit looks functions up through their module
-    spec.loader.exec_module(module)
+    exec(compile(source, str(path), "exec", dont_inherit=True), module.__dict__)
     if not callable(getattr(module, "kernel_fn", None)) and not isinstance(getattr(module, "ModelNew", None), type):
         raise KernelFileError(f"{path.name} defines no kernel_fn (nor a KernelBench ModelNew class)")
     return module

@@ -357,3 +357,38 @@ def test_no_honest_starter_is_rejected_by_the_timing_checks(kernel_type):
     wall_us = perf._host_clock_guard(fn, sets, timed.median_us)
     print(f"{kernel_type}: events {timed.median_us:.1f} us, host clock {wall_us:.1f} us per call, "
           f"ratio {timed.median_us / wall_us:.2f}")
+
+
+def _bytecode_for(source_path: Path, code: str) -> None:
+    """Write `code`, compiled, where Python's import looks for source_path's cached bytecode, stamped with
+    source_path's own mtime and size: an import through the loader would take it as that file's."""
+    import importlib.util
+    import marshal
+
+    stat = source_path.stat()
+    header = importlib.util.MAGIC_NUMBER + (0).to_bytes(4, "little") + \
+        (int(stat.st_mtime) & 0xFFFFFFFF).to_bytes(4, "little") + (stat.st_size & 0xFFFFFFFF).to_bytes(4, "little")
+    cached = Path(importlib.util.cache_from_source(str(source_path)))
+    cached.parent.mkdir(exist_ok=True)
+    cached.write_bytes(header + marshal.dumps(compile(code, str(source_path), "exec")))
+
+
+@pytest.mark.parametrize("bench_it", [True, False], ids=["bench", "verify"])
+def test_bytecode_planted_beside_a_kernel_file_is_not_what_runs(tmp_path, bench_it):
+    # The static check reads the .py; a .pyc in __pycache__ stamped with the .py's mtime and size is what a
+    # loader import would run instead: here one that writes a file and returns the input as it is.
+    path = tmp_path / "candidate.py"
+    path.write_text(STARTER)
+    ran = tmp_path / "forged_bytecode_ran"
+    _bytecode_for(path, STARTER.replace(LAUNCH, f"    open({str(ran)!r}, 'w').close()\n    return x\n"))
+    if bench_it:
+        result = bench(path)
+        assert result["status"] == "pass", result["reason"]
+    else:
+        import torch
+
+        from autokernel.kernelfile import import_kernel
+
+        x, w = torch.randn(4, 64), torch.randn(64)
+        assert not torch.equal(import_kernel(path).kernel_fn(x, w), x)
+    assert not ran.exists()

@@ -244,7 +244,7 @@ def _load(path: str, device: str = "cuda"):
         torch.cuda.init()
     known = _known_spec(ktype)
     watch = integrity.Watch(*([known] if known else []))
-    module = kernelfile.import_kernel(path)  # a user's own type may register its spec on import
+    module = kernelfile.import_kernel(path, source)  # a user's own type may register its spec on import
     spec = get_spec(ktype)
     if known is None:
         watch.extend(spec)
