@@ -24,7 +24,7 @@ from autokernel.loop.gitlog import GitLog
 
 KERNELS = ["kernels/rmsnorm.py", "kernels/softmax.py"]
 KILLED = "rmsnorm"  # its first task's worker process dies while experiment KILL_AFTER + 1 is benching
-KILL_AFTER = 2
+KILL_AFTER = 1
 RUN_LIMIT_S = 300  # one orchestrate.py run
 
 
@@ -104,11 +104,11 @@ def whole_rows(repo) -> list[dict]:
 @pytest.mark.slow(112)
 def test_two_kernels_as_tasks_a_lost_worker_and_a_second_run(ray_instance, project):
     repo, _ = project
-    why, ui = drive(repo, 3, kill_after={KILLED: KILL_AFTER})
-    assert why.startswith("0 of 2 kernels done")  # each stopped at its 3 experiments
+    why, ui = drive(repo, 2, kill_after={KILLED: KILL_AFTER})
+    assert why.startswith("0 of 2 kernels done")  # each stopped at its 2 experiments
     rows = whole_rows(repo)
     for name in ("rmsnorm", "softmax"):
-        assert len(check_kernel(repo, name, rows)) == 3
+        assert len(check_kernel(repo, name, rows)) == 2
     record = raycluster.read_record(repo, "t")
     assert record["kernels"][KILLED]["attempts"] == 2 and record["kernels"]["softmax"]["attempts"] == 1
     lost = [line for line in ui.lines if f"{KILLED}: its task was lost (WorkerCrashedError" in line]
@@ -131,7 +131,7 @@ def test_two_kernels_as_tasks_a_lost_worker_and_a_second_run(ray_instance, proje
     rows = whole_rows(repo)
     for name in ("rmsnorm", "softmax"):
         mine = check_kernel(repo, name, rows)
-        assert len(mine) == 4 and mine[-1]["status"] != "baseline"
+        assert len(mine) == 3 and mine[-1]["status"] != "baseline"
     assert raycluster.read_record(repo, "t")["pending"] == {}
 
 

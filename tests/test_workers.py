@@ -12,7 +12,7 @@ import os
 import signal
 import subprocess
 import sys
-import time
+import threading
 
 import pytest
 from helpers import PROJECT, copy_project, descendants, harness_children, wait_for
@@ -95,12 +95,8 @@ def test_two_workers_three_kernels(project):
     assert report.returncode == 0 and all(n in report.stdout for n in names)
 
 
-def _wait_for_a_bench(repo, proc, experiment: int, names, started_after: float = 0.0,
-                      limit_s: float = 200) -> tuple[str, dict]:
-    """The first kernel of `names` whose loop is benching `experiment`, begun after `started_after`.
-
-    A restarted loop holds the lock before it has undone the state a kill left, so the start time, not the
-    lock's holder, tells its own bench from the dead one's."""
+def _a_bench(repo, proc, names, printed) -> str:
+    """The first kernel of `names` whose loop (holding its lock) is benching its first experiment."""
 
     def benching():
         for name in names:
@@ -109,15 +105,15 @@ def _wait_for_a_bench(repo, proc, experiment: int, names, started_after: float =
                 inflight = json.loads((tree / "workspace/loop_state.json").read_text()).get("inflight") or {}
             except (FileNotFoundError, json.JSONDecodeError):
                 continue
-            if inflight.get("experiment") == experiment and inflight.get("phase") == "bench" and \
-                    inflight.get("started", 0) > started_after and lock_holder(tree) is not None:
-                return name, inflight
+            if inflight.get("experiment") == 1 and inflight.get("phase") == "bench" and lock_holder(tree):
+                return name
         return None
 
     try:
-        return wait_for(benching, limit_s, f"experiment {experiment} to reach the bench", alive=proc)
+        return wait_for(benching, 200, "a first experiment to reach the bench", alive=proc)
     except AssertionError:
-        raise AssertionError(f"no experiment {experiment} reached the bench: {proc.communicate()[0]!r}") from None
+        proc.wait()
+        raise AssertionError(f"no first experiment reached the bench: {printed.text()!r}") from None
 
 
 def _kill_tree(pid: int) -> list[int]:
@@ -130,22 +126,42 @@ def _kill_tree(pid: int) -> list[int]:
     return victims
 
 
+class _Printed:
+    """What a background process prints, read as it comes: a barrier can wait for a line."""
+
+    def __init__(self, proc):
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=lambda: self.lines.extend(proc.stdout), daemon=True)
+        self._reader.start()
+
+    def has(self, text: str) -> bool:
+        return any(text in line for line in list(self.lines))
+
+    def text(self) -> str:
+        self._reader.join(timeout=10)
+        return "".join(self.lines)
+
+
 @pytest.mark.slow(63)
 def test_kill_9_of_a_worker_then_of_everything(project):
     repo, env = project
     proc = orchestrate(repo, env, *[a for k in KERNELS for a in ("--kernel", k)], "--max-experiments", "1",
                        background=True)
+    printed = _Printed(proc)
     try:
-        name, _ = _wait_for_a_bench(repo, proc, 1, ("rmsnorm", "softmax"))
+        name = _a_bench(repo, proc, ("rmsnorm", "softmax"), printed)
         worker = int(lock_holder(worktree_path(repo, "t", name)))
         wait_for(lambda: harness_children(worker), 60, f"the harness child of the worker on {name}", alive=proc)
-        killed_at = time.time()
         assert len(_kill_tree(worker)) >= 2  # the worker's loop and its harness child; the driver lives
-        _wait_for_a_bench(repo, proc, 1, (name,), started_after=killed_at)  # started again: kill it mid-bench
+        restarted = f"the worker on {name} died (signal 9); starting it again"
+        wait_for(lambda: printed.has(restarted), 60, "the driver to start the worker again", alive=proc)
     finally:
-        victims = _kill_tree(proc.pid)  # then the host dies: the driver, the workers, the harnesses
-        out = proc.communicate()[0]
-    assert len(victims) >= 3 and f"the worker on {name} died (signal 9); starting it again" in out
+        # Then the host dies (the driver, the workers, the harnesses) as soon as the driver said so: seconds
+        # before the new worker, a fresh Python, can have finished the experiment it resumes.
+        victims = _kill_tree(proc.pid)
+        proc.wait()
+        out = printed.text()
+    assert len(victims) >= 2 and restarted in out, out
     tree = GitLog(worktree_path(repo, "t", name))
     # The kill may land before or after the in-flight commit is made; either way the commit left behind
     # must not survive the restart on the kernel's branch.
