@@ -64,6 +64,10 @@ SMALL_ROW_SHAPES = [
 ]
 ROW_EDGES = [{"M": 1023, "N": 1023}, {"M": 1537, "N": 4097}, {"M": 4097, "N": 1537}, {"M": 7, "N": 50257}]
 SMALL_ROW_EDGES = [{"M": 7, "N": 1023}, {"M": 3, "N": 1537}, {"M": 5, "N": 4097}, {"M": 33, "N": 97}]
+# softmax, layernorm and rmsnorm: one [M, N] tensor normalized row by row
+ROW_TYPE_SHAPES = dict(shapes=ROW_SHAPES, small_shapes=SMALL_ROW_SHAPES, edge_shapes=ROW_EDGES,
+                       small_edge_shapes=SMALL_ROW_EDGES, bench_shape={"M": 8192, "N": 8192},
+                       small_bench_shape=SMALL_ROW_BENCH)
 
 
 def _row_bytes(reads: int, writes: int, params: int = 0):
@@ -120,9 +124,7 @@ BUILTIN.append(KernelSpec(
     name="softmax",
     reference=reference.softmax_ref,
     make_inputs=_softmax_inputs,
-    shapes=ROW_SHAPES, small_shapes=SMALL_ROW_SHAPES,
-    edge_shapes=ROW_EDGES, small_edge_shapes=SMALL_ROW_EDGES,
-    bench_shape={"M": 8192, "N": 8192}, small_bench_shape=SMALL_ROW_BENCH,
+    **ROW_TYPE_SHAPES,
     bytes_moved=_row_bytes(1, 1), flops=_row_flops(5),
     adversarial={"huge_equal_logits": _softmax_huge_equal, "large_spread": _softmax_large_spread,
                  "masked_minus_inf": _softmax_masked},
@@ -151,20 +153,22 @@ def _norm_noncontiguous(inputs):
     return (_padded_rows(inputs[0]),) + tuple(inputs[1:])
 
 
+def _row_norm(with_bias: bool) -> dict:
+    """What layernorm and rmsnorm share: x [M, N] and the per-column weight (and bias), read once."""
+    return dict(make_inputs=_norm_inputs(with_bias=with_bias), **ROW_TYPE_SHAPES,
+                bytes_moved=_row_bytes(1, 1, params=2 if with_bias else 1), noncontiguous=_norm_noncontiguous)
+
+
 BUILTIN.append(KernelSpec(
     name="layernorm",
     reference=reference.layernorm_ref,
-    make_inputs=_norm_inputs(with_bias=True),
-    shapes=ROW_SHAPES, small_shapes=SMALL_ROW_SHAPES,
-    edge_shapes=ROW_EDGES, small_edge_shapes=SMALL_ROW_EDGES,
-    bench_shape={"M": 8192, "N": 8192}, small_bench_shape=SMALL_ROW_BENCH,
-    bytes_moved=_row_bytes(1, 1, params=2), flops=_row_flops(8),
+    **_row_norm(with_bias=True),
+    flops=_row_flops(8),
     adversarial={
         # var = E[x^2] - E[x]^2 cancels catastrophically around a large mean
         "large_mean": _norm_inputs(with_bias=True, scale=1.0, offset=1000.0),
         "near_zero_variance": _norm_inputs(with_bias=True, scale=1e-3, offset=1.0),
     },
-    noncontiguous=_norm_noncontiguous,
     description="LayerNorm over the last dimension, affine",
     profiling=Profiling(modules=re.compile(r"layer_?norm", re.I),
                         ops=frozenset({"aten::layer_norm", "aten::native_layer_norm"}),
@@ -213,18 +217,14 @@ def _rmsnorm_baselines(liger) -> dict:
 BUILTIN.append(KernelSpec(
     name="rmsnorm",
     reference=reference.rmsnorm_ref,
-    make_inputs=_norm_inputs(with_bias=False),
-    shapes=ROW_SHAPES, small_shapes=SMALL_ROW_SHAPES,
-    edge_shapes=ROW_EDGES, small_edge_shapes=SMALL_ROW_EDGES,
-    bench_shape={"M": 8192, "N": 8192}, small_bench_shape=SMALL_ROW_BENCH,
-    bytes_moved=_row_bytes(1, 1, params=1), flops=_row_flops(4),
+    **_row_norm(with_bias=False),
+    flops=_row_flops(4),
     adversarial={
         # mean(x^2) ~ 1e-8, below eps: eps must be added inside the rsqrt, in fp32
         "near_zero": _norm_inputs(with_bias=False, scale=1e-4),
         # x^2 summed over a row overflows fp16 unless accumulated in fp32
         "large_values": _norm_inputs(with_bias=False, scale=200.0),
     },
-    noncontiguous=_norm_noncontiguous,
     description="RMSNorm (LLaMA) over the last dimension",
     profiling=Profiling(modules=re.compile(r"rms_?norm", re.I),
                         ops=frozenset({"aten::rms_norm", "aten::_fused_rms_norm"}),
@@ -554,14 +554,21 @@ def _mlp_large_activations(shape, dtype, device, gen):
     return x, w_gate, w_up, w_down / 64
 
 
-def _mlp_shape(t_h, members) -> dict | None:
-    """The MLP's input [..., H] and its first matmul that takes H: [T, H] -> I."""
+def _matmul_taking(input_shape, members) -> tuple[int, int, int] | None:
+    """(rows, K, N) of the first matmul of `members` whose K is input_shape's last dim; rows: the product of
+    input_shape's other dims."""
     for op in members:
         if op.name in MATMUL_OPS and op.shapes:
             mm = _matmul_shape(op)
-            if t_h and mm["K"] == t_h[-1]:
-                return {"T": math.prod(t_h[:-1]), "H": t_h[-1], "I": mm["N"]}
+            if input_shape and mm["K"] == input_shape[-1]:
+                return math.prod(input_shape[:-1]), input_shape[-1], mm["N"]
     return None
+
+
+def _mlp_shape(t_h, members) -> dict | None:
+    """The MLP's input [..., H] and its first matmul that takes H: [T, H] -> I."""
+    found = _matmul_taking(t_h, members)
+    return dict(zip(("T", "H", "I"), found)) if found else None
 
 
 BUILTIN.append(KernelSpec(
@@ -656,51 +663,52 @@ def _add_rmsnorm_baselines(liger) -> dict:
     return {"liger": lambda x, r, w, eps=1e-6: fused(x, r, w, eps, in_place=False)[::-1]}
 
 
-BUILTIN.append(KernelSpec(
-    name="add_rmsnorm",
-    reference=reference.add_rmsnorm_ref,
-    make_inputs=_add_norm_inputs(with_bias=False),
-    shapes=ADD_NORM_SHAPES, small_shapes=SMALL_ROW_SHAPES,
-    edge_shapes=ADD_NORM_EDGES, small_edge_shapes=SMALL_ROW_EDGES,
-    bench_shape={"M": 16384, "N": 4096}, small_bench_shape=SMALL_ROW_BENCH,
-    # x and residual read, the sum and the normed output written, the weight read once
-    bytes_moved=_row_bytes(2, 2, params=1), flops=_row_flops(5),
+def _add_norm_spec(norm: str, with_bias: bool, flops_per_element: int, adversarial: dict, schema: str,
+                   **rest) -> KernelSpec:
+    """add_rmsnorm and add_layernorm: one residual add and one norm, the sum and the normed output returned."""
+    name = f"add_{norm}"
+    return KernelSpec(
+        name=name,
+        reference=getattr(reference, f"{name}_ref"),
+        make_inputs=_add_norm_inputs(with_bias=with_bias),
+        shapes=ADD_NORM_SHAPES, small_shapes=SMALL_ROW_SHAPES,
+        edge_shapes=ADD_NORM_EDGES, small_edge_shapes=SMALL_ROW_EDGES,
+        bench_shape={"M": 16384, "N": 4096}, small_bench_shape=SMALL_ROW_BENCH,
+        # x and residual read, the sum and the normed output written, the weight (and bias) read once
+        bytes_moved=_row_bytes(2, 2, params=2 if with_bias else 1), flops=_row_flops(flops_per_element),
+        adversarial=adversarial,
+        noncontiguous=_add_norm_noncontiguous,
+        description=f"residual add + {'LayerNorm' if with_bias else 'RMSNorm'}: (x + residual, {norm}(x + residual)), "
+                    "the sum rounded first",
+        profiling=_add_norm_profiling(r"layer_?norm" if with_bias else r"rms_?norm"),
+        deployment=Deployment(schema, lambda x, residual, *params: [x.shape, x.shape],
+                              module_site=getattr(addnorm_sites, f"{name}_layer_site")),
+        **rest,
+    )
+
+
+BUILTIN.append(_add_norm_spec(
+    "rmsnorm", with_bias=False, flops_per_element=5,
     adversarial={
         # residual ~ -x: the sum cancels (exactly, Sterbenz) to ~1e-3, its mean square near eps
         "cancellation": _add_norm_inputs(with_bias=False, scale=1e-3, residual_scale=1.0, cancel=True),
         # the sum's squares overflow fp16 unless accumulated in fp32
         "large_values": _add_norm_inputs(with_bias=False, scale=200.0, residual_scale=200.0),
     },
-    noncontiguous=_add_norm_noncontiguous,
-    description="residual add + RMSNorm: (x + residual, rmsnorm(x + residual)), the sum rounded first",
-    profiling=_add_norm_profiling(r"rms_?norm"),
+    schema="(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)",
     default_speedup=1.5,  # eager writes the sum and reads it back before its ~5 norm kernels; compile fuses both
     extra_baselines=_add_rmsnorm_baselines,
-    deployment=Deployment("(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)",
-                          lambda x, residual, weight, eps: [x.shape, x.shape],
-                          module_site=addnorm_sites.add_rmsnorm_layer_site),
 ))
 
-BUILTIN.append(KernelSpec(
-    name="add_layernorm",
-    reference=reference.add_layernorm_ref,
-    make_inputs=_add_norm_inputs(with_bias=True),
-    shapes=ADD_NORM_SHAPES, small_shapes=SMALL_ROW_SHAPES,
-    edge_shapes=ADD_NORM_EDGES, small_edge_shapes=SMALL_ROW_EDGES,
-    bench_shape={"M": 16384, "N": 4096}, small_bench_shape=SMALL_ROW_BENCH,
-    bytes_moved=_row_bytes(2, 2, params=2), flops=_row_flops(9),
+BUILTIN.append(_add_norm_spec(
+    "layernorm", with_bias=True, flops_per_element=9,
     adversarial={
         # var = E[s^2] - E[s]^2 cancels catastrophically around a large mean of the sum
         "large_mean": _add_norm_exact_sum(binade=512.0, scale=8.0),
         "near_zero_variance": _add_norm_exact_sum(binade=1.0, scale=1e-3),
     },
-    noncontiguous=_add_norm_noncontiguous,
-    description="residual add + LayerNorm: (x + residual, layernorm(x + residual)), the sum rounded first",
-    profiling=_add_norm_profiling(r"layer_?norm"),
+    schema="(Tensor x, Tensor residual, Tensor weight, Tensor bias, float eps) -> (Tensor, Tensor)",
     default_speedup=1.3,  # eager: the add and the norm as two kernels, the sum written and read back
-    deployment=Deployment("(Tensor x, Tensor residual, Tensor weight, Tensor bias, float eps) -> (Tensor, Tensor)",
-                          lambda x, residual, weight, bias, eps: [x.shape, x.shape],
-                          module_site=addnorm_sites.add_layernorm_layer_site),
 ))
 
 
@@ -731,12 +739,8 @@ def _lce_inputs(logit_scale: float = 1.0, ignored: float = 0.0, ignored_half: bo
 
 def _lce_head_shape(input_shape, members) -> dict | None:
     """The loss-evaluated output embedding's input [..., H] and its matmul [N, H] -> V."""
-    for op in members:
-        if op.name in MATMUL_OPS and op.shapes:
-            mm = _matmul_shape(op)
-            if input_shape and mm["K"] == input_shape[-1]:
-                return {"N": math.prod(input_shape[:-1]), "H": input_shape[-1], "V": mm["N"]}
-    return None
+    found = _matmul_taking(input_shape, members)
+    return dict(zip(("N", "H", "V"), found)) if found else None
 
 
 def _lce_baselines(liger) -> dict:

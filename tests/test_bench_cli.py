@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+import bench
 from autokernel import results
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -60,12 +61,16 @@ def test_a_missing_kernel_file_is_one_clear_error_and_no_row(tmp_path):
     (STARTER.replace("import torch\n", "import torch\nimport triton.not_a_module\n", 1),
      "ModuleNotFoundError"),
 ])
-def test_bad_kernel_files_are_a_crash_row_with_the_reason(tmp_path, source, message):
+@pytest.mark.usefixtures("warm_launcher")
+def test_bad_kernel_files_are_a_crash_row_with_the_reason(tmp_path, monkeypatch, capsys, source, message):
+    # bench.py's main in this process (the test above runs the script itself): its harness child forks from
+    # the run's warm launcher instead of starting a fresh Python for each file
     (tmp_path / "candidate.py").write_text(source)
-    proc = run_bench_py(tmp_path, "candidate.py", "--device", "cpu")
-    assert proc.returncode == 1
-    assert message in proc.stdout
-    assert "correctness: FAIL (crash:" in proc.stdout
+    monkeypatch.chdir(tmp_path)
+    assert bench.main(["candidate.py", "--device", "cpu"]) == 1
+    out = capsys.readouterr().out
+    assert message in out
+    assert "correctness: FAIL (crash:" in out
     (row,) = results.read_rows(tmp_path / "results.tsv")
     assert row["status"] == "crash" and row["correctness"] == "FAIL"
 

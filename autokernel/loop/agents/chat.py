@@ -20,16 +20,8 @@ import urllib.error
 import urllib.request
 
 from autokernel.kernelfile import KernelFileError, kernel_type
-from autokernel.loop.agents import (
-    Agent,
-    AgentError,
-    AgentUnavailable,
-    Proposal,
-    Task,
-    build_prompt,
-    find_description,
-    read_program,
-)
+from autokernel.loop import agents
+from autokernel.loop.agents import Agent, AgentError, AgentUnavailable, Proposal, Task
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 DEFAULT_KEY_ENV = "OPENAI_API_KEY"
@@ -77,9 +69,9 @@ class ChatAgent(Agent):
         self.transport = transport
 
     def propose(self, task: Task) -> Proposal:
-        program = read_program(task.root)
+        program = agents.read_program(task.root)
         messages = [{"role": "system", "content": program},
-                    {"role": "user", "content": build_prompt(task, program="", edit_in_place=False)}]
+                    {"role": "user", "content": agents.build_prompt(task, program="", edit_in_place=False)}]
         reply = self.complete(messages)
         task.log_dir.mkdir(parents=True, exist_ok=True)
         log = task.log_dir / f"exp{task.experiment:04d}_{task.kernel_name}.reply.md"
@@ -87,7 +79,7 @@ class ChatAgent(Agent):
         code = extract_kernel(reply, task.kernel_type)
         task.kernel_file.write_text(code)
         prose = _CODE_BLOCK.sub("", reply).strip().splitlines()
-        return Proposal(find_description(reply, prose[0] if prose else "edit by the openai agent"),
+        return Proposal(agents.find_description(reply, prose[0] if prose else "edit by the openai agent"),
                         {"log": str(log.relative_to(task.root))})
 
     def complete(self, messages: list[dict]) -> str:
