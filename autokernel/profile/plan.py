@@ -15,8 +15,6 @@ import json
 from datetime import datetime, timezone
 from pathlib import Path
 
-from autokernel import registry
-
 PLAN_VERSION = 1
 STARTERS_JSON = Path("benchmarks/starters.json")
 
@@ -26,6 +24,8 @@ FALLBACK_SPEEDUP = 1.0  # for a type whose registry entry has no default speedup
 def default_speedup(type_: str) -> float:
     """The conservative speedup over PyTorch eager on a GPU that the type's registry entry assumes until its
     starter has been measured (FALLBACK_SPEEDUP for a type without one, or not registered here)."""
+    from autokernel import registry  # here: the loop reads plans without importing torch (the registry's)
+
     try:
         speedup = registry.get_spec(type_).default_speedup
     except KeyError:
