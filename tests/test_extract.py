@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+import bench
 from autokernel.harness import sourcecheck
 from autokernel.kernelfile import declarations
 from autokernel.profile.extraction import ExtractError, extract, set_model_shapes
@@ -107,16 +108,16 @@ def test_extract_cli_errors_are_one_line(repo_root, tmp_path):
     assert r.returncode == 2 and "plan not found" in r.stderr and "Traceback" not in r.stderr
 
 
-@pytest.mark.slow(40)
-def test_extracted_rmsnorm_passes_bench(repo_root, llama_plan, tmp_path):
-    if not (repo_root / "bench.py").is_file():
-        pytest.skip("bench.py is not there yet")
+@pytest.mark.slow(15)
+@pytest.mark.usefixtures("warm_launcher")
+def test_extracted_rmsnorm_passes_bench(repo_root, llama_plan, tmp_path, capsys):
     r = _run(repo_root, "extract.py", "--plan", str(llama_plan), "--top", "9", "--output-dir", str(tmp_path))
     kernel = next(tmp_path.glob("*_rmsnorm.py"), None)
     assert kernel is not None, r.stdout + r.stderr
-    b = _run(repo_root, "bench.py", str(kernel), "--device", "cpu", "--no-log", "--quick")
-    assert b.returncode == 0, b.stdout[-2000:] + b.stderr[-2000:]
-    assert "correctness: PASS" in b.stdout and "shape: M=128 N=128" in b.stdout
+    code = bench.main([str(kernel), "--device", "cpu", "--no-log", "--quick"])  # forked from the warm launcher
+    out = capsys.readouterr().out
+    assert code == 0, out[-2000:]
+    assert "correctness: PASS" in out and "shape: M=128 N=128" in out
 
 
 @pytest.mark.parametrize("plan", sorted((Path(__file__).resolve().parent.parent / "profiles").glob("*.plan.json")),
