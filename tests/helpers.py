@@ -129,6 +129,11 @@ def _parent(pid: int) -> int:
         return 0
 
 
+def started_in(log: str) -> float:
+    """The seconds a bench's harness took to start, from its log: under a second when forked warm."""
+    return float(log.split("(started in ", 1)[1].split(" s)", 1)[0])
+
+
 def harness_children(pid: int) -> list[int]:
     """The harness processes benching under `pid` (a loop, a worker): forked by its warm launcher (a child
     of the zygote, whose command line it shares) or started fresh (`-m autokernel.harness.harness`)."""

@@ -45,7 +45,7 @@ def test_a_tuple_output_is_checked_element_by_element():
     assert not checking.bitwise_equal(good, (torch.ones(3), torch.ones(3)))
 
 
-@pytest.mark.slow(35)
+@pytest.mark.slow(5)
 @pytest.mark.usefixtures("warm_launcher")
 def test_bench_py_runs_add_rmsnorm_through_the_five_stages(repo_root, tmp_path, capsys):
     out = tmp_path / "result.json"
@@ -69,9 +69,9 @@ def test_a_kernel_whose_sum_is_wrong_fails(repo_root, tmp_path):
     assert "output 0:" in result["reason"]
 
 
-@pytest.mark.slow(102)
 @pytest.mark.usefixtures("warm_launcher")
-@pytest.mark.parametrize("kernel_type", ["add_rmsnorm", "add_layernorm"])
+@pytest.mark.parametrize("kernel_type", [pytest.param("add_rmsnorm", marks=pytest.mark.slow(14)),
+                                         pytest.param("add_layernorm", marks=pytest.mark.slow(34))])
 def test_the_looped_variants_pass_the_harness(repo_root, tmp_path, kernel_type):
     path = tmp_path / f"{kernel_type}_looped.py"
     path.write_text(_starter(kernel_type, variant="looped"))  # 64-wide chunks: several per row
@@ -134,7 +134,7 @@ def test_hf_gpt2_blocks_fuse_the_residual_add_into_ln_2(interpreter, tmp_path):
                                                       "transformer.ln_f"]
 
 
-@pytest.mark.slow
+@pytest.mark.slow(10)
 def test_hf_llama_verifies_and_compiles_whole_with_the_fused_layers(repo_root, tmp_path, capsys, interpreter):
     import verify
 

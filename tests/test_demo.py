@@ -39,7 +39,7 @@ def run_demo(repo, env, *args):
                           capture_output=True, text=True, timeout=DEMO_LIMIT_S)
 
 
-@pytest.mark.slow(120)
+@pytest.mark.slow(61)
 def test_the_demo_runs_the_pipeline_and_ends_with_the_speedup_and_where_the_kernels_are(tmp_path):
     repo, env = clone_of_this_tree(tmp_path)
     done = run_demo(repo, env, "--max-experiments", "1")

@@ -157,7 +157,7 @@ def test_outputs_of_timed_runs_are_checked():
         perf._check_timed_outputs(None, spec, sets, timed)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(10)
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_hang_is_a_timeout_within_the_limit(tmp_path, device):
     path = planted(tmp_path, "def kernel_fn(x, weight, eps=1e-6):\n",

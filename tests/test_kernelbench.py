@@ -191,7 +191,7 @@ def kb(repo, env, *args) -> subprocess.CompletedProcess:
                           text=True, timeout=RUN_LIMIT_S)
 
 
-@pytest.mark.slow(51)
+@pytest.mark.slow(39)
 def test_setup_then_the_loop_unchanged_then_score_the_kept_kernel(tmp_path):
     repo, env = project(tmp_path)
     done = kb(repo, env, "setup", "level1/1_Swish", "--root", str(FIXTURES))
@@ -225,7 +225,7 @@ def test_setup_then_the_loop_unchanged_then_score_the_kept_kernel(tmp_path):
     assert hashlib.sha256((repo / "kernel.py").read_bytes()).hexdigest() == kernel_py
 
 
-@pytest.mark.slow(42)
+@pytest.mark.slow(20)
 def test_score_a_set_of_solutions_resumes_and_reports_fast_p(tmp_path):
     repo, env = project(tmp_path)
     args = ["score", "--root", str(FIXTURES), "--problems", "level1/1", "level1/3", "level1/5", "level2",

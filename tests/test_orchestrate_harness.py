@@ -22,6 +22,7 @@ from helpers import (
     descendants,
     harness_children,
     orchestrate,
+    started_in,
     wait_for,
 )
 
@@ -45,7 +46,7 @@ def project(tmp_path):
     return copy_project(tmp_path)
 
 
-@pytest.mark.slow(44)
+@pytest.mark.slow(16)
 def test_builtin_agent_recovers_a_detuned_starter(project):
     repo, env = project
     starter = repo / "kernels" / "rmsnorm.py"
@@ -75,6 +76,9 @@ def test_builtin_agent_recovers_a_detuned_starter(project):
     assert f'VARIANT = "{kept_variant}"' in optimized and "NUM_WARPS = 1 " in optimized
     assert GitLog(repo).repo.commit(keep["commit"]).author.name == "AutoKernel"
     assert "loop stopped: 3 experiments run" in done.stdout
+    # every bench forked from the loop's warm launcher (tests/test_zygote.py: a forked bench is the fresh one)
+    assert "warm launcher stopped: 3 bench(es) forked warm, 0 run in a fresh process instead" in done.stdout
+    assert started_in(json.loads((repo / "workspace/loop_state.json").read_text())["last_log"]) < 1.0
 
 
 def _wait_for_bench(repo, proc, experiment: int, limit_s: float = 240) -> dict:
@@ -94,7 +98,7 @@ def _wait_for_bench(repo, proc, experiment: int, limit_s: float = 240) -> dict:
         raise AssertionError(f"experiment {experiment} never reached the bench: {proc.communicate()[0]!r}") from None
 
 
-@pytest.mark.slow(58)
+@pytest.mark.slow(29)
 def test_kill_9_during_an_experiment_then_resume(project):
     repo, env = project
     proc = orchestrate(repo, env, "--kernel", "kernels/rmsnorm.py", "--max-experiments", "5", "--seed", "1",
@@ -132,7 +136,7 @@ def test_kill_9_during_an_experiment_then_resume(project):
     assert state["inflight"] is None and state["next_experiment"] == n + 1
 
 
-@pytest.mark.slow(37)
+@pytest.mark.slow(14)
 def test_the_pipeline_plan_extract_loop_optimizes_the_models_own_kernel(tmp_path):
     """extract.py records the file in workspace/plan.json; a bare `run` takes it, says so, and scores it by
     its time in the model (MODEL_SHAPES x MODEL_CALLS)."""

@@ -101,7 +101,7 @@ def whole_rows(repo) -> list[dict]:
     return rows
 
 
-@pytest.mark.slow(112)
+@pytest.mark.slow(60)
 def test_two_kernels_as_tasks_a_lost_worker_and_a_second_run(ray_instance, project):
     repo, _ = project
     why, ui = drive(repo, 2, kill_after={KILLED: KILL_AFTER})
@@ -146,7 +146,7 @@ def test_without_ray_or_with_gpus_a_clear_error(project, monkeypatch, capsys):
     assert "--ray and --gpus: choose one" in capsys.readouterr().err
 
 
-@pytest.mark.slow(36)
+@pytest.mark.slow(20)
 def test_orchestrate_run_ray_local(project):
     """The command line as a user types it: its own local Ray instance, one kernel, the report."""
     pytest.importorskip("ray")

@@ -83,7 +83,7 @@ def test_a_wrong_kernel_is_caught_and_named(repo_root, tmp_path, capsys, interpr
     assert summary_values(printed.out)["blamed"] == "rmsnorm"
 
 
-@pytest.mark.slow(61)
+@pytest.mark.slow(16)
 def test_compile_path_times_all_four_and_has_no_graph_breaks(repo_root, tmp_path, capsys, interpreter):
     code, report, printed = run_verify(repo_root, tmp_path, capsys, "llama", "--compile",
                                        "--kernels", str(tmp_path))

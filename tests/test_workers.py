@@ -63,7 +63,7 @@ def check_results_file(repo) -> list[dict]:
     return rows
 
 
-@pytest.mark.slow(105)
+@pytest.mark.slow(47)
 def test_two_workers_three_kernels(project):
     repo, env = project
     done = orchestrate(repo, env, *[a for k in KERNELS + [THIRD] for a in ("--kernel", k)], "--max-experiments", "2")
@@ -142,7 +142,7 @@ class _Printed:
         return "".join(self.lines)
 
 
-@pytest.mark.slow(63)
+@pytest.mark.slow(31)
 def test_kill_9_of_a_worker_then_of_everything(project):
     repo, env = project
     proc = orchestrate(repo, env, *[a for k in KERNELS for a in ("--kernel", k)], "--max-experiments", "1",
