@@ -112,8 +112,8 @@ def _a_bench(repo, proc, names, printed) -> str:
     try:
         return wait_for(benching, 200, "a first experiment to reach the bench", alive=proc)
     except AssertionError:
-        proc.wait()
-        raise AssertionError(f"no first experiment reached the bench: {printed.text()!r}") from None
+        out = printed.text() if proc.poll() is not None else "".join(printed.lines)  # all of it once it ended
+        raise AssertionError(f"no first experiment reached the bench: {out!r}") from None
 
 
 def _kill_tree(pid: int) -> list[int]:
