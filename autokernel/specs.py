@@ -663,10 +663,9 @@ def _add_rmsnorm_baselines(liger) -> dict:
     return {"liger": lambda x, r, w, eps=1e-6: fused(x, r, w, eps, in_place=False)[::-1]}
 
 
-def _add_norm_spec(norm: str, with_bias: bool, flops_per_element: int, adversarial: dict, schema: str,
-                   **rest) -> KernelSpec:
+def _add_norm_spec(norm: str, flops_per_element: int, adversarial: dict, schema: str, **rest) -> KernelSpec:
     """add_rmsnorm and add_layernorm: one residual add and one norm, the sum and the normed output returned."""
-    name = f"add_{norm}"
+    name, with_bias = f"add_{norm}", norm == "layernorm"
     return KernelSpec(
         name=name,
         reference=getattr(reference, f"{name}_ref"),
@@ -688,7 +687,7 @@ def _add_norm_spec(norm: str, with_bias: bool, flops_per_element: int, adversari
 
 
 BUILTIN.append(_add_norm_spec(
-    "rmsnorm", with_bias=False, flops_per_element=5,
+    "rmsnorm", flops_per_element=5,
     adversarial={
         # residual ~ -x: the sum cancels (exactly, Sterbenz) to ~1e-3, its mean square near eps
         "cancellation": _add_norm_inputs(with_bias=False, scale=1e-3, residual_scale=1.0, cancel=True),
@@ -701,7 +700,7 @@ BUILTIN.append(_add_norm_spec(
 ))
 
 BUILTIN.append(_add_norm_spec(
-    "layernorm", with_bias=True, flops_per_element=9,
+    "layernorm", flops_per_element=9,
     adversarial={
         # var = E[s^2] - E[s]^2 cancels catastrophically around a large mean of the sum
         "large_mean": _add_norm_exact_sum(binade=512.0, scale=8.0),
