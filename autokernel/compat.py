@@ -23,8 +23,68 @@ def interpreting() -> bool:
 
 
 def prepare_interpreter() -> None:
-    """Make the interpreter compute what the GPU computes, where it does not on its own."""
+    """Make the interpreter compute what the GPU computes, where it does not on its own, and patch the language
+    once per launch."""
     _patch_bf16_dot()
+    _patch_scalar_index()
+    _patch_lang_once_per_launch()
+
+
+def _patch_lang_once_per_launch() -> None:
+    # The interpreter swaps triton.language's builtins for interpreted ones when a kernel is launched, and
+    # restores them when the launch ends. It swaps them again on every call of a @triton.jit helper from inside
+    # the kernel (triton 3.6 and 3.9: a scan of every member of tl, tl.core, tl.math and tl.tensor, about a
+    # millisecond), though nothing is left to swap: the optimized tiny LLaMA's forward in a CPU verify.py took
+    # 1.48 s with it, 1.04 s without. Inside a launch, a helper whose module sees no language module the launch's
+    # kernel did not is called as it is.
+    import inspect
+
+    import triton.language as tl
+    from triton.runtime import interpreter as interp
+
+    original = getattr(interp, "_patch_lang", None)
+    if original is None or not hasattr(interp, "_LangPatchScope") or getattr(original, "_autokernel_once", False):
+        return
+    launch: dict = {}  # "langs": the language modules the running launch swapped
+
+    def patch_lang(fn):
+        langs = {id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in (tl, tl.core)}
+        if "langs" in launch:  # a helper called inside a launch
+            if langs <= launch["langs"]:
+                return interp._LangPatchScope()
+            launch["langs"] |= langs
+            return original(fn)
+        scope = original(fn)
+        launch["langs"] = langs
+        restore = scope.restore
+
+        def end_of_launch():
+            launch.pop("langs", None)
+            restore()
+
+        scope.restore = end_of_launch
+        return scope
+
+    patch_lang._autokernel_once = True
+    interp._patch_lang = patch_lang
+
+
+def _patch_scalar_index() -> None:
+    # A scalar argument reaches the interpreter as a one-element array; triton 3.6 turns it into a Python int
+    # with int(array), which recent numpy (2.4 here) refuses for an array of one dimension: `range(0, n)` over
+    # an argument n == 1 fails. Triton 3.9 squeezes the array first, as this does.
+    from triton.runtime import interpreter as interp
+
+    original = getattr(interp, "_patch_lang_tensor", None)
+    if original is None or getattr(original, "_autokernel_index", False):
+        return
+
+    def patch_lang_tensor(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
+    patch_lang_tensor._autokernel_index = True
+    interp._patch_lang_tensor = patch_lang_tensor
 
 
 def _patch_bf16_dot() -> None:
@@ -322,6 +382,29 @@ def launch_arguments(kernel, args: tuple, kwargs: dict) -> list:
     bound = signature.bind(*args, **{k: v for k, v in kwargs.items() if k in signature.parameters})
     bound.apply_defaults()
     return list(bound.arguments.values())
+
+
+# 3.6's CudaLauncher.launch, for a kernel with host TMA descriptors, is wrap_handle_tensordesc's `inner`: on every
+# call it turns each descriptor into its encoded CUtensorMap (cuTensorMapEncodeTiled), shape and strides, then calls
+# the C launcher. The map depends on the base address, shape, strides and block only, and the C launcher copies it
+# into the kernel's parameters, so a caller that knows the address is unchanged may reuse the expansion.
+DESCRIPTOR_EXPANSION_TRITON = ((3, 6), (3, 6))
+
+
+def descriptor_expansion(launch: Callable) -> tuple[Callable, Callable] | None:
+    """(the C launcher beneath `launch`, expand(descriptor, k) -> the arguments the k-th descriptor parameter
+    becomes) when `launch` (launcher()'s callable) expands host TMA descriptors per call; else None."""
+    low, high = DESCRIPTOR_EXPANSION_TRITON
+    code, closure = getattr(launch, "__code__", None), getattr(launch, "__closure__", None)
+    if not low <= triton_version() <= high or code is None or not closure or launch.__name__ != "inner":
+        return None
+    cells = dict(zip(code.co_freevars, (c.cell_contents for c in closure)))
+    if not {"launcher", "tensordesc_meta"} <= cells.keys():
+        return None
+    from triton.backends.nvidia.driver import make_tensordesc_arg
+
+    meta = cells["tensordesc_meta"]
+    return cells["launcher"], lambda descriptor, k: make_tensordesc_arg(descriptor, meta[k] if meta else None)
 
 
 def stream_of(device: int) -> Callable[[], int]:
