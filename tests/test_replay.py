@@ -55,6 +55,13 @@ def count_launches():
         counted[0] = LAUNCHES[0] - start
 
 
+class Descriptor:
+    """A host TMA descriptor as a replay sees one: a base tensor and what else the launcher encodes."""
+
+    def __init__(self, base, n):
+        self.base, self.n = base, n
+
+
 KERNEL_FILE = '''
 def _scale_body(x_ptr, out_ptr, n, factor, BLOCK=4):
     floats(out_ptr, n)[:] = floats(x_ptr, n) * factor
@@ -100,12 +107,23 @@ def pair_kernel_fn(a, b):
     out = torch.empty_like(a)
     _scale[(1,)](b, out, b.numel(), 2.0)
     return out
+
+def _descriptor_body(x_desc, out_desc, factor):  # as Triton's own launcher takes descriptors
+    floats(out_desc.base.data_ptr(), out_desc.n)[:] = floats(x_desc.base.data_ptr(), x_desc.n) * factor
+
+_described = FakeKernel(_descriptor_body)
+
+def descriptor_kernel_fn(x, factor):
+    CALLS.append(1)
+    out = torch.empty_like(x)
+    _described[(1,)](Descriptor(x, x.numel()), Descriptor(out, out.numel()), factor)
+    return out
 '''
 
 
 def kernel_module():
     module = types.ModuleType("fake_kernel_file")
-    module.__dict__.update(torch=torch, FakeKernel=FakeKernel, floats=floats)
+    module.__dict__.update(torch=torch, FakeKernel=FakeKernel, floats=floats, Descriptor=Descriptor)
     exec(compile(textwrap.dedent(KERNEL_FILE), "fake_kernel_file.py", "exec"), module.__dict__)
     return module
 
@@ -192,3 +210,35 @@ def test_a_launch_hook_sends_calls_through_the_kernel_file():
     assert len(module.CALLS) == 2
     fn(x, 3.0)
     assert len(module.CALLS) == 2
+
+
+def test_descriptors_are_encoded_once_per_address(monkeypatch):
+    """Where Triton's launcher expands each TMA descriptor on every call (compat.descriptor_expansion), a replay
+    calls the launcher beneath with the expansion it made for the same base address before (one plan serves every
+    layer of a model: each layer's weight has its own address)."""
+    encoded = []
+
+    def expand(descriptor, k):
+        encoded.append((k, descriptor.base.data_ptr()))
+        return [descriptor.base.data_ptr(), descriptor.n]  # a "map" of the address, and the shape
+
+    def beneath(gx, gy, gz, stream, function, metadata, launch_metadata, enter, exit_, x_address, x_n, out_address,
+                out_n, factor):
+        LAUNCHES[0] += 1
+        floats(out_address, out_n)[:] = floats(x_address, x_n) * factor
+
+    monkeypatch.setattr(compat, "descriptor_expansion", lambda launch: (beneath, expand))
+    module = kernel_module()
+    fn = replayed(module, "descriptor_kernel_fn")
+    x, y = torch.randn(16), torch.randn(16)
+    assert torch.equal(fn(x, 3.0), x * 3.0)  # recorded: each descriptor expanded once, to size the arguments
+    assert len(encoded) == 2 and len(module.CALLS) == 1
+    outs = [fn(x, 3.0)]  # x's address again: only the fresh output is encoded
+    assert [k for k, _ in encoded[2:]] == [1]
+    outs += [fn(y, 3.0)]  # a new input address: encoded
+    assert (0, y.data_ptr()) in encoded[3:]
+    seen = len(encoded)
+    outs += [fn(x, 3.0), fn(y, 3.0)]  # both inputs' maps are kept: only the outputs' addresses can be new
+    assert all(k == 1 for k, _ in encoded[seen:])
+    assert [torch.equal(out, want) for out, want in zip(outs, (x * 3.0, y * 3.0, x * 3.0, y * 3.0))] == [True] * 4
+    assert len(module.CALLS) == 1

@@ -27,6 +27,7 @@ current stream: an allocation per buffer and one launcher call per kernel. Launc
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -41,6 +42,9 @@ ALLOCATIONS = {aten.empty.memory_format, aten.empty_strided.default, aten.empty_
 ZEROED = {aten.zeros.default, aten.zeros_like.default, aten.new_zeros.default}
 
 
+# Descriptor expansions kept per descriptor of a plan, by base address: one plan serves every layer of a model, so
+# each weight and each reused activation block has its own; past that they start again.
+MAX_ENCODED = 256
 MAX_SIGNATURES = 1024  # plans kept per kernel; past that they start again (a model has a few shapes, a sweep many)
 
 
@@ -69,6 +73,9 @@ class Launch:
     args: list  # the kernel's arguments, constants in place; pointers and descriptors filled per call
     pointers: list = field(default_factory=list)  # (position, from an input (else a buffer), index, byte offset)
     descriptors: list = field(default_factory=list)  # (position, template, from an input, index)
+    # With compat.descriptor_expansion, run is the launcher beneath Triton's and args hold each descriptor's
+    # expansion in place: (start, template, from an input, index, expand, {base address: its expansion})
+    expanded: list = field(default_factory=list)
 
 
 @dataclass
@@ -89,6 +96,16 @@ class Plan:
             for position, template, from_input, index in launch.descriptors:
                 values[position] = copy.copy(template)
                 values[position].base = (args if from_input else buffers)[index]
+            for start, template, from_input, index, expand, encoded in launch.expanded:
+                address = (pointers if from_input else addresses)[index]
+                expansion = encoded.get(address)  # the same address (a weight, a reused block): the same map
+                if expansion is None:
+                    if len(encoded) >= MAX_ENCODED:
+                        encoded.clear()
+                    descriptor = copy.copy(template)
+                    descriptor.base = (args if from_input else buffers)[index]
+                    expansion = encoded[address] = expand(descriptor)
+                values[start:start + len(expansion)] = expansion
             launch.run(*launch.grid, stream, *launch.head, *values)
         if type(self.output[0]) is tuple:
             return tuple(_view(o, args, buffers) for o in self.output)
@@ -212,11 +229,13 @@ def _plan(args: tuple, out, log: _OpLog, launches: list) -> Plan:
     specs = [_output(where, o) for o in outputs]
     used = sorted({i for launch in plan_launches for _, from_input, i, _ in launch.pointers if not from_input}
                   | {i for launch in plan_launches for _, _, from_input, i in launch.descriptors if not from_input}
+                  | {i for launch in plan_launches for _, _, from_input, i, *_ in launch.expanded if not from_input}
                   | {i for from_input, i, *_ in specs if not from_input})
     renumber = {old: new for new, old in enumerate(used)}  # allocations nothing refers to are not replayed
     for launch in plan_launches:
         launch.pointers = [(p, s, i if s else renumber[i], o) for p, s, i, o in launch.pointers]
         launch.descriptors = [(p, t, s, i if s else renumber[i]) for p, t, s, i in launch.descriptors]
+        launch.expanded = [(p, t, s, i if s else renumber[i], *rest) for p, t, s, i, *rest in launch.expanded]
     specs = [(s, i if s else renumber[i], *rest) for s, i, *rest in specs]
     kept = [Buffer(tuple(buffers[i].shape), buffers[i].stride(), buffers[i].dtype, buffers[i].device,
                    log.allocations[i][1]) for i in used]
@@ -264,7 +283,27 @@ def _launch(where: _Locator, kernel, grid, args: tuple, kwargs: dict, compiled) 
             template.base = None
             launch.descriptors.append((position, template, source, index))
             launch.args[position] = None
-    return launch
+    expansion = compat.descriptor_expansion(launch.run) if launch.descriptors else None
+    return _expanded(launch, values, *expansion) if expansion else launch
+
+
+def _expanded(launch: Launch, values: list, beneath: Callable, expand: Callable) -> Launch:
+    """launch calling the launcher beneath Triton's descriptor expansion, each descriptor's arguments in place and
+    encoded once per base address (compat.descriptor_expansion)."""
+    descriptors = {entry[0]: (k, entry) for k, entry in enumerate(launch.descriptors)}  # position -> (k, entry)
+    args, moved, expanded = [], {}, []
+    for position, value in enumerate(values):
+        if position not in descriptors:
+            moved[position] = len(args)
+            args.append(launch.args[position])
+            continue
+        k, (_, template, source, index) = descriptors[position]
+        first = expand(value, k)  # the recorded descriptor: how many arguments it becomes, and for which address
+        expand_k = functools.partial(expand, k=k)
+        expanded.append((len(args), template, source, index, expand_k, {value.base.data_ptr(): first}))
+        args.extend(first)
+    pointers = [(moved[p], source, index, offset) for p, source, index, offset in launch.pointers]
+    return Launch(run=beneath, grid=launch.grid, head=launch.head, args=args, pointers=pointers, expanded=expanded)
 
 
 def _output(where: _Locator, out: torch.Tensor) -> tuple:
