@@ -18,15 +18,21 @@ fill the GPU (N=2048 rows are only 16 row blocks); each writes its (max, sum, ta
 and divides: bitwise reproducible, no atomics. Peak memory is that buffer and the partial sums:
 12 * SPLIT * N + O(N / COMBINE_BLOCK) bytes, whatever V.
 
-Measured (H200, torch 2.11, triton 3.6, fp16, 2026-11-24, scripts/lce_compare.py: the harness's timing, L2
-flushed; peak = what one call allocates beyond its inputs; Liger was not installed in that run):
-  TinyLlama  B1 S2048 (N 2048, H 2048, V 32000)    565 us  0.8 MiB | eager   790 us   625 MiB | compile  504 us   125 MiB
-  TinyLlama  B4 S2048 (N 8192)                     2373 us  0.8 MiB | eager  3037 us  2500 MiB | compile 2000 us   500 MiB
-  Qwen2-1.5B B1 S2048 (N 2048, H 1536, V 151936)  2085 us  0.8 MiB | eager  3479 us  2968 MiB | compile 1888 us   594 MiB
-  Qwen2-1.5B B4 S2048 (N 8192)                     8755 us  0.8 MiB | eager 13520 us 11870 MiB | compile 7501 us  2374 MiB
-1.3-1.7x eager and 0.84-0.91x torch.compile: what is left to compile is the GEMM, the tl.dot loop at ~470 TFLOP/s
-against cuBLAS's (TMA loads, warp specialization and persistent tiles are the next steps; 128x128 tiles ran
-2.8 ms at TinyLlama B4, and a single loop over (tile, k) steps was slower than the nested loops).
+Hopper: the tiles come through TMA tensor descriptors (hidden [N, H] and weight [V, H] as they lie: the weight
+tile goes to the tensor cores K-major, rows past N or V and depth past H read as zeros), and each tile is
+folded with exp2 and int32 target compares; elsewhere, or with fp32 inputs or unaligned rows, the pointer
+kernel does the same with masked loads.
+
+Measured (H200, torch 2.11, triton 3.6, fp16, 2026-11-24, `python scripts/lce_compare.py`: the harness's timing,
+L2 flushed; peak = what one call allocates beyond its inputs; Liger 0.8.5's fused linear cross-entropy):
+  TinyLlama  B1 S2048 (N 2048, H 2048, V 32000)    421 us  0.8 MiB | eager   782 us   625 MiB | compile  460 us   125 MiB | Liger  1266 us
+  TinyLlama  B4 S2048 (N 8192)                     1682 us  0.8 MiB | eager  3007 us  2500 MiB | compile 1827 us   500 MiB | Liger  1986 us
+  Qwen2-1.5B B1 S2048 (N 2048, H 1536, V 151936)  1425 us  0.8 MiB | eager  3359 us  2968 MiB | compile 1698 us   594 MiB | Liger  8988 us
+  Qwen2-1.5B B4 S2048 (N 8192)                     6289 us  0.8 MiB | eager 13449 us 11870 MiB | compile 7262 us  2374 MiB | Liger  9940 us
+1.09-1.19x torch.compile, 1.8-2.4x eager, 1.2-6.3x Liger. At TinyLlama B4 (`scripts/sweep_tunables.py --compare`):
+the pointer kernel 2184-2219 us, 128-wide vocabulary tiles 2.26 ms; TMA with the former exp epilogue 1751-1800 us
+(an earlier run). Within 1-2% of the default: the target's logit computed apart (a gather-dot per row, not kept)
+and tl.range(flatten=True) over the vocabulary tiles (left a tunable).
 
 Targets equal to ignore_index (HF's padding and shifted-off positions) add no loss and are not counted; a
 call with none counted returns NaN (0/0), as F.cross_entropy does. fp32 inputs use input_precision="ieee"
@@ -39,7 +45,15 @@ import torch
 import triton
 import triton.language as tl
 
+try:  # host-side TMA descriptors arrived in triton 3.4
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - older triton: the "tma" variant falls back to pointers
+    TensorDescriptor = None
+
 KERNEL_TYPE = "linear_cross_entropy"
+
+VARIANT = "tma"  # "tma": tiles loaded through TMA descriptors where that applies (see _tma_ok) | "pointers"
+FLATTEN = False  # TMA variant: let the compiler pipeline the K loop across vocabulary tiles (tl.range flatten)
 
 BLOCK_M = 128  # rows per program (the A tile of the logits GEMM)
 BLOCK_N = 256  # vocabulary columns per logit tile (H200, fp16: 128x256 tiles ran 2.4 ms at TinyLlama B4, 128x128 2.8 ms)
@@ -49,10 +63,13 @@ NUM_STAGES = 3  # software-pipeline depth of the K loop (shared memory: (BLOCK_M
 PROGRAMS_PER_SM = 4  # the vocabulary is split until the grid has about SMs x this many programs
 MAX_SPLIT = 32  # at most this many vocabulary slices (the partials buffer grows with it)
 COMBINE_BLOCK = 1024  # rows per program of the merge kernel
+LOG2E = tl.constexpr(1.4426950408889634)  # log2(e): exp(x) = exp2(x * LOG2E)
 CPU_BLOCKS = (16, 64, 32)  # (BLOCK_M, BLOCK_N, BLOCK_K) in Triton's interpreter: small shapes still span several tiles
 CPU_PROGRAMS = 4  # the grid the split aims for in the interpreter (no SMs to count)
 
 TUNABLES = {
+    "VARIANT": ["tma", "pointers"],
+    "FLATTEN": [False, True],
     "BLOCK_M": [64, 128, 256],
     "BLOCK_N": [64, 128, 256],
     "BLOCK_K": [32, 64, 128],
@@ -91,12 +108,56 @@ def _linear_cross_entropy_kernel(h_ptr, w_ptr, t_ptr, part_ptr, N, V, H, stride_
             b = tl.load(w_ptr + cols[None, :] * stride_wv + (k + ks)[:, None] * stride_wk,
                         mask=col_mask[None, :] & k_mask[:, None], other=0.0)
             acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
-        logits = tl.where(col_mask[None, :], acc, float("-inf"))
-        # every slice starts with a tile holding at least one column, so row_max is finite from then on
-        new_max = tl.maximum(row_max, tl.max(logits, axis=1))
-        row_sum = row_sum * tl.exp(row_max - new_max) + tl.sum(tl.exp(logits - new_max[:, None]), axis=1)
-        row_max = new_max
-        target_logit += tl.sum(tl.where(cols[None, :] == target[:, None], acc, 0.0), axis=1)
+        row_max, row_sum, target_logit = _fold_tile(acc, cols, col_mask, target, row_max, row_sum, target_logit)
+    _store_partials(part_ptr, rows, row_mask, pid_s, N, split, row_max, row_sum, target_logit)
+
+
+@triton.jit
+def _lce_tma_kernel(h_desc, w_desc, t_ptr, part_ptr, N, V, tiles_per_split, split, k_steps,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FLATTEN: tl.constexpr):
+    """_linear_cross_entropy_kernel with its tiles loaded by the TMA engine: hidden [N, H] and weight [V, H]
+    through tensor descriptors (rows past N or V and depth past H read as zeros), the weight tile fed to the
+    tensor cores K-major as it lies in memory."""
+    pid_m = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    off_m = pid_m * BLOCK_M
+    rows = (off_m + tl.arange(0, BLOCK_M)).to(tl.int64)
+    row_mask = rows < N
+    target = tl.load(t_ptr + rows, mask=row_mask, other=-1).to(tl.int32)  # out-of-range targets match no column
+    row_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
+    target_logit = tl.zeros([BLOCK_M], dtype=tl.float32)
+    first_tile = pid_s * tiles_per_split
+    last_tile = tl.minimum(first_tile + tiles_per_split, tl.cdiv(V, BLOCK_N))
+    for tile in tl.range(first_tile, last_tile, flatten=FLATTEN):
+        off_n = tile * BLOCK_N
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k in range(0, k_steps):
+            a = h_desc.load([off_m, k * BLOCK_K])
+            b = w_desc.load([off_n, k * BLOCK_K])
+            acc = tl.dot(a, b.T, acc)
+        cols = off_n + tl.arange(0, BLOCK_N)
+        row_max, row_sum, target_logit = _fold_tile(acc, cols, cols < V, target, row_max, row_sum, target_logit)
+    _store_partials(part_ptr, rows, row_mask, pid_s, N, split, row_max, row_sum, target_logit)
+
+
+@triton.jit
+def _fold_tile(acc, cols, col_mask, target, row_max, row_sum, target_logit):
+    """Fold a [rows, cols] logit tile into each row's running max, sum of exp and target logit. The TMA kernel
+    passes cols and target as int32: the vocabulary fits, and a 64-bit compare costs two per logit."""
+    logits = tl.where(col_mask[None, :], acc, float("-inf"))
+    # every slice starts with a tile holding at least one column, so row_max is finite from then on
+    new_max = tl.maximum(row_max, tl.max(logits, axis=1))
+    # exp(x - m) as exp2(x * log2(e) - m * log2(e)): one fused multiply-add and the hardware's exp2 per logit
+    scaled_max = new_max * LOG2E
+    row_sum = (row_sum * tl.math.exp2(row_max * LOG2E - scaled_max)
+               + tl.sum(tl.math.exp2(tl.fma(logits, LOG2E, -scaled_max[:, None])), axis=1))
+    target_logit += tl.sum(tl.where(cols[None, :] == target[:, None], acc, 0.0), axis=1)
+    return new_max, row_sum, target_logit
+
+
+@triton.jit
+def _store_partials(part_ptr, rows, row_mask, pid_s, N, split, row_max, row_sum, target_logit):
     at = pid_s * N + rows
     tl.store(part_ptr + at, row_max, mask=row_mask)
     tl.store(part_ptr + split * N + at, row_sum, mask=row_mask)
@@ -148,6 +209,31 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+@functools.cache
+def _capability_major(device_index: int) -> int:
+    return torch.cuda.get_device_capability(device_index)[0]
+
+
+def _tma_ok(hidden, weight) -> bool:
+    """TMA: a Hopper+ GPU, 16-bit inputs (fp32 keeps the pointer kernel's ieee dot), unit inner strides and
+    16-byte aligned bases and rows."""
+    if TensorDescriptor is None or not hidden.is_cuda or hidden.dtype == torch.float32:
+        return False
+    if _capability_major(hidden.device.index) < 9:
+        return False
+    return all(t.stride(1) == 1 and _address(t) % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0
+               for t in (hidden, weight))
+
+
+def _address(t):
+    """t's data pointer; traced under torch.compile (a FakeTensor has none) its offset into an allocation,
+    which PyTorch's allocators align to at least 256 bytes."""
+    try:
+        return t.data_ptr()
+    except RuntimeError:
+        return t.storage_offset() * t.element_size()
+
+
 def _blocks(hidden) -> tuple[int, int, int]:
     return (BLOCK_M, BLOCK_N, BLOCK_K) if hidden.is_cuda else CPU_BLOCKS
 
@@ -169,8 +255,15 @@ def kernel_fn(hidden, weight, target, ignore_index=-100):
     block_m, block_n, block_k = _blocks(hidden)
     split, per_split = _split(n, v, hidden, block_m, block_n)
     part = torch.empty((3, split, n), dtype=torch.float32, device=hidden.device)
-    if n > 0:
-        _linear_cross_entropy_kernel[(_cdiv(n, block_m), split)](
+    grid = (_cdiv(n, block_m), split)
+    if n > 0 and VARIANT == "tma" and _tma_ok(hidden, weight):
+        _lce_tma_kernel[grid](
+            TensorDescriptor.from_tensor(hidden, [block_m, block_k]),
+            TensorDescriptor.from_tensor(weight, [block_n, block_k]), target, part, n, v, per_split, split,
+            _cdiv(h, block_k), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, FLATTEN=FLATTEN,
+            num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+    elif n > 0:
+        _linear_cross_entropy_kernel[grid](
             hidden, weight, target, part, n, v, h, hidden.stride(0), hidden.stride(1), weight.stride(0),
             weight.stride(1), per_split, split, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
             DOT_PRECISION="ieee" if hidden.dtype == torch.float32 else "tf32",  # tf32 is ignored for 16-bit

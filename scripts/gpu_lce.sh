@@ -5,6 +5,8 @@
 #
 # Steps (each fits one 10-minute device command; minutes as measured on an H200 on 2026-11-24, bench with --quick):
 #   liger     pip install --no-deps .whl/liger_kernel-0.8.5-py3-none-any.whl (the Liger baseline)      <1 min
+#   sweep     scripts/sweep_tunables.py --compare: the TMA variant's settings against the pointer kernel and
+#             torch.compile, interleaved rounds, at TinyLlama B4 and B1 S2048 (N 8192 and 2048)       ~4 min
 #   bench     bench.py on the starter: the five stages at the GPU shapes, then time and peak memory
 #             at N=8192 H=2048 V=32000 fp16 (TinyLlama B4 S2048) against eager and torch.compile  ~2-4 min
 #   compare   scripts/lce_compare.py: time and peak memory of kernel, eager, torch.compile and Liger at
@@ -26,6 +28,12 @@ for step in "${STEPS[@]}"; do
     liger)
       python3 -m pip install --no-deps .whl/liger_kernel-0.8.5-py3-none-any.whl 2>&1 | tail -2
       python3 -c "import liger_kernel.transformers.functional as f; print('liger', f.liger_fused_linear_cross_entropy)" ;;
+    sweep)
+      for shape in N=8192,H=2048,V=32000 N=2048,H=2048,V=32000; do
+        python3 scripts/sweep_tunables.py kernels/linear_cross_entropy.py --shape "$shape" --rounds 2 \
+          --compare "VARIANT='pointers'" --compare FLATTEN=True --compare NUM_STAGES=4 --compare BLOCK_N=128 2>&1 \
+          | tee -a "$LOG/sweep.log" | tail -14
+      done ;;
     bench)
       python3 bench.py kernels/linear_cross_entropy.py --device cuda --timeout 540 --no-log --json "$LOG/bench.json" 2>&1 \
         | tee "$LOG/bench.log" | tail -32 ;;
