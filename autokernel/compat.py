@@ -407,6 +407,21 @@ def descriptor_expansion(launch: Callable) -> tuple[Callable, Callable] | None:
     return cells["launcher"], lambda descriptor, k: make_tensordesc_arg(descriptor, meta[k] if meta else None)
 
 
+def scratch_allocator():
+    """What Triton's launcher asks for a kernel's global scratch (device-side TMA descriptors live there): the
+    allocator triton.set_allocator set in this context (a ContextVar since 3.4: a new thread starts without one)."""
+    from triton.runtime import _allocation
+
+    allocator = _allocation._allocator
+    return allocator.get() if hasattr(allocator, "get") else allocator
+
+
+def set_scratch_allocator(allocator: Callable) -> None:
+    import triton
+
+    triton.set_allocator(allocator)
+
+
 def stream_of(device: int) -> Callable[[], int]:
     """The current raw CUDA stream of a device, as the launcher takes it (0 on the CPU)."""
     if device < 0:

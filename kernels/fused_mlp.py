@@ -21,7 +21,11 @@ more tensor-core work. Off by default: it is eager's own precision, and ~1.3x fa
 
 Variants: "grouped" (pointer loads, one program per tile, GROUP_M L2 swizzle; runs anywhere) and
 "tma" (persistent, Hopper TMA descriptors; needs compute capability >= 9 and 16-byte aligned rows,
-else falls back per phase). "auto" = "tma" where it applies and the phase is large (TMA_MIN_FLOPS). A tile size left at 0 is chosen by dtype
+else falls back per phase). "auto" = "tma" where it applies and the phase is large (TMA_MIN_FLOPS).
+DESCRIPTORS: where "tma" makes its descriptors. "host": TensorDescriptor.from_tensor, encoded by the launcher on
+every call (torch.compile cannot trace such a launch: the op stays opaque there). "device": each program makes
+them from pointers (tl.make_tensor_descriptor, 128 bytes of global scratch per descriptor and program, asked of
+triton's allocator at launch): nothing encoded on the host, and Inductor launches the kernel from its own code. A tile size left at 0 is chosen by dtype
 and shape; a non-zero CAPS value wins. fp32 uses input_precision="ieee" (TF32 misses the 1e-4 tolerance).
 """
 
@@ -51,6 +55,7 @@ DOWN_NUM_WARPS = 0  # phase 2 warps; 0 = 8
 DOWN_NUM_STAGES = 0  # phase 2 pipeline depth; 0 = 3
 GROUP_M = 8  # tile rows per L2 swizzle group (both phases)
 PRECISE_H = False  # 16-bit: carry h as hi + lo halves (phase 2 does two MMAs); see the docstring
+DESCRIPTORS = "host"  # "tma": "host" | "device" (made by each program; see the docstring)
 
 # "auto" takes TMA only from this many FLOPs per GEMM phase: its host-side descriptors cost ~200 us of
 # CPU per call (measured on an H200 host: 251 us launch against 60 us on the GPU at T=2048 H=768 I=2304).
@@ -70,6 +75,7 @@ TUNABLES = {
     "DOWN_NUM_STAGES": [0, 2, 3, 4, 5],
     "GROUP_M": [1, 4, 8, 16],
     "PRECISE_H": [True, False],
+    "DESCRIPTORS": ["host", "device"],
 }
 
 
@@ -153,11 +159,30 @@ def _mlp_gemm_kernel(a_ptr, a2_ptr, w1_ptr, w2_ptr, c_ptr, c2_ptr, M, N, K, stri
 
 
 @triton.jit
+def _descriptor(base, rows, cols, row_stride, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, ON_DEVICE: tl.constexpr):
+    """A TMA descriptor of the row-major [rows, cols] matrix at base: made here when ON_DEVICE (base is a
+    pointer), else base itself (the host's descriptor)."""
+    if ON_DEVICE:
+        desc = tl.make_tensor_descriptor(base, [rows, cols], [row_stride, 1], [BLOCK_R, BLOCK_C])
+    else:
+        desc = base
+    return desc
+
+
+@triton.jit
 def _mlp_gemm_tma_kernel(a_desc, a2_desc, w1_desc, w2_desc, c_desc, c2_desc, M, N, K, num_programs,
+                         stride_a, stride_a2, stride_w1, stride_w2, stride_c, stride_c2,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                          GROUP_M: tl.constexpr, GATED: tl.constexpr, SPLIT_A: tl.constexpr,
-                         SPLIT_OUT: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Persistent TMA version of _mlp_gemm_kernel; out-of-bounds loads are zero-filled by TMA."""
+                         SPLIT_OUT: tl.constexpr, DOT_PRECISION: tl.constexpr, ON_DEVICE: tl.constexpr):
+    """Persistent TMA version of _mlp_gemm_kernel; out-of-bounds loads are zero-filled by TMA. ON_DEVICE: the
+    *_desc arguments are pointers, the descriptors are made here (the row strides serve only then)."""
+    a_desc = _descriptor(a_desc, M, K, stride_a, BLOCK_M, BLOCK_K, ON_DEVICE)
+    a2_desc = _descriptor(a2_desc, M, K, stride_a2, BLOCK_M, BLOCK_K, ON_DEVICE)
+    w1_desc = _descriptor(w1_desc, N, K, stride_w1, BLOCK_N, BLOCK_K, ON_DEVICE)
+    w2_desc = _descriptor(w2_desc, N, K, stride_w2, BLOCK_N, BLOCK_K, ON_DEVICE)
+    c_desc = _descriptor(c_desc, M, N, stride_c, BLOCK_M, BLOCK_N, ON_DEVICE)
+    c2_desc = _descriptor(c2_desc, M, N, stride_c2, BLOCK_M, BLOCK_N, ON_DEVICE)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     for tile in range(tl.program_id(0), num_pid_m * num_pid_n, num_programs):
@@ -234,6 +259,11 @@ def _address(t):
         return t.storage_offset() * t.element_size()
 
 
+def _scratch(size: int, alignment: int, stream):
+    """Global memory for the descriptors made on the device, which Triton's launcher asks for at each launch."""
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
 def _gemm(a, a2, w1, w2, c, c2, gated, split_a, split_out):
     """c = (a [+ a2]) @ w1^T, or silu(a @ w1^T) * (a @ w2^T); a [M, K], w [N, K], c [M, N]."""
     m, k = a.shape
@@ -245,10 +275,16 @@ def _gemm(a, a2, w1, w2, c, c2, gated, split_a, split_out):
     tiles = _cdiv(m, bm) * _cdiv(n, bn)
     large = 2 * m * n * k >= TMA_MIN_FLOPS
     if (VARIANT == "tma" or (VARIANT == "auto" and large)) and _tma_ok(a, a2, w1, w2, c, c2):
-        descs = [TensorDescriptor.from_tensor(t, blk) for t, blk in
-                 ((a, [bm, bk]), (a2, [bm, bk]), (w1, [bn, bk]), (w2, [bn, bk]), (c, [bm, bn]), (c2, [bm, bn]))]
+        on_device = DESCRIPTORS == "device"
+        if on_device:
+            triton.set_allocator(_scratch)
+            descs = [a, a2, w1, w2, c, c2]
+        else:
+            descs = [TensorDescriptor.from_tensor(t, blk) for t, blk in
+                     ((a, [bm, bk]), (a2, [bm, bk]), (w1, [bn, bk]), (w2, [bn, bk]), (c, [bm, bn]), (c2, [bm, bn]))]
         programs = min(tiles, _sm_count(a.get_device()))
-        _mlp_gemm_tma_kernel[(programs,)](*descs, m, n, k, programs, **flags)
+        _mlp_gemm_tma_kernel[(programs,)](*descs, m, n, k, programs, a.stride(0), a2.stride(0), w1.stride(0),
+                                          w2.stride(0), c.stride(0), c2.stride(0), ON_DEVICE=on_device, **flags)
         return
     masked = m % bm != 0 or n % bn != 0 or k % bk != 0
     _mlp_gemm_kernel[(tiles,)](a, a2, w1, w2, c, c2, m, n, k, *a.stride(), *w1.stride(), *c.stride(),

@@ -21,7 +21,11 @@ and divides: bitwise reproducible, no atomics. Peak memory is that buffer and th
 Hopper: the tiles come through TMA tensor descriptors (hidden [N, H] and weight [V, H] as they lie: the weight
 tile goes to the tensor cores K-major, rows past N or V and depth past H read as zeros), and each tile is
 folded with exp2 and int32 target compares; elsewhere, or with fp32 inputs or unaligned rows, the pointer
-kernel does the same with masked loads.
+kernel does the same with masked loads. DESCRIPTORS: where the TMA kernel's descriptors are made. "host":
+TensorDescriptor.from_tensor, encoded by the launcher on every call (torch.compile cannot trace such a launch: the
+op stays opaque there). "device": each program makes them from pointers (tl.make_tensor_descriptor, 128 bytes of
+global scratch per descriptor and program, asked of triton's allocator at launch): nothing encoded on the host,
+and Inductor launches the kernel from its own code.
 
 Measured (H200, torch 2.11, triton 3.6, fp16, 2026-11-24, `python scripts/lce_compare.py`: the harness's timing,
 L2 flushed; peak = what one call allocates beyond its inputs; Liger 0.8.5's fused linear cross-entropy):
@@ -54,6 +58,7 @@ KERNEL_TYPE = "linear_cross_entropy"
 
 VARIANT = "tma"  # "tma": tiles loaded through TMA descriptors where that applies (see _tma_ok) | "pointers"
 FLATTEN = False  # TMA variant: let the compiler pipeline the K loop across vocabulary tiles (tl.range flatten)
+DESCRIPTORS = "host"  # TMA variant: "host" | "device" (made by each program; see the docstring)
 
 BLOCK_M = 128  # rows per program (the A tile of the logits GEMM)
 BLOCK_N = 256  # vocabulary columns per logit tile (H200, fp16: 128x256 tiles ran 2.4 ms at TinyLlama B4, 128x128 2.8 ms)
@@ -70,6 +75,7 @@ CPU_PROGRAMS = 4  # the grid the split aims for in the interpreter (no SMs to co
 TUNABLES = {
     "VARIANT": ["tma", "pointers"],
     "FLATTEN": [False, True],
+    "DESCRIPTORS": ["host", "device"],
     "BLOCK_M": [64, 128, 256],
     "BLOCK_N": [64, 128, 256],
     "BLOCK_K": [32, 64, 128],
@@ -113,11 +119,26 @@ def _linear_cross_entropy_kernel(h_ptr, w_ptr, t_ptr, part_ptr, N, V, H, stride_
 
 
 @triton.jit
-def _lce_tma_kernel(h_desc, w_desc, t_ptr, part_ptr, N, V, tiles_per_split, split, k_steps,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FLATTEN: tl.constexpr):
+def _descriptor(base, rows, cols, row_stride, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, ON_DEVICE: tl.constexpr):
+    """A TMA descriptor of the row-major [rows, cols] matrix at base: made here when ON_DEVICE (base is a
+    pointer), else base itself (the host's descriptor)."""
+    if ON_DEVICE:
+        desc = tl.make_tensor_descriptor(base, [rows, cols], [row_stride, 1], [BLOCK_R, BLOCK_C])
+    else:
+        desc = base
+    return desc
+
+
+@triton.jit
+def _lce_tma_kernel(h_desc, w_desc, t_ptr, part_ptr, N, V, H, stride_h, stride_w, tiles_per_split, split, k_steps,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FLATTEN: tl.constexpr,
+                    ON_DEVICE: tl.constexpr):
     """_linear_cross_entropy_kernel with its tiles loaded by the TMA engine: hidden [N, H] and weight [V, H]
     through tensor descriptors (rows past N or V and depth past H read as zeros), the weight tile fed to the
-    tensor cores K-major as it lies in memory."""
+    tensor cores K-major as it lies in memory. ON_DEVICE: h_desc and w_desc are pointers, the descriptors are
+    made here (H and the row strides serve only then)."""
+    h_desc = _descriptor(h_desc, N, H, stride_h, BLOCK_M, BLOCK_K, ON_DEVICE)
+    w_desc = _descriptor(w_desc, V, H, stride_w, BLOCK_N, BLOCK_K, ON_DEVICE)
     pid_m = tl.program_id(0)
     pid_s = tl.program_id(1)
     off_m = pid_m * BLOCK_M
@@ -234,6 +255,11 @@ def _address(t):
         return t.storage_offset() * t.element_size()
 
 
+def _scratch(size: int, alignment: int, stream):
+    """Global memory for the descriptors made on the device, which Triton's launcher asks for at each launch."""
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
 def _blocks(hidden) -> tuple[int, int, int]:
     return (BLOCK_M, BLOCK_N, BLOCK_K) if hidden.is_cuda else CPU_BLOCKS
 
@@ -257,10 +283,16 @@ def kernel_fn(hidden, weight, target, ignore_index=-100):
     part = torch.empty((3, split, n), dtype=torch.float32, device=hidden.device)
     grid = (_cdiv(n, block_m), split)
     if n > 0 and VARIANT == "tma" and _tma_ok(hidden, weight):
+        on_device = DESCRIPTORS == "device"
+        if on_device:
+            triton.set_allocator(_scratch)
+            descs = (hidden, weight)
+        else:
+            descs = (TensorDescriptor.from_tensor(hidden, [block_m, block_k]),
+                     TensorDescriptor.from_tensor(weight, [block_n, block_k]))
         _lce_tma_kernel[grid](
-            TensorDescriptor.from_tensor(hidden, [block_m, block_k]),
-            TensorDescriptor.from_tensor(weight, [block_n, block_k]), target, part, n, v, per_split, split,
-            _cdiv(h, block_k), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, FLATTEN=FLATTEN,
+            *descs, target, part, n, v, h, hidden.stride(0), weight.stride(0), per_split, split, _cdiv(h, block_k),
+            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, FLATTEN=FLATTEN, ON_DEVICE=on_device,
             num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     elif n > 0:
         _linear_cross_entropy_kernel[grid](

@@ -15,6 +15,10 @@ Variants:
                 (no address arithmetic in registers, out-of-bounds zero-filled by hardware).
                 Needs compute capability >= 9 and 16-byte aligned rows; otherwise "grouped".
   "auto"        "tma" where it applies and the problem is large (TMA_MIN_FLOPS), else "grouped".
+DESCRIPTORS: where "tma" makes its descriptors. "host": TensorDescriptor.from_tensor, encoded by the launcher on
+every call (torch.compile cannot trace such a launch: the op stays opaque there). "device": each program makes
+them from pointers (tl.make_tensor_descriptor, 128 bytes of global scratch per descriptor and program, asked of
+triton's allocator at launch): nothing encoded on the host, and Inductor launches the kernel from its own code.
 Tile sizes left at 0 are chosen by shape and dtype (see _auto_config); a non-zero CAPS value wins.
 fp32 inputs use input_precision="ieee": TF32 would miss the 1e-4 fp32 tolerance.
 """
@@ -40,6 +44,7 @@ GROUP_M = 8  # tile rows per L2 swizzle group
 NUM_WARPS = 0  # warps per program; 0 = by tile size (8 for 128x256)
 NUM_STAGES = 0  # software pipeline depth (shared-memory buffers); 0 = by tile size
 PROGRAMS_PER_SM = 1  # persistent variants: programs launched per SM
+DESCRIPTORS = "host"  # "tma": "host" | "device" (made by each program; see the docstring)
 # "auto" takes TMA only from this many FLOPs: building its host-side descriptors costs ~80 us of CPU per
 # call (measured on an H200 host: 86 us launch against 7 us on the GPU at 2048x768x768), which a model's
 # small matmuls cannot amortize; at 4096^3 (137 GFLOP) it is noise.
@@ -54,6 +59,7 @@ TUNABLES = {
     "NUM_WARPS": [0, 4, 8],
     "NUM_STAGES": [0, 2, 3, 4, 5],
     "PROGRAMS_PER_SM": [1, 2],
+    "DESCRIPTORS": ["host", "device"],
 }
 
 CPU_PROGRAMS = 4  # persistent programs in the interpreter, enough to exercise the tile loop
@@ -133,10 +139,29 @@ def _matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk
 
 
 @triton.jit
-def _matmul_tma_kernel(a_desc, b_desc, c_desc, M, N, K, num_programs,
+def _descriptor(base, rows, cols, row_stride, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, ON_DEVICE: tl.constexpr):
+    """A TMA descriptor of the row-major [rows, cols] matrix at base: made here when ON_DEVICE (base is a
+    pointer), else base itself (the host's descriptor)."""
+    if ON_DEVICE:
+        desc = tl.make_tensor_descriptor(base, [rows, cols], [row_stride, 1], [BLOCK_R, BLOCK_C])
+    else:
+        desc = base
+    return desc
+
+
+@triton.jit
+def _matmul_tma_kernel(a_desc, b_desc, c_desc, M, N, K, num_programs, stride_a, stride_b, stride_c,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       GROUP_M: tl.constexpr, B_KMAJOR: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                       GROUP_M: tl.constexpr, B_KMAJOR: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                       ON_DEVICE: tl.constexpr):
     # B_KMAJOR: b_desc describes B^T [N, K] (B came as a W.t() view), tiles are transposed on chip.
+    # ON_DEVICE: the *_desc arguments are pointers, the descriptors are made here from the row strides.
+    a_desc = _descriptor(a_desc, M, K, stride_a, BLOCK_M, BLOCK_K, ON_DEVICE)
+    if B_KMAJOR:
+        b_desc = _descriptor(b_desc, N, K, stride_b, BLOCK_N, BLOCK_K, ON_DEVICE)
+    else:
+        b_desc = _descriptor(b_desc, K, N, stride_b, BLOCK_K, BLOCK_N, ON_DEVICE)
+    c_desc = _descriptor(c_desc, M, N, stride_c, BLOCK_M, BLOCK_N, ON_DEVICE)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     for tile in range(tl.program_id(0), num_pid_m * num_pid_n, num_programs):
@@ -216,18 +241,30 @@ def _address(t):
         return t.storage_offset() * t.element_size()
 
 
+def _scratch(size: int, alignment: int, stream):
+    """Global memory for the descriptors made on the device, which Triton's launcher asks for at each launch."""
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
 def _launch_tma(a, b, c, cfg, num_sms):
     bm, bn, bk, warps, stages = cfg
     m, k = a.shape
     n = b.shape[1]
     b_kmajor = b.stride(1) != 1
-    a_desc = TensorDescriptor.from_tensor(a, [bm, bk])
-    b_desc = TensorDescriptor.from_tensor(b.t(), [bn, bk]) if b_kmajor else TensorDescriptor.from_tensor(b, [bk, bn])
-    c_desc = TensorDescriptor.from_tensor(c, [bm, bn])
+    b_rows = b.t() if b_kmajor else b  # row-major as it lies: B^T [N, K] or B [K, N]
+    on_device = DESCRIPTORS == "device"
+    if on_device:
+        triton.set_allocator(_scratch)
+        descs = (a, b_rows, c)
+    else:
+        descs = (TensorDescriptor.from_tensor(a, [bm, bk]),
+                 TensorDescriptor.from_tensor(b_rows, [bn, bk] if b_kmajor else [bk, bn]),
+                 TensorDescriptor.from_tensor(c, [bm, bn]))
     programs = min(_cdiv(m, bm) * _cdiv(n, bn), num_sms * PROGRAMS_PER_SM)
-    _matmul_tma_kernel[(programs,)](a_desc, b_desc, c_desc, m, n, k, programs,
+    _matmul_tma_kernel[(programs,)](*descs, m, n, k, programs, a.stride(0), b_rows.stride(0), c.stride(0),
                                     BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=GROUP_M, B_KMAJOR=b_kmajor,
-                                    DOT_PRECISION=_dot_precision(a.dtype), num_warps=warps, num_stages=stages)
+                                    DOT_PRECISION=_dot_precision(a.dtype), ON_DEVICE=on_device,
+                                    num_warps=warps, num_stages=stages)
 
 
 def _launch_pointers(a, b, c, cfg, num_sms, persistent):

@@ -1,6 +1,6 @@
 """Developer tool (GPU): how much of a small kernel's time is the host launching it.
 
-    python scripts/launch_overhead.py [--json FILE]
+    python scripts/launch_overhead.py [--json FILE] [--types matmul,fused_mlp] [--set "DESCRIPTORS='device'"]
 
 For each function: host microseconds per call (enqueue only, no sync), the harness's timing (events,
 L2 flushed), and pure device time from a CUDA graph replay: the protocols of autokernel/harness/modeltime.py,
@@ -10,8 +10,10 @@ Each starter is measured three ways at a model's shapes: `kernel` (kernel_fn as 
 launched by Triton's JITFunction.run), `fast` (kernel_fn as optimize() plugs it in: its launches
 replayed per input signature, autokernel/ops/replay.py) and `op` (what the model's swapped site calls: the op
 wrapper's checks and error naming around the fast kernel_fn). Issue 17's target: `op` <= 10 us.
+--set NAME=VALUE (a Python literal) sets a module constant in each starter that declares it, before it is timed.
 """
 
+import ast
 import sys
 from pathlib import Path
 
@@ -47,6 +49,7 @@ def report(name, fn, args, rows: dict):
 CASES = [("rmsnorm", {"M": 2048, "N": 2048}), ("rotary_embedding", {"B": 1, "H": 32, "S": 2048, "D": 64}),
          ("matmul", {"M": 2048, "N": 2048, "K": 2048}), ("fused_mlp", {"T": 2048, "H": 2048, "I": 5632}),
          ("flash_attention", {"B": 1, "H": 32, "S": 2048, "D": 64, "causal": True}),
+         ("linear_cross_entropy", {"N": 2048, "H": 2048, "V": 32000}),
          ("rmsnorm", {"M": 2048, "N": 768}), ("rmsnorm", {"M": 8192, "N": 8192})]  # TinyLlama's shapes first
 
 
@@ -58,16 +61,26 @@ def main():
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--json", help="also write the rows as JSON")
+    p.add_argument("--types", help="comma-separated kernel types to measure (default: every case)")
+    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                   help="a module constant for the starters that declare it (a Python literal)")
     args_ = p.parse_args()
+    overrides = {name: ast.literal_eval(value) for name, _, value in (kv.partition("=") for kv in args_.set)}
+    types = set(args_.types.split(",")) if args_.types else None
     rows = {}
     x = torch.randn(2048, 768, device="cuda", dtype=torch.float16)
     report("torch.empty_like", torch.empty_like, (x,), rows)
     report("torch.add", torch.add, (x, x), rows)
     gen = torch.Generator(device="cuda").manual_seed(0)
     for ktype, shape in CASES:
+        if types is not None and ktype not in types:
+            continue
         spec = get_spec(ktype)
         args = spec.make_inputs(shape, torch.float16, "cuda", gen)
         module = import_kernel(ROOT / "kernels" / f"{ktype}.py")
+        for name, value in overrides.items():
+            if hasattr(module, name):
+                setattr(module, name, value)
         customops.install(ktype, module.kernel_fn, f"kernels/{ktype}.py", spec.deployment)
         report(f"{ktype} {shape} kernel", module.kernel_fn, args, rows)
         report(f"{ktype} {shape} fast", customops._IMPLS[ktype], args, rows)

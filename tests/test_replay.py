@@ -4,6 +4,7 @@ addresses they are given, so a replay that passes a wrong pointer, offset or buf
 import contextlib
 import ctypes
 import textwrap
+import threading
 import types
 
 import numpy as np
@@ -23,20 +24,23 @@ def floats(address: int, n: int) -> np.ndarray:
 
 
 class FakeCompiled:
-    def __init__(self, body):
+    def __init__(self, body, scratch=0):
         self.body, self.function, self.packed_metadata = body, object(), ()
+        self.metadata = types.SimpleNamespace(global_scratch_size=scratch)
 
     def run(self, gx, gy, gz, stream, function, metadata, launch_metadata, enter, exit_, *args):
         assert function is self.function
         LAUNCHES[0] += 1
+        if self.metadata.global_scratch_size:  # as Triton's launcher: from the allocator set in this thread
+            compat.scratch_allocator()(self.metadata.global_scratch_size * gx * gy * gz, 128, stream)
         self.body(*[a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args])
 
 
 class FakeKernel:
     """Launched as kernel[grid](*args, **kwargs), like a @triton.jit function; returns its compiled kernel."""
 
-    def __init__(self, fn):
-        self.fn, self.compiled = fn, FakeCompiled(fn)
+    def __init__(self, fn, scratch=0):
+        self.fn, self.compiled = fn, FakeCompiled(fn, scratch)
 
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
@@ -113,6 +117,20 @@ def _descriptor_body(x_desc, out_desc, factor):  # as Triton's own launcher take
 
 _described = FakeKernel(_descriptor_body)
 
+_scale_on_device = FakeKernel(_scale_body, scratch=128)  # as a kernel that makes its TMA descriptors
+SCRATCH = []
+
+def _allocate(size, alignment, stream):
+    SCRATCH.append(size)
+    return torch.empty(size, dtype=torch.int8)
+
+def scratch_kernel_fn(x, factor):
+    CALLS.append(1)
+    set_scratch_allocator(_allocate)
+    out = torch.empty_like(x)
+    _scale_on_device[(2,)](x, out, x.numel(), factor)
+    return out
+
 def descriptor_kernel_fn(x, factor):
     CALLS.append(1)
     out = torch.empty_like(x)
@@ -123,7 +141,8 @@ def descriptor_kernel_fn(x, factor):
 
 def kernel_module():
     module = types.ModuleType("fake_kernel_file")
-    module.__dict__.update(torch=torch, FakeKernel=FakeKernel, floats=floats, Descriptor=Descriptor)
+    module.__dict__.update(torch=torch, FakeKernel=FakeKernel, floats=floats, Descriptor=Descriptor,
+                           set_scratch_allocator=compat.set_scratch_allocator)
     exec(compile(textwrap.dedent(KERNEL_FILE), "fake_kernel_file.py", "exec"), module.__dict__)
     return module
 
@@ -242,3 +261,29 @@ def test_descriptors_are_encoded_once_per_address(monkeypatch):
     assert all(k == 1 for k, _ in encoded[seen:])
     assert [torch.equal(out, want) for out, want in zip(outs, (x * 3.0, y * 3.0, x * 3.0, y * 3.0))] == [True] * 4
     assert len(module.CALLS) == 1
+
+
+def test_a_kernel_that_takes_scratch_replays_with_the_allocator_kernel_fn_set():
+    """A kernel that makes its TMA descriptors on the device takes global scratch from triton's allocator, which
+    kernel_fn sets per thread: a replay in a thread that never called kernel_fn sets the same one."""
+    module = kernel_module()
+    fn = replayed(module, "scratch_kernel_fn")
+    before = compat.scratch_allocator()
+    try:
+        x, y = torch.randn(16), torch.randn(16)
+        assert torch.equal(fn(x, 3.0), x * 3.0)
+        results = []
+        thread = threading.Thread(target=lambda: results.append(_outcome(fn, y, 3.0)))
+        thread.start()
+        thread.join()
+    finally:
+        compat.set_scratch_allocator(before)
+    assert results and torch.equal(results[0], y * 3.0), results
+    assert len(module.CALLS) == 1 and module.SCRATCH == [256, 256]
+
+
+def _outcome(fn, *args):
+    try:
+        return fn(*args)
+    except Exception as e:  # the thread's failure, for the assertion to show
+        return e

@@ -20,7 +20,9 @@ some other way) makes the signature unreplayable.
 
 A replay allocates the buffers, fills each launch's pointer arguments as integers (input or buffer address
 plus offset; Triton's launchers take an int as a device pointer) and calls the compiled launcher with the
-current stream: an allocation per buffer and one launcher call per kernel. Launch hooks set by a profiler
+current stream: an allocation per buffer and one launcher call per kernel. A kernel that makes its TMA descriptors
+on the device takes global scratch from the allocator kernel_fn set (triton.set_allocator, per thread): the plan
+keeps it and sets it again before it replays, as kernel_fn would have. Launch hooks set by a profiler
 (proton, ...) send every call back through kernel_fn, so they see the launches as usual.
 """
 
@@ -76,6 +78,7 @@ class Launch:
     # With compat.descriptor_expansion, run is the launcher beneath Triton's and args hold each descriptor's
     # expansion in place: (start, template, from an input, index, expand, {base address: its expansion})
     expanded: list = field(default_factory=list)
+    scratch: bool = False  # the kernel asks the launcher for global scratch (it makes TMA descriptors on the device)
 
 
 @dataclass
@@ -84,8 +87,11 @@ class Plan:
     launches: list[Launch]
     output: tuple  # (from an input, index, shape, stride, element offset, is the whole buffer), or a tuple of them
     stream: Callable[[], int]
+    allocator: Callable | None = None  # the scratch allocator kernel_fn left set, where a launch takes scratch
 
     def run(self, args: tuple, pointers: list):
+        if self.allocator is not None:  # as kernel_fn would set it: this thread may never have called kernel_fn
+            compat.set_scratch_allocator(self.allocator)
         buffers = [b.allocate() for b in self.buffers]
         addresses = [b.data_ptr() for b in buffers]
         stream = self.stream()
@@ -240,7 +246,8 @@ def _plan(args: tuple, out, log: _OpLog, launches: list) -> Plan:
     kept = [Buffer(tuple(buffers[i].shape), buffers[i].stride(), buffers[i].dtype, buffers[i].device,
                    log.allocations[i][1]) for i in used]
     output = tuple(specs) if isinstance(out, (tuple, list)) else specs[0]
-    return Plan(kept, plan_launches, output, compat.stream_of(devices.pop()))
+    allocator = compat.scratch_allocator() if any(launch.scratch for launch in plan_launches) else None
+    return Plan(kept, plan_launches, output, compat.stream_of(devices.pop()), allocator)
 
 
 class _Locator:
@@ -269,7 +276,8 @@ def _launch(where: _Locator, kernel, grid, args: tuple, kwargs: dict, compiled) 
     if raw is None:
         raise Unreplayable("this Triton's compiled kernels cannot be launched straight")
     values = compat.launch_arguments(kernel, args, kwargs)
-    launch = Launch(run=raw[0], grid=(*grid, 1, 1)[:3], head=raw[1], args=list(values))
+    scratch = bool(getattr(getattr(compiled, "metadata", None), "global_scratch_size", 0))
+    launch = Launch(run=raw[0], grid=(*grid, 1, 1)[:3], head=raw[1], args=list(values), scratch=scratch)
     for position, value in enumerate(values):
         if isinstance(value, torch.Tensor):
             source, index, offset, _ = where.find(value)
@@ -303,7 +311,8 @@ def _expanded(launch: Launch, values: list, beneath: Callable, expand: Callable)
         expanded.append((len(args), template, source, index, expand_k, {value.base.data_ptr(): first}))
         args.extend(first)
     pointers = [(moved[p], source, index, offset) for p, source, index, offset in launch.pointers]
-    return Launch(run=beneath, grid=launch.grid, head=launch.head, args=args, pointers=pointers, expanded=expanded)
+    return Launch(run=beneath, grid=launch.grid, head=launch.head, args=args, pointers=pointers, expanded=expanded,
+                  scratch=launch.scratch)
 
 
 def _output(where: _Locator, out: torch.Tensor) -> tuple:

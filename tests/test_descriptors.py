@@ -1,0 +1,99 @@
+"""The TMA kernels of the starters (fused_mlp, matmul, linear_cross_entropy) with their descriptors made on the host
+and on the device (DESCRIPTORS). On the CPU through Triton's interpreter, which runs both kinds, with the TMA path
+forced (it is taken on Hopper GPUs only); with the `gpu` marker, at model shapes, and under torch.compile."""
+
+import pytest
+import torch
+
+from autokernel.kernelfile import import_kernel
+from autokernel.ops import swap
+from autokernel.registry import get_spec
+
+TMA_TYPES = ("fused_mlp", "matmul", "linear_cross_entropy")
+# Ragged against every tile: rows past M or N and depth past K must read as zeros, and stores stop at the edge
+CPU_SHAPES = {"fused_mlp": {"T": 40, "H": 96, "I": 136}, "matmul": {"M": 72, "K": 96, "N": 136},
+              "linear_cross_entropy": {"N": 37, "H": 80, "V": 300}}
+
+
+def _tma_kernel(repo_root, kernel_type: str, descriptors: str):
+    """The starter's module with its TMA variant taken wherever it applies, its descriptors made as asked."""
+    module = import_kernel(repo_root / "kernels" / f"{kernel_type}.py")
+    module.VARIANT = "tma"
+    module.DESCRIPTORS = descriptors
+    return module
+
+
+def _inputs(kernel_type: str, shape: dict, device: str):
+    return get_spec(kernel_type).make_inputs(shape, torch.float16, device, torch.Generator(device).manual_seed(0))
+
+
+@pytest.mark.parametrize("kernel_type", TMA_TYPES)
+@pytest.mark.parametrize("descriptors", ["host", "device"])
+def test_the_tma_kernels_compute_the_reference_with_either_descriptors(repo_root, interpreter, monkeypatch,
+                                                                       kernel_type, descriptors):
+    module = _tma_kernel(repo_root, kernel_type, descriptors)
+    monkeypatch.setattr(module, "_tma_ok", lambda *tensors: True)
+    if hasattr(module, "_sm_count"):
+        monkeypatch.setattr(module, "_sm_count", lambda device_index: 3)  # persistent programs over several tiles
+    launched = []
+    kernel = next(v for k, v in vars(module).items() if k.endswith("_tma_kernel"))
+    monkeypatch.setattr(kernel, "run", _counting(kernel.run, launched))
+    args = _inputs(kernel_type, CPU_SHAPES[kernel_type], "cpu")
+    spec = get_spec(kernel_type)
+    got, want = module.kernel_fn(*args), spec.reference(*args)
+    assert launched, "the TMA kernel did not run"
+    atol, rtol = spec.tolerance(torch.float16)
+    torch.testing.assert_close(got.float(), want.float(), atol=atol, rtol=rtol)
+
+
+def test_the_matmul_tma_kernel_reads_a_transposed_weight_on_device_descriptors(repo_root, interpreter, monkeypatch):
+    """B as nn.Linear gives it (a W.t() view): the kernel describes W [N, K] as it lies and transposes tiles."""
+    module = _tma_kernel(repo_root, "matmul", "device")
+    monkeypatch.setattr(module, "_tma_ok", lambda *tensors: True)
+    a, w = torch.randn(72, 96).half(), (torch.randn(136, 96) / 10).half()
+    got = module.kernel_fn(a, w.t())
+    assert swap.rel_l2(got, a.float() @ w.float().t()) < 1e-3
+
+
+def _counting(run, launched: list):
+    def counted(*args, **kwargs):
+        launched.append(1)
+        return run(*args, **kwargs)
+    return counted
+
+
+GPU_SHAPES = {"fused_mlp": {"T": 2048, "H": 2048, "I": 5632}, "matmul": {"M": 2048, "N": 2048, "K": 2048},
+              "linear_cross_entropy": {"N": 2048, "H": 2048, "V": 32000}}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel_type", TMA_TYPES)
+def test_device_descriptors_give_the_host_descriptors_answer_on_the_gpu(repo_root, kernel_type):
+    args = _inputs(kernel_type, GPU_SHAPES[kernel_type], "cuda")
+    host = _tma_kernel(repo_root, kernel_type, "host").kernel_fn(*args)
+    device = _tma_kernel(repo_root, kernel_type, "device").kernel_fn(*args)
+    assert torch.equal(host, device)  # the same tiles in the same order: bitwise
+    want = get_spec(kernel_type).reference(*args)
+    assert swap.rel_l2(device, want) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel_type", TMA_TYPES)
+def test_inductor_launches_a_kernel_on_device_descriptors_from_its_own_code(repo_root, kernel_type):
+    """Host descriptors leave the op opaque under torch.compile (test_optimize); device ones are traced: the
+    compiled code launches the Triton kernel itself and calls no opaque op, and gives the kernel's answer."""
+    from torch._inductor.utils import run_and_get_code
+
+    from autokernel.ops import customops
+
+    module = _tma_kernel(repo_root, kernel_type, "device")
+    customops.install(kernel_type, module.kernel_fn, f"kernels/{kernel_type}.py", get_spec(kernel_type).deployment)
+    op = customops.op(kernel_type)
+    args = _inputs(kernel_type, GPU_SHAPES[kernel_type], "cuda")
+    with torch.no_grad():
+        want = module.kernel_fn(*args)
+        torch._dynamo.reset()
+        got, codes = run_and_get_code(torch.compile(lambda *a: op(*a) + 0), *args)
+    code = "\n".join(codes)
+    assert "_tma_kernel" in code and "_opaque" not in code
+    assert swap.rel_l2(got, want) < 1e-3
