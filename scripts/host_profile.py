@@ -13,9 +13,7 @@ import argparse
 import cProfile
 import io
 import pstats
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -23,24 +21,11 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from autokernel.harness import timing  # noqa: E402
 from autokernel.models import example_inputs, load_model  # noqa: E402
 from autokernel.verify import deploy  # noqa: E402
 
 ROWS = 30  # functions / operators shown
-
-
-def host_and_total_ms(fn, args, reps: int) -> tuple[float, float]:
-    """Medians of (host time to enqueue one call, the call's time to completion)."""
-    host, total = [], []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn(*args)
-        enqueued = time.perf_counter()
-        torch.cuda.synchronize()
-        host.append((enqueued - start) * 1e3)
-        total.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(host), statistics.median(total)
 
 
 def by_function(fn, args) -> str:
@@ -78,7 +63,7 @@ def main() -> None:
         for name, fn in (("original", model), ("optimized", optimized)):
             for _ in range(3):
                 fn(*args)
-            host, total = host_and_total_ms(fn, args, a.reps)
+            host, total = (us / 1e3 for us in timing.enqueue_and_total_us(fn, args, "cuda", a.reps))
             print(f"{name:10} host {host:8.3f} ms to enqueue, {total:8.3f} ms to complete "
                   f"({'host' if host > 0.9 * total else 'GPU'}-bound)")
         print("\n######## optimized, host time by function (cProfile, own time)")

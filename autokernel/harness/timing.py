@@ -232,6 +232,23 @@ def host_cost_us(fn, args: tuple, device: str, calls: int = HOST_CALLS, rounds: 
     return min(samples)
 
 
+def enqueue_and_total_us(fn, args: tuple, device: str, reps: int) -> tuple[float, float]:
+    """Medians over `reps` calls of (host microseconds to enqueue one call, that call's microseconds to completion),
+    the device idle at each call's start. A call whose enqueueing takes nearly all its time is host-bound: a
+    model's forward without a CUDA graph, when its kernels are launched more slowly than the GPU runs them."""
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    host, total = [], []
+    for _ in range(reps):
+        sync()
+        start = time.perf_counter()
+        fn(*args)
+        enqueued = time.perf_counter()
+        sync()
+        host.append((enqueued - start) * 1e6)
+        total.append((time.perf_counter() - start) * 1e6)
+    return statistics.median(host), statistics.median(total)
+
+
 def host_clock_us(fn: Callable, input_sets: Sequence[tuple], calls: int) -> float | None:
     """GPU time per call of fn by the host clock, with no CUDA event involved: the GPU spins while the host
     queues the calls, which then run back to back, so launch costs are hidden; the spin alone is timed
