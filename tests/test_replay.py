@@ -161,6 +161,8 @@ def test_later_calls_of_a_signature_skip_the_python_and_compute_on_their_own_inp
     for x, out in zip(xs, outs):
         assert out.shape == x.shape and torch.equal(out, x * 3.0)
     assert outs[1].data_ptr() != outs[2].data_ptr()  # every call gets its own output
+    # kernel_fn's out.view(x.shape) of its flat buffer: the replay allocates the buffer in that shape (no view)
+    assert outs[0]._base is not None and outs[1]._base is None and outs[1].is_contiguous()
     assert fn.reasons() == {}
 
 
@@ -186,6 +188,7 @@ def test_buffers_offsets_and_views_between_two_launches():
         x = torch.randn(5, 4)
         out = fn(x, 2.0)
         assert out.shape == x.shape and torch.allclose(out, x * 2.0 + 1)
+        assert out.storage_offset() == 2  # a view that starts inside its buffer stays one
     assert len(module.CALLS) == 1
 
 

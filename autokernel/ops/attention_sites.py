@@ -90,7 +90,7 @@ class KernelRopeAttention(_KernelModule):
         self.call = call
 
     def forward(self, *args, **kwargs):
-        m, call = self.original, self.call
+        m, call = self._original, self.call
         hidden = call.arg("hidden_states", args, kwargs)
         tables = call.arg("position_embeddings", args, kwargs)
         cache = call.cache(args, kwargs)

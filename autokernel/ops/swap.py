@@ -74,6 +74,13 @@ class _KernelModule(nn.Module):
         self.original = original
         self.site = site
         self.op = customops.op(kernel_type)
+        self._direct("original")
+
+    def _direct(self, *names: str) -> None:
+        """Plain references `_<name>` to these submodules, for forward: reading a submodule as an attribute goes
+        through nn.Module.__getattr__ (~0.7 us a read), which a model run without a CUDA graph pays per call."""
+        for name in names:
+            self.__dict__[f"_{name}"] = self._modules[name]
 
     def __getattr__(self, name: str):
         # Model code may read the replaced module's attributes (norm.weight, norm.eps, lin.in_features):
@@ -95,22 +102,26 @@ class _KernelModule(nn.Module):
 
 class KernelLinear(_KernelModule):
     def forward(self, x):
-        w = self.original.weight
+        linear = self._original
+        w = linear.weight
         if not self._fits(x, w):
-            return self.original(x)
+            return linear(x)
         y = self.op(x, w.t())  # B = W.T is a [K, N] view with unit stride along K: no copy
-        return y if self.original.bias is None else y + self.original.bias
+        bias = linear.bias
+        return y if bias is None else y + bias
 
 
 class KernelConv1D(_KernelModule):
     """transformers' GPT-2 Conv1D: x @ W + b with W [in, out], already the kernel's [K, N] layout."""
 
     def forward(self, x):
-        w = self.original.weight
+        conv = self._original
+        w = conv.weight
         if not self._fits(x, w):
-            return self.original(x)
+            return conv(x)
         y = self.op(x, w)
-        return y if self.original.bias is None else y + self.original.bias
+        bias = conv.bias
+        return y if bias is None else y + bias
 
 
 class KernelRMSNorm(_KernelModule):
@@ -119,9 +130,10 @@ class KernelRMSNorm(_KernelModule):
         self.eps = eps
 
     def forward(self, x):
-        if not self._fits(x, self.original.weight):
-            return self.original(x)
-        return self.op(x, self.original.weight, self.eps)
+        w = self._original.weight
+        if not self._fits(x, w):
+            return self._original(x)
+        return self.op(x, w, self.eps)
 
 
 class KernelLayerNorm(_KernelModule):
@@ -130,22 +142,26 @@ class KernelLayerNorm(_KernelModule):
 
     def forward(self, x):
         # no affine weight or bias: ones and zeros compute the same, and the kernel takes tensors
-        w = self.original.weight if self.original.weight is not None else x.new_ones(x.shape[-1])
-        b = self.original.bias if self.original.bias is not None else x.new_zeros(x.shape[-1])
+        norm = self._original
+        w, b = norm.weight, norm.bias
+        w = w if w is not None else x.new_ones(x.shape[-1])
+        b = b if b is not None else x.new_zeros(x.shape[-1])
         if not self._fits(x, w) or b.dtype != x.dtype:
-            return self.original(x)
-        return self.op(x, w, b, self.original.eps)
+            return norm(x)
+        return self.op(x, w, b, norm.eps)
 
 
 class KernelSwiGLU(_KernelModule):
     def __init__(self, original, site, gate: nn.Linear, up: nn.Linear, down: nn.Linear):
         super().__init__(original, site, "fused_mlp")
         self.gate, self.up, self.down = gate, up, down
+        self._direct("gate", "up", "down")
 
     def forward(self, x):
-        if not self._fits(x, self.gate.weight):
-            return self.original(x)
-        return self.op(x, self.gate.weight, self.up.weight, self.down.weight)
+        w_gate = self._gate.weight
+        if not self._fits(x, w_gate):
+            return self._original(x)
+        return self.op(x, w_gate, self._up.weight, self._down.weight)
 
 
 def _dtype_device(module: nn.Module):
@@ -506,10 +522,11 @@ class KernelLMHead(_KernelModule):
                 self.site.fallbacks += 1
                 self.site.reason = "the head saw other positions than the targets"
             raise LossReady(self._unfused_loss(x))
-        if not self._fits(x, self.original.weight):
+        w = self._original.weight
+        if not self._fits(x, w):
             raise LossReady(self._unfused_loss(x))
         hidden = x.reshape(-1, x.shape[-1])
-        raise LossReady(self.op(hidden, self.original.weight, self.targets.reshape(-1), IGNORE_INDEX))
+        raise LossReady(self.op(hidden, w, self.targets.reshape(-1), IGNORE_INDEX))
 
     def _unfused_loss(self, x):
         """The loss as the model computes it: the logits, upcast as transformers does, then F.cross_entropy."""
