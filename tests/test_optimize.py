@@ -247,3 +247,39 @@ def test_a_mode_that_computes_something_else_is_not_timed(llama):
         assert endtoend.wrong_output(llama, llama, (ids,)) is None
         wrong = endtoend.wrong_output(lambda i: endtoend.main_output(llama(i)) * 0, llama, (ids,))
     assert wrong.startswith("wrong output in this mode (relative L2 error 1")
+
+
+def test_call_sites_are_counted_by_the_line_that_calls():
+    """A patched function's calls count into one site per calling line, its fallbacks with the reason."""
+    sites = customops.CallSites()
+
+    def model_code(n):
+        for _ in range(n):
+            sites.hit("F.softmax", "softmax", depth=1)
+        sites.hit("F.softmax", "softmax", "a mask is given", depth=1)
+
+    model_code(3)
+    model_code(2)
+    found = sorted(sites.sites.values(), key=lambda s: s.where)
+    assert [(s.calls, s.fallbacks, s.swapped) for s in found] == [(5, 0, True), (0, 2, False)]
+    assert found[1].reason == "a mask is given"
+    assert all(s.where.startswith("test_optimize.py:") and s.where.endswith("model_code") for s in found)
+
+
+def test_the_hf_rotary_wrapper_slices_each_pair_of_tables_once_and_never_reuses_another_pairs(interpreter,
+                                                                                             install_starter):
+    """Every layer gets the same cos and sin: their halves are sliced once; new tables (the next forward, another
+    length) are sliced anew."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    install_starter("rotary_embedding")
+    rotary = customops.rotary_q_k_cos_sin(apply_rotary_pos_emb, customops.CallSites(), "apply_rotary_pos_emb")
+    gen = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 2, 6, 8, generator=gen), torch.randn(1, 2, 6, 8, generator=gen)
+    with torch.no_grad():
+        for _ in range(2):  # fresh tables per forward, each used by two layers
+            half = torch.randn(1, 6, 4, generator=gen)
+            cos, sin = torch.cat([half.cos()] * 2, -1), torch.cat([half.sin()] * 2, -1)
+            for _ in range(2):
+                got, want = rotary(q, k, cos, sin), apply_rotary_pos_emb(q, k, cos, sin)
+                assert all(swap.rel_l2(g, w) < 1e-5 for g, w in zip(got, want))

@@ -233,3 +233,24 @@ def test_attribution_leaves_projections_to_matmul_and_needs_rope():
     # an attention without RoPE (GPT-2) is not rope_attention even when asked for
     time = {g.type: g.time_us for g in attribute(_attention_ops("GPT2Attention", with_rope=False), types=[TYPE])}
     assert time == {"matmul": 10.0, "flash_attention": 20.0}
+
+
+def test_a_sliding_window_shorter_than_the_input_runs_the_original_forward(interpreter, tmp_path):
+    """The model's own mask already sends such calls to the original; called without one, the site's window
+    check does."""
+    torch.manual_seed(0)
+    config = transformers.MistralConfig(hidden_size=128, intermediate_size=128, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, head_dim=32, vocab_size=256,
+                                        sliding_window=8)
+    model, ids = transformers.MistralForCausalLM(config).eval(), _ids(seq=24)
+    with torch.no_grad():
+        optimized = _optimize(model, tmp_path / "none", [TYPE])
+        torch.testing.assert_close(optimized(ids).logits, model(ids).logits)
+        site = dict(optimized.named_modules())["model.layers.0.self_attn"]
+        hidden = torch.randn(2, 24, 128)
+        tables = model.model.rotary_emb(hidden, torch.arange(24)[None])
+        call = dict(hidden_states=hidden, position_embeddings=tables, attention_mask=None)
+        torch.testing.assert_close(site(**call)[0], model.model.layers[0].self_attn(**call)[0])
+    sites = {s.where: s for s in optimized.autokernel.sites() if s.kernel_type == TYPE}
+    assert all(s.calls == 0 for s in sites.values())
+    assert sites["model.layers.0.self_attn"].reason == "a sliding window of 8 < 24 positions"

@@ -88,13 +88,16 @@ class KernelRopeAttention(_KernelModule):
     def __init__(self, original: nn.Module, site: Site, call: CallShape):
         super().__init__(original, site, KERNEL_TYPE)
         self.call = call
+        # read once: a module without the attribute makes every lookup raise inside nn.Module.__getattr__
+        self.window = getattr(original, "sliding_window", None) or getattr(getattr(original, "config", None),
+                                                                           "sliding_window", None)
 
     def forward(self, *args, **kwargs):
         m, call = self._original, self.call
         hidden = call.arg("hidden_states", args, kwargs)
         tables = call.arg("position_embeddings", args, kwargs)
         cache = call.cache(args, kwargs)
-        reason = _unfit(m, hidden, tables, call.arg("attention_mask", args, kwargs), cache, kwargs)
+        reason = _unfit(m, hidden, tables, call.arg("attention_mask", args, kwargs), cache, kwargs, self.window)
         if in_eager():
             self.site.calls += not reason
             self.site.fallbacks += bool(reason)
@@ -113,8 +116,8 @@ class KernelRopeAttention(_KernelModule):
         return call.result(m.o_proj(out.transpose(1, 2).reshape(batch, seq, -1)), cache)
 
 
-def _unfit(m, hidden, tables, mask, cache, kwargs) -> str | None:
-    """Why this call must run the original forward, or None."""
+def _unfit(m, hidden, tables, mask, cache, kwargs, window) -> str | None:
+    """Why this call must run the original forward, or None; window: the module's sliding window, if any."""
     if mask is not None:
         return "an attention mask is given (padding, or the eager implementation's causal mask)"
     if not isinstance(tables, (tuple, list)) or len(tables) != 2:
@@ -127,15 +130,15 @@ def _unfit(m, hidden, tables, mask, cache, kwargs) -> str | None:
         return "attention dropout"
     cos, sin = tables
     seq = hidden.shape[1] if hidden.dim() == 3 else 0
-    window = getattr(m, "sliding_window", None) or getattr(getattr(m, "config", None), "sliding_window", None)
     if isinstance(window, int) and 0 < window < seq:
         return f"a sliding window of {window} < {seq} positions"
-    if hidden.dim() != 3 or seq == 0 or hidden.dtype not in KERNEL_DTYPES or hidden.dtype != m.q_proj.weight.dtype:
+    weight = m.q_proj.weight
+    if hidden.dim() != 3 or seq == 0 or hidden.dtype not in KERNEL_DTYPES or hidden.dtype != weight.dtype:
         return "not a [batch, seq, hidden] input in the weights' dtype"
     if cos.shape != sin.shape or cos.dim() not in (2, 3) or tuple(cos.shape[-2:]) != (seq, m.head_dim) \
             or cos.dtype != hidden.dtype:
         return "tables not [(batch,) seq, head_dim] in the input's dtype"
-    return grad_reason(hidden, m.q_proj.weight)
+    return grad_reason(hidden, weight)
 
 
 def _cached_length(cache, layer_idx: int) -> int | None:
