@@ -72,17 +72,21 @@ class AddNorm:
         return self.op(a, b, *params, self.eps)  # the sum commutes: a + b is b + a bit for bit
 
     def _params(self, norm, a) -> tuple:
-        # LayerNorm without affine weight or bias: ones and zeros compute the same, and the kernel takes tensors
-        weight = norm.weight if norm.weight is not None else a.new_ones(a.shape[-1])
+        # LayerNorm without affine weight or bias: ones and zeros compute the same, and the kernel takes tensors.
+        # Each parameter read once: a read goes through nn.Module.__getattr__.
+        weight = norm.weight
+        weight = weight if weight is not None else a.new_ones(a.shape[-1])
         if not self.with_bias:
             return (weight,)
-        return weight, norm.bias if norm.bias is not None else a.new_zeros(a.shape[-1])
+        bias = norm.bias
+        return weight, bias if bias is not None else a.new_zeros(a.shape[-1])
 
     @staticmethod
     def _unfit(a, b, params) -> str | None:
         if a.shape != b.shape or a.numel() == 0:
             return "the residual add broadcasts, or is empty"
-        if a.dtype not in KERNEL_DTYPES or any(t.dtype != a.dtype for t in (b, *params)):
+        dtype = a.dtype
+        if dtype not in KERNEL_DTYPES or b.dtype != dtype or any(t.dtype != dtype for t in params):
             return "mixed or unsupported dtypes"
         return None
 
