@@ -193,11 +193,11 @@ def yardsticks() -> dict:
 
 
 def time_variants(files: dict, failed_builds: dict) -> dict[str, dict]:
-    """Each starter and variant timed at the bench shape (fp16, CUDA events) and checked once against the
-    reference: label -> {us, gb_s, tflops, max_err (relative to max |ref|)} or {error}."""
+    """Each starter and variant checked once at the bench shape (fp16) by the harness's check, then timed (CUDA
+    events): label -> {us, gb_s, tflops, max_err (relative to max |ref|)} or {error} (a wrong output included)."""
     import torch
 
-    from autokernel.harness import timing
+    from autokernel.harness import checking, timing
     from autokernel.harness.perf import gpu_input_sets
     from autokernel.registry import get_spec
 
@@ -216,9 +216,11 @@ def time_variants(files: dict, failed_builds: dict) -> dict[str, dict]:
                 continue
             try:
                 fn = import_kernel(path).kernel_fn
-                err = ((fn(*inputs[0]).float() - want).abs().max() / want.abs().max().clamp_min(1e-6)).item()
+                out = fn(*inputs[0])
+                checking.verify_output(out, spec, inputs[0], f"{label} {checking.describe(shape, torch.float16)}")
+                err = ((out.float() - want).abs().max() / want.abs().max().clamp_min(1e-6)).item()
                 us = timing.time_fn(fn, inputs, "cuda").median_us
-            except Exception as e:  # a launch failure: report it and go on
+            except Exception as e:  # a launch failure or a wrong output: report it and go on
                 rows[label] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
                 print(f"variant {label:<48} FAIL {rows[label]['error']}")
                 continue
