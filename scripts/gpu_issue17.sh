@@ -9,8 +9,8 @@
 #   starters              the harness on the three starters whose TMA checks changed (GPU starter tests) ~4 min
 #   launch                scripts/launch_overhead.py: host us per call, kernel / fast / op      ~2 min
 #   descriptors           the TMA starters (fused_mlp, matmul, linear_cross_entropy) with DESCRIPTORS
-#                         "device" against "host": GPU tests (tests/test_descriptors.py), kernel time in
-#                         interleaved rounds at TinyLlama's shapes, host us per call              ~5 min
+#                         "device" against "host": GPU tests (tests/test_descriptors.py), bench.py on each,
+#                         kernel time in interleaved rounds at TinyLlama's shapes, host us per call  ~8 min
 #   MODEL-MODE            verify.py --compile --cuda-graph --deploy MODE on MODEL, B1 fp16: the eight
 #                         timing rows, the prune decided in MODE                   eager ~3, compile* ~8 min
 #                         MODEL: tinyllama (S2048), mistral (S2048), qwen2 (S1024), from benchmarks/hf/
@@ -55,6 +55,11 @@ for step in "${STEPS[@]}"; do
       python3 scripts/launch_overhead.py --json "$LOG/launch.json" 2>&1 | tee "$LOG/launch.log" ;;
     descriptors)
       python3 -m pytest -q -m gpu tests/test_descriptors.py 2>&1 | tee "$LOG/descriptors_tests.log" | tail -8
+      device_kernels
+      for t in "${TMA_TYPES[@]}"; do  # the five stages and the timing, as the loop would bench the device variant
+        python3 bench.py "$LOG/kernels_device/$t.py" --no-log --json "$LOG/bench_device_$t.json" 2>&1 \
+          | tee "$LOG/bench_device_$t.log" | tail -4
+      done
       python3 scripts/sweep_tunables.py kernels/fused_mlp.py --shape T=2048,H=2048,I=5632 --rounds 3 \
         --compare "DESCRIPTORS='device'" 2>&1 | tee "$LOG/descriptors_fused_mlp.log" | tail -6
       python3 scripts/sweep_tunables.py kernels/matmul.py --shape M=2048,N=2048,K=2048 --rounds 3 \
