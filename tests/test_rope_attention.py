@@ -254,3 +254,23 @@ def test_a_sliding_window_shorter_than_the_input_runs_the_original_forward(inter
     sites = {s.where: s for s in optimized.autokernel.sites() if s.kernel_type == TYPE}
     assert all(s.calls == 0 for s in sites.values())
     assert sites["model.layers.0.self_attn"].reason == "a sliding window of 8 < 24 positions"
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_the_keys_rotated_for_the_cache_are_hfs_bit_for_bit(dtype):
+    """What the site puts in the KV cache is apply_rotary_pos_emb's K, for 2-D and 3-D tables, each pair made into
+    broadcast tables once (eagerly) and never taken for another pair's."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    from autokernel.ops.attention_sites import _rotated
+
+    gen = torch.Generator().manual_seed(0)
+    k = torch.randn(2, 3, 10, 16, generator=gen).to(dtype)
+    for eager in (True, False):
+        for batched in (True, False, True):
+            angles = torch.rand(2 if batched else 1, 10, 8, generator=gen) * 6
+            cos, sin = (torch.cat([f(angles)] * 2, -1).to(dtype) for f in (torch.cos, torch.sin))
+            want = apply_rotary_pos_emb(k, k, cos, sin)[1]
+            tables = (cos, sin) if batched else (cos[0], sin[0])
+            for _ in range(2):  # the second call with the same tables takes them from the memo
+                assert torch.equal(_rotated(k, *tables, eager), want)

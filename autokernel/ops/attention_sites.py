@@ -75,10 +75,24 @@ class CallShape:
         return (out, None, cache, *(None,) * (self.n_outputs - 3))[: self.n_outputs]
 
 
-def _rotated(x, cos, sin):
-    """HF's apply_rotary_pos_emb on one tensor, in its dtype: what the original forward puts in the cache."""
-    cos, sin = (t[None] if t.dim() == 2 else t for t in (cos, sin))
-    return x * cos.unsqueeze(1) + reference._rotate_half(x) * sin.unsqueeze(1)
+# The tables of the last eager _rotated call: (cos, sin, cos broadcast, sin signed and broadcast); one tuple, read once
+_TABLES: list = [None]
+
+
+def _rotated(x, cos, sin, eager: bool):
+    """HF's apply_rotary_pos_emb on one tensor, bit for bit: what the original forward puts in the cache. In four
+    ops, x * cos + roll(x, D/2) * sin_signed: roll(x) is rotate_half(x) without the minus, which moves onto the
+    first half of sin (the products are the same: a negation is exact). Every layer gets the same cos and sin, so
+    eagerly their broadcast forms are made once per forward (six host ops fewer a layer)."""
+    memo = _TABLES[0] if eager else None
+    if memo is None or memo[0] is not cos or memo[1] is not sin:
+        c, s = (t[None] if t.dim() == 2 else t for t in (cos, sin))
+        half = s.shape[-1] // 2
+        signed = torch.cat((-s[..., :half], s[..., half:]), dim=-1)
+        memo = (cos, sin, c.unsqueeze(1), signed.unsqueeze(1))
+        if eager:
+            _TABLES[0] = memo
+    return x * memo[2] + x.roll(x.shape[-1] // 2, -1) * memo[3]
 
 
 class KernelRopeAttention(_KernelModule):
@@ -111,7 +125,7 @@ class KernelRopeAttention(_KernelModule):
         if cache is not None:  # an empty cache (prefill): it gets the rotated keys, as from the original
             extra = {"sin": sin, "cos": cos, "cache_position": kwargs["cache_position"]} \
                 if "cache_position" in kwargs else None
-            cache.update(_rotated(k, cos, sin), v, m.layer_idx, *([extra] if extra else []))
+            cache.update(_rotated(k, cos, sin, in_eager()), v, m.layer_idx, *([extra] if extra else []))
         out = self.op(q, k, v, cos, sin, True, float(getattr(m, "scaling", m.head_dim ** -0.5)))
         return call.result(m.o_proj(out.transpose(1, 2).reshape(batch, seq, -1)), cache)
 

@@ -509,7 +509,7 @@ def rotary_q_k_cos_sin(fn, sites: CallSites, name: str):
     built as cat(freqs, freqs): their first halves are the reference's tables. A model hands every layer the same
     cos and sin: their halves are sliced once (two views, ~2 us of host time each, per layer otherwise)."""
     kernel = op("rotary_embedding")
-    last = [None, None, None, None]  # cos, sin, and their first halves, from the last eager call
+    last = [None]  # (cos, sin, their first halves) of the last eager call: one tuple, read once
 
     def rotary(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
         d = q.shape[-1]
@@ -523,12 +523,13 @@ def rotary_q_k_cos_sin(fn, sites: CallSites, name: str):
             sites.hit(name, "rotary_embedding", reason)
         if reason:
             return fn(q, k, cos, sin, position_ids, unsqueeze_dim)
-        if eager and last[0] is cos and last[1] is sin:  # the very tensors of the last call: the same halves
-            c, s = last[2], last[3]
+        memo = last[0] if eager else None
+        if memo is not None and memo[0] is cos and memo[1] is sin:  # the very tensors of the last call
+            c, s = memo[2], memo[3]
         else:
             c, s = cos[0, :, : d // 2], sin[0, :, : d // 2]
             if eager:
-                last[:] = cos, sin, c, s
+                last[0] = (cos, sin, c, s)
         return kernel(q, c, s), kernel(k, c, s)
 
     return rotary
