@@ -79,6 +79,28 @@ def test_device_descriptors_give_the_host_descriptors_answer_on_the_gpu(repo_roo
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kernel_type", TMA_TYPES)
+def test_device_descriptor_kernels_replay_in_a_thread_that_never_set_the_allocator(repo_root, kernel_type):
+    """optimize()'s eager path replays the launches (autokernel/ops/replay.py): the kernels that take global scratch
+    get it in a thread where kernel_fn never ran, and every call computes on its own inputs."""
+    import threading
+
+    from autokernel.ops import launchers, replay
+
+    module = _tma_kernel(repo_root, kernel_type, "device")
+    fast = launchers.fast(module.kernel_fn)
+    gen = torch.Generator("cuda").manual_seed(1)
+    sets = [get_spec(kernel_type).make_inputs(GPU_SHAPES[kernel_type], torch.float16, "cuda", gen) for _ in range(3)]
+    got = [fast(*sets[0])]
+    thread = threading.Thread(target=lambda: got.extend(fast(*args) for args in sets[1:]))
+    thread.start()
+    thread.join()
+    assert len(got) == 3
+    assert all(torch.equal(g, module.kernel_fn(*args)) for g, args in zip(got, sets))
+    assert isinstance(fast, replay.Replayed) and fast.reasons() == {}  # replayed, not run through kernel_fn
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel_type", TMA_TYPES)
 def test_inductor_launches_a_kernel_on_device_descriptors_from_its_own_code(repo_root, kernel_type):
     """Host descriptors leave the op opaque under torch.compile (test_optimize); device ones are traced: the
     compiled code launches the Triton kernel itself and calls no opaque op, and gives the kernel's answer."""
