@@ -159,17 +159,6 @@ def _mlp_gemm_kernel(a_ptr, a2_ptr, w1_ptr, w2_ptr, c_ptr, c2_ptr, M, N, K, stri
 
 
 @triton.jit
-def _descriptor(base, rows, cols, row_stride, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, ON_DEVICE: tl.constexpr):
-    """A TMA descriptor of the row-major [rows, cols] matrix at base: made here when ON_DEVICE (base is a
-    pointer), else base itself (the host's descriptor)."""
-    if ON_DEVICE:
-        desc = tl.make_tensor_descriptor(base, [rows, cols], [row_stride, 1], [BLOCK_R, BLOCK_C])
-    else:
-        desc = base
-    return desc
-
-
-@triton.jit
 def _mlp_gemm_tma_kernel(a_desc, a2_desc, w1_desc, w2_desc, c_desc, c2_desc, M, N, K, num_programs,
                          stride_a, stride_a2, stride_w1, stride_w2, stride_c, stride_c2,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -177,12 +166,13 @@ def _mlp_gemm_tma_kernel(a_desc, a2_desc, w1_desc, w2_desc, c_desc, c2_desc, M, 
                          SPLIT_OUT: tl.constexpr, DOT_PRECISION: tl.constexpr, ON_DEVICE: tl.constexpr):
     """Persistent TMA version of _mlp_gemm_kernel; out-of-bounds loads are zero-filled by TMA. ON_DEVICE: the
     *_desc arguments are pointers, the descriptors are made here (the row strides serve only then)."""
-    a_desc = _descriptor(a_desc, M, K, stride_a, BLOCK_M, BLOCK_K, ON_DEVICE)
-    a2_desc = _descriptor(a2_desc, M, K, stride_a2, BLOCK_M, BLOCK_K, ON_DEVICE)
-    w1_desc = _descriptor(w1_desc, N, K, stride_w1, BLOCK_N, BLOCK_K, ON_DEVICE)
-    w2_desc = _descriptor(w2_desc, N, K, stride_w2, BLOCK_N, BLOCK_K, ON_DEVICE)
-    c_desc = _descriptor(c_desc, M, N, stride_c, BLOCK_M, BLOCK_N, ON_DEVICE)
-    c2_desc = _descriptor(c2_desc, M, N, stride_c2, BLOCK_M, BLOCK_N, ON_DEVICE)
+    if ON_DEVICE:  # a compile-time branch: with host descriptors none of this is generated
+        a_desc = tl.make_tensor_descriptor(a_desc, [M, K], [stride_a, 1], [BLOCK_M, BLOCK_K])
+        a2_desc = tl.make_tensor_descriptor(a2_desc, [M, K], [stride_a2, 1], [BLOCK_M, BLOCK_K])
+        w1_desc = tl.make_tensor_descriptor(w1_desc, [N, K], [stride_w1, 1], [BLOCK_N, BLOCK_K])
+        w2_desc = tl.make_tensor_descriptor(w2_desc, [N, K], [stride_w2, 1], [BLOCK_N, BLOCK_K])
+        c_desc = tl.make_tensor_descriptor(c_desc, [M, N], [stride_c, 1], [BLOCK_M, BLOCK_N])
+        c2_desc = tl.make_tensor_descriptor(c2_desc, [M, N], [stride_c2, 1], [BLOCK_M, BLOCK_N])
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     for tile in range(tl.program_id(0), num_pid_m * num_pid_n, num_programs):

@@ -119,17 +119,6 @@ def _linear_cross_entropy_kernel(h_ptr, w_ptr, t_ptr, part_ptr, N, V, H, stride_
 
 
 @triton.jit
-def _descriptor(base, rows, cols, row_stride, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, ON_DEVICE: tl.constexpr):
-    """A TMA descriptor of the row-major [rows, cols] matrix at base: made here when ON_DEVICE (base is a
-    pointer), else base itself (the host's descriptor)."""
-    if ON_DEVICE:
-        desc = tl.make_tensor_descriptor(base, [rows, cols], [row_stride, 1], [BLOCK_R, BLOCK_C])
-    else:
-        desc = base
-    return desc
-
-
-@triton.jit
 def _lce_tma_kernel(h_desc, w_desc, t_ptr, part_ptr, N, V, H, stride_h, stride_w, tiles_per_split, split, k_steps,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FLATTEN: tl.constexpr,
                     ON_DEVICE: tl.constexpr):
@@ -137,8 +126,9 @@ def _lce_tma_kernel(h_desc, w_desc, t_ptr, part_ptr, N, V, H, stride_h, stride_w
     through tensor descriptors (rows past N or V and depth past H read as zeros), the weight tile fed to the
     tensor cores K-major as it lies in memory. ON_DEVICE: h_desc and w_desc are pointers, the descriptors are
     made here (H and the row strides serve only then)."""
-    h_desc = _descriptor(h_desc, N, H, stride_h, BLOCK_M, BLOCK_K, ON_DEVICE)
-    w_desc = _descriptor(w_desc, V, H, stride_w, BLOCK_N, BLOCK_K, ON_DEVICE)
+    if ON_DEVICE:  # a compile-time branch: with host descriptors none of this is generated
+        h_desc = tl.make_tensor_descriptor(h_desc, [N, H], [stride_h, 1], [BLOCK_M, BLOCK_K])
+        w_desc = tl.make_tensor_descriptor(w_desc, [V, H], [stride_w, 1], [BLOCK_N, BLOCK_K])
     pid_m = tl.program_id(0)
     pid_s = tl.program_id(1)
     off_m = pid_m * BLOCK_M

@@ -139,29 +139,20 @@ def _matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk
 
 
 @triton.jit
-def _descriptor(base, rows, cols, row_stride, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, ON_DEVICE: tl.constexpr):
-    """A TMA descriptor of the row-major [rows, cols] matrix at base: made here when ON_DEVICE (base is a
-    pointer), else base itself (the host's descriptor)."""
-    if ON_DEVICE:
-        desc = tl.make_tensor_descriptor(base, [rows, cols], [row_stride, 1], [BLOCK_R, BLOCK_C])
-    else:
-        desc = base
-    return desc
-
-
-@triton.jit
 def _matmul_tma_kernel(a_desc, b_desc, c_desc, M, N, K, num_programs, stride_a, stride_b, stride_c,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                        GROUP_M: tl.constexpr, B_KMAJOR: tl.constexpr, DOT_PRECISION: tl.constexpr,
                        ON_DEVICE: tl.constexpr):
     # B_KMAJOR: b_desc describes B^T [N, K] (B came as a W.t() view), tiles are transposed on chip.
-    # ON_DEVICE: the *_desc arguments are pointers, the descriptors are made here from the row strides.
-    a_desc = _descriptor(a_desc, M, K, stride_a, BLOCK_M, BLOCK_K, ON_DEVICE)
-    if B_KMAJOR:
-        b_desc = _descriptor(b_desc, N, K, stride_b, BLOCK_N, BLOCK_K, ON_DEVICE)
-    else:
-        b_desc = _descriptor(b_desc, K, N, stride_b, BLOCK_K, BLOCK_N, ON_DEVICE)
-    c_desc = _descriptor(c_desc, M, N, stride_c, BLOCK_M, BLOCK_N, ON_DEVICE)
+    # ON_DEVICE: the *_desc arguments are pointers, the descriptors are made here from the row strides (a
+    # compile-time branch: with host descriptors none of it is generated).
+    if ON_DEVICE:
+        a_desc = tl.make_tensor_descriptor(a_desc, [M, K], [stride_a, 1], [BLOCK_M, BLOCK_K])
+        if B_KMAJOR:
+            b_desc = tl.make_tensor_descriptor(b_desc, [N, K], [stride_b, 1], [BLOCK_N, BLOCK_K])
+        else:
+            b_desc = tl.make_tensor_descriptor(b_desc, [K, N], [stride_b, 1], [BLOCK_K, BLOCK_N])
+        c_desc = tl.make_tensor_descriptor(c_desc, [M, N], [stride_c, 1], [BLOCK_M, BLOCK_N])
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     for tile in range(tl.program_id(0), num_pid_m * num_pid_n, num_programs):

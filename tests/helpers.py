@@ -45,6 +45,86 @@ def import_file(path: Path, name: str):
     return module
 
 
+HOPPER = ("cuda", 90, 32)  # the GPU machine's target: compute capability 9.0, 32-thread warps
+_TYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.int64: "i64",
+               torch.int32: "i32", torch.int8: "i8", torch.bool: "i1"}
+
+
+def compiled_for(target: tuple, jobs: list[tuple], args_of: str, kernels_named: str = "") -> list[list[dict]]:
+    """The @triton.jit launches kernel_fn makes, compiled for a GPU target (backend, capability, warp size) on this
+    CPU-only machine (Triton's compiler and its bundled ptxas need no device): per job (a kernel file, module
+    constants to set first), per launch of a kernel whose name ends with `kernels_named`, its name and metadata
+    (global_scratch_size, shared). The launches are recorded, not run, in one fresh Python without the interpreter
+    (a process's @triton.jit functions are all interpreted or none). args_of: "module:function" that gives
+    kernel_fn's arguments from the module."""
+    code = "import sys, json, helpers; print(json.dumps(helpers._compile_launches(*json.loads(sys.argv[1]))))"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "tests"), env.get("PYTHONPATH", "")])
+    jobs = [(str(path), setup) for path, setup in jobs]
+    done = subprocess.run([sys.executable, "-c", code, json.dumps([list(target), jobs, args_of, kernels_named])],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def _compile_launches(target: list, jobs: list, args_of: str, kernels_named: str) -> list[list[dict]]:
+    import importlib
+
+    from autokernel import compat
+    from autokernel.kernelfile import import_kernel
+    from autokernel.ops import launchers
+
+    where, name = args_of.split(":")
+    args_for = getattr(importlib.import_module(where), name)
+    found = []
+    for kernel_file, setup in jobs:
+        module = import_kernel(kernel_file)
+        for constant, value in setup.items():
+            setattr(module, constant, value)
+        launches = []
+
+        def record(kernel, grid, kernel_args, kwargs, launches=launches):
+            options = {k: kwargs.pop(k) for k in ("num_warps", "num_stages") if k in kwargs}
+            bound = dict(zip(kernel.arg_names, compat.launch_arguments(kernel, kernel_args, kwargs)))
+            launches.append((kernel, bound, options))
+
+        args = args_for(module)  # before the namespace is copied: it may set module constants too
+        launchers.rebound(module.kernel_fn, compat.is_jit_kernel,
+                          lambda k, record=record: launchers.Intercepted(k, record))(*args)
+        compiled = [(kernel, _compile(tuple(target), kernel, *rest)) for kernel, *rest in launches
+                    if kernel.__name__.endswith(kernels_named)]
+        found.append([{"kernel": kernel.__name__, "global_scratch_size": k.metadata.global_scratch_size,
+                       "shared": k.metadata.shared} for kernel, k in compiled])
+    return found
+
+
+def _compile(target: tuple, kernel, arguments: dict, options: dict):
+    """kernel compiled for target with these arguments: tensors become typed pointers, host TMA descriptors
+    tensordesc<dtype[block]>, constexpr parameters constants."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    signature, constants = {}, {}
+    for param in kernel.params:
+        value = arguments[param.name]
+        if param.is_constexpr or value is None:
+            signature[param.name], constants[param.name] = "constexpr", value
+        elif isinstance(value, torch.Tensor):
+            signature[param.name] = "*" + _TYPE_NAMES[value.dtype]
+        elif isinstance(getattr(value, "base", None), torch.Tensor):  # a host TMA descriptor
+            block = ",".join(str(b) for b in value.block_shape)
+            signature[param.name] = f"tensordesc<{_TYPE_NAMES[value.base.dtype]}[{block}]>"
+        elif isinstance(value, bool):
+            signature[param.name] = "i1"
+        elif isinstance(value, int):
+            signature[param.name] = "i32" if -2**31 <= value < 2**31 else "i64"
+        else:
+            signature[param.name] = "fp32"
+    source = ASTSource(fn=kernel, signature=signature, constexprs=constants)
+    return triton.compile(source, target=GPUTarget(*target), options=options)
+
+
 def starter_source(kernel_type: str, old: str | None = None, new: str | None = None) -> str:
     """The shipped starter kernels/<type>.py, with `old` replaced by `new` (a planted change) if given."""
     source = (ROOT / "kernels" / f"{kernel_type}.py").read_text()

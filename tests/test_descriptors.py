@@ -2,6 +2,7 @@
 and on the device (DESCRIPTORS). On the CPU through Triton's interpreter, which runs both kinds, with the TMA path
 forced (it is taken on Hopper GPUs only); with the `gpu` marker, at model shapes, and under torch.compile."""
 
+import helpers
 import pytest
 import torch
 
@@ -53,6 +54,39 @@ def test_the_matmul_tma_kernel_reads_a_transposed_weight_on_device_descriptors(r
     a, w = torch.randn(72, 96).half(), (torch.randn(136, 96) / 10).half()
     got = module.kernel_fn(a, w.t())
     assert swap.rel_l2(got, a.float() @ w.float().t()) < 1e-3
+
+
+# Model-like shapes for the compile below (the launches are recorded, not run: the tensors only give types)
+HOPPER_SHAPES = {"fused_mlp": {"T": 256, "H": 512, "I": 1024}, "matmul": {"M": 256, "K": 512, "N": 384},
+                 "linear_cross_entropy": {"N": 256, "H": 512, "V": 4096}}
+
+
+def hopper_inputs(module):
+    """kernel_fn's arguments for the compile below, with the TMA path taken and the GPU's tiles and SM count;
+    matmul's B as nn.Linear gives it (W.t()) where the module says LINEAR_WEIGHT."""
+    module._tma_ok = lambda *tensors: True
+    if hasattr(module, "_blocks"):  # linear_cross_entropy picks smaller tiles for the interpreter
+        module._blocks = lambda hidden: (module.BLOCK_M, module.BLOCK_N, module.BLOCK_K)
+    module._sm_count = lambda device_index: 132
+    args = _inputs(module.KERNEL_TYPE, HOPPER_SHAPES[module.KERNEL_TYPE], "cpu")
+    if getattr(module, "LINEAR_WEIGHT", False):
+        args = (args[0], args[1].t().contiguous().t())
+    return args
+
+
+@pytest.mark.slow(15)
+def test_the_tma_kernels_compile_for_hopper_with_either_descriptors(repo_root):
+    """The TMA path runs only on Hopper GPUs, where CI has none: the TMA kernels kernel_fn launches there are
+    compiled here for sm_90, as launched at a model-like shape. Device descriptors take global scratch (a 128-byte
+    map per descriptor and program), host ones none."""
+    jobs = [(repo_root / "kernels" / f"{t}.py", {"VARIANT": "tma", "DESCRIPTORS": d, "LINEAR_WEIGHT": linear})
+            for t in TMA_TYPES for d in ("host", "device") for linear in ((False, True) if t == "matmul" else (False,))]
+    compiled = helpers.compiled_for(helpers.HOPPER, jobs, "test_descriptors:hopper_inputs", "_tma_kernel")
+    for (path, setup), launches in zip(jobs, compiled):
+        assert len(launches) == (2 if path.stem == "fused_mlp" else 1), launches  # the MLP's two GEMM phases
+        scratch = [k["global_scratch_size"] for k in launches]
+        on_device = setup["DESCRIPTORS"] == "device"
+        assert all(size >= 256 if on_device else size == 0 for size in scratch), (path.stem, setup, scratch)
 
 
 def _counting(run, launched: list):
