@@ -25,8 +25,9 @@ else falls back per phase). "auto" = "tma" where it applies and the phase is lar
 DESCRIPTORS: where "tma" makes its descriptors. "host": TensorDescriptor.from_tensor, encoded by the launcher on
 every call (torch.compile cannot trace such a launch: the op stays opaque there). "device": each program makes
 them from pointers (tl.make_tensor_descriptor, 128 bytes of global scratch per descriptor and program, asked of
-triton's allocator at launch): nothing encoded on the host, and Inductor launches the kernel from its own code. A tile size left at 0 is chosen by dtype
-and shape; a non-zero CAPS value wins. fp32 uses input_precision="ieee" (TF32 misses the 1e-4 tolerance).
+triton's allocator at launch): nothing encoded on the host, and Inductor launches the kernel from its own code.
+A tile size left at 0 is chosen by dtype and shape; a non-zero CAPS value wins. fp32 uses input_precision="ieee"
+(TF32 misses the 1e-4 tolerance).
 """
 
 import functools
