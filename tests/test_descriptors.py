@@ -47,6 +47,13 @@ def test_the_tma_kernels_compute_the_reference_with_either_descriptors(repo_root
     torch.testing.assert_close(got.float(), want.float(), atol=atol, rtol=rtol)
 
 
+def _counting(run, launched: list):
+    def counted(*args, **kwargs):
+        launched.append(1)
+        return run(*args, **kwargs)
+    return counted
+
+
 def test_the_matmul_tma_kernel_reads_a_transposed_weight_on_device_descriptors(repo_root, interpreter, monkeypatch):
     """B as nn.Linear gives it (a W.t() view): the kernel describes W [N, K] as it lies and transposes tiles."""
     module = _tma_kernel(repo_root, "matmul", "device")
@@ -87,13 +94,6 @@ def test_the_tma_kernels_compile_for_hopper_with_either_descriptors(repo_root):
         scratch = [k["global_scratch_size"] for k in launches]
         on_device = setup["DESCRIPTORS"] == "device"
         assert all(size >= 256 if on_device else size == 0 for size in scratch), (path.stem, setup, scratch)
-
-
-def _counting(run, launched: list):
-    def counted(*args, **kwargs):
-        launched.append(1)
-        return run(*args, **kwargs)
-    return counted
 
 
 GPU_SHAPES = {"fused_mlp": {"T": 2048, "H": 2048, "I": 5632}, "matmul": {"M": 2048, "N": 2048, "K": 2048},
