@@ -407,6 +407,38 @@ def descriptor_expansion(launch: Callable) -> tuple[Callable, Callable] | None:
     return cells["launcher"], lambda descriptor, k: make_tensordesc_arg(descriptor, meta[k] if meta else None)
 
 
+def compile_for(target: tuple, kernel, arguments: dict, options: dict):
+    """A @triton.jit kernel compiled for a GPU target (backend, compute capability, warp size) as a launch with these
+    arguments (by name) and options (num_warps, num_stages) would compile it, with no device: Triton's compiler
+    and its bundled ptxas run on a CPU-only machine. Tensors become typed pointers, host TMA descriptors
+    tensordesc<dtype[block]>, constexpr parameters constants (Triton >= 3.4's signature strings)."""
+    import torch
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    names = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.int64: "i64",
+             torch.int32: "i32", torch.int8: "i8", torch.bool: "i1"}
+    signature, constants = {}, {}
+    for param in kernel.params:
+        value = arguments[param.name]
+        if param.is_constexpr or value is None:
+            signature[param.name], constants[param.name] = "constexpr", value
+        elif isinstance(value, torch.Tensor):
+            signature[param.name] = "*" + names[value.dtype]
+        elif is_host_descriptor(value):
+            block = ",".join(str(b) for b in value.block_shape)
+            signature[param.name] = f"tensordesc<{names[value.base.dtype]}[{block}]>"
+        elif isinstance(value, bool):
+            signature[param.name] = "i1"
+        elif isinstance(value, int):
+            signature[param.name] = "i32" if -2**31 <= value < 2**31 else "i64"
+        else:
+            signature[param.name] = "fp32"
+    source = ASTSource(fn=kernel, signature=signature, constexprs=constants)
+    return triton.compile(source, target=GPUTarget(*target), options=options)
+
+
 def scratch_allocator():
     """What Triton's launcher asks for a kernel's global scratch (device-side TMA descriptors live there): the
     allocator triton.set_allocator set in this context (a ContextVar since 3.4: a new thread starts without one)."""

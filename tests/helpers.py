@@ -46,8 +46,6 @@ def import_file(path: Path, name: str):
 
 
 HOPPER = ("cuda", 90, 32)  # the GPU machine's target: compute capability 9.0, 32-thread warps
-_TYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.int64: "i64",
-               torch.int32: "i32", torch.int8: "i8", torch.bool: "i1"}
 
 
 def compiled_for(target: tuple, jobs: list[tuple], args_of: str, kernels_named: str = "") -> list[list[dict]]:
@@ -91,38 +89,11 @@ def _compile_launches(target: list, jobs: list, args_of: str, kernels_named: str
         args = args_for(module)  # before the namespace is copied: it may set module constants too
         launchers.rebound(module.kernel_fn, compat.is_jit_kernel,
                           lambda k, record=record: launchers.Intercepted(k, record))(*args)
-        compiled = [(kernel, _compile(tuple(target), kernel, *rest)) for kernel, *rest in launches
+        compiled = [(kernel, compat.compile_for(tuple(target), kernel, *rest)) for kernel, *rest in launches
                     if kernel.__name__.endswith(kernels_named)]
         found.append([{"kernel": kernel.__name__, "global_scratch_size": k.metadata.global_scratch_size,
                        "shared": k.metadata.shared} for kernel, k in compiled])
     return found
-
-
-def _compile(target: tuple, kernel, arguments: dict, options: dict):
-    """kernel compiled for target with these arguments: tensors become typed pointers, host TMA descriptors
-    tensordesc<dtype[block]>, constexpr parameters constants."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    signature, constants = {}, {}
-    for param in kernel.params:
-        value = arguments[param.name]
-        if param.is_constexpr or value is None:
-            signature[param.name], constants[param.name] = "constexpr", value
-        elif isinstance(value, torch.Tensor):
-            signature[param.name] = "*" + _TYPE_NAMES[value.dtype]
-        elif isinstance(getattr(value, "base", None), torch.Tensor):  # a host TMA descriptor
-            block = ",".join(str(b) for b in value.block_shape)
-            signature[param.name] = f"tensordesc<{_TYPE_NAMES[value.base.dtype]}[{block}]>"
-        elif isinstance(value, bool):
-            signature[param.name] = "i1"
-        elif isinstance(value, int):
-            signature[param.name] = "i32" if -2**31 <= value < 2**31 else "i64"
-        else:
-            signature[param.name] = "fp32"
-    source = ASTSource(fn=kernel, signature=signature, constexprs=constants)
-    return triton.compile(source, target=GPUTarget(*target), options=options)
 
 
 def starter_source(kernel_type: str, old: str | None = None, new: str | None = None) -> str:
