@@ -1,7 +1,7 @@
 """What several test modules share: a copy of the project in a fresh git repository, `orchestrate.py run`
 on it, the check that its branch matches results.tsv, the process tree of a run, waiting on an event, reading
-printed output, importing a file as a module; the loop's stand-in harness and repositories (FakeBench), and a
-chat endpoint on loopback.
+printed output, importing a file as a module, a kernel file's launches compiled for a GPU target with no device;
+the loop's stand-in harness and repositories (FakeBench), and a chat endpoint on loopback.
 
 Test modules import these from here (tests/ is on sys.path while pytest runs), never from each other.
 """
