@@ -26,6 +26,10 @@ Variants:
                  multiple of BLOCK_M and sm_scale > 0; anything else (the CPU interpreter, strided
                  views, fp32, ragged S) runs "split", silently.
   "auto"         "tma" where it applies and the call is large (TMA_MIN_FLOPS), else "split".
+DESCRIPTORS: where "tma" makes its descriptors. "host": TensorDescriptor.from_tensor, encoded by the launcher on
+every call (torch.compile cannot trace such a launch: the op stays opaque there). "device": each program makes
+its four from pointers (tl.make_tensor_descriptor, 512 bytes of global scratch per program, asked of triton's
+allocator at launch): nothing encoded on the host, and Inductor launches the kernel from its own code.
 Measured on an H200 (Triton 3.6) at the bench shape, fp16 causal (`python scripts/flash_sweep.py`): "tma" at
 64x64 tiles, 4 warps, 3 stages 172.6 us (0.86x SDPA's 149.3); "split" at the same tile 184.4 us and at the
 former default (128x64, 8 warps) 201.0. Worse: 128-row tiles with 8 warps (198-205 us), 128x128 with 4
@@ -56,6 +60,7 @@ BLOCK_N = 0  # keys per inner step; 0 = by head dim and dtype (64); capped at BL
 NUM_WARPS = 0  # 0 = by tile (4 for 16-bit tiles)
 NUM_STAGES = 0  # K/V pipeline depth; 0 = by tile (3)
 REVERSE_CAUSAL_ORDER = True  # causal: launch the longest query blocks first to shorten the tail
+DESCRIPTORS = "host"  # "tma": "host" | "device" (made by each program; see the docstring)
 # "auto" takes TMA only from this many FLOPs: host-side descriptors cost 80-200 us of host time per launch
 # on an H200 with Triton 3.6 (BENCHMARKS.md, matmul and fused_mlp), and a call must keep the GPU busy
 # longer than that: 2^35 FLOPs is ~75 us at SDPA's ~460 TFLOP/s (H200).
@@ -68,6 +73,7 @@ TUNABLES = {
     "NUM_WARPS": [0, 4, 8],
     "NUM_STAGES": [0, 1, 2, 3, 4, 5],
     "REVERSE_CAUSAL_ORDER": [True, False],
+    "DESCRIPTORS": ["host", "device"],
 }
 
 LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)); folded into the score scale
@@ -185,10 +191,17 @@ def _attn_tma_blocks(acc, l_i, m_i, q, k_desc, v_desc, row0, offs_m, lo, hi, qk_
 
 
 @triton.jit
-def _flash_attention_tma_kernel(q_desc, k_desc, v_desc, o_desc, S, qk_scale,
+def _flash_attention_tma_kernel(q_desc, k_desc, v_desc, o_desc, S, qk_scale, rows,
                                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-                                CAUSAL: tl.constexpr, REVERSE: tl.constexpr):
+                                CAUSAL: tl.constexpr, REVERSE: tl.constexpr, ON_DEVICE: tl.constexpr):
     # Descriptors view Q, K, V, O as [B*H*S, HEAD_DIM]; S % BLOCK_M == 0, so no tile crosses a head.
+    # ON_DEVICE: the *_desc arguments are pointers to dense tensors of `rows` rows, the descriptors are made here
+    # (a compile-time branch: with host descriptors none of it is generated).
+    if ON_DEVICE:
+        q_desc = tl.make_tensor_descriptor(q_desc, [rows, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_M, HEAD_DIM])
+        k_desc = tl.make_tensor_descriptor(k_desc, [rows, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_N, HEAD_DIM])
+        v_desc = tl.make_tensor_descriptor(v_desc, [rows, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_N, HEAD_DIM])
+        o_desc = tl.make_tensor_descriptor(o_desc, [rows, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_M, HEAD_DIM])
     start_m = tl.program_id(0)
     if REVERSE:
         start_m = tl.num_programs(0) - 1 - start_m
@@ -253,16 +266,27 @@ def _use_tma(q, k, v, causal, block_m, scale):
     return wanted and _tma_applies(q, k, v, block_m, scale)  # the cheap test first: small calls skip the rest
 
 
+def _scratch(size: int, alignment: int, stream):
+    """Global memory for the descriptors made on the device, which Triton's launcher asks for at each launch."""
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
 def _launch_tma(q, k, v, out, causal, qk_scale, cfg):
     block_m, block_n, warps, stages = cfg
     batch, heads, seq, head_dim = q.shape
-    q_desc, o_desc = (TensorDescriptor.from_tensor(t.view(-1, head_dim), [block_m, head_dim]) for t in (q, out))
-    k_desc, v_desc = (TensorDescriptor.from_tensor(t.view(-1, head_dim), [block_n, head_dim]) for t in (k, v))
+    on_device = DESCRIPTORS == "device"
+    if on_device:
+        triton.set_allocator(_scratch)
+        descs = (q, k, v, out)
+    else:
+        q_desc, o_desc = (TensorDescriptor.from_tensor(t.view(-1, head_dim), [block_m, head_dim]) for t in (q, out))
+        k_desc, v_desc = (TensorDescriptor.from_tensor(t.view(-1, head_dim), [block_n, head_dim]) for t in (k, v))
+        descs = (q_desc, k_desc, v_desc, o_desc)
     grid = (seq // block_m, batch * heads)
     _flash_attention_tma_kernel[grid](
-        q_desc, k_desc, v_desc, o_desc, seq, qk_scale,
+        *descs, seq, qk_scale, batch * heads * seq,
         BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, CAUSAL=bool(causal),
-        REVERSE=bool(causal) and REVERSE_CAUSAL_ORDER, num_warps=warps, num_stages=stages)
+        REVERSE=bool(causal) and REVERSE_CAUSAL_ORDER, ON_DEVICE=on_device, num_warps=warps, num_stages=stages)
 
 
 def _launch_pointers(q, k, v, out, causal, qk_scale, cfg, d_pad):

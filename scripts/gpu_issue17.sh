@@ -8,7 +8,7 @@
 #                         tests/test_optimize.py, the GPU tests of tests/test_verify.py)         ~4 min
 #   starters              the harness on the three starters whose TMA checks changed (GPU starter tests) ~4 min
 #   launch                scripts/launch_overhead.py: host us per call, kernel / fast / op      ~2 min
-#   descriptors           the TMA starters (fused_mlp, matmul, linear_cross_entropy) with DESCRIPTORS
+#   descriptors           the TMA starters (fused_mlp, matmul, linear_cross_entropy, flash_attention) with DESCRIPTORS
 #                         "device" against "host": GPU tests (tests/test_descriptors.py), bench.py on each,
 #                         kernel time in interleaved rounds at TinyLlama's shapes, host us per call  ~8 min
 #   MODEL-MODE            verify.py --compile --cuda-graph --deploy MODE on MODEL, B1 fp16: the eight
@@ -28,7 +28,7 @@ declare -A CONFIG=([tinyllama]=benchmarks/hf/tinyllama [mistral]=benchmarks/hf/m
                    [qwen2]=benchmarks/hf/qwen2-1.5b)
 declare -A SEQ=([tinyllama]=2048 [mistral]=2048 [qwen2]=1024)
 
-TMA_TYPES=(fused_mlp matmul linear_cross_entropy)
+TMA_TYPES=(fused_mlp matmul linear_cross_entropy flash_attention)
 
 device_kernels() {  # the TMA starters with DESCRIPTORS = "device", as verify.py's --kernels directory
   mkdir -p "$LOG/kernels_device"
@@ -67,8 +67,10 @@ for step in "${STEPS[@]}"; do
         | tee "$LOG/descriptors_matmul.log" | tail -6
       python3 scripts/sweep_tunables.py kernels/linear_cross_entropy.py --shape N=2048,H=2048,V=32000 --rounds 3 \
         --compare "DESCRIPTORS='device'" 2>&1 | tee "$LOG/descriptors_lce.log" | tail -6
+      python3 scripts/sweep_tunables.py kernels/flash_attention.py --rounds 3 --compare "VARIANT='tma'" \
+        --compare "VARIANT='tma',DESCRIPTORS='device'" 2>&1 | tee "$LOG/descriptors_flash.log" | tail -6
       for where in host device; do
-        python3 scripts/launch_overhead.py --types fused_mlp,matmul,linear_cross_entropy \
+        python3 scripts/launch_overhead.py --types fused_mlp,matmul,linear_cross_entropy,flash_attention \
           --set "DESCRIPTORS='$where'" --set "VARIANT='tma'" --json "$LOG/launch_$where.json" 2>&1 \
           | tee "$LOG/launch_$where.log"
       done ;;

@@ -1,6 +1,7 @@
-"""The TMA kernels of the starters (fused_mlp, matmul, linear_cross_entropy) with their descriptors made on the host
-and on the device (DESCRIPTORS). On the CPU through Triton's interpreter, which runs both kinds, with the TMA path
-forced (it is taken on Hopper GPUs only); with the `gpu` marker, at model shapes, and under torch.compile."""
+"""The TMA kernels of the starters (fused_mlp, matmul, linear_cross_entropy, flash_attention) with their descriptors
+made on the host and on the device (DESCRIPTORS). On the CPU through Triton's interpreter, which runs both kinds,
+with the TMA path forced (it is taken on Hopper GPUs only), and compiled for sm_90; with the `gpu` marker, at model
+shapes, replayed, and under torch.compile."""
 
 import helpers
 import pytest
@@ -10,10 +11,13 @@ from autokernel.kernelfile import import_kernel
 from autokernel.ops import swap
 from autokernel.registry import get_spec
 
-TMA_TYPES = ("fused_mlp", "matmul", "linear_cross_entropy")
+TMA_TYPES = ("fused_mlp", "matmul", "linear_cross_entropy", "flash_attention")
 # Ragged against every tile: rows past M or N and depth past K must read as zeros, and stores stop at the edge
+# (attention's TMA path takes whole BLOCK_M query blocks only: 2 of them per head)
 CPU_SHAPES = {"fused_mlp": {"T": 40, "H": 96, "I": 136}, "matmul": {"M": 72, "K": 96, "N": 136},
-              "linear_cross_entropy": {"N": 37, "H": 80, "V": 300}}
+              "linear_cross_entropy": {"N": 37, "H": 80, "V": 300},
+              "flash_attention": {"B": 1, "H": 2, "S": 128, "D": 64, "causal": True}}
+TMA_GATES = {"flash_attention": "_tma_applies"}  # where a file's TMA path is decided; "_tma_ok" elsewhere
 
 
 def _tma_kernel(repo_root, kernel_type: str, descriptors: str):
@@ -33,7 +37,7 @@ def _inputs(kernel_type: str, shape: dict, device: str):
 def test_the_tma_kernels_compute_the_reference_with_either_descriptors(repo_root, interpreter, monkeypatch,
                                                                        kernel_type, descriptors):
     module = _tma_kernel(repo_root, kernel_type, descriptors)
-    monkeypatch.setattr(module, "_tma_ok", lambda *tensors: True)
+    monkeypatch.setattr(module, TMA_GATES.get(kernel_type, "_tma_ok"), lambda *arguments: True)
     if hasattr(module, "_sm_count"):
         monkeypatch.setattr(module, "_sm_count", lambda device_index: 3)  # persistent programs over several tiles
     launched = []
@@ -65,13 +69,14 @@ def test_the_matmul_tma_kernel_reads_a_transposed_weight_on_device_descriptors(r
 
 # Model-like shapes for the compile below (the launches are recorded, not run: the tensors only give types)
 HOPPER_SHAPES = {"fused_mlp": {"T": 256, "H": 512, "I": 1024}, "matmul": {"M": 256, "K": 512, "N": 384},
-                 "linear_cross_entropy": {"N": 256, "H": 512, "V": 4096}}
+                 "linear_cross_entropy": {"N": 256, "H": 512, "V": 4096},
+                 "flash_attention": {"B": 1, "H": 4, "S": 256, "D": 128, "causal": True}}
 
 
 def hopper_inputs(module):
     """kernel_fn's arguments for the compile below, with the TMA path taken and the GPU's tiles and SM count;
     matmul's B as nn.Linear gives it (W.t()) where the module says LINEAR_WEIGHT."""
-    module._tma_ok = lambda *tensors: True
+    setattr(module, TMA_GATES.get(module.KERNEL_TYPE, "_tma_ok"), lambda *arguments: True)
     if hasattr(module, "_blocks"):  # linear_cross_entropy picks smaller tiles for the interpreter
         module._blocks = lambda hidden: (module.BLOCK_M, module.BLOCK_N, module.BLOCK_K)
     module._sm_count = lambda device_index: 132
@@ -97,7 +102,8 @@ def test_the_tma_kernels_compile_for_hopper_with_either_descriptors(repo_root):
 
 
 GPU_SHAPES = {"fused_mlp": {"T": 2048, "H": 2048, "I": 5632}, "matmul": {"M": 2048, "N": 2048, "K": 2048},
-              "linear_cross_entropy": {"N": 2048, "H": 2048, "V": 32000}}
+              "linear_cross_entropy": {"N": 2048, "H": 2048, "V": 32000},
+              "flash_attention": {"B": 2, "H": 32, "S": 2048, "D": 128, "causal": True}}
 
 
 @pytest.mark.gpu
