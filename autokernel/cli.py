@@ -59,6 +59,14 @@ def add_device_argument(parser: argparse.ArgumentParser, help: str = DEVICE_HELP
     parser.add_argument("--device", choices=DEVICE_CHOICES, default="auto", help=f"{help} (default auto)")
 
 
+def settings(text: str) -> dict:
+    """'NAME=VALUE[,NAME=VALUE]' (each VALUE a Python literal) -> {NAME: VALUE}: module constants a developer
+    script sets in a kernel file (scripts/sweep_tunables.py --compare, scripts/launch_overhead.py --set)."""
+    import ast
+
+    return {name: ast.literal_eval(value) for name, _, value in (kv.partition("=") for kv in text.split(","))}
+
+
 def dtype_name(name: str) -> str:
     """fp16, bf16 or fp32 for any accepted spelling; UsageError otherwise (torch-free, so checked early)."""
     try:

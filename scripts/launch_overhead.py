@@ -13,7 +13,6 @@ wrapper's checks and error naming around the fast kernel_fn). Issue 17's target:
 --set NAME=VALUE (a Python literal) sets a module constant in each starter that declares it, before it is timed.
 """
 
-import ast
 import sys
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from autokernel.cli import settings  # noqa: E402
 from autokernel.harness import modeltime, timing  # noqa: E402
 from autokernel.kernelfile import import_kernel  # noqa: E402
 from autokernel.registry import get_spec  # noqa: E402
@@ -62,10 +62,10 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--json", help="also write the rows as JSON")
     p.add_argument("--types", help="comma-separated kernel types to measure (default: every case)")
-    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                   help="a module constant for the starters that declare it (a Python literal)")
+    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE[,NAME=VALUE]",
+                   help="module constants for the starters that declare them (Python literals)")
     args_ = p.parse_args()
-    overrides = {name: ast.literal_eval(value) for name, _, value in (kv.partition("=") for kv in args_.set)}
+    overrides = {name: value for text in args_.set for name, value in settings(text).items()}
     types = set(args_.types.split(",")) if args_.types else None
     rows = {}
     x = torch.randn(2048, 768, device="cuda", dtype=torch.float16)

@@ -15,7 +15,6 @@ product's own search is the loop's builtin agent, which goes through the full ha
 """
 
 import argparse
-import ast
 import sys
 from pathlib import Path
 
@@ -23,6 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from autokernel.cli import settings  # noqa: E402
 from autokernel.harness import checking, timing  # noqa: E402
 from autokernel.harness.perf import compiled_reference, gpu_input_sets  # noqa: E402
 from autokernel.kernelfile import declarations, import_kernel  # noqa: E402
@@ -91,11 +91,6 @@ def compare(path: Path, rounds: int, configs: list[dict], shape: dict | None):
         print(f"  {label:60} " + "  ".join(f"{t:7.1f}" if isinstance(t, float) else t for t in row))
 
 
-def _config(text: str) -> dict:
-    """'NAME=VALUE,NAME=VALUE' (Python literals) -> {NAME: VALUE, ...}."""
-    return {name: ast.literal_eval(value) for name, _, value in (kv.partition("=") for kv in text.split(","))}
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("kernels", nargs="+", type=Path)
@@ -104,14 +99,14 @@ def main():
                    help="start the search from this value instead of the file's (a Python literal)")
     p.add_argument("--compare", action="append", default=[], metavar="NAME=VALUE[,NAME=VALUE]",
                    help="time only the defaults, these configurations and torch.compile, interleaved")
-    p.add_argument("--shape", type=_config, metavar="NAME=VALUE[,NAME=VALUE]",
+    p.add_argument("--shape", type=settings, metavar="NAME=VALUE[,NAME=VALUE]",
                    help="time at this shape of the kernel type instead of its bench shape")
     args = p.parse_args()
-    start = {name: value for item in args.start for name, value in _config(item).items()}
+    start = {name: value for item in args.start for name, value in settings(item).items()}
     for path in args.kernels:
         try:
             if args.compare:
-                compare(path, args.rounds, [_config(c) for c in args.compare], args.shape)
+                compare(path, args.rounds, [settings(c) for c in args.compare], args.shape)
             else:
                 sweep(path, args.rounds, start, args.shape)
         except Exception as e:

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from autokernel.ops.customops import KERNEL_DTYPES, Site, grad_reason, in_eager
+from autokernel.ops.customops import KERNEL_DTYPES, PerTables, Site, grad_reason, in_eager
 from autokernel.ops.swap import (
     PROBE_SEQ,
     REL_L2_TOLERANCE,
@@ -75,8 +75,14 @@ class CallShape:
         return (out, None, cache, *(None,) * (self.n_outputs - 3))[: self.n_outputs]
 
 
-# The tables of the last eager _rotated call: (cos, sin, cos broadcast, sin signed and broadcast); one tuple, read once
-_TABLES: list = [None]
+def _broadcast_tables(cos, sin):
+    """cos, and sin with its first half negated, both [batch or 1, 1, seq, head_dim]: _rotated's factors."""
+    c, s = (t[None] if t.dim() == 2 else t for t in (cos, sin))
+    half = s.shape[-1] // 2
+    return c.unsqueeze(1), torch.cat((-s[..., :half], s[..., half:]), dim=-1).unsqueeze(1)
+
+
+_CACHE_TABLES = PerTables(_broadcast_tables)
 
 
 def _rotated(x, cos, sin, eager: bool):
@@ -84,15 +90,8 @@ def _rotated(x, cos, sin, eager: bool):
     ops, x * cos + roll(x, D/2) * sin_signed: roll(x) is rotate_half(x) without the minus, which moves onto the
     first half of sin (the products are the same: a negation is exact). Every layer gets the same cos and sin, so
     eagerly their broadcast forms are made once per forward (six host ops fewer a layer)."""
-    memo = _TABLES[0] if eager else None
-    if memo is None or memo[0] is not cos or memo[1] is not sin:
-        c, s = (t[None] if t.dim() == 2 else t for t in (cos, sin))
-        half = s.shape[-1] // 2
-        signed = torch.cat((-s[..., :half], s[..., half:]), dim=-1)
-        memo = (cos, sin, c.unsqueeze(1), signed.unsqueeze(1))
-        if eager:
-            _TABLES[0] = memo
-    return x * memo[2] + x.roll(x.shape[-1] // 2, -1) * memo[3]
+    c, signed = _CACHE_TABLES(cos, sin, eager)
+    return x * c + x.roll(x.shape[-1] // 2, -1) * signed
 
 
 class KernelRopeAttention(_KernelModule):

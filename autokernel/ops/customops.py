@@ -489,6 +489,25 @@ def deployment(kernel_type: str):
     return _DEPLOYMENTS[kernel_type]
 
 
+class PerTables:
+    """What a model's layers derive from the cos and sin tables it hands every layer of a forward (the very same
+    tensors): derived for the first layer, reused by the others, made again for new tables. The last pair and its
+    derivation are one tuple, replaced whole (no torn read between threads); only eager calls keep it (a trace
+    keeps no tensors)."""
+
+    def __init__(self, derive: Callable):
+        self.derive, self.last = derive, None
+
+    def __call__(self, cos, sin, eager: bool):
+        last = self.last
+        if eager and last is not None and last[0] is cos and last[1] is sin:
+            return last[2]
+        derived = self.derive(cos, sin)
+        if eager:
+            self.last = (cos, sin, derived)
+        return derived
+
+
 def rotary_x_cos_sin(fn, sites: CallSites, name: str):
     """fn(x, cos, sin) with cos, sin [seq, head_dim / 2]: the reference's own convention."""
     kernel = op("rotary_embedding")
@@ -509,7 +528,7 @@ def rotary_q_k_cos_sin(fn, sites: CallSites, name: str):
     built as cat(freqs, freqs): their first halves are the reference's tables. A model hands every layer the same
     cos and sin: their halves are sliced once (two views, ~2 us of host time each, per layer otherwise)."""
     kernel = op("rotary_embedding")
-    last = [None]  # (cos, sin, their first halves) of the last eager call: one tuple, read once
+    halves = PerTables(lambda cos, sin: (cos[0, :, : cos.shape[-1] // 2], sin[0, :, : sin.shape[-1] // 2]))
 
     def rotary(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
         d = q.shape[-1]
@@ -523,13 +542,7 @@ def rotary_q_k_cos_sin(fn, sites: CallSites, name: str):
             sites.hit(name, "rotary_embedding", reason)
         if reason:
             return fn(q, k, cos, sin, position_ids, unsqueeze_dim)
-        memo = last[0] if eager else None
-        if memo is not None and memo[0] is cos and memo[1] is sin:  # the very tensors of the last call
-            c, s = memo[2], memo[3]
-        else:
-            c, s = cos[0, :, : d // 2], sin[0, :, : d // 2]
-            if eager:
-                last[0] = (cos, sin, c, s)
+        c, s = halves(cos, sin, eager)
         return kernel(q, c, s), kernel(k, c, s)
 
     return rotary
