@@ -67,6 +67,24 @@ def test_the_matmul_tma_kernel_reads_a_transposed_weight_on_device_descriptors(r
     assert swap.rel_l2(got, a.float() @ w.float().t()) < 1e-3
 
 
+@pytest.mark.parametrize("kernel_type", [*TMA_TYPES, "rmsnorm"])
+def test_the_copy_torch_compile_traces_makes_its_descriptors_on_the_device(repo_root, monkeypatch, kernel_type):
+    """Host descriptors cannot be traced (launchers._traced): the copy of kernel_fn that torch.compile traces takes
+    DESCRIPTORS = "device" where the file has the tunable, while the file itself, which eager calls and the
+    harness run, keeps its own value; a file without it is left without it."""
+    from autokernel import compat
+    from autokernel.ops import launchers
+
+    # what traceable() refuses under the interpreter, whose kernels wrap_triton cannot take
+    monkeypatch.setattr(compat, "interpreting", lambda: False)
+    monkeypatch.setattr(compat, "is_triton_kernel", compat.is_jit_or_interpreted)
+    monkeypatch.setattr(launchers, "_traced", lambda kernel: kernel)
+    module = import_kernel(repo_root / "kernels" / f"{kernel_type}.py")
+    traced = launchers.traceable(module.kernel_fn)
+    assert traced.__globals__.get("DESCRIPTORS") == ("device" if kernel_type in TMA_TYPES else None)
+    assert getattr(module, "DESCRIPTORS", None) == ("host" if kernel_type in TMA_TYPES else None)
+
+
 # Model-like shapes for the compile below (the launches are recorded, not run: the tensors only give types)
 HOPPER_SHAPES = {"fused_mlp": {"T": 256, "H": 512, "I": 1024}, "matmul": {"M": 256, "K": 512, "N": 384},
                  "linear_cross_entropy": {"N": 256, "H": 512, "V": 4096},
@@ -143,7 +161,8 @@ def test_device_descriptor_kernels_replay_in_a_thread_that_never_set_the_allocat
 @pytest.mark.parametrize("kernel_type", TMA_TYPES)
 def test_inductor_launches_a_kernel_on_device_descriptors_from_its_own_code(repo_root, kernel_type):
     """Host descriptors leave the op opaque under torch.compile (test_optimize); device ones are traced: the
-    compiled code launches the Triton kernel itself and calls no opaque op, and gives the kernel's answer."""
+    compiled code launches the Triton kernel itself and calls no opaque op, and gives the kernel's answer. A type
+    whose kernel Inductor cannot compile (flash_attention's rescaled tl.dot) stays opaque either way."""
     from torch._inductor.utils import run_and_get_code
 
     from autokernel.ops import customops
@@ -157,5 +176,8 @@ def test_inductor_launches_a_kernel_on_device_descriptors_from_its_own_code(repo
         torch._dynamo.reset()
         got, codes = run_and_get_code(torch.compile(lambda *a: op(*a) + 0), *args)
     code = "\n".join(codes)
-    assert "_tma_kernel" in code and "_opaque" not in code
+    if get_spec(kernel_type).deployment.opaque_under_compile:
+        assert f"{kernel_type}_opaque" in code
+    else:
+        assert "_tma_kernel" in code and "_opaque" not in code
     assert swap.rel_l2(got, want) < 1e-3

@@ -219,22 +219,28 @@ def test_exported_triton_kernels_pass_the_static_check(repo_root, tmp_path):
 @pytest.mark.gpu
 @pytest.mark.parametrize("kernel_type, shape", [("fused_mlp", {"T": 2048, "H": 2048, "I": 5632}),
                                                 ("matmul", {"M": 2048, "N": 2048, "K": 2048})])
-def test_a_kernel_on_host_tma_descriptors_still_computes_under_torch_compile(repo_root, kernel_type, shape):
-    """At these sizes the starters launch on host TMA descriptors, which Inductor cannot trace (it loses what the
-    kernel writes): the op falls back to opaque, and the compiled call gives the kernel's answer."""
+def test_a_kernel_on_host_tma_descriptors_is_traced_on_device_ones(repo_root, kernel_type, shape):
+    """At these sizes the starters launch on host TMA descriptors (DESCRIPTORS = "host"), which Inductor cannot
+    trace (it loses what the kernel writes); traced, the file makes them on the device (launchers.TRACED_SETTINGS):
+    the compiled code launches the TMA kernel itself, calls no opaque op, and gives the kernel's answer."""
+    from torch._inductor.utils import run_and_get_code
+
     from autokernel import kernelfile
     from autokernel.ops import customops
     from autokernel.registry import get_spec
 
     spec = get_spec(kernel_type)
     args = spec.make_inputs(shape, torch.float16, "cuda", torch.Generator(device="cuda").manual_seed(0))
-    kernel_fn = kernelfile.import_kernel(repo_root / "kernels" / f"{kernel_type}.py").kernel_fn
-    customops.install(kernel_type, kernel_fn, f"kernels/{kernel_type}.py", spec.deployment)
+    module = kernelfile.import_kernel(repo_root / "kernels" / f"{kernel_type}.py")
+    assert module.DESCRIPTORS == "host"
+    customops.install(kernel_type, module.kernel_fn, f"kernels/{kernel_type}.py", spec.deployment)
     op = customops.op(kernel_type)
     with torch.no_grad():
-        want = kernel_fn(*args)
+        want = module.kernel_fn(*args)
         torch._dynamo.reset()
-        got = torch.compile(lambda *a: op(*a) + 0)(*args)
+        got, codes = run_and_get_code(torch.compile(lambda *a: op(*a) + 0), *args)
+    code = "\n".join(codes)
+    assert "_tma_kernel" in code and "_opaque" not in code
     assert swap.rel_l2(got, want) < 1e-3
 
 

@@ -309,17 +309,51 @@ def fake_time_fn(candidate, sets, device, keep_outputs=False, latency=False):
     return timing.Timing(ms * 1e3, [ms * 1e3])
 
 
+def fake_time_turns(fns, sets, device, turns, latency=False):
+    return {name: fake_time_fn(fn, sets, device).samples * turns for name, fn in fns.items()}
+
+
 def test_prune_leaves_out_only_the_types_the_model_is_faster_without(monkeypatch):
     """The greedy prune on made-up end-to-end times: a kernel that costs time goes, the others stay."""
     from autokernel.harness import timing
 
     monkeypatch.setattr(swap, "build", lambda model, types: Candidate(types))
     monkeypatch.setattr(timing, "time_fn", fake_time_fn)
+    monkeypatch.setattr(timing, "time_turns", fake_time_turns)
     monkeypatch.setattr(endtoend, "wrong_output", lambda fn, model, args: None)  # made-up models, right by fiat
     optimized, dropped = endtoend.prune(Candidate([]), Candidate(Candidate.COST_MS), lambda seed: (), "cuda")
     # fused_mlp costs 0.05 ms of ~7.5: under the 1% margin, so it stays (noise is not a reason)
     assert optimized.types == ["rmsnorm", "rotary_embedding", "fused_mlp"]
     assert list(dropped) == ["matmul"] and "faster without it in eager mode" in dropped["matmul"]
+
+
+def test_the_prune_weighs_what_it_keeps_against_the_original_in_turns(monkeypatch):
+    """A host that drifts between two separate timings must not decide the prune's last step: there the kept
+    kernels (1% slower than the original, as the GPU sees it) and the original are timed in turns, and every
+    kernel goes, though timed alone, later, the original read 20% slower."""
+    from autokernel.harness import timing
+
+    monkeypatch.setattr(swap, "build", lambda model, types: Candidate(types))
+    alone = []
+
+    def drifting_time_fn(candidate, sets, device, **kw):  # each separate timing 5% slower than the one before
+        alone.append(candidate.types)
+        ms = (10.0 + 0.2 * len(candidate.types)) * 1.05 ** len(alone)
+        return timing.Timing(ms * 1e3, [ms * 1e3])
+
+    turns = []
+
+    def fair_time_turns(fns, sets, device, n, latency=False):
+        turns.append(sorted(fns))
+        return {name: [(10.0 + 0.2 * len(fn.types)) * 1e3] * n for name, fn in fns.items()}
+
+    monkeypatch.setattr(timing, "time_fn", drifting_time_fn)
+    monkeypatch.setattr(timing, "time_turns", fair_time_turns)
+    monkeypatch.setattr(endtoend, "wrong_output", lambda fn, model, args: None)
+    optimized, dropped = endtoend.prune(Candidate([]), Candidate(["rmsnorm"]), lambda seed: (), "cuda")
+    assert turns and all(names == ["kept", "original"] for names in turns)
+    assert optimized.types == [] and "together the kernels lose in eager mode" in dropped["rmsnorm"]
+    assert "(original 10.000 ms vs 10.200 ms)" in dropped["rmsnorm"]
 
 
 def test_prune_times_in_the_deploy_mode_and_drops_what_loses_there(monkeypatch):

@@ -312,7 +312,9 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, mode:
     torch.compile, against Inductor's fused kernels); the end-to-end time in that mode is what
     counts. A model that fails to run in that mode counts as infinitely slow, so a type that breaks
     the mode is left out too. Greedy, in the order of the types; then, if the original itself is
-    faster still, every kernel goes. Returns (optimized, {type: why it was left out}).
+    faster still, timed in turns with what is kept (a compiled Qwen2's kept kernels measured 8.91 ms
+    alone and 10.60 ms in turns with the original's 10.12, on the H200 host), every kernel goes.
+    Returns (optimized, {type: why it was left out}).
     """
     if mode not in DEPLOY_MODES:
         raise ValueError(f"deploy mode {mode!r}: one of {', '.join(DEPLOY_MODES)}")
@@ -334,6 +336,26 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, mode:
             failures[id(fn)] = _error_line(e)
             return float("inf")
 
+    def in_turns(fn) -> tuple[float, float]:
+        """(the original's ms, fn's ms) in the mode, timed in turns: a host that drifts between two separate
+        timings does not decide between them; fn's failure here counts as infinitely slow."""
+        if mode.startswith("compile"):
+            torch._dynamo.reset()
+        try:
+            deployed = {"kept": in_mode(fn, mode, backend, sets[0])}
+            wrong = wrong_output(deployed["kept"], model, sets[-1])
+        except Exception as e:
+            wrong = _error_line(e)
+        if wrong:
+            failures[id(fn)] = wrong
+            return ms(model), float("inf")
+        try:
+            deployed["original"] = in_mode(model, mode, backend, sets[0])
+            samples = _latency_turns(deployed, sets, device)
+        except Exception:  # the original fails in this mode: each timed alone, the failing one infinitely slow
+            return ms(model), ms(fn)
+        return statistics.median(samples["original"]) / 1e3, statistics.median(samples["kept"]) / 1e3
+
     def why(trial_ms, best_ms, failed) -> str:
         if failed:
             return f"the model fails in {mode} mode with it ({failed})"
@@ -349,7 +371,12 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, mode:
             dropped[kernel_type] = why(trial_ms, best, failed)
             keep.remove(kernel_type)
             optimized, best, failed = trial, trial_ms, failures.get(id(trial.module()))
-    original_ms = ms(model) if keep else best
+    if keep and not failed:
+        module = optimized.module()
+        original_ms, best = in_turns(module)
+        failed = failures.get(id(module))
+    else:
+        original_ms = ms(model) if keep else best
     if original_ms < best * (1 - PRUNE_MARGIN) or (failed and original_ms < best):
         for kernel_type in keep:
             dropped[kernel_type] = why(original_ms, best, failed) if failed else (
