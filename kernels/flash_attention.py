@@ -27,7 +27,7 @@ Variants:
                  views, fp32, ragged S) runs "split", silently.
   "auto"         "tma" where it applies and the call is large (TMA_MIN_FLOPS), else "split".
 DESCRIPTORS: where "tma" makes its descriptors. "host": TensorDescriptor.from_tensor, encoded by the launcher on
-every call (torch.compile cannot trace such a launch: the op stays opaque there). "device": each program makes
+every call (torch.compile cannot trace such a launch: traced, the file runs "device"). "device": each program makes
 its four from pointers (tl.make_tensor_descriptor, 512 bytes of global scratch per program, asked of triton's
 allocator at launch): nothing encoded on the host, and Inductor launches the kernel from its own code.
 Measured on an H200 (Triton 3.6) at the bench shape, fp16 causal (`python scripts/flash_sweep.py`): "tma" at

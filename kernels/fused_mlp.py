@@ -23,7 +23,7 @@ Variants: "grouped" (pointer loads, one program per tile, GROUP_M L2 swizzle; ru
 "tma" (persistent, Hopper TMA descriptors; needs compute capability >= 9 and 16-byte aligned rows,
 else falls back per phase). "auto" = "tma" where it applies and the phase is large (TMA_MIN_FLOPS).
 DESCRIPTORS: where "tma" makes its descriptors. "host": TensorDescriptor.from_tensor, encoded by the launcher on
-every call (torch.compile cannot trace such a launch: the op stays opaque there). "device": each program makes
+every call (torch.compile cannot trace such a launch: traced, the file runs "device"). "device": each program makes
 them from pointers (tl.make_tensor_descriptor, 128 bytes of global scratch per descriptor and program, asked of
 triton's allocator at launch): nothing encoded on the host, and Inductor launches the kernel from its own code.
 A tile size left at 0 is chosen by dtype and shape; a non-zero CAPS value wins. fp32 uses input_precision="ieee"

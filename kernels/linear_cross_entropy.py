@@ -22,10 +22,10 @@ Hopper: the tiles come through TMA tensor descriptors (hidden [N, H] and weight 
 tile goes to the tensor cores K-major, rows past N or V and depth past H read as zeros), and each tile is
 folded with exp2 and int32 target compares; elsewhere, or with fp32 inputs or unaligned rows, the pointer
 kernel does the same with masked loads. DESCRIPTORS: where the TMA kernel's descriptors are made. "host":
-TensorDescriptor.from_tensor, encoded by the launcher on every call (torch.compile cannot trace such a launch: the
-op stays opaque there). "device": each program makes them from pointers (tl.make_tensor_descriptor, 128 bytes of
-global scratch per descriptor and program, asked of triton's allocator at launch): nothing encoded on the host,
-and Inductor launches the kernel from its own code.
+TensorDescriptor.from_tensor, encoded by the launcher on every call (torch.compile cannot trace such a launch:
+traced, the file runs "device"). "device": each program makes them from pointers (tl.make_tensor_descriptor, 128
+bytes of global scratch per descriptor and program, asked of triton's allocator at launch): nothing encoded on the
+host, and Inductor launches the kernel from its own code.
 
 Measured (H200, torch 2.11, triton 3.6, fp16, 2026-11-24, `python scripts/lce_compare.py`: the harness's timing,
 L2 flushed; peak = what one call allocates beyond its inputs; Liger 0.8.5's fused linear cross-entropy):

@@ -16,7 +16,7 @@ Variants:
                 Needs compute capability >= 9 and 16-byte aligned rows; otherwise "grouped".
   "auto"        "tma" where it applies and the problem is large (TMA_MIN_FLOPS), else "grouped".
 DESCRIPTORS: where "tma" makes its descriptors. "host": TensorDescriptor.from_tensor, encoded by the launcher on
-every call (torch.compile cannot trace such a launch: the op stays opaque there). "device": each program makes
+every call (torch.compile cannot trace such a launch: traced, the file runs "device"). "device": each program makes
 them from pointers (tl.make_tensor_descriptor, 128 bytes of global scratch per descriptor and program, asked of
 triton's allocator at launch): nothing encoded on the host, and Inductor launches the kernel from its own code.
 Tile sizes left at 0 are chosen by shape and dtype (see _auto_config); a non-zero CAPS value wins.
