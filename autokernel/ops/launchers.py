@@ -36,7 +36,7 @@ def traceable(kernel_fn: Callable) -> Callable | None:
 # descriptors cannot be traced (_traced), so a file that can make them on the device does so under torch.compile,
 # and Inductor launches its kernel from its own code instead of an opaque op's Python dispatch on every call
 # (HF TinyLlama 1x2048 compiled, without graphs: 1.23x torch.compile, against 0.90x opaque; the H200,
-# 2026-11-24). Eagerly the file's own choice stands: device descriptors cost 1-7% of kernel time there.
+# 2026-11-24). Eagerly the file's own choice stands: device descriptors cost 1-12% of kernel time there.
 TRACED_SETTINGS = {"DESCRIPTORS": "device"}
 
 
