@@ -111,7 +111,8 @@ class KernelRopeAttention(_KernelModule):
         tables = call.arg("position_embeddings", args, kwargs)
         cache = call.cache(args, kwargs)
         reason = _unfit(m, hidden, tables, call.arg("attention_mask", args, kwargs), cache, kwargs, self.window)
-        if in_eager():
+        eager = in_eager()
+        if eager:
             self.site.calls += not reason
             self.site.fallbacks += bool(reason)
             self.site.reason = reason or self.site.reason
@@ -124,7 +125,7 @@ class KernelRopeAttention(_KernelModule):
         if cache is not None:  # an empty cache (prefill): it gets the rotated keys, as from the original
             extra = {"sin": sin, "cos": cos, "cache_position": kwargs["cache_position"]} \
                 if "cache_position" in kwargs else None
-            cache.update(_rotated(k, cos, sin, in_eager()), v, m.layer_idx, *([extra] if extra else []))
+            cache.update(_rotated(k, cos, sin, eager), v, m.layer_idx, *([extra] if extra else []))
         out = self.op(q, k, v, cos, sin, True, float(getattr(m, "scaling", m.head_dim ** -0.5)))
         return call.result(m.o_proj(out.transpose(1, 2).reshape(batch, seq, -1)), cache)
 

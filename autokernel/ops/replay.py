@@ -129,19 +129,12 @@ def _allocated_as_viewed(specs: list, buffers: list[Buffer]) -> list:
         from_input, index, shape, stride, offset, whole = spec
         buffer = None if from_input else buffers[index]
         if (buffer is not None and not whole and not offset and viewers.count(index) == 1
-                and math.prod(shape) == math.prod(buffer.size) and stride == _contiguous_strides(shape)):
+                and math.prod(shape) == math.prod(buffer.size)
+                and stride == torch.empty(shape, device="meta").stride()):  # contiguous
             buffers[index] = Buffer(shape, stride, buffer.dtype, buffer.device, buffer.zeroed)
             spec = (from_input, index, shape, stride, offset, True)
         kept.append(spec)
     return kept
-
-
-def _contiguous_strides(shape: tuple) -> tuple:
-    strides, step = [], 1
-    for size in reversed(shape):
-        strides.append(step)
-        step *= max(size, 1)
-    return tuple(reversed(strides))
 
 
 def _view(spec: tuple, args: tuple, buffers: list) -> torch.Tensor:

@@ -322,16 +322,24 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, mode:
     backend = backend_for(device)
     failures = {}
 
+    def deployed(fn) -> Callable | None:
+        """fn as deployed in the mode, having given the original's output; None (the failure kept) otherwise."""
+        try:
+            ready = in_mode(fn, mode, backend, sets[0])
+            wrong = wrong_output(ready, model, sets[-1]) if fn is not model else None
+        except Exception as e:
+            wrong = _error_line(e)
+        if wrong:
+            failures[id(fn)] = wrong
+            return None
+        return ready
+
     def ms(fn) -> float:
         if mode.startswith("compile"):
             torch._dynamo.reset()  # every trial compiles anew; stale traces would count against the recompile limit
+        ready = deployed(fn)
         try:
-            deployed = in_mode(fn, mode, backend, sets[0])
-            wrong = wrong_output(deployed, model, sets[-1]) if fn is not model else None
-            if wrong:
-                failures[id(fn)] = wrong
-                return float("inf")
-            return timing.time_fn(deployed, sets, device, latency=True).median_us / 1e3
+            return float("inf") if ready is None else timing.time_fn(ready, sets, device, latency=True).median_us / 1e3
         except Exception as e:
             failures[id(fn)] = _error_line(e)
             return float("inf")
@@ -341,17 +349,11 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, mode:
         timings does not decide between them; fn's failure here counts as infinitely slow."""
         if mode.startswith("compile"):
             torch._dynamo.reset()
-        try:
-            deployed = {"kept": in_mode(fn, mode, backend, sets[0])}
-            wrong = wrong_output(deployed["kept"], model, sets[-1])
-        except Exception as e:
-            wrong = _error_line(e)
-        if wrong:
-            failures[id(fn)] = wrong
+        ready = {"kept": deployed(fn), "original": deployed(model)}
+        if ready["kept"] is None:
             return ms(model), float("inf")
         try:
-            deployed["original"] = in_mode(model, mode, backend, sets[0])
-            samples = _latency_turns(deployed, sets, device)
+            samples = _latency_turns(ready, sets, device)
         except Exception:  # the original fails in this mode: each timed alone, the failing one infinitely slow
             return ms(model), ms(fn)
         return statistics.median(samples["original"]) / 1e3, statistics.median(samples["kept"]) / 1e3
