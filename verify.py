@@ -30,8 +30,10 @@ from a CUDA graph (the GPU time alone, no Python or launch overhead, as a fixed-
 and compared with the original's graphed rows. Before timing, on a GPU, each kernel type is left out
 in turn and stays out if the model is more than 1% faster without it, timed in the mode the model
 will be deployed in (--deploy eager | graph | compile | compile_graph): a kernel can win at the
-harness's shape and lose at the model's, or win eager and lose under torch.compile; --keep-all
-times them all. --against extracted (the files the loop began from), starters or DIR times the kept
+harness's shape and lose at the model's, or win eager and lose under torch.compile. Given an eager and
+a compiled mode (--deploy eager,compile_graph: the default with --compile --cuda-graph), each decides
+its own types: the model runs the eager mode's types eagerly (and in CUDA graphs captured eagerly) and
+the compiled mode's where torch.compile traces it. --keep-all times them all. --against extracted (the files the loop began from), starters or DIR times the kept
 types with those files in turns with this run's (endtoend.paired: each side replayed from its own CUDA
 graph, PAIRED_ROUNDS turns of one run each, a sign test over them), for differences smaller than two
 runs' drift.
@@ -53,10 +55,9 @@ import sys
 from pathlib import Path
 
 from autokernel import cli
-from autokernel.verify.verification import CHECK_INPUTS, DEFAULT_KERNELS, ROOT  # torch-free, like this script
+from autokernel.verify.verification import CHECK_INPUTS, DEFAULT_KERNELS, ROOT, deploy_modes  # torch-free
 
 DEFAULT_REPORT = ROOT / "workspace" / "verify.json"  # read by the morning report (orchestrate.py report)
-DEPLOY_CHOICES = ("eager", "graph", "compile", "compile_graph")  # autokernel.verify.endtoend.DEPLOY_MODES, torch-free
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -74,9 +75,11 @@ def build_parser() -> argparse.ArgumentParser:
     how.add_argument("--cuda-graph", action="store_true",
                      help="GPU: also time the original and the optimized model replayed from a CUDA graph "
                           "(no Python or launch overhead: the GPU time alone)")
-    how.add_argument("--deploy", choices=DEPLOY_CHOICES,
-                     help="GPU: the mode the model will run in, which the prune times (default: compile_graph "
-                          "with --compile --cuda-graph, compile with --compile, graph with --cuda-graph, else eager)")
+    how.add_argument("--deploy", metavar="MODE[,MODE]", type=_deploy,
+                     help="GPU: the mode the model will run in, which the prune times: eager, graph, compile or "
+                          "compile_graph; or an eager and a compiled one, each keeping its own types "
+                          "(default: eager,compile_graph with --compile --cuda-graph, eager,compile with --compile, "
+                          "graph with --cuda-graph, else eager)")
     how.add_argument("--keep-all", action="store_true",
                      help="GPU: time every correct kernel plugged in, even those the model is faster without "
                           "(by default each is left out in turn and kept only if it helps)")
@@ -98,6 +101,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="the exported package's import name (default autokernel_kernels)")
     cli.add_debug_argument(out)
     return p
+
+
+def _deploy(value: str) -> str:
+    try:
+        return ",".join(deploy_modes(value))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def main(argv=None) -> int:
@@ -145,11 +155,16 @@ def show(report: dict) -> None:
                       f"max rel {r.get('max_rel', float('nan')):.3g}{loss}")
     for t, r in c.get("blame", {}).items():
         console.print(f"  {t} alone: rel L2 {r['rel_l2']:.3g} {'ok' if r['ok'] else 'OVER'}")
-    if report["prune"]["decided"]:
-        console.print(f"prune: timed in {report['prune']['mode']} mode (--deploy), "
-                      f"{len(report['pruned'])} type(s) left out")
+    prune = report["prune"]
+    if prune["decided"]:
+        console.print(f"prune: timed in {prune['mode']} mode (--deploy), {len(report['pruned'])} type(s) left out"
+                      + (f" eagerly, {len(prune['left_out_compiled'])} under torch.compile" if "," in prune["mode"]
+                         else ""))
     for t, why in report["pruned"].items():
         console.print(f"left out after timing: {t}: {why}")
+    if "," in prune["mode"]:
+        for t, why in prune["left_out_compiled"].items():
+            console.print(f"left out under torch.compile: {t}: {why}")
     if report["timing"]:
         console.print(_timing_table(report))
     for row, error in report["timing_errors"].items():
@@ -188,6 +203,8 @@ def summary(report: dict) -> dict:
             "optimized_compile_ms": ms("optimized_compile"), "eager_graph_ms": ms("eager_graph"),
             "compile_graph_ms": ms("compile_graph"), "optimized_graph_ms": ms("optimized_graph"),
             "optimized_compile_graph_ms": ms("optimized_compile_graph"), "pruned": ",".join(report["pruned"]) or None,
+            "compiled_types": ",".join(report["compiled_types"]),
+            "pruned_compiled": ",".join(report["prune"]["left_out_compiled"]) or None,
             "deploy_mode": report["prune"]["mode"],
             "speedup_vs_eager": speedup("optimized", "eager"), "speedup_vs_compile": speedup("optimized", "compile"),
             "compiled_speedup_vs_compile": speedup("optimized_compile", "compile"),

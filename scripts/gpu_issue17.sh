@@ -14,7 +14,8 @@
 #   MODEL-MODE            verify.py --compile --cuda-graph --deploy MODE on MODEL, B1 fp16: the eight
 #                         timing rows, the prune decided in MODE                   eager ~3, compile* ~8 min
 #                         MODEL: tinyllama (S2048), mistral (S2048), qwen2 (S1024), from benchmarks/hf/
-#                         MODE: eager | graph | compile | compile_graph
+#                         MODE: eager | graph | compile | compile_graph, or an eager and a compiled one joined
+#                         by + (eager+compile_graph: each keeps its own types; eager ~3 + compile* ~7 min)
 #   MODEL-MODE-device     the same with the TMA starters' descriptors made on the device (LOGDIR/kernels_device)
 #   table                 the rows of every report in LOGDIR against the targets                  <1 min
 set -uo pipefail
@@ -84,7 +85,7 @@ for step in "${STEPS[@]}"; do
         kernels=(--kernels "$LOG/kernels_device") tag=${mode}_device
       fi
       python3 verify.py --module transformers --class-name AutoModelForCausalLM --config "${CONFIG[$model]}" \
-        --input-shape "1,${SEQ[$model]}" --dtype float16 --compile --cuda-graph --deploy "$mode" "${kernels[@]}" \
+        --input-shape "1,${SEQ[$model]}" --dtype float16 --compile --cuda-graph --deploy "${mode//+/,}" "${kernels[@]}" \
         --report "$LOG/verify_${model}_${tag}.json" 2>&1 | tee "$LOG/verify_${model}_${tag}.log" | tail -30 ;;
     *) echo "unknown step $step" ;;
   esac

@@ -21,6 +21,9 @@ def summary(report: dict, sites: set[str], targets: bool) -> list[str]:
     prune = report.get("prune") or {}
     lines = [f"correctness {report['correctness']['status']}, kept {','.join(report['swapped_types']) or 'none'}, "
              f"prune in {prune.get('mode', '-')} left out {','.join(report.get('pruned') or []) or 'none'}"]
+    if "," in prune.get("mode", ""):
+        lines[0] += (f"; under torch.compile kept {','.join(report['compiled_types']) or 'none'}, left out "
+                     f"{','.join(prune['left_out_compiled']) or 'none'}")
     for row, t in report.get("timing", {}).items():
         speedups = "  ".join(f"{key[len('speedup_vs_'):]} {value:.2f}x" for key, value in t.items()
                              if key.startswith("speedup_vs_") and value is not None)

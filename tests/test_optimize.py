@@ -61,6 +61,30 @@ def test_a_wrong_kernel_in_the_kernels_directory_changes_the_output(llama, repo_
     assert err > 100 * swap.REL_L2_TOLERANCE[torch.float32]  # ~5%: the file's kernel is what runs
 
 
+@pytest.mark.slow(6)
+def test_torch_compile_traces_the_types_kept_for_it_and_eager_calls_run_theirs(llama, repo_root, tmp_path, capsys):
+    """A wrong rmsnorm kernel kept eagerly and left out under torch.compile: the eager output is off, the compiled
+    one the original's (no graph break); kept only under compile, the other way round. The kernel really runs
+    in the mode it is kept for."""
+    source = (repo_root / "kernels" / "rmsnorm.py").read_text()
+    (tmp_path / "01_rmsnorm_optimized.py").write_text(source.replace(PLANTED, PLANTED + " * 1.05"))
+    ids = torch.randint(0, llama.config.vocab_size, (1, 8), generator=torch.Generator().manual_seed(0))
+    tol = swap.REL_L2_TOLERANCE[torch.float32]
+    with torch.no_grad():
+        want = llama(ids)
+        for eager, compiled in ((["rmsnorm"], []), ([], ["rmsnorm"])):
+            optimized = autokernel.optimize(llama, tmp_path, eager, compiled_types=compiled)
+            assert optimized.autokernel.traced_types() == compiled
+            explained = torch._dynamo.explain(optimized)(ids)
+            torch._dynamo.reset()
+            errors = [swap.rel_l2(optimized(ids), want), swap.rel_l2(torch.compile(optimized, backend="aot_eager")(ids),
+                                                                    want)]
+            torch._dynamo.reset()
+            assert [e > 100 * tol for e in errors] == [bool(eager), bool(compiled)], errors
+            assert explained.graph_break_count == 0
+    assert "; under torch.compile: rmsnorm" in capsys.readouterr().out.splitlines()[-1]
+
+
 def test_optimize_follows_the_prune_of_verify_report_for_this_model(llama, tmp_path, capsys):
     kernels = tmp_path / "kernels"
     kernels.mkdir()
@@ -77,6 +101,13 @@ def test_optimize_follows_the_prune_of_verify_report_for_this_model(llama, tmp_p
         "rmsnorm", "matmul"}
     with pytest.raises(FileNotFoundError):
         autokernel.optimize(llama, kernels, ["rmsnorm"], verified=tmp_path / "missing.json")
+    # an eager and a compiled mode: each left out its own types
+    report.update(model="LlamaModel (0.1M parameters)", pruned={"matmul": "slower"},
+                  prune={"mode": "eager,compile_graph", "left_out_compiled": {"rmsnorm": "slower"}})
+    (tmp_path / "verify.json").write_text(json.dumps(report))
+    optimized = autokernel.optimize(llama, kernels, ["rmsnorm", "matmul"], quiet=True).autokernel
+    assert optimized.types == ["rmsnorm"] and optimized.traced_types() == ["matmul"]
+    assert "compile_graph mode" in optimized.left_out_compiled["rmsnorm"]
 
 
 def test_where_a_gradient_is_wanted_the_original_ops_run_and_train(llama, tmp_path):
@@ -204,6 +235,21 @@ def test_an_exported_cuda_kernel_brings_its_build_helper(repo_root, tmp_path):
         if isinstance(node, ast.ImportFrom) and node.level == 1:
             wanted = [node.module] if node.module else [a.name for a in node.names]
             assert all((package / "_runtime" / f"{m}.py").is_file() for m in wanted), wanted
+
+
+def test_the_export_runs_the_types_kept_under_torch_compile_there(repo_root, tmp_path):
+    """verify.py's prune in an eager and a compiled mode kept other types in each: the package's optimize()
+    passes both sets on (autokernel.optimize's compiled_types), with the files of either."""
+    from autokernel.verify import export
+
+    kernels = {t: repo_root / "kernels" / f"{t}.py" for t in ("layernorm", "softmax")}
+    package = export.write_package(tmp_path, kernels, name="two_sets", eager=["softmax", "layernorm"],
+                                   compiled=["softmax"])
+    assignments = {n.targets[0].id: ast.literal_eval(n.value) for n in ast.parse((package / "__init__.py").read_text())
+                   .body if isinstance(n, ast.Assign) and isinstance(n.value, ast.List)}
+    assert assignments == {"TYPES": ["layernorm", "softmax"], "COMPILED_TYPES": ["softmax"]}
+    assert "compiled_types=COMPILED_TYPES" in (package / "__init__.py").read_text()
+    assert sorted(p.stem for p in (package / "kernels").glob("[!_]*.py")) == ["layernorm", "softmax"]
 
 
 def test_exported_triton_kernels_pass_the_static_check(repo_root, tmp_path):

@@ -375,6 +375,27 @@ def test_prune_times_in_the_deploy_mode_and_drops_what_loses_there(monkeypatch):
         endtoend.prune(None, Candidate([]), lambda seed: (), "cuda", mode="turbo")
 
 
+def test_an_eager_and_a_compiled_mode_each_keep_the_types_that_win_there(monkeypatch):
+    """Deployed eagerly and under torch.compile, the rmsnorm kernel wins eagerly (it saves launches) and loses
+    compiled (Inductor fuses the norm into its neighbours), the matmul kernel the other way round: each mode keeps
+    its own, and the model runs rmsnorm eagerly and matmul where torch.compile traces it."""
+    made_up_compile(monkeypatch, lambda fn, backend=None, mode=None: _Costed(fn.types, {"rmsnorm": +0.8,
+                                                                                          "matmul": -1.0}))
+    monkeypatch.setattr(Candidate, "ms", property(lambda c: 10.0 + sum({"rmsnorm": -2.0, "matmul": +1.5}[t]
+                                                                       for t in c.types)), raising=False)
+    built = []
+    monkeypatch.setattr(swap, "build", lambda model, types, traced=None: built.append((types, traced)) or
+                        Candidate(types))
+    optimized, dropped, dropped_traced = endtoend.prune_deployed(Candidate([]), Candidate(["rmsnorm", "matmul"]),
+                                                                 lambda seed: (), "cuda", ["compile", "eager"])
+    assert list(dropped) == ["matmul"] and "in eager mode" in dropped["matmul"]
+    assert list(dropped_traced) == ["rmsnorm"] and "in compile mode" in dropped_traced["rmsnorm"]
+    assert built[-1] == (["rmsnorm"], ["matmul"])
+    optimized, dropped, dropped_traced = endtoend.prune_deployed(Candidate([]), Candidate(["rmsnorm", "matmul"]),
+                                                                 lambda seed: (), "cuda", ["compile"])
+    assert optimized.types == ["matmul"] and dropped is dropped_traced  # one mode decides both
+
+
 def test_a_mode_that_fails_is_reported_and_its_kernel_left_out(monkeypatch):
     """A type under which the model fails to compile is left out by a prune in compile mode, with the error;
     the timing reports the failing row and still times the others."""
@@ -451,13 +472,19 @@ def test_verify_reports_the_prune_mode_and_writes_its_report(repo_root, tmp_path
     code, report, printed = run_verify(repo_root, tmp_path, capsys, "custom", "--kernels", str(tmp_path),
                                        "--types", "softmax", "--no-timing", "--compile")
     assert code == 0, printed.out + printed.err
-    assert report["prune"] == {"mode": "compile", "decided": False, "left_out": {}}  # no GPU: no prune
-    args = verify.build_parser().parse_args(["--model", "m.py", "--class-name", "M", "--cuda-graph"])
-    assert verification.deploy_mode(args) == "graph"
-    args = verify.build_parser().parse_args(["--model", "m.py", "--class-name", "M", "--deploy", "eager", "--compile"])
-    assert verification.deploy_mode(args) == "eager"
-    assert set(verify.DEPLOY_CHOICES) == set(endtoend.DEPLOY_MODES)
-    assert args.report == repo_root / "workspace" / "verify.json"  # where the morning report reads it
+    # no GPU: no prune; with --compile, an eager and a compiled mode would each decide their types
+    assert report["prune"] == {"mode": "eager,compile", "decided": False, "left_out": {}, "left_out_compiled": {}}
+    assert report["compiled_types"] == report["swapped_types"] == ["softmax"]
+    parse = lambda *flags: verify.build_parser().parse_args(["--model", "m.py", "--class-name", "M", *flags])
+    assert verification.deploy_mode(parse("--cuda-graph")) == "graph"
+    assert verification.deploy_mode(parse("--cuda-graph", "--compile")) == "eager,compile_graph"
+    assert verification.deploy_mode(parse("--deploy", "eager", "--compile")) == "eager"
+    assert verification.deploy_mode(parse("--deploy", " compile_graph,graph")) == "compile_graph,graph"
+    for wrong in ("turbo", "eager,graph", "compile,compile_graph", ""):
+        with pytest.raises(SystemExit):
+            parse("--deploy", wrong)
+    assert "at most one eager mode" in capsys.readouterr().err
+    assert parse().report == repo_root / "workspace" / "verify.json"  # where the morning report reads it
 
 
 def test_the_gpu_scripts_summarize_a_report_in_a_few_lines(repo_root, tmp_path, capsys, interpreter):

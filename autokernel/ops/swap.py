@@ -411,6 +411,11 @@ class Optimized:
         self.model, self.patches, self.types = model, patches, types
         self.patch_types = patch_types or {}  # id(replacement) -> its kernel type
         self.module_sites, self.notes, self.call_sites = module_sites, notes, call_sites
+        self.traced: Optimized | None = None  # what torch.compile traces instead, when it runs other types
+
+    def traced_types(self) -> list[str]:
+        """The types that run where torch.compile traces the model."""
+        return self.traced.types if self.traced is not None else self.types
 
     def module(self) -> nn.Module:
         """The model itself with the kernels in place, as users call it: its forward applies the function
@@ -420,9 +425,12 @@ class Optimized:
         if "forward" in vars(model):
             return model
         inner, patches = model.forward, self.patches
+        traced = self.traced.module() if self.traced is not None else None
 
         @functools.wraps(inner)  # generate() reads forward's signature
         def forward(*args, **kwargs):
+            if traced is not None and not in_eager():  # dynamo folds the test: the trace holds one model
+                return traced(*args, **kwargs)
             saved = [getattr(owner, name) for owner, name, _ in patches]
             for owner, name, new in patches:
                 setattr(owner, name, new)
@@ -475,9 +483,18 @@ class Optimized:
         return sorted({s.kernel_type for s in self.sites() if s.swapped and s.calls})
 
 
-def build(model: nn.Module, types) -> Optimized:
-    """The model with the installed kernels of `types` plugged in (see customops.install)."""
+def build(model: nn.Module, types, traced=None) -> Optimized:
+    """The model with the installed kernels of `types` plugged in (see customops.install).
+
+    traced: the types that run where torch.compile traces the model, when they are not `types` (a kernel can win
+    eagerly, where it saves launches, and lose under torch.compile, against Inductor's fused code): the model's
+    forward hands a trace to a second copy over the same weights, with those types plugged in. Eager calls and
+    CUDA graphs captured from them run `types`."""
     types = list(types)
+    if traced is not None and sorted(traced) != sorted(types):
+        optimized = build(model, types)
+        optimized.traced = build(model, traced)
+        return optimized
     memo = {id(t): t for t in [*model.parameters(), *model.buffers()]}
     clone = copy.deepcopy(model, memo)  # a new module tree over the same weights
     module_sites = _replace_modules(clone, types)

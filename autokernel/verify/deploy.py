@@ -33,13 +33,16 @@ STARTERS = compat.ROOT / "kernels"  # the shipped starters, for types without a 
 
 
 def optimize(model: nn.Module, kernels: str | Path = DEFAULT_KERNELS, types: Iterable[str] | None = None, *,
-             exclude: Iterable[str] = (), verified: str | Path | None = "auto", starters: str | Path | None = STARTERS,
+             exclude: Iterable[str] = (), compiled_types: Iterable[str] | None = None,
+             verified: str | Path | None = "auto", starters: str | Path | None = STARTERS,
              quiet: bool = False) -> nn.Module:
     """The model with the kernels of `types` (default: every type with a file) in place; see the module doc.
 
-    exclude: types to leave out. verified: a verify.py report (workspace/verify.json) whose prune to follow:
-    the types it left out for this model class are left out too (default "auto": the report beside the
-    kernels directory, if it is about this model's class; None: none). starters: where types without a
+    exclude: types to leave out. compiled_types: the types that run where torch.compile traces the model
+    (default: `types`; a kernel can win eagerly and lose against Inductor's fused code). verified: a
+    verify.py report (workspace/verify.json) whose prune to follow: the types it left out for this model class
+    are left out too, eagerly and under torch.compile as it decided for each (default "auto": the report beside
+    the kernels directory, if it is about this model's class; None: none). starters: where types without a
     file in `kernels` fall back to (None: no fallback, only the files in `kernels`)."""
     if isinstance(getattr(model, "autokernel", None), swap.Optimized):  # optimized before: start from the original
         model = model.autokernel.original
@@ -50,11 +53,17 @@ def optimize(model: nn.Module, kernels: str | Path = DEFAULT_KERNELS, types: Ite
     if verified == "auto":  # the report verify.py writes beside its kernels directory, if there is one
         verified = Path(kernels).parent / "verify.json"
         verified = verified if verified.is_file() else None
-    pruned = verified_prune(model, verified) if verified is not None else {}
-    choices = load_kernels(kernels, types, starters, [*exclude, *pruned])
-    optimized = swap.build(model, list(choices)).module()
+    pruned, pruned_traced = verified_prune(model, verified) if verified is not None else ({}, {})
+    types = None if types is None else list(types)
+    compiled_types = types if compiled_types is None else list(compiled_types)
+    wanted = None if types is None or compiled_types is None else [*types, *compiled_types]
+    choices = load_kernels(kernels, wanted, starters, [*exclude, *(set(pruned) & set(pruned_traced))])
+    eager = [t for t in choices if (types is None or t in types) and t not in pruned]
+    traced = [t for t in choices if (compiled_types is None or t in compiled_types) and t not in pruned_traced]
+    optimized = swap.build(model, eager, traced=traced).module()
     optimized.autokernel.choices = choices  # type -> KernelChoice: which file, and from where
     optimized.autokernel.left_out = pruned  # type -> why verify.py left it out
+    optimized.autokernel.left_out_compiled = pruned_traced  # type -> why verify.py left it out under compile
     optimized.autokernel.summary = summary_line(model, optimized.autokernel, choices)
     _say(optimized.autokernel.summary, quiet)
     return optimized
@@ -86,17 +95,24 @@ def entries() -> dict:
     return registry.specs_where("deployment")
 
 
-def verified_prune(model: nn.Module, report: str | Path) -> dict[str, str]:
-    """{type: why} that a verify.py report left out for this model's class ({} if the report is about another).
+def verified_prune(model: nn.Module, report: str | Path) -> tuple[dict[str, str], dict[str, str]]:
+    """({type: why} left out eagerly, {type: why} left out under torch.compile) by a verify.py report for this
+    model's class (({}, {}) if the report is about another).
 
     A report is followed only when it is about a model of this class that passed: the prune was timed
-    on that model in the mode it is deployed in, and a kernel it left out makes the model slower there."""
+    on that model in the mode it is deployed in, and a kernel it left out makes the model slower there.
+    A prune in one mode decided both; one in an eager and a compiled mode decided each in its own."""
     found = json.loads(Path(report).read_text())
     about = str(found.get("model", "")).split(" (")[0]
     if about != type(model).__name__ or found.get("correctness", {}).get("status") != "PASS":
-        return {}
-    mode = found.get("prune", {}).get("mode", "eager")
-    return {t: f"verify.py left it out in {mode} mode: {why}" for t, why in found.get("pruned", {}).items()}
+        return {}, {}
+    prune = found.get("prune", {})
+    modes = prune.get("mode", "eager").split(",")
+    eager = {t: f"verify.py left it out in {modes[0]} mode: {why}" for t, why in found.get("pruned", {}).items()}
+    if len(modes) == 1:
+        return eager, eager
+    return eager, {t: f"verify.py left it out in {modes[1]} mode: {why}"
+                   for t, why in prune.get("left_out_compiled", {}).items()}
 
 
 def summary_line(model: nn.Module, optimized: swap.Optimized, choices: dict) -> str:
@@ -104,10 +120,13 @@ def summary_line(model: nn.Module, optimized: swap.Optimized, choices: dict) -> 
     those verify.py's prune left out."""
     planned = optimized.planned()
     swapped = "; ".join(f"{t} ({choices[t].source}): {', '.join(what)}" for t, what in planned.items())
-    idle = sorted(set(choices) - set(planned))
+    traced = optimized.traced.planned() if optimized.traced is not None else {}
+    idle = sorted(set(choices) - set(planned) - set(traced))
     tail = f"; no site for {', '.join(idle)}" if idle else ""
     left_out = getattr(optimized, "left_out", {})
     tail += f"; left out as verify.py decided: {', '.join(left_out)}" if left_out else ""
+    if sorted(optimized.traced_types()) != sorted(optimized.types):
+        tail += f"; under torch.compile: {', '.join(optimized.traced_types()) or 'no kernel'}"
     return f"autokernel: {type(model).__name__} with {swapped or 'no kernel'}{tail}"
 
 

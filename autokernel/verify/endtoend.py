@@ -8,7 +8,9 @@ type is swapped in alone and the types that alone exceed the tolerance are blame
 Timing: one protocol (autokernel.harness.timing) for every row, in the four modes a user deploys a model in:
 eager, graphed (replayed from a CUDA graph), compiled (torch.compile) and compiled + graphed. The
 prune decides in the mode the user deploys (`DEPLOY_MODES`): a kernel that wins eager, where it saves
-launches, can lose under torch.compile, whose own kernels fuse across what ours cannot.
+launches, can lose under torch.compile, whose own kernels fuse across what ours cannot. Deployed in an eager
+mode and a compiled one (`eager,compile_graph`, verify.py's default with --compile), each decides its own
+types, and the model runs the compiled mode's where torch.compile traces it (swap.build's `traced`).
 """
 
 from __future__ import annotations
@@ -26,13 +28,13 @@ from autokernel.harness import timing
 from autokernel.kernelfile import KernelFileError, declarations
 from autokernel.ops import customops, swap
 from autokernel.profile.extraction import model_origin, model_shapes
+from autokernel.verify.verification import DEPLOY_MODES
 
 CHECK_INPUTS = 3  # fresh inputs the optimized model must match the original on
 TIMING_INPUTS = 2  # input sets the timed runs rotate through
 CHECK_SEED, TIMING_SEED = 1, 1000  # seeds of the checked and of the timed inputs (distinct sets)
 GPU_BACKEND, CPU_BACKEND = "inductor", "aot_eager"  # compile backends (a C++ build would dominate a CPU run)
 PRUNE_MARGIN = 0.01  # a kernel type is left out when the model runs this much faster without it
-DEPLOY_MODES = ("eager", "graph", "compile", "compile_graph")  # how a user runs the model; the prune's yardstick
 PAIRED_ROUNDS = 200  # turns of a paired comparison: each times one run of both kernel sets (~5 s at 12 ms)
 CPU_PAIRED_ROUNDS = 2  # in the interpreter: enough to run the path, the figures mean nothing there
 PAIRED_P = 0.05  # a side is faster when it won this improbably many rounds for a coin (two-sided sign test)
@@ -302,6 +304,21 @@ def wrong_output(fn: Callable, model, args: tuple) -> str | None:
     r = compare_outputs((got, None), (want, None), tol)
     return None if r["ok"] else (f"wrong output in this mode (relative L2 error {r['rel_l2']:.3g}, tolerance {tol:g}"
                                  + (f": {r['reason']})" if "reason" in r else ")"))
+
+
+def prune_deployed(model, optimized: swap.Optimized, inputs: Callable, device: str, modes: list[str]):
+    """prune() in each of `modes` (verification.deploy_modes): with an eager and a compiled mode, the types kept in the eager
+    one run eagerly and those kept in the compiled one where torch.compile traces the model. Returns (optimized,
+    {type: why} left out eagerly, {type: why} left out under torch.compile); one mode decides both."""
+    if len(modes) == 1:
+        optimized, dropped = prune(model, optimized, inputs, device, modes[0])
+        return optimized, dropped, dropped
+    eager_mode, compiled_mode = sorted(modes, key=lambda m: m.startswith("compile"))
+    types = optimized.swapped_types()
+    _, dropped = prune(model, optimized, inputs, device, eager_mode)
+    _, dropped_traced = prune(model, optimized, inputs, device, compiled_mode)
+    both = swap.build(model, [t for t in types if t not in dropped], traced=[t for t in types if t not in dropped_traced])
+    return both, dropped, dropped_traced
 
 
 def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, mode: str = "eager"):

@@ -29,8 +29,10 @@ CUDA_RUNTIME = ("cuda/cuda_build", "cuda/cuda_prelude", "harness/guards", "harne
 VERSION = "0.1.0"  # of the exported package
 
 
-def write_package(directory: str | Path, kernels: dict[str, Path], name: str = "autokernel_kernels") -> Path:
-    """Write the package for {kernel type: file} into directory; returns the package's import directory."""
+def write_package(directory: str | Path, kernels: dict[str, Path], name: str = "autokernel_kernels",
+                  eager: list[str] | None = None, compiled: list[str] | None = None) -> Path:
+    """Write the package for {kernel type: file} into directory; returns the package's import directory.
+    eager, compiled: the types that run eagerly and where torch.compile traces the model (default: every type)."""
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
         raise ValueError(f"package name {name!r} is not a Python identifier")
     package = Path(directory) / name
@@ -50,7 +52,9 @@ def write_package(directory: str | Path, kernels: dict[str, Path], name: str = "
         (package / "_runtime" / f"{module}.py").write_text(relative_imports(path.read_text()))
     (package / "_runtime" / "__init__.py").write_text('"""Copied from autokernel at export; see the package."""\n')
     (package / "kernels" / "__init__.py").write_text('"""The kernel files, one per type."""\n')
-    (package / "__init__.py").write_text(_init_source(name, sorted(kernels)))
+    everywhere = sorted(kernels)
+    (package / "__init__.py").write_text(_init_source(name, sorted(everywhere if eager is None else eager),
+                                                      sorted(everywhere if compiled is None else compiled)))
     (Path(directory) / "pyproject.toml").write_text(_pyproject(name))
     return package
 
@@ -76,8 +80,9 @@ def _kernel_source(source: str, name: str) -> tuple[str, bool]:
     return rewritten, rewritten != source
 
 
-def _init_source(name: str, types: list[str]) -> str:
-    return f'''"""Kernels optimized by AutoKernel and exported by verify.py: {", ".join(types) or "none"}.
+def _init_source(name: str, types: list[str], compiled: list[str]) -> str:
+    under_compile = "" if compiled == types else f"; under torch.compile: {', '.join(compiled) or 'none'}"
+    return f'''"""Kernels optimized by AutoKernel and exported by verify.py: {", ".join(types) or "none"}{under_compile}.
 
     import {name}
     model = {name}.optimize(model)     # or torch.compile({name}.optimize(model))
@@ -88,12 +93,15 @@ from pathlib import Path
 from ._runtime import deploy
 
 KERNELS = Path(__file__).resolve().parent / "kernels"
-TYPES = {types!r}
+TYPES = {types!r}  # those that run eagerly (and in CUDA graphs captured eagerly)
+COMPILED_TYPES = {compiled!r}  # those that run where torch.compile traces the model
 
 
 def optimize(model, types=None, exclude=(), quiet=False):
-    """The model with this package's kernels in place (a copy over the same weights); one line says what."""
-    return deploy.optimize(model, KERNELS, TYPES if types is None else types, exclude=exclude, verified=None,
+    """The model with this package's kernels in place (a copy over the same weights); one line says what.
+    types: these kernels, eagerly and under torch.compile (default: the types verify.py's prune kept in each)."""
+    return deploy.optimize(model, KERNELS, TYPES if types is None else types, exclude=exclude,
+                           compiled_types=COMPILED_TYPES if types is None else types, verified=None,
                            starters=None, quiet=quiet)
 '''
 

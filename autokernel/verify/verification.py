@@ -14,6 +14,7 @@ from autokernel import cli
 from autokernel.compat import ROOT
 
 CHECK_INPUTS = 3  # fresh inputs the optimized model must match the original on (endtoend.CHECK_INPUTS)
+DEPLOY_MODES = ("eager", "graph", "compile", "compile_graph")  # how a user runs the model; the prune's yardstick
 DEFAULT_KERNELS = ROOT / "workspace" / "kernels"
 
 
@@ -35,7 +36,7 @@ class Request:
     no_timing: bool = False
     compile: bool = False
     cuda_graph: bool = False
-    deploy: str | None = None  # None: the most deployed-looking mode the flags time (deploy_mode)
+    deploy: str | None = None  # a mode, or an eager and a compiled one "eager,compile"; None: from the flags (deploy_mode)
     keep_all: bool = False
     against: str | None = None  # "extracted", "starters" or a directory
     export: Path | None = None
@@ -57,16 +58,33 @@ def _pick_device(requested) -> str:
 
 
 def deploy_mode(request: Request) -> str:
-    """The mode the prune times: --deploy, else the most deployed-looking mode the flags time."""
+    """The modes the prune times: --deploy, else those the flags time: an eager run and, with --compile, a
+    compiled one (graphed with --cuda-graph), each deciding its own types; graphed alone with --cuda-graph."""
     if request.deploy:
-        return request.deploy
-    return {(True, True): "compile_graph", (True, False): "compile", (False, True): "graph"}.get(
-        (request.compile, request.cuda_graph), "eager")
+        return ",".join(deploy_modes(request.deploy))
+    if request.compile:
+        return "eager,compile_graph" if request.cuda_graph else "eager,compile"
+    return "graph" if request.cuda_graph else "eager"
+
+
+def deploy_modes(modes: str) -> list[str]:
+    """"eager", "compile_graph", "eager,compile_graph", ...: one mode, or one eager mode (eager, graph) and one
+    compiled mode (compile, compile_graph), each deciding the types that run in it."""
+    found = [m.strip() for m in modes.split(",") if m.strip()]
+    unknown = [m for m in found if m not in DEPLOY_MODES]
+    if unknown or not found:
+        raise ValueError(f"deploy mode {unknown[0] if unknown else modes!r}: one of {', '.join(DEPLOY_MODES)}, "
+                         "or an eager and a compiled one joined by a comma")
+    if len(found) > 2 or len({m.startswith("compile") for m in found}) != len(found):
+        raise ValueError(f"deploy modes {modes!r}: at most one eager mode (eager, graph) and one compiled mode "
+                         "(compile, compile_graph)")
+    return found
 
 
 def verify(request: Request) -> dict:
     """The report of one verification (what verify.py prints, and writes as JSON)."""
     cli.check_model_arguments(request)  # before torch's import: bad input fails at once
+    mode = deploy_mode(request)
     device = _pick_device(request.device)
     import torch
 
@@ -88,7 +106,6 @@ def verify(request: Request) -> dict:
     model = load_model(request.class_name, model_file=request.model, module=request.module, config=request.config,
                        pretrained=request.pretrained, device=device, dtype=dtype)
     inputs = lambda seed: _inputs(model, shape, device, dtype, seed)
-    mode = deploy_mode(request)
     with torch.no_grad():
         optimized = optimize(model, request.kernels, types, starters=ROOT / "kernels", verified=None,
                              quiet=True).autokernel  # the prune below decides afresh
@@ -105,9 +122,10 @@ def verify(request: Request) -> dict:
         checked_types = optimized.swapped_types()
         timed = not request.no_timing and correctness["status"] == "PASS"
         graphs = request.cuda_graph and device == "cuda"
-        pruned = {}
+        pruned = pruned_traced = {}
         if timed and device == "cuda" and not request.keep_all:
-            optimized, pruned = endtoend.prune(model, optimized, inputs, device, mode)
+            optimized, pruned, pruned_traced = endtoend.prune_deployed(model, optimized, inputs, device,
+                                                                       deploy_modes(mode))
             _mark_pruned(sites, pruned)
         timings, timing_errors = endtoend.time_models(model, optimized, inputs, device, request.compile, graphs) \
             if timed else ({}, {})
@@ -116,7 +134,9 @@ def verify(request: Request) -> dict:
         graph = endtoend.graph_breaks(optimized, inputs(endtoend.CHECK_SEED)) \
             if request.compile and correctness["status"] == "PASS" else None
     kept = [t for t in checked_types if t not in pruned]
-    exported = _export(request, choices, kept) if request.export and correctness["status"] == "PASS" else None
+    kept_traced = [t for t in checked_types if t not in pruned_traced]
+    exported = _export(request, choices, kept, kept_traced) \
+        if request.export and correctness["status"] == "PASS" else None
     return {
         "model": describe_model(model), "class_name": request.class_name, "source": request.model or request.module,
         "config": request.config, "input_shape": list(shape), "dtype": dtype_name(dtype), "device": device,
@@ -124,7 +144,9 @@ def verify(request: Request) -> dict:
         "kernels": {t: {"path": _rel(c.path), "source": c.source, "passed_over": [_rel(p) for p in c.passed_over]}
                     for t, c in choices.items()},
         "origin_warnings": warnings, "sites": sites, "swapped_types": kept, "pruned": pruned,
-        "prune": {"mode": mode, "decided": timed and device == "cuda" and not request.keep_all, "left_out": pruned},
+        "compiled_types": kept_traced,  # the types that run where torch.compile traces the model
+        "prune": {"mode": mode, "decided": timed and device == "cuda" and not request.keep_all, "left_out": pruned,
+                  "left_out_compiled": pruned_traced},
         "unused_types": sorted(set(choices) - set(checked_types)),
         "correctness": correctness, "timing": timings, "timing_errors": timing_errors, "against": against,
         "graph": graph,
@@ -167,11 +189,12 @@ def _against_dir(request) -> Path:
     return where
 
 
-def _export(request, choices: dict, kept: list[str]) -> dict:
+def _export(request, choices: dict, kept: list[str], kept_traced: list[str]) -> dict:
     from autokernel.verify import export
 
-    package = export.write_package(request.export, {t: choices[t].path for t in kept}, name=request.package_name)
-    return {"path": str(request.export), "package": package.name, "types": kept}
+    files = {t: choices[t].path for t in [*kept, *kept_traced]}
+    package = export.write_package(request.export, files, name=request.package_name, eager=kept, compiled=kept_traced)
+    return {"path": str(request.export), "package": package.name, "types": kept, "compiled_types": kept_traced}
 
 
 def _inputs(model, shape, device, dtype, seed: int) -> tuple:
