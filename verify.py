@@ -33,10 +33,10 @@ will be deployed in (--deploy eager | graph | compile | compile_graph): a kernel
 harness's shape and lose at the model's, or win eager and lose under torch.compile. Given an eager and
 a compiled mode (--deploy eager,compile_graph: the default with --compile --cuda-graph), each decides
 its own types: the model runs the eager mode's types eagerly (and in CUDA graphs captured eagerly) and
-the compiled mode's where torch.compile traces it. --keep-all times them all. --against extracted (the files the loop began from), starters or DIR times the kept
-types with those files in turns with this run's (endtoend.paired: each side replayed from its own CUDA
-graph, PAIRED_ROUNDS turns of one run each, a sign test over them), for differences smaller than two
-runs' drift.
+the compiled mode's where torch.compile traces it. --keep-all times them all. --against extracted (the
+files the loop began from), starters or DIR times the kept types with those files in turns with this
+run's (endtoend.paired: each side replayed from its own CUDA graph, PAIRED_ROUNDS turns of one run
+each, a sign test over them), for differences smaller than two runs' drift.
 Without a GPU the kernels run through Triton's CPU interpreter and the compiler
 backend is aot_eager (inductor's C++ build would dominate a test run): those timings only show that
 the pipeline runs and are labelled so.

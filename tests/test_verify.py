@@ -387,7 +387,7 @@ def test_an_eager_and_a_compiled_mode_each_keep_the_types_that_win_there(monkeyp
     monkeypatch.setattr(swap, "build", lambda model, types, traced=None: built.append((types, traced)) or
                         Candidate(types))
     optimized, dropped, dropped_traced = endtoend.prune_deployed(Candidate([]), Candidate(["rmsnorm", "matmul"]),
-                                                                 lambda seed: (), "cuda", ["compile", "eager"])
+                                                                 lambda seed: (), "cuda", ["eager", "compile"])
     assert list(dropped) == ["matmul"] and "in eager mode" in dropped["matmul"]
     assert list(dropped_traced) == ["rmsnorm"] and "in compile mode" in dropped_traced["rmsnorm"]
     assert built[-1] == (["rmsnorm"], ["matmul"])
@@ -479,7 +479,7 @@ def test_verify_reports_the_prune_mode_and_writes_its_report(repo_root, tmp_path
     assert verification.deploy_mode(parse("--cuda-graph")) == "graph"
     assert verification.deploy_mode(parse("--cuda-graph", "--compile")) == "eager,compile_graph"
     assert verification.deploy_mode(parse("--deploy", "eager", "--compile")) == "eager"
-    assert verification.deploy_mode(parse("--deploy", " compile_graph,graph")) == "compile_graph,graph"
+    assert verification.deploy_mode(parse("--deploy", " compile_graph,graph")) == "graph,compile_graph"
     for wrong in ("turbo", "eager,graph", "compile,compile_graph", ""):
         with pytest.raises(SystemExit):
             parse("--deploy", wrong)

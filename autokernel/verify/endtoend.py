@@ -307,17 +307,19 @@ def wrong_output(fn: Callable, model, args: tuple) -> str | None:
 
 
 def prune_deployed(model, optimized: swap.Optimized, inputs: Callable, device: str, modes: list[str]):
-    """prune() in each of `modes` (verification.deploy_modes): with an eager and a compiled mode, the types kept in the eager
-    one run eagerly and those kept in the compiled one where torch.compile traces the model. Returns (optimized,
-    {type: why} left out eagerly, {type: why} left out under torch.compile); one mode decides both."""
+    """prune() in each of `modes` (verification.deploy_modes: one, or an eager one and a compiled one): the types
+    kept in the eager mode run eagerly, those kept in the compiled one where torch.compile traces the model.
+    Returns (optimized, {type: why} left out eagerly, {type: why} left out under torch.compile); one mode decides
+    both."""
     if len(modes) == 1:
         optimized, dropped = prune(model, optimized, inputs, device, modes[0])
         return optimized, dropped, dropped
-    eager_mode, compiled_mode = sorted(modes, key=lambda m: m.startswith("compile"))
+    eager_mode, compiled_mode = modes
     types = optimized.swapped_types()
     _, dropped = prune(model, optimized, inputs, device, eager_mode)
     _, dropped_traced = prune(model, optimized, inputs, device, compiled_mode)
-    both = swap.build(model, [t for t in types if t not in dropped], traced=[t for t in types if t not in dropped_traced])
+    both = swap.build(model, [t for t in types if t not in dropped],
+                      traced=[t for t in types if t not in dropped_traced])
     return both, dropped, dropped_traced
 
 

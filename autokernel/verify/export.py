@@ -81,8 +81,9 @@ def _kernel_source(source: str, name: str) -> tuple[str, bool]:
 
 
 def _init_source(name: str, types: list[str], compiled: list[str]) -> str:
-    under_compile = "" if compiled == types else f"; under torch.compile: {', '.join(compiled) or 'none'}"
-    return f'''"""Kernels optimized by AutoKernel and exported by verify.py: {", ".join(types) or "none"}{under_compile}.
+    what = ", ".join(types) or "none"
+    what += "" if compiled == types else f"; under torch.compile: {', '.join(compiled) or 'none'}"
+    return f'''"""Kernels optimized by AutoKernel and exported by verify.py: {what}.
 
     import {name}
     model = {name}.optimize(model)     # or torch.compile({name}.optimize(model))

@@ -36,7 +36,7 @@ class Request:
     no_timing: bool = False
     compile: bool = False
     cuda_graph: bool = False
-    deploy: str | None = None  # a mode, or an eager and a compiled one "eager,compile"; None: from the flags (deploy_mode)
+    deploy: str | None = None  # a mode, or an eager and a compiled one ("eager,compile"); None: from the flags
     keep_all: bool = False
     against: str | None = None  # "extracted", "starters" or a directory
     export: Path | None = None
@@ -78,7 +78,7 @@ def deploy_modes(modes: str) -> list[str]:
     if len(found) > 2 or len({m.startswith("compile") for m in found}) != len(found):
         raise ValueError(f"deploy modes {modes!r}: at most one eager mode (eager, graph) and one compiled mode "
                          "(compile, compile_graph)")
-    return found
+    return sorted(found, key=lambda m: m.startswith("compile"))  # the eager one first
 
 
 def verify(request: Request) -> dict:
