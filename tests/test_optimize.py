@@ -85,6 +85,34 @@ def test_torch_compile_traces_the_types_kept_for_it_and_eager_calls_run_theirs(l
     assert "; under torch.compile: rmsnorm" in capsys.readouterr().out.splitlines()[-1]
 
 
+@pytest.mark.gpu
+def test_inductor_and_its_cuda_graphs_run_the_types_kept_for_compile(llama, repo_root, tmp_path):
+    """On the GPU, with Inductor and mode="reduce-overhead": a wrong rmsnorm kernel kept only eagerly leaves the
+    compiled output right and its generated code free of the kernel; kept only under compile, the compiled output
+    is off and Inductor's code launches it."""
+    from torch._inductor.utils import run_and_get_code
+
+    source = (repo_root / "kernels" / "rmsnorm.py").read_text()
+    (tmp_path / "01_rmsnorm_optimized.py").write_text(source.replace(PLANTED, PLANTED + " * 1.05"))
+    model = llama.to("cuda", torch.float16)
+    ids = torch.randint(0, model.config.vocab_size, (1, 64), device="cuda")
+    tol = swap.REL_L2_TOLERANCE[torch.float16]
+    with torch.no_grad():
+        want = model(ids)
+        for eager, compiled in ((["rmsnorm", "matmul"], ["matmul"]), (["matmul"], ["rmsnorm", "matmul"])):
+            optimized = autokernel.optimize(model, tmp_path, eager, compiled_types=compiled, quiet=True)
+            got, code = run_and_get_code(torch.compile(optimized), ids)
+            torch._dynamo.reset()
+            graphed = torch.compile(optimized, mode="reduce-overhead")
+            for _ in range(3):  # warm-up, record, replay
+                replayed = graphed(ids)
+            torch._dynamo.reset()
+            wrong = "rmsnorm" in compiled
+            assert [swap.rel_l2(t, want) > tol for t in (optimized(ids), got, replayed)] == [not wrong, wrong,
+                                                                                                   wrong]
+            assert ("_rmsnorm_kernel" in "\n".join(code)) == wrong
+
+
 def test_optimize_follows_the_prune_of_verify_report_for_this_model(llama, tmp_path, capsys):
     kernels = tmp_path / "kernels"
     kernels.mkdir()
