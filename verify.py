@@ -28,12 +28,12 @@ Timing: the original model eager, torch.compile of the original, the optimized m
 (median of many runs, L2 flushed between runs). With --cuda-graph every row is timed again replayed
 from a CUDA graph (the GPU time alone, no Python or launch overhead, as a fixed-shape server runs)
 and compared with the original's graphed rows. Before timing, on a GPU, each kernel type is left out
-in turn and stays out if the model is more than 1% faster without it, timed in the mode the model
-will be deployed in (--deploy eager | graph | compile | compile_graph): a kernel can win at the
-harness's shape and lose at the model's, or win eager and lose under torch.compile. Given an eager and
-a compiled mode (--deploy eager,compile_graph: the default with --compile --cuda-graph), each decides
-its own types: the model runs the eager mode's types eagerly (and in CUDA graphs captured eagerly) and
-the compiled mode's where torch.compile traces it. --keep-all times them all. --against extracted (the
+in turn and stays out if the model is more than 1% faster without it in a mode it will be deployed
+in (--deploy, any of eager, graph, compile, compile_graph; by default every mode the flags time): a
+kernel can win at the harness's shape and lose at the model's, or win eager and lose under
+torch.compile. The eager modes (eager, graph) and the compiled ones (compile, compile_graph) decide
+apart: the model runs the kernels kept eagerly in eager calls (and CUDA graphs captured from them),
+those kept compiled where torch.compile traces it. --keep-all times them all. --against extracted (the
 files the loop began from), starters or DIR times the kept types with those files in turns with this
 run's (endtoend.paired: each side replayed from its own CUDA graph, PAIRED_ROUNDS turns of one run
 each, a sign test over them), for differences smaller than two runs' drift.
@@ -75,11 +75,11 @@ def build_parser() -> argparse.ArgumentParser:
     how.add_argument("--cuda-graph", action="store_true",
                      help="GPU: also time the original and the optimized model replayed from a CUDA graph "
                           "(no Python or launch overhead: the GPU time alone)")
-    how.add_argument("--deploy", metavar="MODE[,MODE]", type=_deploy,
-                     help="GPU: the mode the model will run in, which the prune times: eager, graph, compile or "
-                          "compile_graph; or an eager and a compiled one, each keeping its own types "
-                          "(default: eager,compile_graph with --compile --cuda-graph, eager,compile with --compile, "
-                          "graph with --cuda-graph, else eager)")
+    how.add_argument("--deploy", metavar="MODE[,MODE...]", type=_deploy,
+                     help="GPU: the modes the model will run in, which the prune times: eager, graph, compile, "
+                          "compile_graph, joined by commas; the eager ones and the compiled ones each keep their "
+                          "own kernels (default: every mode the flags time: eager, with --cuda-graph graph, with "
+                          "--compile compile, with both compile_graph)")
     how.add_argument("--keep-all", action="store_true",
                      help="GPU: time every correct kernel plugged in, even those the model is faster without "
                           "(by default each is left out in turn and kept only if it helps)")
@@ -157,12 +157,12 @@ def show(report: dict) -> None:
         console.print(f"  {t} alone: rel L2 {r['rel_l2']:.3g} {'ok' if r['ok'] else 'OVER'}")
     prune = report["prune"]
     if prune["decided"]:
-        console.print(f"prune: timed in {prune['mode']} mode (--deploy), {len(report['pruned'])} type(s) left out"
-                      + (f" eagerly, {len(prune['left_out_compiled'])} under torch.compile" if "," in prune["mode"]
-                         else ""))
+        console.print(f"prune: timed in {prune['mode'].replace(',', ', ')} (--deploy), {len(report['pruned'])} "
+                      "type(s) left out"
+                      + (f" eagerly, {len(prune['left_out_compiled'])} under torch.compile" if prune["split"] else ""))
     for t, why in report["pruned"].items():
         console.print(f"left out after timing: {t}: {why}")
-    if "," in prune["mode"]:
+    if prune["split"]:
         for t, why in prune["left_out_compiled"].items():
             console.print(f"left out under torch.compile: {t}: {why}")
     if report["timing"]:

@@ -21,7 +21,7 @@ def summary(report: dict, sites: set[str], targets: bool) -> list[str]:
     prune = report.get("prune") or {}
     lines = [f"correctness {report['correctness']['status']}, kept {','.join(report['swapped_types']) or 'none'}, "
              f"prune in {prune.get('mode', '-')} left out {','.join(report.get('pruned') or []) or 'none'}"]
-    if "," in prune.get("mode", ""):
+    if prune.get("split"):
         lines[0] += (f"; under torch.compile kept {','.join(report['compiled_types']) or 'none'}, left out "
                      f"{','.join(prune['left_out_compiled']) or 'none'}")
     for row, t in report.get("timing", {}).items():

@@ -108,11 +108,14 @@ def verified_prune(model: nn.Module, report: str | Path) -> tuple[dict[str, str]
         return {}, {}
     prune = found.get("prune", {})
     modes = prune.get("mode", "eager").split(",")
-    eager = {t: f"verify.py left it out in {modes[0]} mode: {why}" for t, why in found.get("pruned", {}).items()}
-    if len(modes) == 1:
-        return eager, eager
-    return eager, {t: f"verify.py left it out in {modes[1]} mode: {why}"
-                   for t, why in prune.get("left_out_compiled", {}).items()}
+    sides = [[m for m in modes if m.startswith("compile") == compiled] for compiled in (False, True)]
+    if not all(sides):  # modes of one side decided both
+        return (_left_out(found.get("pruned", {}), modes),) * 2
+    return _left_out(found.get("pruned", {}), sides[0]), _left_out(prune.get("left_out_compiled", {}), sides[1])
+
+
+def _left_out(pruned: dict, modes: list[str]) -> dict[str, str]:
+    return {t: f"verify.py left it out ({' and '.join(modes)} mode): {why}" for t, why in pruned.items()}
 
 
 def summary_line(model: nn.Module, optimized: swap.Optimized, choices: dict) -> str:

@@ -218,13 +218,6 @@ def _mismatch_reason(result) -> str:
 
 
 # ------------------------------------------------------------------------------ timing
-def in_mode(fn: Callable, mode: str, backend: str, example: tuple) -> Callable:
-    """fn as it runs when deployed in `mode` (one of DEPLOY_MODES)."""
-    if mode.startswith("compile"):
-        fn = torch.compile(fn, backend=backend)
-    return timing.cuda_graphed(fn, example) if mode.endswith("graph") else fn
-
-
 def time_models(model, optimized: swap.Optimized, inputs: Callable, device: str, with_compile: bool,
                 with_graphs: bool = False) -> tuple[dict, dict]:
     """Median latency of the original (eager, compiled) and the optimized model, one process, one protocol.
@@ -307,45 +300,54 @@ def wrong_output(fn: Callable, model, args: tuple) -> str | None:
 
 
 def prune_deployed(model, optimized: swap.Optimized, inputs: Callable, device: str, modes: list[str]):
-    """prune() in each of `modes` (verification.deploy_modes: one, or an eager one and a compiled one): the types
-    kept in the eager mode run eagerly, those kept in the compiled one where torch.compile traces the model.
-    Returns (optimized, {type: why} left out eagerly, {type: why} left out under torch.compile); one mode decides
-    both."""
-    if len(modes) == 1:
-        optimized, dropped = prune(model, optimized, inputs, device, modes[0])
+    """prune() on each side of `modes` (verification.deploy_modes): the types kept in the eager modes (eager,
+    graph) run eagerly, those kept in the compiled ones (compile, compile_graph) where torch.compile traces the
+    model. Returns (optimized, {type: why} left out eagerly, {type: why} left out under torch.compile); modes of
+    one side decide both."""
+    eager = [m for m in modes if not m.startswith("compile")]
+    compiled = [m for m in modes if m.startswith("compile")]
+    if not eager or not compiled:
+        optimized, dropped = prune(model, optimized, inputs, device, modes)
         return optimized, dropped, dropped
-    eager_mode, compiled_mode = modes
     types = optimized.swapped_types()
-    _, dropped = prune(model, optimized, inputs, device, eager_mode)
-    _, dropped_traced = prune(model, optimized, inputs, device, compiled_mode)
+    _, dropped = prune(model, optimized, inputs, device, eager)
+    _, dropped_traced = prune(model, optimized, inputs, device, compiled)
     both = swap.build(model, [t for t in types if t not in dropped],
                       traced=[t for t in types if t not in dropped_traced])
     return both, dropped, dropped_traced
 
 
-def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, mode: str = "eager"):
-    """Leave out, one type at a time, each kernel whose removal makes the whole model faster in `mode`.
+def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes: str | list[str] = "eager"):
+    """Leave out, one type at a time, each kernel whose removal makes the whole model faster in one of `modes`.
 
     A kernel that beats PyTorch at the harness's shape can still lose at this model's shapes (a
     Triton matmul against cuBLAS at N=256), or in the mode the model is deployed in (under
     torch.compile, against Inductor's fused kernels); the end-to-end time in that mode is what
-    counts. A model that fails to run in that mode counts as infinitely slow, so a type that breaks
-    the mode is left out too. Greedy, in the order of the types; then, if the original itself is
-    faster still, timed in turns with what is kept (a compiled Qwen2's kept kernels measured 8.91 ms
-    alone and 10.60 ms in turns with the original's 10.12, on the H200 host), every kernel goes.
-    Returns (optimized, {type: why it was left out}).
+    counts. modes: one mode, or the two of one side, which run the same kernels (eager and graph; compile and
+    compile_graph, timed on one compile): a kernel stays only if the model is faster without it in neither. A
+    model that fails to run in a mode counts as infinitely slow there, so a type that breaks a mode is left out
+    too. Greedy, in the order of the types; then, if the original itself is faster still in a mode, timed in turns
+    with what is kept (a compiled Qwen2's kept kernels measured 8.91 ms alone and 10.60 ms in turns with the
+    original's 10.12, on the H200 host), every kernel goes. Returns (optimized, {type: why it was left out}).
     """
-    if mode not in DEPLOY_MODES:
-        raise ValueError(f"deploy mode {mode!r}: one of {', '.join(DEPLOY_MODES)}")
+    modes = [modes] if isinstance(modes, str) else list(modes)
+    if not modes or any(m not in DEPLOY_MODES for m in modes):
+        raise ValueError(f"deploy mode {','.join(modes)!r}: one of {', '.join(DEPLOY_MODES)}")
+    compiled = modes[0].startswith("compile")
+    if any(m.startswith("compile") != compiled for m in modes):
+        raise ValueError(f"deploy modes {','.join(modes)!r}: one prune times the modes of one side, eager or compiled")
     sets = [inputs(TIMING_SEED + i) for i in range(TIMING_INPUTS)]
     backend = backend_for(device)
     failures = {}
 
-    def deployed(fn) -> Callable | None:
-        """fn as deployed in the mode, having given the original's output; None (the failure kept) otherwise."""
+    def deployed(fn) -> dict[str, Callable] | None:
+        """{mode: fn as deployed in it} (one compile for both compiled modes), each having given the original's
+        output; None (the failure kept) otherwise."""
         try:
-            ready = in_mode(fn, mode, backend, sets[0])
-            wrong = wrong_output(ready, model, sets[-1]) if fn is not model else None
+            ran = torch.compile(fn, backend=backend) if compiled else fn
+            ready = {m: timing.cuda_graphed(ran, sets[0]) if m.endswith("graph") else ran for m in modes}
+            wrong = None if fn is model else next(
+                filter(None, (wrong_output(r, model, sets[-1]) for r in ready.values())), None)
         except Exception as e:
             wrong = _error_line(e)
         if wrong:
@@ -353,34 +355,40 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, mode:
             return None
         return ready
 
-    def ms(fn) -> float:
-        if mode.startswith("compile"):
+    def ms(fn) -> dict[str, float]:
+        if compiled:
             torch._dynamo.reset()  # every trial compiles anew; stale traces would count against the recompile limit
         ready = deployed(fn)
         try:
-            return float("inf") if ready is None else timing.time_fn(ready, sets, device, latency=True).median_us / 1e3
+            return dict.fromkeys(modes, math.inf) if ready is None else {
+                m: timing.time_fn(r, sets, device, latency=True).median_us / 1e3 for m, r in ready.items()}
         except Exception as e:
             failures[id(fn)] = _error_line(e)
-            return float("inf")
+            return dict.fromkeys(modes, math.inf)
 
-    def in_turns(fn) -> tuple[float, float]:
-        """(the original's ms, fn's ms) in the mode, timed in turns: a host that drifts between two separate
+    def in_turns(fn) -> tuple[dict, dict]:
+        """(the original's ms, fn's ms) in each mode, timed in turns: a host that drifts between two separate
         timings does not decide between them; fn's failure here counts as infinitely slow."""
-        if mode.startswith("compile"):
+        if compiled:
             torch._dynamo.reset()
-        ready = {"kept": deployed(fn), "original": deployed(model)}
-        if ready["kept"] is None:
-            return ms(model), float("inf")
+        kept, original = deployed(fn), deployed(model)
+        if kept is None:
+            return ms(model), dict.fromkeys(modes, math.inf)
         try:
-            samples = _latency_turns(ready, sets, device)
-        except Exception:  # the original fails in this mode: each timed alone, the failing one infinitely slow
+            samples = {m: _latency_turns({"kept": kept[m], "original": original[m]}, sets, device) for m in modes}
+        except Exception:  # the original fails in a mode: each timed alone, the failing one infinitely slow
             return ms(model), ms(fn)
-        return statistics.median(samples["original"]) / 1e3, statistics.median(samples["kept"]) / 1e3
+        return ({m: statistics.median(s["original"]) / 1e3 for m, s in samples.items()},
+                {m: statistics.median(s["kept"]) / 1e3 for m, s in samples.items()})
 
-    def why(trial_ms, best_ms, failed) -> str:
+    def faster_in(a: dict, b: dict) -> str | None:
+        """The first mode in which a runs faster than b by the margin (None: in none)."""
+        return next((m for m in modes if a[m] < b[m] * (1 - PRUNE_MARGIN)), None)
+
+    def why(mode, trial_ms, best_ms, failed) -> str:
         if failed:
             return f"the model fails in {mode} mode with it ({failed})"
-        return f"the model is faster without it in {mode} mode ({trial_ms:.3f} ms vs {best_ms:.3f} ms)"
+        return f"the model is faster without it in {mode} mode ({trial_ms[mode]:.3f} ms vs {best_ms[mode]:.3f} ms)"
 
     module = optimized.module()
     keep, best = optimized.swapped_types(), ms(module)
@@ -388,8 +396,9 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, mode:
     for kernel_type in list(keep):
         trial = swap.build(model, [t for t in keep if t != kernel_type])
         trial_ms = ms(trial.module())
-        if trial_ms < best * (1 - PRUNE_MARGIN) or (failed and trial_ms < best):
-            dropped[kernel_type] = why(trial_ms, best, failed)
+        mode = faster_in(trial_ms, best)
+        if mode:
+            dropped[kernel_type] = why(mode, trial_ms, best, failed)
             keep.remove(kernel_type)
             optimized, best, failed = trial, trial_ms, failures.get(id(trial.module()))
     if keep and not failed:
@@ -398,10 +407,12 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, mode:
         failed = failures.get(id(module))
     else:
         original_ms = ms(model) if keep else best
-    if original_ms < best * (1 - PRUNE_MARGIN) or (failed and original_ms < best):
+    mode = faster_in(original_ms, best)
+    if mode:
         for kernel_type in keep:
-            dropped[kernel_type] = why(original_ms, best, failed) if failed else (
-                f"together the kernels lose in {mode} mode (original {original_ms:.3f} ms vs {best:.3f} ms)")
+            dropped[kernel_type] = why(mode, original_ms, best, failed) if failed else (
+                f"together the kernels lose in {mode} mode (original {original_ms[mode]:.3f} ms vs "
+                f"{best[mode]:.3f} ms)")
         optimized = swap.build(model, [])
     return optimized, dropped
 
