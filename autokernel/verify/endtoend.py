@@ -355,11 +355,15 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes
             return None
         return ready
 
-    def ms(fn) -> dict[str, float]:
+    def ms(fn, warm: bool = False) -> dict[str, float]:
+        """fn's ms in each mode; warm: timed once untimed first (the first timing of a prune read 19-33% slower
+        than the next, four prunes out of four on the H200 host, and made the first type tried look a loss)."""
         if compiled:
             torch._dynamo.reset()  # every trial compiles anew; stale traces would count against the recompile limit
         ready = deployed(fn)
         try:
+            for r in (ready or {}).values() if warm else ():
+                timing.time_fn(r, sets, device, latency=True)
             return dict.fromkeys(modes, math.inf) if ready is None else {
                 m: timing.time_fn(r, sets, device, latency=True).median_us / 1e3 for m, r in ready.items()}
         except Exception as e:
@@ -391,7 +395,7 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes
         return f"the model is faster without it in {mode} mode ({trial_ms[mode]:.3f} ms vs {best_ms[mode]:.3f} ms)"
 
     module = optimized.module()
-    keep, best = optimized.swapped_types(), ms(module)
+    keep, best = optimized.swapped_types(), ms(module, warm=True)
     failed, dropped = failures.get(id(module)), {}
     for kernel_type in list(keep):
         trial = swap.build(model, [t for t in keep if t != kernel_type])
