@@ -14,8 +14,9 @@
 #   MODEL-MODE            verify.py --compile --cuda-graph --deploy MODE on MODEL, B1 fp16: the eight
 #                         timing rows, the prune decided in MODE                   eager ~3, compile* ~8 min
 #                         MODEL: tinyllama (S2048), mistral (S2048), qwen2 (S1024), from benchmarks/hf/
-#                         MODE: eager | graph | compile | compile_graph, or an eager and a compiled one joined
-#                         by + (eager+compile_graph: each keeps its own types; eager ~3 + compile* ~7 min)
+#                         MODE: eager | graph | compile | compile_graph, or several joined by + (the eager and
+#                         the compiled ones each keep their own types; eager+graph+compile+compile_graph, what
+#                         verify.py does by default: 7-9 min)
 #   MODEL-MODE-device     the same with the TMA starters' descriptors made on the device (LOGDIR/kernels_device)
 #   table                 the rows of every report in LOGDIR against the targets                  <1 min
 set -uo pipefail

@@ -56,7 +56,7 @@ def optimize(model: nn.Module, kernels: str | Path = DEFAULT_KERNELS, types: Ite
     pruned, pruned_traced = verified_prune(model, verified) if verified is not None else ({}, {})
     types = None if types is None else list(types)
     compiled_types = types if compiled_types is None else list(compiled_types)
-    wanted = None if types is None or compiled_types is None else [*types, *compiled_types]
+    wanted = None if types is None else [*types, *compiled_types]
     choices = load_kernels(kernels, wanted, starters, [*exclude, *(set(pruned) & set(pruned_traced))])
     eager = [t for t in choices if (types is None or t in types) and t not in pruned]
     traced = [t for t in choices if (compiled_types is None or t in compiled_types) and t not in pruned_traced]
@@ -101,7 +101,8 @@ def verified_prune(model: nn.Module, report: str | Path) -> tuple[dict[str, str]
 
     A report is followed only when it is about a model of this class that passed: the prune was timed
     on that model in the mode it is deployed in, and a kernel it left out makes the model slower there.
-    A prune in one mode decided both; one in an eager and a compiled mode decided each in its own."""
+    A prune in modes of one side (eager, graph; compile, compile_graph) decided both sets, one in modes of both
+    sides decided each set in its own."""
     found = json.loads(Path(report).read_text())
     about = str(found.get("model", "")).split(" (")[0]
     if about != type(model).__name__ or found.get("correctness", {}).get("status") != "PASS":

@@ -8,9 +8,9 @@ type is swapped in alone and the types that alone exceed the tolerance are blame
 Timing: one protocol (autokernel.harness.timing) for every row, in the four modes a user deploys a model in:
 eager, graphed (replayed from a CUDA graph), compiled (torch.compile) and compiled + graphed. The
 prune decides in the mode the user deploys (`DEPLOY_MODES`): a kernel that wins eager, where it saves
-launches, can lose under torch.compile, whose own kernels fuse across what ours cannot. Deployed in an eager
-mode and a compiled one (`eager,compile_graph`, verify.py's default with --compile), each decides its own
-types, and the model runs the compiled mode's where torch.compile traces it (swap.build's `traced`).
+launches, can lose under torch.compile, whose own kernels fuse across what ours cannot. Deployed in eager
+and compiled modes (verify.py's default: every mode it times), each side decides its own types, and the model
+runs the compiled side's where torch.compile traces it (swap.build's `traced`).
 """
 
 from __future__ import annotations
@@ -324,7 +324,7 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes
     Triton matmul against cuBLAS at N=256), or in the mode the model is deployed in (under
     torch.compile, against Inductor's fused kernels); the end-to-end time in that mode is what
     counts. modes: one mode, or the two of one side, which run the same kernels (eager and graph; compile and
-    compile_graph, timed on one compile): a kernel stays only if the model is faster without it in neither. A
+    compile_graph, timed on one compile): a kernel stays only if the model is faster without it in none. A
     model that fails to run in a mode counts as infinitely slow there, so a type that breaks a mode is left out
     too. Greedy, in the order of the types; then, if the original itself is faster still in a mode, timed in turns
     with what is kept (a compiled Qwen2's kept kernels measured 8.91 ms alone and 10.60 ms in turns with the
