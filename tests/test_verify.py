@@ -321,10 +321,14 @@ def test_prune_leaves_out_only_the_types_the_model_is_faster_without(monkeypatch
     monkeypatch.setattr(timing, "time_fn", fake_time_fn)
     monkeypatch.setattr(timing, "time_turns", fake_time_turns)
     monkeypatch.setattr(endtoend, "wrong_output", lambda fn, model, args: None)  # made-up models, right by fiat
-    optimized, dropped = endtoend.prune(Candidate([]), Candidate(Candidate.COST_MS), lambda seed: (), "cuda")
+    lines = []
+    optimized, dropped = endtoend.prune(Candidate([]), Candidate(Candidate.COST_MS), lambda seed: (), "cuda",
+                                        progress=lines.append)
     # fused_mlp costs 0.05 ms of ~7.5: under the 1% margin, so it stays (noise is not a reason)
     assert optimized.types == ["rmsnorm", "rotary_embedding", "fused_mlp"]
     assert list(dropped) == ["matmul"] and "faster without it in eager mode" in dropped["matmul"]
+    assert [line.split(": ")[1].split()[:2] for line in lines] == [  # each verdict said as it falls
+        ["rmsnorm", "kept"], ["matmul", "left"], ["rotary_embedding", "kept"], ["fused_mlp", "kept"]]
 
 
 def test_a_cold_first_timing_does_not_make_the_first_type_tried_look_a_loss(monkeypatch):
@@ -399,8 +403,11 @@ def test_the_prune_weighs_what_it_keeps_against_the_original_in_turns(monkeypatc
     monkeypatch.setattr(timing, "time_fn", drifting_time_fn)
     monkeypatch.setattr(timing, "time_turns", fair_time_turns)
     monkeypatch.setattr(endtoend, "wrong_output", lambda fn, model, args: None)
-    optimized, dropped = endtoend.prune(Candidate([]), Candidate(["rmsnorm"]), lambda seed: (), "cuda")
+    lines = []
+    optimized, dropped = endtoend.prune(Candidate([]), Candidate(["rmsnorm"]), lambda seed: (), "cuda",
+                                        progress=lines.append)
     assert turns and all(names == ["kept", "original"] for names in turns)
+    assert lines[-1].startswith("prune (eager): rmsnorm left out too: together the kernels lose")
     assert optimized.types == [] and "together the kernels lose in eager mode" in dropped["rmsnorm"]
     assert "(original 10.000 ms vs 10.200 ms)" in dropped["rmsnorm"]
 

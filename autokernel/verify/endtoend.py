@@ -299,25 +299,27 @@ def wrong_output(fn: Callable, model, args: tuple) -> str | None:
                                  + (f": {r['reason']})" if "reason" in r else ")"))
 
 
-def prune_deployed(model, optimized: swap.Optimized, inputs: Callable, device: str, modes: list[str]):
+def prune_deployed(model, optimized: swap.Optimized, inputs: Callable, device: str, modes: list[str],
+                   progress: Callable[[str], None] | None = None):
     """prune() on each side of `modes` (verification.deploy_modes): the types kept in the eager modes (eager,
     graph) run eagerly, those kept in the compiled ones (compile, compile_graph) where torch.compile traces the
     model. Returns (optimized, {type: why} left out eagerly, {type: why} left out under torch.compile); modes of
-    one side decide both."""
+    one side decide both. progress: called with a line per type tried."""
     eager = [m for m in modes if not m.startswith("compile")]
     compiled = [m for m in modes if m.startswith("compile")]
     if not eager or not compiled:
-        optimized, dropped = prune(model, optimized, inputs, device, modes)
+        optimized, dropped = prune(model, optimized, inputs, device, modes, progress)
         return optimized, dropped, dropped
     types = optimized.swapped_types()
-    _, dropped = prune(model, optimized, inputs, device, eager)
-    _, dropped_traced = prune(model, optimized, inputs, device, compiled)
+    _, dropped = prune(model, optimized, inputs, device, eager, progress)
+    _, dropped_traced = prune(model, optimized, inputs, device, compiled, progress)
     both = swap.build(model, [t for t in types if t not in dropped],
                       traced=[t for t in types if t not in dropped_traced])
     return both, dropped, dropped_traced
 
 
-def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes: str | list[str] = "eager"):
+def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes: str | list[str] = "eager",
+          progress: Callable[[str], None] | None = None):
     """Leave out, one type at a time, each kernel whose removal makes the whole model faster in one of `modes`.
 
     A kernel that beats PyTorch at the harness's shape can still lose at this model's shapes (a
@@ -330,7 +332,8 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes
     would replace (a compiled TinyLlama's trials alone read 12.6 to 22.8 ms for one set of kernels on the H200
     host); then, if the original itself is faster still in a mode, timed in turns with what is kept (a compiled
     Qwen2's kept kernels measured 8.91 ms alone and 10.60 ms in turns with the original's 10.12), every kernel
-    goes. Returns (optimized, {type: why it was left out}).
+    goes. Returns (optimized, {type: why it was left out}); progress, if given, hears each type's verdict as it
+    falls (a trial compiles the model anew: minutes on a large model).
     """
     modes = [modes] if isinstance(modes, str) else list(modes)
     if not modes or any(m not in DEPLOY_MODES for m in modes):
@@ -410,6 +413,9 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes
             dropped[kernel_type] = why(mode, trial_ms, best, failed)
             keep.remove(kernel_type)
             optimized, best, failed = trial, trial_ms, failures.get(id(trial.module()))
+        if progress:
+            progress(f"prune ({', '.join(modes)}): {kernel_type} "
+                     + (f"left out: {dropped[kernel_type]}" if mode else "kept: the model is not faster without it"))
     if keep and not failed:
         module = optimized.module()
         original_ms, best = in_turns(module)
@@ -422,6 +428,8 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes
             dropped[kernel_type] = why(mode, original_ms, best, failed) if failed else (
                 f"together the kernels lose in {mode} mode (original {original_ms[mode]:.3f} ms vs "
                 f"{best[mode]:.3f} ms)")
+        if progress and keep:
+            progress(f"prune ({', '.join(modes)}): {', '.join(keep)} left out too: {dropped[keep[0]]}")
         optimized = swap.build(model, [])
     return optimized, dropped
 

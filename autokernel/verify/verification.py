@@ -128,7 +128,7 @@ def verify(request: Request) -> dict:
         pruned = pruned_traced = {}
         if timed and device == "cuda" and not request.keep_all:
             optimized, pruned, pruned_traced = endtoend.prune_deployed(model, optimized, inputs, device,
-                                                                       deploy_modes(mode))
+                                                                       deploy_modes(mode), _progress)
             _mark_pruned(sites, pruned)
         timings, timing_errors = endtoend.time_models(model, optimized, inputs, device, request.compile, graphs) \
             if timed else ({}, {})
@@ -208,6 +208,10 @@ def _inputs(model, shape, device, dtype, seed: int) -> tuple:
 
     torch.manual_seed(seed)  # models with their own example_inputs draw from the global generator
     return example_inputs(model, shape, device, dtype, seed=seed)
+
+
+def _progress(line: str) -> None:
+    print(line, flush=True)
 
 
 def _mark_pruned(sites: list[dict], pruned: dict) -> None:
