@@ -28,7 +28,7 @@ from autokernel.harness import timing
 from autokernel.kernelfile import KernelFileError, declarations
 from autokernel.ops import customops, swap
 from autokernel.profile.extraction import model_origin, model_shapes
-from autokernel.verify.verification import DEPLOY_MODES
+from autokernel.verify.verification import DEPLOY_MODES, sides
 
 CHECK_INPUTS = 3  # fresh inputs the optimized model must match the original on
 TIMING_INPUTS = 2  # input sets the timed runs rotate through
@@ -305,8 +305,7 @@ def prune_deployed(model, optimized: swap.Optimized, inputs: Callable, device: s
     graph) run eagerly, those kept in the compiled ones (compile, compile_graph) where torch.compile traces the
     model. Returns (optimized, {type: why} left out eagerly, {type: why} left out under torch.compile); modes of
     one side decide both. progress: called with a line per type tried."""
-    eager = [m for m in modes if not m.startswith("compile")]
-    compiled = [m for m in modes if m.startswith("compile")]
+    eager, compiled = sides(modes)
     if not eager or not compiled:
         optimized, dropped = prune(model, optimized, inputs, device, modes, progress)
         return optimized, dropped, dropped
@@ -338,9 +337,9 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes
     modes = [modes] if isinstance(modes, str) else list(modes)
     if not modes or any(m not in DEPLOY_MODES for m in modes):
         raise ValueError(f"deploy mode {','.join(modes)!r}: one of {', '.join(DEPLOY_MODES)}")
-    compiled = modes[0].startswith("compile")
-    if any(m.startswith("compile") != compiled for m in modes):
+    if all(sides(modes)):
         raise ValueError(f"deploy modes {','.join(modes)!r}: one prune times the modes of one side, eager or compiled")
+    compiled = modes[0].startswith("compile")
     sets = [inputs(TIMING_SEED + i) for i in range(TIMING_INPUTS)]
     backend = backend_for(device)
     failures = {}

@@ -84,6 +84,11 @@ def deploy_modes(modes: str) -> list[str]:
     return sorted(found, key=DEPLOY_MODES.index)
 
 
+def sides(modes: list[str]) -> tuple[list[str], list[str]]:
+    """(the eager modes, the compiled modes) of deploy modes: each side decides the kernels that run in it."""
+    return [m for m in modes if not m.startswith("compile")], [m for m in modes if m.startswith("compile")]
+
+
 def verify(request: Request) -> dict:
     """The report of one verification (what verify.py prints, and writes as JSON)."""
     cli.check_model_arguments(request)  # before torch's import: bad input fails at once
@@ -150,7 +155,7 @@ def verify(request: Request) -> dict:
         "compiled_types": kept_traced,  # the types that run where torch.compile traces the model
         "prune": {"mode": mode, "decided": timed and device == "cuda" and not request.keep_all, "left_out": pruned,
                   "left_out_compiled": pruned_traced,  # under torch.compile: decided apart when `split`
-                  "split": len({m.startswith("compile") for m in mode.split(",")}) == 2},
+                  "split": all(sides(mode.split(",")))},
         "unused_types": sorted(set(choices) - set(checked_types)),
         "correctness": correctness, "timing": timings, "timing_errors": timing_errors, "against": against,
         "graph": graph,
