@@ -117,12 +117,16 @@ def _a_bench(repo, proc, names, printed) -> str:
 
 
 def _kill_tree(pid: int) -> list[int]:
+    """SIGKILL to pid and its descendants, all stopped first, as a host that dies stops them at once: killed one
+    after the other, a worker can see its driver die first and stop the way SIGTERM asks (PR_SET_PDEATHSIG), with
+    an "interrupted" row (CI, loaded, saw that row once)."""
     victims = [pid] + descendants(pid)
-    for p in victims:
-        try:
-            os.kill(p, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for p in victims:
+            try:
+                os.kill(p, sig)
+            except ProcessLookupError:
+                pass
     return victims
 
 
