@@ -35,6 +35,11 @@ TIMING_INPUTS = 2  # input sets the timed runs rotate through
 CHECK_SEED, TIMING_SEED = 1, 1000  # seeds of the checked and of the timed inputs (distinct sets)
 GPU_BACKEND, CPU_BACKEND = "inductor", "aot_eager"  # compile backends (a C++ build would dominate a CPU run)
 PRUNE_MARGIN = 0.01  # a kernel type is left out when the model runs this much faster without it
+# a model's forward timed in turns for about this long: a host-bound forward (a compiled Qwen2-1.5B without graphs
+# enqueues 8.3 ms of its 8.8) drifts for seconds at a time, and 0.3 s windows in turns read 0.94 to 0.97x and
+# 0.89 to 1.05x for one pair of models on the H200 host
+LATENCY_TURNS_MS = 1000
+LATENCY_MAX_TURNS = 400
 PAIRED_ROUNDS = 200  # turns of a paired comparison: each times one run of both kernel sets (~5 s at 12 ms)
 CPU_PAIRED_ROUNDS = 2  # in the interpreter: enough to run the path, the figures mean nothing there
 PAIRED_P = 0.05  # a side is faster when it won this improbably many rounds for a coin (two-sided sign test)
@@ -277,12 +282,12 @@ def time_models(model, optimized: swap.Optimized, inputs: Callable, device: str,
 
 
 def _latency_turns(fns: dict[str, Callable], sets: list, device: str) -> dict[str, list[float]]:
-    """Latency samples of each function in turns, as many turns as timing.runs_for gives the slowest one's
-    probe run."""
+    """Latency samples of each function in turns, about LATENCY_TURNS_MS of each by the slowest one's probe run."""
     if device != "cuda":
         return timing.time_turns(fns, sets, device, timing.CPU_RUNS)
     probe = timing.time_turns(fns, sets, device, 1, latency=True)
-    turns = timing.runs_for(max(us[0] for us in probe.values()) / 1e3)
+    slowest_ms = max(us[0] for us in probe.values()) / 1e3
+    turns = int(min(LATENCY_MAX_TURNS, max(timing.MIN_RUNS, LATENCY_TURNS_MS / max(slowest_ms, 1e-3))))
     return timing.time_turns(fns, sets, device, turns, latency=True)
 
 
@@ -327,12 +332,13 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes
     counts. modes: one mode, or the two of one side, which run the same kernels (eager and graph; compile and
     compile_graph, timed on one compile): a kernel stays only if the model is faster without it in none. A
     model that fails to run in a mode counts as infinitely slow there, so a type that breaks a mode is left out
-    too. Greedy, in the order of the types, a trial that looks faster alone confirmed in turns with the model it
-    would replace (a compiled TinyLlama's trials alone read 12.6 to 22.8 ms for one set of kernels on the H200
-    host); then, if the original itself is faster still in a mode, timed in turns with what is kept (a compiled
-    Qwen2's kept kernels measured 8.91 ms alone and 10.60 ms in turns with the original's 10.12), every kernel
-    goes. Returns (optimized, {type: why it was left out}); progress, if given, hears each type's verdict as it
-    falls (a trial compiles the model anew: minutes on a large model).
+    too. Greedy, in the order of the types, each trial timed in turns with the model it would replace (timed
+    alone, one after another, a compiled TinyLlama's trials read 12.6 to 22.8 ms for one set of kernels on the
+    H200 host); then, if the original itself is faster still in a mode, timed in turns with what is kept (a
+    compiled Qwen2's kept kernels measured 8.91 ms alone and 10.60 ms in turns with the original's 10.12), every
+    kernel goes. On the compiled side each pair compiles anew: two compiles per trial, minutes on a large model.
+    Returns (optimized, {type: why it was left out}); progress, if given, hears each type's verdict as it falls,
+    with the figures that decided it.
     """
     modes = [modes] if isinstance(modes, str) else list(modes)
     if not modes or any(m not in DEPLOY_MODES for m in modes):
@@ -355,37 +361,35 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes
         except Exception as e:
             wrong = _error_line(e)
         if wrong:
-            failures[id(fn)] = wrong
+            failures[fn] = wrong
             return None
         return ready
 
-    def ms(fn, warm: bool = False) -> dict[str, float]:
-        """fn's ms in each mode; warm: timed once untimed first (the first timing of a prune read 19-33% slower
-        than the next, four prunes out of four on the H200 host, and made the first type tried look a loss)."""
-        if compiled:
-            torch._dynamo.reset()  # every trial compiles anew; stale traces would count against the recompile limit
-        ready = deployed(fn)
+    def alone(fn, ready) -> dict[str, float]:
+        """fn's ms in each mode, deployed (deployed()'s dict, None: it failed) and timed by itself; a failure is
+        infinitely slow."""
+        if ready is None:
+            return dict.fromkeys(modes, math.inf)
         try:
-            for r in (ready or {}).values() if warm else ():
-                timing.time_fn(r, sets, device, latency=True)
-            return dict.fromkeys(modes, math.inf) if ready is None else {
-                m: timing.time_fn(r, sets, device, latency=True).median_us / 1e3 for m, r in ready.items()}
+            return {m: timing.time_fn(r, sets, device, latency=True).median_us / 1e3 for m, r in ready.items()}
         except Exception as e:
-            failures[id(fn)] = _error_line(e)
+            failures[fn] = _error_line(e)
             return dict.fromkeys(modes, math.inf)
 
-    def in_turns(fn, against=model) -> tuple[dict, dict]:
-        """(against's ms, fn's ms) in each mode, timed in turns: a host that drifts between two separate
-        timings does not decide between them; fn's failure here counts as infinitely slow."""
+    def in_turns(fn, against) -> tuple[dict, dict]:
+        """(against's ms, fn's ms) in each mode, timed in turns: a host that drifts between two separate timings
+        (a compiled TinyLlama without graphs read 12.6 to 22.8 ms for one set of kernels, timed alone one after
+        another) does not decide between them. A model that fails counts as infinitely slow, the other timed
+        alone."""
         if compiled:
-            torch._dynamo.reset()
+            torch._dynamo.reset()  # each pair compiles anew: stale traces would count against the recompile limit
         kept, original = deployed(fn), deployed(against)
-        if kept is None:
-            return ms(against), dict.fromkeys(modes, math.inf)
+        if kept is None or original is None:
+            return alone(against, original), alone(fn, kept)
         try:
             samples = {m: _latency_turns({"kept": kept[m], "original": original[m]}, sets, device) for m in modes}
-        except Exception:  # `against` fails in a mode: each timed alone, the failing one infinitely slow
-            return ms(against), ms(fn)
+        except Exception:  # one of them fails in a mode: each timed alone, to know which
+            return alone(against, original), alone(fn, kept)
         return ({m: statistics.median(s["original"]) / 1e3 for m, s in samples.items()},
                 {m: statistics.median(s["kept"]) / 1e3 for m, s in samples.items()})
 
@@ -398,30 +402,24 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes
             return f"the model fails in {mode} mode with it ({failed})"
         return f"the model is faster without it in {mode} mode ({trial_ms[mode]:.3f} ms vs {best_ms[mode]:.3f} ms)"
 
-    module = optimized.module()
-    keep, best = optimized.swapped_types(), ms(module, warm=True)
-    failed, dropped = failures.get(id(module)), {}
+    keep, dropped = optimized.swapped_types(), {}
     for kernel_type in list(keep):
         trial = swap.build(model, [t for t in keep if t != kernel_type])
-        trial_ms = ms(trial.module())
+        best, trial_ms = in_turns(trial.module(), against=optimized.module())
+        failed = failures.get(optimized.module())
         mode = faster_in(trial_ms, best)
-        if mode and not failed:  # timed alone it looks faster: so it must be in turns with the model it would replace
-            best, trial_ms = in_turns(trial.module(), against=optimized.module())
-            mode = faster_in(trial_ms, best)
         if mode:
             dropped[kernel_type] = why(mode, trial_ms, best, failed)
             keep.remove(kernel_type)
-            optimized, best, failed = trial, trial_ms, failures.get(id(trial.module()))
+            optimized = trial
         if progress:
-            progress(f"prune ({', '.join(modes)}): {kernel_type} "
-                     + (f"left out: {dropped[kernel_type]}" if mode else "kept: the model is not faster without it"))
-    if keep and not failed:
-        module = optimized.module()
-        original_ms, best = in_turns(module)
-        failed = failures.get(id(module))
-    else:
-        original_ms = ms(model) if keep else best
-    mode = faster_in(original_ms, best)
+            progress(f"prune ({', '.join(modes)}): {kernel_type} " + (
+                f"left out: {dropped[kernel_type]}" if mode else
+                f"kept: the model is not faster without it ({_versus(modes, trial_ms, best)})"))
+    module = optimized.module()
+    original_ms, best = in_turns(module, against=model) if keep else ({}, {})
+    failed = failures.get(module)
+    mode = faster_in(original_ms, best) if keep else None
     if mode:
         for kernel_type in keep:
             dropped[kernel_type] = why(mode, original_ms, best, failed) if failed else (
@@ -430,7 +428,15 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes
         if progress and keep:
             progress(f"prune ({', '.join(modes)}): {', '.join(keep)} left out too: {dropped[keep[0]]}")
         optimized = swap.build(model, [])
+    elif progress and keep:
+        progress(f"prune ({', '.join(modes)}): {', '.join(keep)} kept: together not slower than the original "
+                 f"({_versus(modes, original_ms, best)})")
     return optimized, dropped
+
+
+def _versus(modes, without: dict, with_: dict) -> str:
+    """'eager 9.100 ms without, 9.000 with; graph ...': what a prune compared, in each mode."""
+    return "; ".join(f"{m} {without[m]:.3f} ms without, {with_[m]:.3f} with" for m in modes)
 
 
 def paired(model, module, ours: dict, theirs: dict, inputs: Callable, device: str,

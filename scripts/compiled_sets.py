@@ -1,0 +1,73 @@
+"""Developer tool (GPU): a model under torch.compile with sets of kernels, timed in turns with the original (#17).
+
+    python scripts/compiled_sets.py --config benchmarks/hf/qwen2-1.5b --input-shape 1,1024 \\
+        --set add_rmsnorm,linear_cross_entropy,rmsnorm,rope_attention --set none \\
+        --two-sided add_rmsnorm,fused_mlp,linear_cross_entropy,rmsnorm,rope_attention/add_rmsnorm,rmsnorm
+
+Each --set is a kernel set (the starters in kernels/) run eagerly and traced alike, as a prune's trial builds
+it; --two-sided EAGER/TRACED builds the model verify.py deploys, one set eagerly and another where torch.compile
+traces it. Every model is compiled (Inductor, no CUDA graph) and timed in turns with the compiled original, in
+rounds, as latency (as a caller waits: a host-bound forward's launches count); then its host time to enqueue one
+forward against the forward's whole time.
+"""
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from autokernel.harness import timing  # noqa: E402
+from autokernel.models import example_inputs, load_model  # noqa: E402
+from autokernel.ops import swap  # noqa: E402
+from autokernel.verify import deploy  # noqa: E402
+
+
+def types_of(text: str) -> list[str]:
+    return [] if text == "none" else text.split(",")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--config", default=str(ROOT / "benchmarks" / "hf" / "qwen2-1.5b"))
+    p.add_argument("--input-shape", default="1,1024")
+    p.add_argument("--set", action="append", default=[], help="comma-joined types, or none")
+    p.add_argument("--two-sided", action="append", default=[], help="EAGER/TRACED, each comma-joined")
+    p.add_argument("--rounds", type=int, default=3)
+    a = p.parse_args()
+    model = load_model("AutoModelForCausalLM", module="transformers", config=a.config, device="cuda",
+                       dtype=torch.float16)
+    shape = tuple(int(d) for d in a.input_shape.split(","))
+    sets = [example_inputs(model, shape, "cuda", torch.float16, seed=i) for i in range(3)]
+    everything = sorted({t for s in a.set for t in types_of(s)}
+                        | {t for s in a.two_sided for part in s.split("/") for t in types_of(part)})
+    deploy.load_kernels(ROOT / "kernels", everything)  # the starters, plugged into their ops
+    builds = {f"set {s}": swap.build(model, types_of(s)) for s in a.set}
+    for s in a.two_sided:
+        eager, traced = s.split("/")
+        builds[f"two-sided {s}"] = swap.build(model, types_of(eager), traced=types_of(traced))
+    with torch.no_grad():
+        original = torch.compile(model)
+        for name, built in builds.items():
+            compiled = torch.compile(built.module())
+            fns = {"original": original, "kernels": compiled}
+            ratios = []
+            for r in range(a.rounds):
+                probe = timing.time_turns(fns, sets, "cuda", 1, latency=True)
+                turns = timing.runs_for(max(us[0] for us in probe.values()) / 1e3)
+                us = timing.time_turns(fns, sets, "cuda", turns, latency=True)
+                o, k = statistics.median(us["original"]) / 1e3, statistics.median(us["kernels"]) / 1e3
+                ratios.append(o / k)
+                print(f"{name}: round {r}: original {o:.3f} ms, with the kernels {k:.3f} ms ({o / k:.3f}x)", flush=True)
+            for what, fn in fns.items():
+                host, total = (us / 1e3 for us in timing.enqueue_and_total_us(fn, sets[0], "cuda", 10))
+                print(f"{name}: {what} enqueues a forward in {host:.3f} ms, completes it in {total:.3f} ms")
+            print(f"{name}: median {statistics.median(ratios):.3f}x the compiled original\n", flush=True)
+
+
+if __name__ == "__main__":
+    main()
