@@ -16,7 +16,7 @@
 #                         MODEL: tinyllama (S2048), mistral (S2048), qwen2 (S1024), from benchmarks/hf/
 #                         MODE: eager | graph | compile | compile_graph, or several joined by + (the eager and
 #                         the compiled ones each keep their own types; eager+graph+compile+compile_graph, what
-#                         verify.py does by default: 7-9 min)
+#                         verify.py does by default: 6-7.5 min, Session 16)
 #   MODEL-MODE-device     the same with the TMA starters' descriptors made on the device (LOGDIR/kernels_device)
 #   table                 the rows of every report in LOGDIR against the targets                  <1 min
 set -uo pipefail
