@@ -363,3 +363,34 @@ def test_the_hf_rotary_wrapper_slices_each_pair_of_tables_once_and_never_reuses_
             for _ in range(2):
                 got, want = rotary(q, k, cos, sin), apply_rotary_pos_emb(q, k, cos, sin)
                 assert all(swap.rel_l2(g, w) < 1e-5 for g, w in zip(got, want))
+
+
+def test_a_rotary_call_the_kernel_cannot_run_goes_to_the_models_function_as_called(interpreter, install_starter):
+    """Newer transformers' apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1) has no position_ids, and GPT-NeoX
+    rotates only part of each head (narrower tables): such a call goes back to the model's own function with the
+    arguments it came with (it was handed a position_ids it has no place for), and the whole model runs
+    optimized with the original's output."""
+    import transformers
+    from transformers.models.gpt_neox import modeling_gpt_neox
+
+    install_starter("rotary_embedding")
+    fn = modeling_gpt_neox.apply_rotary_pos_emb
+    rotary = customops.rotary_q_k_cos_sin(fn, customops.CallSites(), "apply_rotary_pos_emb")
+    gen = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 2, 6, 8, generator=gen), torch.randn(1, 2, 6, 8, generator=gen)
+    half = torch.randn(1, 6, 2, generator=gen)  # a rotary dimension of 4 in heads of 8
+    cos, sin = torch.cat([half.cos()] * 2, -1), torch.cat([half.sin()] * 2, -1)
+    with torch.no_grad():
+        for args, kwargs in (((), {}), ((1,), {}), ((), {"unsqueeze_dim": 1})):
+            got, want = rotary(q, k, cos, sin, *args, **kwargs), fn(q, k, cos, sin, *args, **kwargs)
+            assert all(torch.equal(g, w) for g, w in zip(got, want))
+
+    config = transformers.GPTNeoXConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                        num_attention_heads=4, vocab_size=128, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = transformers.GPTNeoXForCausalLM(config).eval()
+    ids = torch.randint(0, 128, (1, 16), generator=gen)
+    with torch.no_grad():
+        want = model(ids).logits
+        got = autokernel.optimize(model, verified=None, quiet=True)(ids).logits
+    assert swap.rel_l2(got, want) < 1e-4

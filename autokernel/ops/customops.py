@@ -524,24 +524,30 @@ def rotary_x_cos_sin(fn, sites: CallSites, name: str):
 
 
 def rotary_q_k_cos_sin(fn, sites: CallSites, name: str):
-    """transformers' fn(q, k, cos, sin, position_ids=None, unsqueeze_dim=1) with cos, sin [1, seq, head_dim]
-    built as cat(freqs, freqs): their first halves are the reference's tables. A model hands every layer the same
-    cos and sin: their halves are sliced once (two views, ~2 us of host time each, per layer otherwise)."""
+    """transformers' fn(q, k, cos, sin, [position_ids=None,] unsqueeze_dim=1) (position_ids is gone from newer
+    versions) with cos, sin [1, seq, head_dim] built as cat(freqs, freqs): their first halves are the reference's
+    tables. A model hands every layer the same cos and sin: their halves are sliced once (two views, ~2 us of host
+    time each, per layer otherwise). Any other call (a partial rotary's narrower tables: GPT-NeoX, Phi; another
+    argument of fn's own) goes to fn as it came."""
     kernel = op("rotary_embedding")
     halves = PerTables(lambda cos, sin: (cos[0, :, : cos.shape[-1] // 2], sin[0, :, : sin.shape[-1] // 2]))
+    extra_names = list(inspect.signature(fn).parameters)[4:]  # fn's own parameters after sin
 
-    def rotary(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
+    def rotary(q, k, cos, sin, *rest, **options):
+        extra = {**dict(zip(extra_names, rest)), **options}
         d = q.shape[-1]
-        fits = (position_ids is None and unsqueeze_dim == 1 and q.dim() == 4 and k.dim() == 4
-                and cos.dim() == 3 and cos.shape[0] == 1 and tuple(cos.shape) == tuple(sin.shape)
-                and cos.shape[1:] == (q.shape[2], d) and q.dtype in KERNEL_DTYPES
-                and q.dtype == k.dtype == cos.dtype == sin.dtype)
-        reason = grad_reason(q, k, cos, sin) if fits else "tables not [1, seq, head_dim] in q's dtype"
+        plain = (set(extra) <= {"position_ids", "unsqueeze_dim"} and extra.get("position_ids") is None
+                 and extra.get("unsqueeze_dim", 1) == 1)
+        fits = (q.dim() == 4 and k.dim() == 4 and cos.dim() == 3 and cos.shape[0] == 1
+                and tuple(cos.shape) == tuple(sin.shape) and cos.shape[1:] == (q.shape[2], d)
+                and q.dtype in KERNEL_DTYPES and q.dtype == k.dtype == cos.dtype == sin.dtype)
+        reason = ("called with an argument the kernel does not take" if not plain else
+                  "tables not [1, seq, head_dim] in q's dtype" if not fits else grad_reason(q, k, cos, sin))
         eager = in_eager()
         if eager:
             sites.hit(name, "rotary_embedding", reason)
         if reason:
-            return fn(q, k, cos, sin, position_ids, unsqueeze_dim)
+            return fn(q, k, cos, sin, *rest, **options)
         c, s = halves(cos, sin, eager)
         return kernel(q, c, s), kernel(k, c, s)
 
