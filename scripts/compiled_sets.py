@@ -7,8 +7,9 @@
 Each --set is a kernel set (the starters in kernels/) run eagerly and traced alike, as a prune's trial builds
 it; --two-sided EAGER/TRACED builds the model verify.py deploys, one set eagerly and another where torch.compile
 traces it. Every model is compiled (Inductor, no CUDA graph) and timed in turns with the compiled original, in
-rounds, as latency (as a caller waits: a host-bound forward's launches count); then its host time to enqueue one
-forward against the forward's whole time.
+rounds of verify.py's protocol (endtoend.latency_turns), as latency (as a caller waits: a host-bound forward's
+launches count); then its host time to enqueue one forward against the forward's whole time. (Session 16's figures
+were taken with rounds of ~0.3 s, before verify.py's turns grew to a second.)
 """
 
 import argparse
@@ -24,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 from autokernel.harness import timing  # noqa: E402
 from autokernel.models import example_inputs, load_model  # noqa: E402
 from autokernel.ops import swap  # noqa: E402
-from autokernel.verify import deploy  # noqa: E402
+from autokernel.verify import deploy, endtoend  # noqa: E402
 
 
 def types_of(text: str) -> list[str]:
@@ -57,9 +58,7 @@ def main() -> None:
             fns = {"original": original, "kernels": compiled}
             ratios = []
             for r in range(a.rounds):
-                probe = timing.time_turns(fns, sets, "cuda", 1, latency=True)
-                turns = timing.runs_for(max(us[0] for us in probe.values()) / 1e3)
-                us = timing.time_turns(fns, sets, "cuda", turns, latency=True)
+                us = endtoend.latency_turns(fns, sets, "cuda")  # verify.py's protocol: about a second of each
                 o, k = statistics.median(us["original"]) / 1e3, statistics.median(us["kernels"]) / 1e3
                 ratios.append(o / k)
                 print(f"{name}: round {r}: original {o:.3f} ms, with the kernels {k:.3f} ms ({o / k:.3f}x)", flush=True)

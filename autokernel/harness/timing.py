@@ -89,9 +89,9 @@ def _flush_l2(dirty: bool = True):
         _flush_buffer.max()
 
 
-def runs_for(estimate_ms: float) -> int:
-    """Timed runs for a call of about estimate_ms: about TARGET_MS of them, within MIN_RUNS..MAX_RUNS."""
-    return int(min(MAX_RUNS, max(MIN_RUNS, TARGET_MS / max(estimate_ms, 1e-3))))
+def runs_for(estimate_ms: float, target_ms: float = TARGET_MS, most: int = MAX_RUNS) -> int:
+    """Timed runs for a call of about estimate_ms: about target_ms of them, within MIN_RUNS..most."""
+    return int(min(most, max(MIN_RUNS, target_ms / max(estimate_ms, 1e-3))))
 
 
 def _warm_up(fn: Callable, source) -> float:

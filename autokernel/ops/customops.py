@@ -533,11 +533,15 @@ def rotary_q_k_cos_sin(fn, sites: CallSites, name: str):
     halves = PerTables(lambda cos, sin: (cos[0, :, : cos.shape[-1] // 2], sin[0, :, : sin.shape[-1] // 2]))
     extra_names = list(inspect.signature(fn).parameters)[4:]  # fn's own parameters after sin
 
-    def rotary(q, k, cos, sin, *rest, **options):
+    def defaults(rest: tuple, options: dict) -> bool:
+        """Whether the arguments after sin ask for what the kernel does (no position_ids, unsqueeze_dim 1)."""
         extra = {**dict(zip(extra_names, rest)), **options}
+        return (set(extra) <= {"position_ids", "unsqueeze_dim"} and extra.get("position_ids") is None
+                and extra.get("unsqueeze_dim", 1) == 1)
+
+    def rotary(q, k, cos, sin, *rest, **options):
         d = q.shape[-1]
-        plain = (set(extra) <= {"position_ids", "unsqueeze_dim"} and extra.get("position_ids") is None
-                 and extra.get("unsqueeze_dim", 1) == 1)
+        plain = not (rest or options) or defaults(rest, options)  # a model's call passes none: no dict per call
         fits = (q.dim() == 4 and k.dim() == 4 and cos.dim() == 3 and cos.shape[0] == 1
                 and tuple(cos.shape) == tuple(sin.shape) and cos.shape[1:] == (q.shape[2], d)
                 and q.dtype in KERNEL_DTYPES and q.dtype == k.dtype == cos.dtype == sin.dtype)

@@ -109,6 +109,7 @@ def verified_prune(model: nn.Module, report: str | Path) -> tuple[dict[str, str]
         return {}, {}
     prune = found.get("prune", {})
     modes = prune.get("mode", "eager").split(",")
+    # verification.sides(), which this module cannot import: it is copied into exported packages without it
     sides = [[m for m in modes if m.startswith("compile") == compiled] for compiled in (False, True)]
     if not all(sides):  # modes of one side decided both
         return (_left_out(found.get("pruned", {}), modes),) * 2

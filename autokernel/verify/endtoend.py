@@ -265,7 +265,7 @@ def time_models(model, optimized: swap.Optimized, inputs: Callable, device: str,
             except Exception as e:  # one failing mode must not hide the others
                 errors[name] = _error_line(e)
         try:
-            samples = _latency_turns(fns, sets, device) if fns else {}
+            samples = latency_turns(fns, sets, device) if fns else {}
         except Exception as e:
             errors.update({name: _error_line(e) for name in fns})
             continue
@@ -281,13 +281,12 @@ def time_models(model, optimized: swap.Optimized, inputs: Callable, device: str,
     return result, errors
 
 
-def _latency_turns(fns: dict[str, Callable], sets: list, device: str) -> dict[str, list[float]]:
+def latency_turns(fns: dict[str, Callable], sets: list, device: str) -> dict[str, list[float]]:
     """Latency samples of each function in turns, about LATENCY_TURNS_MS of each by the slowest one's probe run."""
     if device != "cuda":
         return timing.time_turns(fns, sets, device, timing.CPU_RUNS)
     probe = timing.time_turns(fns, sets, device, 1, latency=True)
-    slowest_ms = max(us[0] for us in probe.values()) / 1e3
-    turns = int(min(LATENCY_MAX_TURNS, max(timing.MIN_RUNS, LATENCY_TURNS_MS / max(slowest_ms, 1e-3))))
+    turns = timing.runs_for(max(us[0] for us in probe.values()) / 1e3, LATENCY_TURNS_MS, LATENCY_MAX_TURNS)
     return timing.time_turns(fns, sets, device, turns, latency=True)
 
 
@@ -387,7 +386,7 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes
         if kept is None or original is None:
             return alone(against, original), alone(fn, kept)
         try:
-            samples = {m: _latency_turns({"kept": kept[m], "original": original[m]}, sets, device) for m in modes}
+            samples = {m: latency_turns({"kept": kept[m], "original": original[m]}, sets, device) for m in modes}
         except Exception:  # one of them fails in a mode: each timed alone, to know which
             return alone(against, original), alone(fn, kept)
         return ({m: statistics.median(s["original"]) / 1e3 for m, s in samples.items()},
