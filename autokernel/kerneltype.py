@@ -95,8 +95,6 @@ class Deployment:
     # (model, CallSites) -> ([(owner, attribute, replacement)], [Site notes]): patches found in the model's
     # own code (its rotary helpers)
     model_functions: Callable | None = None
-    # True: Inductor cannot compile the kernel file's own code, so under torch.compile the op stays opaque
-    opaque_under_compile: bool = False
     # the op's output dtype where it is not the first floating input's (a loss in fp32 from fp16 inputs)
     output_dtype: torch.dtype | None = None
     # the model (its module tree, built for the swap) -> (module path, Site, replacement module or None) for

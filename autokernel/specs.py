@@ -525,11 +525,7 @@ BUILTIN.append(KernelSpec(
     suite_target=SuiteTarget("0.9x SDPA", lambda r, b: r["speedup_vs_pytorch"] / 0.9),
     deployment=Deployment("(Tensor Q, Tensor K, Tensor V, bool causal, float? sm_scale) -> Tensor",
                           lambda Q, K, V, causal, sm_scale: (*Q.shape[:-1], V.shape[-1]),
-                          functions=customops.replace_sdpa,
-                          # the kernel's tl.dot with a rescaled accumulator fails Inductor's compile of user
-                          # kernels (triton 3.6, torch 2.11 on the H200, 2026-11-23: "acc.type.element_ty ==
-                          # out_dtype" in semantic.dot), while it compiles as a plain kernel
-                          opaque_under_compile=True),
+                          functions=customops.replace_sdpa),
 ))
 
 
@@ -911,10 +907,7 @@ BUILTIN.append(KernelSpec(
     extra_baselines=_rope_attention_baselines,
     deployment=Deployment("(Tensor q, Tensor k, Tensor v, Tensor cos, Tensor sin, bool causal, float? sm_scale) "
                           "-> Tensor", lambda q, k, v, cos, sin, causal, sm_scale: q.shape,
-                          module_site=rope_attention_module_site, model_functions=causal_mask_patches,
-                          # the same tl.dot on a rescaled accumulator as flash_attention's, which Inductor's
-                          # compile of user kernels rejects (triton 3.6)
-                          opaque_under_compile=True),
+                          module_site=rope_attention_module_site, model_functions=causal_mask_patches),
 ))
 
 

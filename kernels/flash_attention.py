@@ -130,6 +130,7 @@ def _flash_attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, S, H, qk_scale,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                             D_PAD: tl.constexpr, CAUSAL: tl.constexpr, SPLIT: tl.constexpr,
                             EVEN_D: tl.constexpr, REVERSE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    qk_scale = tl.full([], qk_scale, tl.float32)  # under torch.compile Inductor passes a Python float as fp64
     start_m = tl.program_id(0)
     if REVERSE:
         start_m = tl.num_programs(0) - 1 - start_m
@@ -194,6 +195,7 @@ def _attn_tma_blocks(acc, l_i, m_i, q, k_desc, v_desc, row0, offs_m, lo, hi, qk_
 def _flash_attention_tma_kernel(q_desc, k_desc, v_desc, o_desc, S, qk_scale, rows,
                                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                                 CAUSAL: tl.constexpr, REVERSE: tl.constexpr, ON_DEVICE: tl.constexpr):
+    qk_scale = tl.full([], qk_scale, tl.float32)  # under torch.compile Inductor passes a Python float as fp64
     # Descriptors view Q, K, V, O as [B*H*S, HEAD_DIM]; S % BLOCK_M == 0, so no tile crosses a head.
     # ON_DEVICE: the *_desc arguments are pointers to dense tensors of `rows` rows, the descriptors are made here
     # (a compile-time branch: with host descriptors none of it is generated).

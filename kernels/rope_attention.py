@@ -152,6 +152,7 @@ def _rope_attention_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, o_ptr, S, H, G
                            HALF_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
                            EVEN_HALF: tl.constexpr, EVEN_D: tl.constexpr, CAUSAL: tl.constexpr,
                            ROTATE_K: tl.constexpr, REVERSE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    qk_scale = tl.full([], qk_scale, tl.float32)  # under torch.compile Inductor passes a Python float as fp64
     start_m = tl.program_id(0)
     if REVERSE:
         start_m = tl.num_programs(0) - 1 - start_m

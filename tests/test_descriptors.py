@@ -161,8 +161,7 @@ def test_device_descriptor_kernels_replay_in_a_thread_that_never_set_the_allocat
 @pytest.mark.parametrize("kernel_type", TMA_TYPES)
 def test_inductor_launches_a_kernel_on_device_descriptors_from_its_own_code(repo_root, kernel_type):
     """Host descriptors leave the op opaque under torch.compile (test_optimize); device ones are traced: the
-    compiled code launches the Triton kernel itself and calls no opaque op, and gives the kernel's answer. A type
-    whose kernel Inductor cannot compile (flash_attention's rescaled tl.dot) stays opaque either way."""
+    compiled code launches the Triton kernel itself and calls no opaque op, and gives the kernel's answer."""
     from torch._inductor.utils import run_and_get_code
 
     from autokernel.ops import customops
@@ -176,8 +175,5 @@ def test_inductor_launches_a_kernel_on_device_descriptors_from_its_own_code(repo
         torch._dynamo.reset()
         got, codes = run_and_get_code(torch.compile(lambda *a: op(*a) + 0), *args)
     code = "\n".join(codes)
-    if get_spec(kernel_type).deployment.opaque_under_compile:
-        assert f"{kernel_type}_opaque" in code
-    else:
-        assert "_tma_kernel" in code and "_opaque" not in code
+    assert "_tma_kernel" in code and "_opaque" not in code
     assert swap.rel_l2(got, want) < 1e-3

@@ -102,6 +102,31 @@ def test_under_torch_compile_the_kernel_is_one_node_of_the_graph(interpreter, tm
     assert not any("scaled_dot_product" in op for op in ops)
 
 
+
+@pytest.mark.gpu
+def test_inductor_launches_the_kernel_from_its_own_code(tmp_path):
+    """Inductor passes a Python float to a user kernel as fp64 (the score scale): the file keeps its loop's
+    accumulator fp32 (a type change in the loop fails Inductor's compile), and the compiled model launches the
+    kernel from Inductor's own code, no opaque op's Python dispatch, with and without CUDA graphs."""
+    from torch._inductor.utils import run_and_get_code
+
+    from autokernel.ops import swap
+
+    model, ids = _tiny_llama().to("cuda", torch.float16), _ids(seq=128).cuda()
+    with torch.no_grad():
+        want = model(ids, use_cache=False).logits
+        optimized = _optimize(model, tmp_path / "none", [TYPE])
+        torch._dynamo.reset()
+        got, code = run_and_get_code(torch.compile(optimized), ids, use_cache=False)
+        code = "\n".join(code)
+        assert "_rope_attention_kernel" in code and "_opaque" not in code
+        assert swap.rel_l2(got.logits, want) < swap.REL_L2_TOLERANCE[torch.float16]
+        torch._dynamo.reset()
+        graphed = torch.compile(optimized, mode="reduce-overhead")
+        for _ in range(3):  # warm-up, record, replay
+            got = graphed(ids, use_cache=False)
+        assert swap.rel_l2(got.logits, want) < swap.REL_L2_TOLERANCE[torch.float16]
+
 def _mask_before_5_24(config, inputs_embeds, attention_mask, past_key_values, position_ids=None,
                       or_mask_function=None, allow_is_causal_skip=True):
     return "a mask"

@@ -211,7 +211,7 @@ def _define(kernel_type: str) -> None:
     def traced(*args):
         if not compat.wrap_triton_enabled():  # the op called eagerly on real tensors: the kernel as it is
             return _run(kernel_type, *args)
-        traceable = None if deployment.opaque_under_compile else _TRACEABLE.get(kernel_type)
+        traceable = _TRACEABLE.get(kernel_type)
         if traceable is not None:  # traced (fake tensors): Triton launches become graph nodes
             try:
                 return traceable(*args)
