@@ -555,7 +555,11 @@ def test_the_gpu_scripts_summarize_a_report_in_a_few_lines(repo_root, tmp_path, 
     assert lines[2].split() == ["optimized_compile", "1.60", "ms", "compile", "1.25x"]
     assert "site blocks.0.attn: swapped False, calls 0, a mask the kernel does not take" in lines[-2]
     assert "optimized vs eager 1.10x (MISSED >= 1.3)" in lines[-1]
-    assert "optimized_compile vs compile 1.25x (met >= 1.0)" in lines[-1]
+    assert "optimized_compile vs compile 1.25x (met >= 1.0, the prune did not time compile)" in lines[-1]
+    report["prune"]["mode"] = "eager,compile"
+    (tmp_path / "verify_custom.json").write_text(json.dumps(report))
+    assert summary.main([str(tmp_path / "verify_custom.json"), "--targets"]) == 0
+    assert "optimized_compile vs compile 1.25x (met >= 1.0)  " in capsys.readouterr().out
     assert summary.main([str(tmp_path / "missing.json")]) == 1
 
 
