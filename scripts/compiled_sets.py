@@ -8,7 +8,8 @@ Each --set is a kernel set (the starters in kernels/) run eagerly and traced ali
 it; --two-sided EAGER/TRACED builds the model verify.py deploys, one set eagerly and another where torch.compile
 traces it. Every model is compiled (Inductor, no CUDA graph) and timed in turns with the compiled original, in
 rounds of verify.py's protocol (endtoend.latency_turns), as latency (as a caller waits: a host-bound forward's
-launches count); then its host time to enqueue one forward against the forward's whole time. (Session 16's figures
+launches count); then every model's host time to enqueue one forward against the forward's whole time, all of
+them in turns. (Session 16's figures
 were taken with rounds of ~0.3 s, before verify.py's turns grew to a second.)
 """
 
@@ -26,6 +27,8 @@ from autokernel.harness import timing  # noqa: E402
 from autokernel.models import example_inputs, load_model  # noqa: E402
 from autokernel.ops import swap  # noqa: E402
 from autokernel.verify import deploy, endtoend  # noqa: E402
+
+ENQUEUE_TURNS = 40  # host time per forward, every model in turns (10 calls of one model alone read 6.6 to 8.6 ms)
 
 
 def types_of(text: str) -> list[str]:
@@ -52,20 +55,25 @@ def main() -> None:
         eager, traced = s.split("/")
         builds[f"two-sided {s}"] = swap.build(model, types_of(eager), traced=types_of(traced))
     with torch.no_grad():
-        original = torch.compile(model)
+        compiled = {"the original": torch.compile(model)}
         for name, built in builds.items():
-            compiled = torch.compile(built.module())
-            fns = {"original": original, "kernels": compiled}
+            compiled[name] = torch.compile(built.module())
+            fns = {"original": compiled["the original"], "kernels": compiled[name]}
             ratios = []
             for r in range(a.rounds):
                 us = endtoend.latency_turns(fns, sets, "cuda")  # verify.py's protocol: about a second of each
                 o, k = statistics.median(us["original"]) / 1e3, statistics.median(us["kernels"]) / 1e3
                 ratios.append(o / k)
                 print(f"{name}: round {r}: original {o:.3f} ms, with the kernels {k:.3f} ms ({o / k:.3f}x)", flush=True)
-            for what, fn in fns.items():
-                host, total = (us / 1e3 for us in timing.enqueue_and_total_us(fn, sets[0], "cuda", 10))
-                print(f"{name}: {what} enqueues a forward in {host:.3f} ms, completes it in {total:.3f} ms")
             print(f"{name}: median {statistics.median(ratios):.3f}x the compiled original\n", flush=True)
+        host = {name: [] for name in compiled}  # every model in turns: a slow stretch of the host slows them all
+        for turn in range(ENQUEUE_TURNS):
+            for name, fn in (compiled.items() if turn % 2 else reversed(compiled.items())):
+                host[name].append(timing.enqueue_and_total_us(fn, sets[0], "cuda", 1))
+        for name, runs in host.items():
+            enqueued, total = (statistics.median(r[i] for r in runs) / 1e3 for i in (0, 1))
+            print(f"{name}: enqueues a forward in {enqueued:.3f} ms, completes it in {total:.3f} ms (median of "
+                  f"{ENQUEUE_TURNS} turns)")
 
 
 if __name__ == "__main__":
