@@ -48,6 +48,7 @@ TUNABLES = {
 @triton.jit
 def _add_layernorm_kernel(x_ptr, r_ptr, w_ptr, b_ptr, sum_ptr, out_ptr, M, N, stride_x, stride_r, eps,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    eps = tl.full([], eps, tl.float32)  # under torch.compile Inductor passes a Python float as fp64
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < N
@@ -74,6 +75,7 @@ def _add_layernorm_kernel(x_ptr, r_ptr, w_ptr, b_ptr, sum_ptr, out_ptr, M, N, st
 @triton.jit
 def _add_layernorm_looped_kernel(x_ptr, r_ptr, w_ptr, b_ptr, sum_ptr, out_ptr, N, stride_x, stride_r, eps,
                                  BLOCK_N: tl.constexpr):
+    eps = tl.full([], eps, tl.float32)  # under torch.compile Inductor passes a Python float as fp64
     row = tl.program_id(0).to(tl.int64)
     x_row, r_row = x_ptr + row * stride_x, r_ptr + row * stride_r
     sum_row, out_row = sum_ptr + row * N, out_ptr + row * N

@@ -62,6 +62,7 @@ TUNABLES = {
 def _layernorm_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, stride_x, stride_out, eps,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr):
+    eps = tl.full([], eps, tl.float32)  # under torch.compile Inductor passes a Python float as fp64
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < N
@@ -87,6 +88,7 @@ def _layernorm_persistent_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, stride_x, s
                                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr,
                                  HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr):
     """Program p normalizes row tiles p, p + P, ... (P programs) with one load of weight and bias."""
+    eps = tl.full([], eps, tl.float32)  # under torch.compile Inductor passes a Python float as fp64
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < N
     if HAS_WEIGHT:
@@ -114,6 +116,7 @@ def _layernorm_persistent_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, stride_x, s
 @triton.jit
 def _layernorm_looped_kernel(x_ptr, w_ptr, b_ptr, out_ptr, N, stride_x, stride_out, eps,
                              BLOCK_N: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr):
+    eps = tl.full([], eps, tl.float32)  # under torch.compile Inductor passes a Python float as fp64
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_x
     out_row = out_ptr + row * stride_out

@@ -59,6 +59,7 @@ TUNABLES = {
 @triton.jit
 def _rmsnorm_kernel(x_ptr, w_ptr, out_ptr, M, N, stride_x, stride_out, eps,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    eps = tl.full([], eps, tl.float32)  # under torch.compile Inductor passes a Python float as fp64
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < N
@@ -77,6 +78,7 @@ def _rmsnorm_kernel(x_ptr, w_ptr, out_ptr, M, N, stride_x, stride_out, eps,
 def _rmsnorm_persistent_kernel(x_ptr, w_ptr, out_ptr, M, N, stride_x, stride_out, eps,
                                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr):
     """Program p normalizes row tiles p, p + P, p + 2P, ... (P programs) with one load of the weight."""
+    eps = tl.full([], eps, tl.float32)  # under torch.compile Inductor passes a Python float as fp64
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < N
     w = tl.load(w_ptr + cols, mask=col_mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
@@ -93,6 +95,7 @@ def _rmsnorm_persistent_kernel(x_ptr, w_ptr, out_ptr, M, N, stride_x, stride_out
 
 @triton.jit
 def _rmsnorm_looped_kernel(x_ptr, w_ptr, out_ptr, N, stride_x, stride_out, eps, BLOCK_N: tl.constexpr):
+    eps = tl.full([], eps, tl.float32)  # under torch.compile Inductor passes a Python float as fp64
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_x
     out_row = out_ptr + row * stride_out
