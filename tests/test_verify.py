@@ -442,11 +442,55 @@ def test_a_kernel_that_loses_in_one_of_the_modes_of_a_side_is_left_out(monkeypat
                                         modes=["compile", "compile_graph"])
     assert optimized.types == ["rmsnorm"] and list(dropped) == ["matmul"]
     assert "faster without it in compile mode (9.000 ms vs 9.500 ms)" in dropped["matmul"]
-    # one compile for both modes: the full set is compiled once for each trial it is timed in turns with
-    assert compiled.count(["rmsnorm", "matmul"]) == 2
+    # one compile for both modes, and each model compiled once: the full set, timed in turns with both trials, and
+    # the set kept at the end, timed with the original, were each compiled for the first pair they ran in
+    assert sorted(compiled) == [[], ["matmul"], ["rmsnorm"], ["rmsnorm", "matmul"]]
     with pytest.raises(ValueError, match="one side"):
         endtoend.prune(None, Candidate([]), lambda seed: (), "cuda", modes=["eager", "compile"])
 
+
+
+class _SharedForward(nn.Module):  # kernel sets as swap.build makes them: one forward's code, a module tree each
+    def __init__(self, types):
+        super().__init__()
+        self.types = list(types)
+
+    def swapped_types(self):
+        return list(self.types)
+
+    def module(self):
+        return self
+
+    def forward(self, x):
+        for kernel_type in self.types:  # typeK's K + 1 ops: a graph of its own for each set, the original's output
+            for _ in range(int(kernel_type.removeprefix("type")) + 1):
+                x = x * 2 / 2
+        return x.abs()
+
+
+def test_a_compiled_prune_compiles_each_model_once_however_many_types(monkeypatch):
+    """Ten types: each trial's model and the original are compiled once, and the kept set is not compiled again for
+    the next trial. The models share their forward's code, so they outnumber dynamo's recompile limit (8), past which
+    a model would run uncompiled and be timed as if it were compiled: the prune makes room for all of them."""
+    from autokernel.harness import timing
+
+    graphs = []
+    monkeypatch.setattr(endtoend, "backend_for", lambda device: lambda gm, example: graphs.append(gm) or gm.forward)
+    monkeypatch.setattr(swap, "build", lambda model, types: _SharedForward(types))
+
+    def calling_time_turns(fns, sets, device, turns, latency=False):  # every type helps: all are kept
+        ms = {name: fn(*sets[0]) is not None and 10.0 - 0.5 * len(fn.types) for name, fn in fns.items()}
+        return {name: [ms[name] * 1e3] * turns for name in fns}
+
+    monkeypatch.setattr(timing, "time_turns", calling_time_turns)
+    types, limit = [f"type{i}" for i in range(10)], torch._dynamo.config.recompile_limit
+    torch._dynamo.reset()
+    with torch.no_grad():
+        optimized, dropped = endtoend.prune(_SharedForward([]), _SharedForward(types), lambda seed: (torch.ones(4),),
+                                            "cpu", modes="compile")
+    assert optimized.types == types and not dropped
+    assert len(graphs) == 1 + len(types) + 1  # the full set, each trial, the original: every one compiled, once
+    assert torch._dynamo.config.recompile_limit == limit  # the user's again
 
 def test_a_mode_that_fails_is_reported_and_its_kernel_left_out(monkeypatch):
     """A type under which the model fails to compile is left out by a prune in compile mode, with the error;

@@ -335,7 +335,8 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes
     alone, one after another, a compiled TinyLlama's trials read 12.6 to 22.8 ms for one set of kernels on the
     H200 host); then, if the original itself is faster still in a mode, timed in turns with what is kept (a
     compiled Qwen2's kept kernels measured 8.91 ms alone and 10.60 ms in turns with the original's 10.12), every
-    kernel goes. On the compiled side each pair compiles anew: two compiles per trial, minutes on a large model.
+    kernel goes. On the compiled side each model is compiled once, the set kept so far reused by the next trial
+    (dynamo's recompile limit raised to hold them all): one compile per trial, minutes on a large model.
     Returns (optimized, {type: why it was left out}); progress, if given, hears each type's verdict as it falls,
     with the figures that decided it.
     """
@@ -375,14 +376,19 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes
             failures[fn] = _error_line(e)
             return dict.fromkeys(modes, math.inf)
 
+    ready = {}  # fn -> deployed(fn): the kept set, deployed for one trial, is the `against` of the next one too
+
+    def deployed_once(fn) -> dict[str, Callable] | None:
+        if fn not in ready:
+            ready[fn] = deployed(fn)
+        return ready[fn]
+
     def in_turns(fn, against) -> tuple[dict, dict]:
         """(against's ms, fn's ms) in each mode, timed in turns: a host that drifts between two separate timings
         (a compiled TinyLlama without graphs read 12.6 to 22.8 ms for one set of kernels, timed alone one after
         another) does not decide between them. A model that fails counts as infinitely slow, the other timed
         alone."""
-        if compiled:
-            torch._dynamo.reset()  # each pair compiles anew: stale traces would count against the recompile limit
-        kept, original = deployed(fn), deployed(against)
+        kept, original = deployed_once(fn), deployed_once(against)
         if kept is None or original is None:
             return alone(against, original), alone(fn, kept)
         try:
@@ -402,21 +408,25 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes
         return f"the model is faster without it in {mode} mode ({trial_ms[mode]:.3f} ms vs {best_ms[mode]:.3f} ms)"
 
     keep, dropped = optimized.swapped_types(), {}
-    for kernel_type in list(keep):
-        trial = swap.build(model, [t for t in keep if t != kernel_type])
-        best, trial_ms = in_turns(trial.module(), against=optimized.module())
-        failed = failures.get(optimized.module())
-        mode = faster_in(trial_ms, best)
-        if mode:
-            dropped[kernel_type] = why(mode, trial_ms, best, failed)
-            keep.remove(kernel_type)
-            optimized = trial
-        if progress:
-            progress(f"prune ({', '.join(modes)}): {kernel_type} " + (
-                f"left out: {dropped[kernel_type]}" if mode else
-                f"kept: the model is not faster without it ({_versus(modes, trial_ms, best)})"))
-    module = optimized.module()
-    original_ms, best = in_turns(module, against=model) if keep else ({}, {})
+    with _compiling_each_once(compiled, len(keep) + 2):
+        for kernel_type in list(keep):
+            trial = swap.build(model, [t for t in keep if t != kernel_type])
+            best, trial_ms = in_turns(trial.module(), against=optimized.module())
+            failed = failures.get(optimized.module())
+            mode = faster_in(trial_ms, best)
+            if mode:
+                dropped[kernel_type] = why(mode, trial_ms, best, failed)
+                keep.remove(kernel_type)
+                optimized = trial
+            for loser in [fn for fn in ready if fn is not optimized.module()]:
+                del ready[loser]  # and its CUDA graphs' memory with it
+            if progress:
+                progress(f"prune ({', '.join(modes)}): {kernel_type} " + (
+                    f"left out: {dropped[kernel_type]}" if mode else
+                    f"kept: the model is not faster without it ({_versus(modes, trial_ms, best)})"))
+        module = optimized.module()
+        original_ms, best = in_turns(module, against=model) if keep else ({}, {})
+        ready.clear()
     failed = failures.get(module)
     mode = faster_in(original_ms, best) if keep else None
     if mode:
@@ -432,6 +442,22 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes
                  f"({_versus(modes, original_ms, best)})")
     return optimized, dropped
 
+
+
+@contextlib.contextmanager
+def _compiling_each_once(compiled: bool, models: int):
+    """On the compiled side of a prune: dynamo's caches emptied before and after, and room in between for one
+    compiled trace of each of `models` models (the kernel sets share their forward's code, and past dynamo's
+    recompile limit, 8 by default, a model would silently run uncompiled)."""
+    if not compiled:
+        yield
+        return
+    torch._dynamo.reset()
+    try:
+        with torch._dynamo.config.patch(recompile_limit=max(torch._dynamo.config.recompile_limit, models)):
+            yield
+    finally:
+        torch._dynamo.reset()  # what is timed after (verify's rows) compiles from a clean cache
 
 def _versus(modes, without: dict, with_: dict) -> str:
     """'eager 9.100 ms without, 9.000 with; graph ...': what a prune compared, in each mode."""
