@@ -9,8 +9,7 @@ it; --two-sided EAGER/TRACED builds the model verify.py deploys, one set eagerly
 traces it. Every model is compiled (Inductor, no CUDA graph) and timed in turns with the compiled original, in
 rounds of verify.py's protocol (endtoend.latency_turns), as latency (as a caller waits: a host-bound forward's
 launches count); then every model's host time to enqueue one forward against the forward's whole time, all of
-them in turns. (Session 16's figures
-were taken with rounds of ~0.3 s, before verify.py's turns grew to a second.)
+them in turns. (Session 16's figures were taken with rounds of ~0.3 s, before verify.py's turns grew to a second.)
 """
 
 import argparse

@@ -102,7 +102,6 @@ def test_under_torch_compile_the_kernel_is_one_node_of_the_graph(interpreter, tm
     assert not any("scaled_dot_product" in op for op in ops)
 
 
-
 @pytest.mark.gpu
 def test_inductor_launches_the_kernel_from_its_own_code(tmp_path):
     """Inductor passes a Python float to a user kernel as fp64 (the score scale): the file keeps its loop's
@@ -126,6 +125,7 @@ def test_inductor_launches_the_kernel_from_its_own_code(tmp_path):
         for _ in range(3):  # warm-up, record, replay
             got = graphed(ids, use_cache=False)
         assert swap.rel_l2(got.logits, want) < swap.REL_L2_TOLERANCE[torch.float16]
+
 
 def _mask_before_5_24(config, inputs_embeds, attention_mask, past_key_values, position_ids=None,
                       or_mask_function=None, allow_is_causal_skip=True):

@@ -449,7 +449,6 @@ def test_a_kernel_that_loses_in_one_of_the_modes_of_a_side_is_left_out(monkeypat
         endtoend.prune(None, Candidate([]), lambda seed: (), "cuda", modes=["eager", "compile"])
 
 
-
 class _SharedForward(nn.Module):  # kernel sets as swap.build makes them: one forward's code, a module tree each
     def __init__(self, types):
         super().__init__()
@@ -491,6 +490,7 @@ def test_a_compiled_prune_compiles_each_model_once_however_many_types(monkeypatc
     assert optimized.types == types and not dropped
     assert len(graphs) == 1 + len(types) + 1  # the full set, each trial, the original: every one compiled, once
     assert torch._dynamo.config.recompile_limit == limit  # the user's again
+
 
 def test_a_mode_that_fails_is_reported_and_its_kernel_left_out(monkeypatch):
     """A type under which the model fails to compile is left out by a prune in compile mode, with the error;

@@ -443,7 +443,6 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes
     return optimized, dropped
 
 
-
 @contextlib.contextmanager
 def _compiling_each_once(compiled: bool, models: int):
     """On the compiled side of a prune: dynamo's caches emptied before and after, and room in between for one
@@ -458,6 +457,7 @@ def _compiling_each_once(compiled: bool, models: int):
             yield
     finally:
         torch._dynamo.reset()  # what is timed after (verify's rows) compiles from a clean cache
+
 
 def _versus(modes, without: dict, with_: dict) -> str:
     """'eager 9.100 ms without, 9.000 with; graph ...': what a prune compared, in each mode."""
