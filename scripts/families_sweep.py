@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import autokernel  # noqa: E402
 
-# family -> (config class, model class, config entries beyond the shared tiny ones)
+# family -> (config class, model class, config entries beyond the shared tiny ones; None: one of those left out)
 FAMILIES = {
     "gemma": ("GemmaConfig", "GemmaForCausalLM", {}),
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {}),
@@ -43,7 +43,8 @@ FAMILIES = {
     "gpt2": ("GPT2Config", "GPT2LMHeadModel", {"n_embd": 64, "n_layer": 2, "n_head": 4}),
     "opt": ("OPTConfig", "OPTForCausalLM", {"ffn_dim": 128, "word_embed_proj_dim": 64, "pad_token_id": 0}),
     "bloom": ("BloomConfig", "BloomForCausalLM", {"n_head": 4, "n_layer": 2}),
-    "falcon": ("FalconConfig", "FalconForCausalLM", {"new_decoder_architecture": True, "num_kv_heads": 2}),
+    "falcon": ("FalconConfig", "FalconForCausalLM", {"new_decoder_architecture": True, "num_kv_heads": 2,
+                                                     "head_dim": None}),
     "mistral": ("MistralConfig", "MistralForCausalLM", {}),
     "ministral": ("MinistralConfig", "MinistralForCausalLM", {}),
     "mixtral": ("MixtralConfig", "MixtralForCausalLM", {}),
@@ -66,7 +67,7 @@ def rel_l2(got, want) -> float:
 
 def sweep(name: str, dtype: torch.dtype, device: str) -> str:
     config_class, model_class, extra = FAMILIES[name]
-    config = getattr(transformers, config_class)(**{**TINY, **extra})
+    config = getattr(transformers, config_class)(**{k: v for k, v in {**TINY, **extra}.items() if v is not None})
     torch.manual_seed(0)
     model = getattr(transformers, model_class)(config).eval().to(device, dtype)
     ids = torch.randint(0, TINY["vocab_size"], (1, 64)).to(device)
