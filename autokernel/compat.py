@@ -132,6 +132,14 @@ def has_triton_op() -> bool:
     return hasattr(torch.library, "triton_op") and hasattr(torch.library, "wrap_triton")
 
 
+def recompile_limit_option() -> str:
+    """The name of dynamo's limit on compiled entries per code object: recompile_limit (torch >= 2.6), before it
+    cache_size_limit."""
+    import torch._dynamo.config as config
+
+    return "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+
+
 def native_compile_enabled() -> bool:
     """Kernels traced into Inductor's code under torch.compile; AUTOKERNEL_TRITON_OP=0 keeps them opaque ops."""
     return has_triton_op() and os.environ.get("AUTOKERNEL_TRITON_OP", "1") != "0"

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from autokernel import cli
+from autokernel import cli, compat
 from autokernel.harness import timing
 from autokernel.kernelfile import KernelFileError, declarations
 from autokernel.ops import customops, swap
@@ -451,9 +451,10 @@ def _compiling_each_once(compiled: bool, models: int):
     if not compiled:
         yield
         return
+    limit = compat.recompile_limit_option()
     torch._dynamo.reset()
     try:
-        with torch._dynamo.config.patch(recompile_limit=max(torch._dynamo.config.recompile_limit, models)):
+        with torch._dynamo.config.patch(**{limit: max(getattr(torch._dynamo.config, limit), models)}):
             yield
     finally:
         torch._dynamo.reset()  # what is timed after (verify's rows) compiles from a clean cache
