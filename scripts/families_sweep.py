@@ -7,6 +7,7 @@ One line per family: the relative L2 error of the optimized model's logits (and 
 that stopped it. A family whose config class the installed transformers lacks says so and the sweep goes on.
 """
 
+import argparse
 import os
 import sys
 import time
@@ -19,6 +20,7 @@ import transformers
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import autokernel  # noqa: E402
+from autokernel.ops.swap import rel_l2  # noqa: E402
 
 # family -> (config class, model class, config entries beyond the shared tiny ones; None: one of those left out)
 FAMILIES = {
@@ -61,10 +63,6 @@ TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_la
             num_key_value_heads=2, head_dim=16, max_position_embeddings=64)
 
 
-def rel_l2(got, want) -> float:
-    return ((got.float() - want.float()).norm() / want.float().norm()).item()
-
-
 def sweep(name: str, dtype: torch.dtype, device: str) -> str:
     config_class, model_class, extra = FAMILIES[name]
     config = getattr(transformers, config_class)(**{k: v for k, v in {**TINY, **extra}.items() if v is not None})
@@ -82,9 +80,15 @@ def sweep(name: str, dtype: torch.dtype, device: str) -> str:
 
 
 def main() -> None:
+    p = argparse.ArgumentParser(description="autokernel.optimize on tiny configs of HF decoder families, logits "
+                                            "against the original's (DT=float16 for fp16)")
+    p.add_argument("families", nargs="*", metavar="FAMILY", help=f"default: every one of {', '.join(FAMILIES)}")
+    names = p.parse_args().families or list(FAMILIES)
+    if unknown := [n for n in names if n not in FAMILIES]:
+        p.error(f"no family {unknown[0]!r}: one of {', '.join(FAMILIES)}")
     dtype = getattr(torch, os.environ.get("DT", "float32"))
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    for name in sys.argv[1:] or list(FAMILIES):
+    for name in names:
         start = time.time()
         try:
             print(f"{sweep(name, dtype, device)} ({time.time() - start:.1f} s)", flush=True)

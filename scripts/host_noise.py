@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from autokernel.harness import timing  # noqa: E402
-from autokernel.models import example_inputs, load_model  # noqa: E402
+from autokernel.models import example_inputs, load_model, parse_shape  # noqa: E402
 
 
 class Collections:
@@ -76,7 +76,7 @@ def main() -> None:
     a = p.parse_args()
     model = load_model("AutoModelForCausalLM", module="transformers", config=a.config, device="cuda",
                        dtype=torch.float16)
-    shape = tuple(int(d) for d in a.input_shape.split(","))
+    shape = parse_shape(a.input_shape)
     sets = [example_inputs(model, shape, "cuda", torch.float16, seed=i) for i in range(3)]
     collections, rows = Collections(), []
 

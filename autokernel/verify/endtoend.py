@@ -343,9 +343,10 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes
     modes = [modes] if isinstance(modes, str) else list(modes)
     if not modes or any(m not in DEPLOY_MODES for m in modes):
         raise ValueError(f"deploy mode {','.join(modes)!r}: one of {', '.join(DEPLOY_MODES)}")
-    if all(sides(modes)):
+    eager, compiled = sides(modes)
+    if eager and compiled:
         raise ValueError(f"deploy modes {','.join(modes)!r}: one prune times the modes of one side, eager or compiled")
-    compiled = modes[0].startswith("compile")
+    compiled = bool(compiled)
     sets = [inputs(TIMING_SEED + i) for i in range(TIMING_INPUTS)]
     backend = backend_for(device)
     failures = {}
