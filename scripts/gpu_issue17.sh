@@ -17,10 +17,10 @@
 #                         MODE: eager | graph | compile | compile_graph, or several joined by + (the eager and
 #                         the compiled ones each keep their own types; eager+graph+compile+compile_graph, what
 #                         verify.py does by default: 6-7.5 min in Session 16; with rope_attention traced under
-#                         compile, 2026-11-25: tinyllama 9.7 min, mistral 6.6, qwen2 over 10, all before the compiled
-#                         prune compiled each model once; a model that does not fit one call runs as two steps,
-#                         MODEL-eager+graph and MODEL-compile+compile_graph, each in its own call: the table marks a
-#                         target whose mode a report's prune did not time)
+#                         compile, 2026-11-25 at 335bdda (the compiled prune compiles each model once): tinyllama
+#                         9.2 min, mistral 7.4, qwen2 2.8 + 8.6 as two steps; a model that does not fit one call
+#                         runs as two steps, MODEL-eager+graph and MODEL-compile+compile_graph, each in its own
+#                         call: the table marks a target whose mode a report's prune did not time)
 #   MODEL-MODE-device     the same with the TMA starters' descriptors made on the device (LOGDIR/kernels_device)
 #   table                 the rows of every report in LOGDIR against the targets                  <1 min
 set -uo pipefail
