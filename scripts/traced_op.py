@@ -20,6 +20,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from autokernel.harness.checking import outputs  # noqa: E402
 from autokernel.kernelfile import import_kernel  # noqa: E402
 from autokernel.ops import customops, swap  # noqa: E402
 from autokernel.registry import get_spec  # noqa: E402
@@ -61,9 +62,7 @@ def main() -> None:
         compiled = torch.compile(lambda *inputs: op(*inputs))
         got, codes = run_and_get_code(compiled, *args)
         opaque = f"{a.kernel_type}_opaque" in "\n".join(codes)
-        want = spec.reference(*args)
-        pairs = zip(got, want) if isinstance(got, (tuple, list)) else [(got, want)]  # add_rmsnorm: sum and norm
-        error = max(swap.rel_l2(g, w) for g, w in pairs)
+        error = max(swap.rel_l2(g, w) for g, w in zip(outputs(got), outputs(spec.reference(*args))))
         print(f"{a.kernel_type} {shape}: {'an opaque op' if opaque else 'launched by Inductor'} under torch.compile, "
               f"rel L2 {error:.2e} against the reference")
         for name, fn in {"eager": lambda: module.kernel_fn(*args), "compiled": lambda: compiled(*args)}.items():

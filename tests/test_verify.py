@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from helpers import import_file, summary_values
 
 import verify
+from autokernel import compat
 from autokernel.ops import customops, swap
 from autokernel.verify import deploy, endtoend, verification
 
@@ -482,14 +483,15 @@ def test_a_compiled_prune_compiles_each_model_once_however_many_types(monkeypatc
         return {name: [ms[name] * 1e3] * turns for name in fns}
 
     monkeypatch.setattr(timing, "time_turns", calling_time_turns)
-    types, limit = [f"type{i}" for i in range(10)], torch._dynamo.config.recompile_limit
+    types, option = [f"type{i}" for i in range(10)], compat.recompile_limit_option()
+    limit = getattr(torch._dynamo.config, option)
     torch._dynamo.reset()
     with torch.no_grad():
         optimized, dropped = endtoend.prune(_SharedForward([]), _SharedForward(types), lambda seed: (torch.ones(4),),
                                             "cpu", modes="compile")
     assert optimized.types == types and not dropped
     assert len(graphs) == 1 + len(types) + 1  # the full set, each trial, the original: every one compiled, once
-    assert torch._dynamo.config.recompile_limit == limit  # the user's again
+    assert getattr(torch._dynamo.config, option) == limit  # the user's again
 
 
 def test_a_mode_that_fails_is_reported_and_its_kernel_left_out(monkeypatch):

@@ -343,10 +343,10 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes
     modes = [modes] if isinstance(modes, str) else list(modes)
     if not modes or any(m not in DEPLOY_MODES for m in modes):
         raise ValueError(f"deploy mode {','.join(modes)!r}: one of {', '.join(DEPLOY_MODES)}")
-    eager, compiled = sides(modes)
-    if eager and compiled:
+    eager_modes, compiled_modes = sides(modes)
+    if eager_modes and compiled_modes:
         raise ValueError(f"deploy modes {','.join(modes)!r}: one prune times the modes of one side, eager or compiled")
-    compiled = bool(compiled)
+    compiled = bool(compiled_modes)
     sets = [inputs(TIMING_SEED + i) for i in range(TIMING_INPUTS)]
     backend = backend_for(device)
     failures = {}
@@ -409,7 +409,7 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes
         return f"the model is faster without it in {mode} mode ({trial_ms[mode]:.3f} ms vs {best_ms[mode]:.3f} ms)"
 
     keep, dropped = optimized.swapped_types(), {}
-    with _compiling_each_once(compiled, len(keep) + 2):
+    with _compiling_each_once(len(keep) + 2) if compiled else contextlib.nullcontext():
         for kernel_type in list(keep):
             trial = swap.build(model, [t for t in keep if t != kernel_type])
             best, trial_ms = in_turns(trial.module(), against=optimized.module())
@@ -445,13 +445,10 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes
 
 
 @contextlib.contextmanager
-def _compiling_each_once(compiled: bool, models: int):
-    """On the compiled side of a prune: dynamo's caches emptied before and after, and room in between for one
+def _compiling_each_once(models: int):
+    """For the compiled side of a prune: dynamo's caches emptied before and after, and room in between for one
     compiled trace of each of `models` models (the kernel sets share their forward's code, and past dynamo's
     recompile limit, 8 by default, a model would silently run uncompiled)."""
-    if not compiled:
-        yield
-        return
     limit = compat.recompile_limit_option()
     torch._dynamo.reset()
     try:
