@@ -1,7 +1,7 @@
 # The everyday commands. `make test` is what CI runs (through .ci/run).
 PYTHON ?= python3
 
-.PHONY: install test test-fast test-gpu lint bench suite
+.PHONY: install test test-fast test-gpu lint bench suite benchmarks
 
 install:
 	$(PYTHON) -m pip install -e ".[dev]"
@@ -23,3 +23,6 @@ bench:  # the shipped kernel.py through the five stages and timing
 
 suite:  # every starter against eager, torch.compile and Liger on the GPU: writes BENCHMARKS.md
 	$(PYTHON) bench.py --suite
+
+benchmarks:  # BENCHMARKS.md (and the README's table) from the data under benchmarks/
+	$(PYTHON) benchmarks/render.py

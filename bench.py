@@ -9,7 +9,8 @@ with a time limit. The report ends with greppable `key: value` lines after `---`
 appended to results.tsv.
 
 Exit status: 0 for a correct kernel, 1 for an incorrect one (a crash or a timeout included), 2 when
-nothing was benched (bad arguments, a missing kernel file, an unknown dtype, --device cuda without a GPU).
+nothing was benched (bad arguments, a missing kernel file, an unknown dtype or kernel type, --device cuda
+without a GPU): then no row is written.
 """
 
 import argparse
@@ -82,13 +83,25 @@ def results_row(result: dict, tag: str) -> dict:
 
 
 def run_suite(args) -> int:
-    from autokernel import suite
+    from autokernel import registry, suite
     from autokernel.harness import gpu
 
     if not gpu.has_cuda():
         raise cli.UsageError("--suite measures performance and needs a CUDA GPU")
+    types = cli.kernel_types(args.types, registry.kernel_types())
     command = "python bench.py --suite" + (f" --types {args.types}" if args.types else "")
-    return suite.run_suite([t for t in args.types.split(",") if t], command)
+    return suite.run_suite(types, command)
+
+
+def check_kernel_file(path: Path) -> None:
+    """KernelFileError for a missing file or one that declares no KERNEL_TYPE: no experiment, no row. A file
+    that does not parse is one, the kernel's own error: the harness reports it as a crash."""
+    source = kernelfile.read_source(path)
+    try:
+        kernelfile.declarations(source, path.name)
+    except kernelfile.KernelFileError:
+        return
+    kernelfile.kernel_type(source, path.name)
 
 
 def main(argv=None) -> int:
@@ -98,16 +111,22 @@ def main(argv=None) -> int:
 
 
 def run(args) -> int:
+    cli.check_limits(args, positive=("timeout",))
     if args.suite:
         return run_suite(args)
+    if args.types:
+        raise cli.UsageError("--types chooses the kernel types of --suite; a kernel file declares its own")
     cli.dtype_name(args.dtype)  # an unknown dtype is no experiment: no row
+    cli.check_output_files(json=args.json, results=None if args.no_log else args.results)
     path = Path(args.kernel)
-    kernelfile.read_source(path)  # a missing file is no experiment: no row
+    check_kernel_file(path)
     from autokernel.harness import runner  # torch: after the checks that need none
 
     result = runner.run_bench(path, device=args.device, quick=args.quick, timeout=args.timeout,
                               dtype=args.dtype, seed=args.seed, echo=True,
                               reuse_baselines=args.reuse_baselines)
+    if result["status"] == "invalid":  # not a kernel the harness can bench (an unknown type): no experiment
+        raise cli.UsageError(first_line(result["reason"]))
     if result["status"] in ("crash", "timeout"):
         print(f"{result['status'].upper()}: {result['reason']}")
     print("---")

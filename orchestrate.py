@@ -69,6 +69,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repo", default=".", help="repository root (default: the current directory)")
     cli.add_debug_argument(p)
     sub = p.add_subparsers(dest="command", required=True)
+    add_run_command(sub)
+    add_demo_command(sub)
+    add_view_commands(sub)
+    for cmd in sub.choices.values():
+        cmd.add_argument("--tag", help="experiment tag; branch autokernel/<tag> (default: the last one; "
+                                       "demo: a fresh one, demo, demo-2, ...)")
+        cmd.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                         help="show the full traceback on errors")  # also after the command
+    return p
+
+
+def add_run_command(sub) -> None:
+    """`run`: start or resume the loop (its agent, budgets, targets, bench settings, parallel runs)."""
     run = sub.add_parser("run", help="start or resume the loop")
     what = run.add_mutually_exclusive_group()
     what.add_argument("--plan", help="plan from profile.py (default workspace/plan.json)")
@@ -104,6 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--verify", action="store_true",
                      help="when the loop stops, run verify.py on the plan's model (--cuda-graph on a GPU), so that the "
                           "report shows the measured end-to-end speedup beside the estimate")
+
+
+def add_demo_command(sub) -> None:
+    """`demo`: the whole pipeline on a shipped model."""
     demo = sub.add_parser("demo", help="the whole pipeline on a shipped model in one command "
                                        "(see autokernel/loop/demo.py)",
                           description=pipeline_demo.__doc__.split("\n\n")[0],
@@ -113,6 +130,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--hours", type=float, help="the loop's wall-clock budget (default 1 on a GPU, 0.25 on a CPU)")
     demo.add_argument("--max-experiments", type=int,
                       help="the loop's benches, baselines included (default: no limit on a GPU, 8 on a CPU)")
+
+
+def add_view_commands(sub) -> None:
+    """`status`, `next` and `report`: what the loop did and will do, read from its state."""
     for name, text in (("status", "where the loop stands"), ("next", "what the loop will try next"),
                        ("report", "per-kernel results, Amdahl estimate, progress.png")):
         cmd = sub.add_parser(name, help=text)
@@ -121,12 +142,6 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "report":
             cmd.add_argument("--png", default="progress.png", help="where to write the plot")
             cmd.add_argument("--verify", action="store_true", help="run verify.py on the plan's model first")
-    for cmd in sub.choices.values():
-        cmd.add_argument("--tag", help="experiment tag; branch autokernel/<tag> (default: the last one; "
-                                       "demo: a fresh one, demo, demo-2, ...)")
-        cmd.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                         help="show the full traceback on errors")  # also after the command
-    return p
 
 
 def parse_args(argv=None):
@@ -147,6 +162,8 @@ def build_agent(args):
 
 def check_run_input(args) -> str | None:
     """The device the loop asks for (None: auto), or UsageError: checked before any branch, commit or row."""
+    cli.check_limits(args, positive=("hours", "max_experiments", "per_kernel_minutes", "max_reverts", "target_speedup",
+                                     "target_pct_peak", "bench_timeout", "agent_timeout"), non_negative=("min_gain",))
     cli.dtype_name(args.dtype)
     device = None if args.device == "auto" else args.device
     if device == "cuda" and not args.ray:  # a Ray cluster's GPUs are not this machine's
@@ -279,6 +296,7 @@ def _sigterm(signum, frame):
 
 
 def cmd_demo(args, root: Path) -> int:
+    cli.check_limits(args, positive=("hours", "max_experiments"))
     device = args.device
     if device != "cpu":  # --device cpu decides without importing torch
         from autokernel.harness.gpu import pick_device

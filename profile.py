@@ -8,7 +8,8 @@ Writes workspace/profile.json (time by kernel type, shape, module and op) and wo
 machine without a GPU it profiles CPU time, and says so. extract.py turns the plan into kernels.
 
 Exit status: 0 when the plan was written, 2 when it could not be (bad arguments, a missing model file,
-an unknown dtype, --device cuda without a GPU, a forward that fails or runs out of memory).
+an unknown dtype or kernel type, --device cuda without a GPU, a forward that fails or runs out of memory);
+then profile.json and plan.json are left as they were.
 
 About the name: this file shadows the standard library's `profile` module for any Python started in
 the repository root (the script's directory, or the current directory with -c, -m and pytest, comes
@@ -72,15 +73,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(args) -> int:
     cli.check_model_arguments(args)  # before torch's import: bad input fails at once
+    cli.check_limits(args, positive=("steps",))
+    cli.check_output_files(export_trace=args.export_trace)
     import torch
 
+    from autokernel import registry
     from autokernel.harness import gpu
     from autokernel.models import describe_model, example_inputs, load_model, parse_shape
     from autokernel.profile import plan, profiling
     from autokernel.registry import parse_dtype
 
+    # every argument checked before the model runs and before profile.json and plan.json are replaced
+    types = cli.kernel_types(args.types, registry.kernel_types())
     dtype = parse_dtype(args.dtype)
     shape = parse_shape(args.input_shape)
+    measured = plan.load_speedups(args.starters)
     device = gpu.pick_device(args.device)
     model = load_model(args.class_name, model_file=args.model, module=args.module, config=args.config,
                        pretrained=args.pretrained, device=device, dtype=dtype)
@@ -90,7 +97,7 @@ def run(args) -> int:
               "its time, not where a GPU would; use --device cuda on a GPU for a real plan.")
     try:
         prof = profiling.profile_model(model, inputs, device, steps=args.steps, trace_path=args.export_trace,
-                                       with_loss=args.with_loss, types=[t for t in args.types.split(",") if t])
+                                       with_loss=args.with_loss, types=types)
     except (RuntimeError, ValueError, TypeError, IndexError) as e:
         if _is_oom(e):
             raise
@@ -100,7 +107,6 @@ def run(args) -> int:
             "config": args.config, "input_shape": list(shape), "dtype": str(dtype).replace("torch.", ""),
             "device": gpu.device_name(device) if device == "cuda" else "cpu", "cpu_mode": device == "cpu",
             "torch": torch.__version__, "command": "python " + shlex.join(sys.argv)}
-    measured = plan.load_speedups(args.starters)
     the_plan = {**meta, **plan.build_plan(prof, measured, source=str(args.starters))}
     profile_path = plan.write_json({**meta, **prof}, args.output_dir / "profile.json")
     plan_path = plan.write_json(the_plan, args.output_dir / "plan.json")

@@ -9,7 +9,8 @@ Kernels: for each type the loop's winner workspace/kernels/*<type>*_optimized.py
 workspace/kernels/NN_<type>.py, else the starter kernels/<type>.py (--kernels DIR searches DIR instead
 of workspace/kernels; --types limits the types). Each is registered as a torch.library custom op
 (autokernel::<type>) and swapped into the model site by site (autokernel/ops/swap.py); the report lists
-every site, replaced or left alone, and why.
+every site, swapped, left out (its type pruned: the model is faster without it) or kept as the model has it,
+and why.
 
 Correctness: the optimized model's output (and, for a language model, the next-token loss, which
 runs the cross_entropy kernel) is compared with the original model's on CHECK_INPUTS fresh inputs.
@@ -55,7 +56,13 @@ import sys
 from pathlib import Path
 
 from autokernel import cli
-from autokernel.verify.verification import CHECK_INPUTS, DEFAULT_KERNELS, ROOT, deploy_modes  # torch-free
+from autokernel.verify.verification import (  # torch-free
+    CHECK_INPUTS,
+    DEFAULT_KERNELS,
+    ROOT,
+    deploy_modes,
+    site_state,
+)
 
 DEFAULT_REPORT = ROOT / "workspace" / "verify.json"  # read by the morning report (orchestrate.py report)
 
@@ -228,28 +235,43 @@ def _kernel_table(report):
     return table
 
 
-def _site_table(report):
-    """Sites grouped over repeated layers: layers.0.attn.wq ... layers.21.attn.wq is one row."""
-    import re
+STATE_STYLE = {"swapped": "green", "unused": "yellow", "left out": "magenta", "kept": "yellow"}
 
-    from rich.table import Table
+
+def site_rows(report: dict) -> list[dict]:
+    """The site table's rows: sites grouped over repeated layers (layers.0.attn.wq ... layers.21.attn.wq is one
+    row), each with its state (verification.site_state: swapped, unused, left out or kept), how many sites, their
+    calls per forward and why the model's own code runs there."""
+    import re
 
     groups = {}
     forwards = max(report["correctness"].get("forwards", 1), 1)
     for s in report["sites"]:
-        key = (re.sub(r"\.\d+(?=\.|$)", ".*", s["where"]), s["what"], s["kernel_type"], s["swapped"], s["reason"])
+        key = (re.sub(r"\.\d+(?=\.|$)", ".*", s["where"]), s["what"], s["kernel_type"] or "", site_state(s),
+               s["reason"])
         g = groups.setdefault(key, [0, 0, 0])
         g[0], g[1], g[2] = g[0] + 1, g[1] + s["calls"], g[2] + s["fallbacks"]
+    rows = []
+    for (where, what, kind, state, reason), (n, calls, fallbacks) in groups.items():
+        if state == "unused":
+            reason = reason or "never called (computed inline?)"
+        elif fallbacks:
+            reason = f"{fallbacks / forwards:g} calls/forward: {reason}"
+        rows.append({"site": where, "what": what, "kernel": kind, "state": state, "count": n,
+                     "calls": calls / forwards, "why": reason})
+    return rows
+
+
+def _site_table(report):
+    from rich.table import Table
+
     table = Table(title="sites (calls per forward)")
     for col in ("site", "what", "kernel", "", "count", "calls", "left alone because"):
         table.add_column(col, justify="right" if col in ("count", "calls") else "left")
-    for (where, what, kind, swapped, reason), (n, calls, fallbacks) in groups.items():
-        status = "[green]swapped[/green]" if swapped else "[yellow]kept[/yellow]"
-        if swapped and not calls:
-            status, reason = "[yellow]unused[/yellow]", reason or "never called (computed inline?)"
-        elif fallbacks:
-            reason = f"{fallbacks / forwards:g} calls/forward: {reason}"
-        table.add_row(where, what, kind or "", status, str(n), f"{calls / forwards:g}", reason)
+    for r in site_rows(report):
+        style = STATE_STYLE[r["state"]]
+        table.add_row(r["site"], r["what"], r["kernel"], f"[{style}]{r['state']}[/{style}]", str(r["count"]),
+                      f"{r['calls']:g}", r["why"])
     return table
 
 

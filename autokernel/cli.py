@@ -5,6 +5,8 @@ The conventions, written once here:
   - exit code 2 when the script could not do its job (bad arguments, a missing file, an unknown kernel
     type or dtype, a GPU asked for where there is none); 1 only where a script ran and its result is a
     failure (bench.py: an incorrect kernel; verify.py: a correctness FAIL; extract.py: a missing starter);
+  - arguments are checked before anything is written (kernel_types, check_limits): bad input leaves every
+    file as it was and adds no results.tsv row;
   - --device auto | cpu | cuda (auto: cuda when a GPU is visible), dtypes spelled fp16 | bf16 | fp32;
   - every option's default is shown in --help.
 """
@@ -80,6 +82,41 @@ def check_model_arguments(args) -> None:
     dtype_name(args.dtype)
     if args.model and not Path(args.model).is_file():
         raise UsageError(f"model file not found: {args.model}")
+
+
+def kernel_types(text: str, known, option: str = "--types") -> list[str]:
+    """'a,b' -> [a, b], each once, in the order given; UsageError naming each unknown type once (and the known
+    ones) where `known` (the registry's types, or those a script can plug in) lacks one."""
+    found = list(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
+    unknown = [t for t in found if t not in known]
+    if unknown:
+        raise UsageError(f"{option}: unknown kernel type(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    return found
+
+
+def check_limits(args, positive: tuple[str, ...] = (), non_negative: tuple[str, ...] = ()) -> None:
+    """UsageError for the first of args' numeric options out of its range: each of `positive` more than 0, each
+    of `non_negative` at least 0 (an option left at None is not given, and fine). Checked before a script writes
+    anything."""
+    for names, strict in ((positive, True), (non_negative, False)):
+        for name in names:
+            value = getattr(args, name, None)
+            if value is not None and (value <= 0 if strict else value < 0):
+                raise UsageError(f"--{name.replace('_', '-')} must be {'more than' if strict else 'at least'} 0, "
+                                 f"got {value:g}")
+
+
+def check_output_files(**paths) -> None:
+    """UsageError when an output file (option name -> path, None: not asked for) could not be written: its
+    directory is missing, or it is a directory. Checked before the work, whose result it would hold."""
+    for option, path in paths.items():
+        if path is None:
+            continue
+        flag = f"--{option.replace('_', '-')} {path}"
+        if Path(path).is_dir():
+            raise UsageError(f"{flag}: is a directory, not a file")
+        if not Path(path).resolve().parent.is_dir():
+            raise UsageError(f"{flag}: no such directory {Path(path).parent}")
 
 
 def error_text(e: BaseException, known: tuple[str, ...] = ()) -> str:

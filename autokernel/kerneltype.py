@@ -1,6 +1,6 @@
 """What a kernel type is: `KernelSpec`, the entry the registry holds for each type, and the per-dtype
-tolerances. The ground of the library: it imports nothing of autokernel, so the registry, the nine
-built-in entries (autokernel/specs.py), KernelBench's resolver and the harness all stand on it.
+tolerances. The ground of the library: it imports nothing of autokernel, so the registry, the built-in
+types (autokernel/types/, one module each), KernelBench's resolver and the harness all stand on it.
 
 A spec says how to make inputs for a shape, which shapes to sweep (on a GPU and, smaller, through
 Triton's CPU interpreter), which adversarial inputs to try, how many bytes and FLOPs one call must
@@ -149,6 +149,10 @@ class KernelSpec:
     suite_target: SuiteTarget | None = None  # bench.py --suite; None: the memory-bound target
     # liger (Liger-Kernel's functional module, or None) -> {baseline name: fn with the reference's signature}
     extra_baselines: Callable | None = None
+    # (liger, autokernel.harness.baselines) -> a measurement `bench.py --suite` records beside the type's rows
+    # ({"what", "bytes", "kernel": us, "eager": us, ...}): a model's call that the bench shape misses (rotary on q
+    # and k together)
+    extra_timing: Callable | None = None
     deployment: Deployment | None = None  # verify.py, autokernel.optimize, the exported package
     # the output's dtype where it is not the first floating input's (a loss: fp32 from fp16 inputs)
     output_dtype: torch.dtype | None = None

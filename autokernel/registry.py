@@ -3,24 +3,24 @@ needs to know about the type.
 
 Tests, bench.py, profile.py, extract.py, verify.py, the suite and the scripts read a type's shapes,
 tolerances, op schema, profiler rules, default speedup and model sites from here and restate none.
-The nine built-in entries are autokernel/specs.py; names under a resolver's prefix are built on demand
-("kb/level1/19_ReLU": a KernelBench problem, kernelbench/spec.py).
+The built-in entries are the modules of autokernel/types/, one per type; names under a resolver's prefix are built
+on demand ("kb/level1/19_ReLU": a KernelBench problem, kernelbench/spec.py).
 
-Adding a type is one `register(KernelSpec(...))` call plus its reference function and starter files;
-no other module changes (tests/test_kernel_type.py does it with a toy type). `unregister` takes a type
-out again.
+Adding a built-in type is adding its module to autokernel/types/ and its starter files; a type of the user's own is
+one `register(KernelSpec(...))` call (tests/test_kernel_type.py does it with a toy type). `unregister` takes a
+type out again.
 
-Imports go one way: kerneltype (what an entry is) <- the helpers the built-in entries name (reference.py,
-customops' drop-in functions, swap's module sites, kernelbench.spec) <- specs (the nine entries) <- this
-module <- everything that asks about a type (harness, attribution, plan, suite, baselines, deploy). None
-of the helpers imports the registry: customops and swap are handed a type's Deployment with its kernel.
+Imports go one way: kerneltype (what an entry is) <- the machinery the type modules use (customops' ops and call
+sites, swap's module replacement and probes, kernelbench.spec) <- the type modules <- this module <- everything
+that asks about a type (harness, attribution, plan, suite, baselines, deploy). None of the machinery imports the
+registry: customops and swap are handed a type's Deployment with its kernel.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from autokernel import specs
+from autokernel import types
 from autokernel.kerneltype import (  # noqa: F401  (the registry's public names, as before)
     DTYPES,
     TOLERANCES,
@@ -33,7 +33,7 @@ from autokernel.kerneltype import (  # noqa: F401  (the registry's public names,
 )
 from kernelbench import spec as kernelbench_spec
 
-_REGISTRY: dict[str, KernelSpec] = {spec.name: spec for spec in specs.BUILTIN}
+_REGISTRY: dict[str, KernelSpec] = {spec.name: spec for spec in types.builtin()}
 _RESOLVED: dict[str, KernelSpec] = {}  # specs built on demand from their names (not listed by kernel_types)
 
 # Type-name prefixes whose specs are built on demand from the name: prefix -> a function taking the name and

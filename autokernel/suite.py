@@ -2,13 +2,14 @@
 
 `python bench.py --suite` runs each kernels/<type>.py through the five stages and timing (eager and
 torch.compile), then the extra baselines (F.rms_norm, Liger-Kernel, rotary on q and k, the device's
-copy bandwidth) in one more child, and writes benchmarks/starters.json (raw numbers, read by
-profile.py for expected speedups) and the starter section of BENCHMARKS.md.
+copy bandwidth) in one more child, and writes benchmarks/starters.json (raw numbers with their provenance, read
+by profile.py for expected speedups); then benchmarks/render.py makes BENCHMARKS.md from the data again.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -23,8 +24,7 @@ from autokernel.registry import kernel_types
 
 ROOT = Path(__file__).resolve().parent.parent
 JSON_PATH = ROOT / "benchmarks" / "starters.json"
-MD_PATH = ROOT / "BENCHMARKS.md"
-BEGIN, END = "<!-- starters:begin -->", "<!-- starters:end -->"
+RENDER = ROOT / "benchmarks" / "render.py"  # BENCHMARKS.md from benchmarks/starters.json and benchmarks/tables/
 MEMORY_BOUND_PCT_OF_COPY = 92.0
 
 # the target of a type whose registry entry names none (suite_target): a memory-bound kernel's
@@ -55,14 +55,41 @@ def run_suite(types: list[str] | None, command: str) -> int:
             print(f"[suite] {ktype} {dtype}: {result['status']} {result.get('latency_us') or result['reason']}")
             runs.append(result)
     base = {**_baselines(types), "python": platform.python_version()}
+    stamp = _provenance(base, date, command)
     for r in runs:
         r["copy_gb_s"] = base["copy_gb_s"]
+        goal = target(r["kernel_type"])
+        r.update(stamp, target=goal.label, met=r["status"] == "pass" and goal.ratio(r, r) >= 1.0)
+        print(f"[suite] {r['kernel_type']} {r['dtype']}: target {goal.label}: {'met' if r['met'] else 'MISSED'}")
+    for found in base.get("extra_timings", {}).values():
+        found.update(stamp, gpu=base["gpu"])
+        found.setdefault("dtype", "fp16")
     data = _merge(_previous(), base, runs)
     JSON_PATH.parent.mkdir(exist_ok=True)
     JSON_PATH.write_text(json.dumps(data, indent=1, default=str))
-    _write_markdown(data)
-    print(MD_PATH.read_text().split(BEGIN)[1].split(END)[0])
+    subprocess.run([sys.executable, str(RENDER)], cwd=ROOT, check=True)  # BENCHMARKS.md from all the data
     return 0 if all(r["status"] == "pass" for r in runs) else 1
+
+
+def _provenance(base: dict, date: str, command: str) -> dict:
+    """What every row of this run carries besides its figures (benchmarks/render.py prints it under the table):
+    the versions, the driver, and the commit (git's HEAD, "-dirty" with uncommitted changes; in a copy of the tree
+    without .git, $AUTOKERNEL_COMMIT)."""
+    def out(*cmd):
+        try:
+            return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=30).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+    commit = out("git", "rev-parse", "--short", "HEAD")
+    if commit and out("git", "status", "--porcelain", "--untracked-files=no"):
+        commit += "-dirty"
+    commit = commit or os.environ.get("AUTOKERNEL_COMMIT", "")
+    if not commit:
+        print("[suite] warning: no git here and no $AUTOKERNEL_COMMIT: the rows' commit reads 'unknown', which "
+              "tests/test_benchmarks_doc.py refuses; set it in benchmarks/starters.json", file=sys.stderr)
+    driver = out("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader").splitlines()
+    return {"torch": base["torch"], "triton": base["triton"], "driver": driver[0] if driver else None,
+            "commit": commit or "unknown", "date": date, "command": command}
 
 
 def _previous() -> dict:
@@ -75,7 +102,7 @@ def _merge(old: dict, base: dict, runs: list[dict]) -> dict:
             and r.get("copy_gb_s") and r.get("date")]
     data = {**base, "runs": kept + runs,
             "extras": {**old.get("extras", {}), **base.get("extras", {})},
-            "rope_qk": base.get("rope_qk") or old.get("rope_qk")}
+            "extra_timings": {**old.get("extra_timings", {}), **base.get("extra_timings", {})}}
     # per type, the fp16 figures profile.py reads as the expected speedup s of its plan
     for r in data["runs"]:
         if r["status"] == "pass" and r["dtype"] == "fp16":
@@ -92,63 +119,3 @@ def _baselines(types) -> dict:
         if proc.returncode != 0:
             raise RuntimeError(f"baselines failed:\n{proc.stderr[-3000:]}")
         return json.loads(out.read_text())
-
-
-def _fmt(value, spec=".1f"):
-    return format(value, spec) if isinstance(value, (int, float)) else ("-" if value is None else str(value))
-
-
-def _table(data) -> list[str]:
-    extras = data.get("extras", {})
-    lines = ["| type | shape | dtype | kernel us | eager us | compile us | other us | GB/s | % of copy | "
-             "TFLOP/s | vs eager | vs compile | target | met |",
-             "|" + "---|" * 14]
-    for r in data["runs"]:
-        t = r.get("kernel_type") or Path(r["kernel_file"]).stem
-        if r["status"] != "pass":
-            lines.append(f"| {t} | | {r.get('dtype', '')} | {r['status'].upper()}: {r['reason'][:80]} |" + " |" * 10)
-            continue
-        goal = target(t)
-        met = goal.ratio(r, r) >= 1.0
-        other = ", ".join(f"{k} {_fmt(v)}" for k, v in extras.get(t, {}).items())
-        lines.append(
-            f"| {t} | {r['shape']} | {r['dtype']} | {_fmt(r['latency_us'])} | {_fmt(r['eager_us'])} | "
-            f"{_fmt(r['compile_us'])} | {other or '-'} | {_fmt(r['bandwidth_gb_s'], '.0f')} | "
-            f"{_fmt(100 * r['bandwidth_gb_s'] / r['copy_gb_s'])} | {_fmt(r['throughput_tflops'])} | "
-            f"{_fmt(r['speedup_vs_pytorch'], '.2f')}x | {_fmt(r['speedup_vs_compile'], '.2f')}x | {goal.label} | "
-            f"{'yes' if met else 'NO'} |")
-    return lines
-
-
-def _rope_line(data) -> list[str]:
-    rope = data.get("rope_qk")
-    if not rope:
-        return []
-    times = ", ".join(f"{k} {_fmt(rope[k])} us" for k in ("kernel", "eager", "compile", "liger") if k in rope)
-    gbs = rope["bytes"] / (rope["kernel"] * 1e-6) / 1e9 if isinstance(rope.get("kernel"), float) else None
-    return ["", f"Rotary on q {rope['shapes'][0]} and k {rope['shapes'][1]} together (fp16): {times}; "
-                f"kernel {_fmt(gbs, '.0f')} GB/s."]
-
-
-def _write_markdown(data):
-    runs = sorted({(r["date"], r["command"], r["copy_gb_s"]) for r in data["runs"]})
-    header = [
-        BEGIN, "## Starter kernels", "",
-        f"- GPU: {data['gpu']}; torch {data['torch']}, triton {data['triton']}, "
-        f"Liger-Kernel {data.get('liger') or 'not installed'}, Python {data['python']}",
-        *(f"- Run {date}: `{command}`; device-to-device copy measured {copy} GB/s (read + write)"
-          for date, command, copy in runs),
-        f"- bf16 matmul measured {data['matmul_bf16_tflops']} TFLOP/s (cuBLAS, 8192^3) in the latest run",
-        "- Each kernel passed the five correctness stages in the same run before it was timed. Times are "
-        "medians over CUDA events with L2 flushed and inputs rotated (autokernel/harness/timing.py); compile is "
-        "torch.compile(mode='max-autotune-no-cudagraphs') of reference.py; eager is reference.py itself "
-        "(for matmul: cuBLAS, for flash_attention: F.scaled_dot_product_attention). % of copy is against "
-        "the copy bandwidth measured in the row's own run.", "",
-    ]
-    section = "\n".join(header + _table(data) + _rope_line(data) + ["", END])
-    text = MD_PATH.read_text() if MD_PATH.exists() else "# Benchmarks\n\n"
-    if BEGIN in text:
-        text = text.split(BEGIN)[0] + section + text.split(END, 1)[1]
-    else:
-        text = text.rstrip() + "\n\n" + section + "\n"
-    MD_PATH.write_text(text)

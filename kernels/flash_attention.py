@@ -4,7 +4,7 @@ Compute-bound. Q, K, V, O are [B, H, S, D]; one call does 4*B*H*S*S*D FLOPs (hal
 must move 4*B*H*S*D*element_size bytes: the S x S score matrix never leaves the chip. At the bench
 shape (B=2, H=32, S=2048, D=128, causal, fp16) that is 69 GFLOP against 67 MB: on an H100 SXM
 (989 TFLOP/s dense fp16, 3.35 TB/s) the floor is ~70 us of tensor-core time vs ~20 us of memory.
-PyTorch's SDPA there is cuDNN's warp-specialized WGMMA kernel: 149-152 us (~460 TFLOP/s) on an H200.
+PyTorch's SDPA there is cuDNN's warp-specialized WGMMA kernel, the yardstick (BENCHMARKS.md, the starter table).
 
 Algorithm (FlashAttention-2): one program owns BLOCK_M query rows, keeps its Q tile in registers
 and streams K/V in BLOCK_N blocks, with an online softmax (running max m, running sum l, rescaled
@@ -30,13 +30,11 @@ DESCRIPTORS: where "tma" makes its descriptors. "host": TensorDescriptor.from_te
 every call (torch.compile cannot trace such a launch: traced, the file runs "device"). "device": each program makes
 its four from pointers (tl.make_tensor_descriptor, 512 bytes of global scratch per program, asked of triton's
 allocator at launch): nothing encoded on the host, and Inductor launches the kernel from its own code.
-Measured on an H200 (Triton 3.6) at the bench shape, fp16 causal (`python scripts/flash_sweep.py`): "tma" at
-64x64 tiles, 4 warps, 3 stages 172.6 us (0.86x SDPA's 149.3); "split" at the same tile 184.4 us and at the
-former default (128x64, 8 warps) 201.0. Worse: 128-row tiles with 8 warps (198-205 us), 128x128 with 4
-warps (485-509 us: spills), 2 stages (211 us) or 4 and more (233 us); 128x128 with 4 stages does not fit
-shared memory. Non-causal: 293 us against SDPA's 224 (0.76x); bf16 causal 169.6 us (0.87x). At TinyLlama's
-attention (B=1, H=32, S=2048, D=64, causal; below TMA_MIN_FLOPS, so "split"): 66.5 us at 64x64 against
-81.0 at the former 128x64 tile and SDPA's 61.0 (0.92x).
+Tiles: 64x64 with 4 warps and 3 stages, for "tma" at the bench shape and for "split" at TinyLlama's attention
+(below TMA_MIN_FLOPS), beat the 128-row tiles; 128x128 with 4 warps spills, and with 4 stages does not fit
+shared memory (BENCHMARKS.md, the starter defaults). Triton's warp specialization (tl.range(...,
+warp_specialize=True)), where cuDNN's lead comes from, failed to compile at the 4-warp tiles on Triton 3.6
+and was slower where it compiled (docs/starters.md).
 Q, K, V may be strided views (e.g. slices of a packed qkv projection): strides are passed, no copies.
 """
 
@@ -61,9 +59,8 @@ NUM_WARPS = 0  # 0 = by tile (4 for 16-bit tiles)
 NUM_STAGES = 0  # K/V pipeline depth; 0 = by tile (3)
 REVERSE_CAUSAL_ORDER = True  # causal: launch the longest query blocks first to shorten the tail
 DESCRIPTORS = "host"  # "tma": "host" | "device" (made by each program; see the docstring)
-# "auto" takes TMA only from this many FLOPs: host-side descriptors cost 80-200 us of host time per launch
-# on an H200 with Triton 3.6 (BENCHMARKS.md, matmul and fused_mlp), and a call must keep the GPU busy
-# longer than that: 2^35 FLOPs is ~75 us at SDPA's ~460 TFLOP/s (H200).
+# "auto" takes TMA only from this many FLOPs: a launch on host-side descriptors costs the host more than a
+# pointer launch (docs/launch-cost.md), and a call must keep the GPU busy for longer than that.
 TMA_MIN_FLOPS = 2**35
 
 TUNABLES = {
@@ -294,7 +291,7 @@ def _launch_tma(q, k, v, out, causal, qk_scale, cfg):
 def _launch_pointers(q, k, v, out, causal, qk_scale, cfg, d_pad):
     block_m, block_n, warps, stages = cfg
     batch, heads, seq, head_dim = q.shape
-    grid = ((seq + block_m - 1) // block_m, batch * heads)  # triton.cdiv costs ~4 us on the host (3.6)
+    grid = ((seq + block_m - 1) // block_m, batch * heads)  # not triton.cdiv: a slow host call on triton 3.6
     _flash_attention_kernel[grid](
         q, k, v, out, seq, heads, qk_scale,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),

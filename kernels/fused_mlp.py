@@ -17,7 +17,7 @@ Both phases are "A @ W^T" with W K-contiguous, so one kernel (GATED on or off) s
 PRECISE_H: h is rounded to fp16/bf16 as eager PyTorch rounds it (~1e-3 relative per element). Where an
 output cancels to near zero that rounding shows; with PRECISE_H phase 1 also writes h's rounding error
 as a second 16-bit tensor and phase 2 multiplies both halves (hi + lo carries ~16 mantissa bits) at 1/3
-more tensor-core work. Off by default: it is eager's own precision, and ~1.3x faster.
+more tensor-core work. Off by default: it is eager's own precision, without the extra third.
 
 Variants: "grouped" (pointer loads, one program per tile, GROUP_M L2 swizzle; runs anywhere) and
 "tma" (persistent, Hopper TMA descriptors; needs compute capability >= 9 and 16-byte aligned rows,
@@ -58,8 +58,8 @@ GROUP_M = 8  # tile rows per L2 swizzle group (both phases)
 PRECISE_H = False  # 16-bit: carry h as hi + lo halves (phase 2 does two MMAs); see the docstring
 DESCRIPTORS = "host"  # "tma": "host" | "device" (made by each program; see the docstring)
 
-# "auto" takes TMA only from this many FLOPs per GEMM phase: its host-side descriptors cost ~200 us of
-# CPU per call (measured on an H200 host: 251 us launch against 60 us on the GPU at T=2048 H=768 I=2304).
+# "auto" takes TMA only from this many FLOPs per GEMM phase: a launch on host-side descriptors costs the host
+# more than a pointer launch (docs/launch-cost.md), which small phases cannot amortize.
 TMA_MIN_FLOPS = 2**34
 
 TUNABLES = {

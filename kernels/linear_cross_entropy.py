@@ -27,16 +27,10 @@ traced, the file runs "device"). "device": each program makes them from pointers
 bytes of global scratch per descriptor and program, asked of triton's allocator at launch): nothing encoded on the
 host, and Inductor launches the kernel from its own code.
 
-Measured (H200, torch 2.11, triton 3.6, fp16, 2026-11-24, `python scripts/lce_compare.py`: the harness's timing,
-L2 flushed; peak = what one call allocates beyond its inputs; Liger 0.8.5's fused linear cross-entropy):
-  TinyLlama  B1 S2048 (N 2048, H 2048, V 32000)    421 us  0.8 MiB | eager   782 us   625 MiB | compile  460 us   125 MiB | Liger  1266 us
-  TinyLlama  B4 S2048 (N 8192)                     1682 us  0.8 MiB | eager  3007 us  2500 MiB | compile 1827 us   500 MiB | Liger  1986 us
-  Qwen2-1.5B B1 S2048 (N 2048, H 1536, V 151936)  1425 us  0.8 MiB | eager  3359 us  2968 MiB | compile 1698 us   594 MiB | Liger  8988 us
-  Qwen2-1.5B B4 S2048 (N 8192)                     6289 us  0.8 MiB | eager 13449 us 11870 MiB | compile 7262 us  2374 MiB | Liger  9940 us
-1.09-1.19x torch.compile, 1.8-2.4x eager, 1.2-6.3x Liger. At TinyLlama B4 (`scripts/sweep_tunables.py --compare`):
-the pointer kernel 2184-2219 us, 128-wide vocabulary tiles 2.26 ms; TMA with the former exp epilogue 1751-1800 us
-(an earlier run). Within 1-2% of the default: the target's logit computed apart (a gather-dot per row, not kept)
-and tl.range(flatten=True) over the vocabulary tiles (left a tunable).
+Time and memory against eager, torch.compile and Liger-Kernel at the TinyLlama and Qwen2 heads, and the
+alternatives timed beside the defaults (pointer loads, 128-wide vocabulary tiles): BENCHMARKS.md. The target's
+logit computed apart (a gather-dot per row) and tl.range(flatten=True) over the vocabulary tiles were within
+noise of the default: the first was not kept, the second is a tunable.
 
 Targets equal to ignore_index (HF's padding and shifted-off positions) add no loss and are not counted; a
 call with none counted returns NaN (0/0), as F.cross_entropy does. fp32 inputs use input_precision="ieee"
@@ -61,7 +55,7 @@ FLATTEN = False  # TMA variant: let the compiler pipeline the K loop across voca
 DESCRIPTORS = "host"  # TMA variant: "host" | "device" (made by each program; see the docstring)
 
 BLOCK_M = 128  # rows per program (the A tile of the logits GEMM)
-BLOCK_N = 256  # vocabulary columns per logit tile (H200, fp16: 128x256 tiles ran 2.4 ms at TinyLlama B4, 128x128 2.8 ms)
+BLOCK_N = 256  # vocabulary columns per logit tile (128-wide tiles are slower: BENCHMARKS.md, the starter defaults)
 BLOCK_K = 64  # hidden-dim depth per tl.dot step
 NUM_WARPS = 8  # warps per program of the fused kernel
 NUM_STAGES = 3  # software-pipeline depth of the K loop (shared memory: (BLOCK_M + BLOCK_N) * BLOCK_K per stage)

@@ -49,8 +49,8 @@ GROUP_M = 8  # tile rows per L2 swizzle group
 NUM_WARPS = 0  # warps per program; 0 = by tile size (8 for 128x256)
 NUM_STAGES = 0  # software pipeline depth (shared-memory buffers); 0 = by tile size
 PROGRAMS_PER_SM = 1  # persistent variants: programs launched per SM
-# "auto" takes TMA only from this many FLOPs: its host-side descriptors cost ~80 us of CPU per call (measured
-# for kernels/matmul.py on an H200 host), which a model's small GEMMs cannot amortize.
+# "auto" takes TMA only from this many FLOPs: a launch on host-side descriptors costs the host more than a
+# pointer launch (docs/launch-cost.md), which a model's small GEMMs cannot amortize.
 TMA_MIN_FLOPS = 2**34
 
 TUNABLES = {
@@ -177,7 +177,7 @@ def _auto_config(m, n, k, dtype, num_sms):
     if m <= 64:
         return 64, 128, 64, 4, 4
     if _cdiv(m, 128) * _cdiv(n, 256) < num_sms:  # too few big tiles to fill the GPU (GPT-2 medium at T=1024)
-        return 128, 128, 64, 8, 3  # H200, T=1024: 3 stages 22.5 us, 4 stages 25.9 (GPT-2 small: 19.0 and 22.2)
+        return 128, 128, 64, 8, 3  # 3 stages beat 4 at GPT-2's T=1024 (BENCHMARKS.md, the starter defaults)
     # 128x256x64 with 3 stages: 144 KB of shared memory, 8 warps feeding two warpgroup MMAs; the epilogue's
     # fp32 bias + GELU works on the 128x256 accumulator the two warpgroups already hold
     return 128, 256, 64, 8, 3

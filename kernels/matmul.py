@@ -45,9 +45,9 @@ NUM_WARPS = 0  # warps per program; 0 = by tile size (8 for 128x256)
 NUM_STAGES = 0  # software pipeline depth (shared-memory buffers); 0 = by tile size
 PROGRAMS_PER_SM = 1  # persistent variants: programs launched per SM
 DESCRIPTORS = "host"  # "tma": "host" | "device" (made by each program; see the docstring)
-# "auto" takes TMA only from this many FLOPs: building its host-side descriptors costs ~80 us of CPU per
-# call (measured on an H200 host: 86 us launch against 7 us on the GPU at 2048x768x768), which a model's
-# small matmuls cannot amortize; at 4096^3 (137 GFLOP) it is noise.
+# "auto" takes TMA only from this many FLOPs: a launch on host-side descriptors costs the host more than a
+# pointer launch (docs/launch-cost.md), which a model's small matmuls cannot amortize; at 4096^3 (137 GFLOP)
+# it is noise.
 TMA_MIN_FLOPS = 2**34
 
 TUNABLES = {

@@ -25,9 +25,9 @@ import triton.language as tl
 KERNEL_TYPE = "rmsnorm"
 
 VARIANT = "auto"  # "auto" | "single_pass" | "looped" | "persistent"
-# columns; wider rows stream in CHUNKs: at 8192 columns (fp16, H200) the looped kernel at 4096-wide chunks and
-# 16 warps ran 68.1 us against the single pass's 70.2 (torch.compile, whose kernel is that loop: 67.9).
-# Two reads of each row, the second from L2, but 8 values per thread instead of 16: more rows in flight.
+# columns; wider rows stream in CHUNKs: at 8192 columns the looped kernel at 4096-wide chunks and 16 warps beats
+# the single pass (it is torch.compile's own design; BENCHMARKS.md, the starter defaults). Two reads of each
+# row, the second from L2, but 8 values per thread instead of 16: more rows in flight.
 MAX_SINGLE_PASS = 4096
 CHUNK = 4096  # columns per step of the looped variant
 ROWS_PER_PROGRAM = 0  # rows per program (a power of two); 0 = auto: pack short rows up to TILE elements
@@ -65,8 +65,7 @@ def _rmsnorm_kernel(x_ptr, w_ptr, out_ptr, M, N, stride_x, stride_out, eps,
     col_mask = cols < N
     mask = (rows < M)[:, None] & col_mask[None, :]
     # The weight's load first: issued after the row's reduction (the compiler does not hoist it over the
-    # reduction's barrier), its L2 latency sat on every program's critical path (H200, 8192x8192 fp16:
-    # 70.5 us against 71.3).
+    # reduction's barrier), its L2 latency sits on every program's critical path.
     w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
     x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)

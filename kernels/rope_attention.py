@@ -28,9 +28,9 @@ Variants (how K is rotated):
                     write and read, one more launch), then the attention loop streams plain K tiles.
 Q, K, V may be strided views ([B, S, H, D] projections viewed as [B, H, S, D]): strides, no copies.
 
-Measured on the H200 (BENCHMARKS.md, scripts/gpu_ropeattn.sh): "rotate_k_first" is the default, its pre-pass
-costs less than rotating every K tile once per query block (at TinyLlama's shape 77.8 us against 131.3; the
-loop then runs at ~220 TFLOP/s against cuDNN's ~280). Toward FlashAttention-3 from here, in order: (1) K and V
+"rotate_k_first" is the default: its pre-pass costs less than rotating every K tile once per query block, at
+D 64 and D 128 (BENCHMARKS.md: the starter defaults; rope_attention at model shapes, where cuDNN's attention loop
+is still ahead at batch 2-4 with D 128). Toward FlashAttention-3 from here, in order: (1) K and V
 through TMA descriptors as flash_attention's "tma" variant does (plain K after "rotate_k_first"; Q once, its two
 halves as two [BLOCK_M, D/2] boxes); (2) pack GQA: one program takes the Hq/Hkv query heads of one kv head, so
 each K/V tile is loaded (and rotated) once for all of them; (3) warp specialization (a producer warp issuing the
@@ -46,7 +46,7 @@ import triton.language as tl
 
 KERNEL_TYPE = "rope_attention"
 
-VARIANT = "rotate_k_first"  # "rotate_k_first" | "fused" (H200, TinyLlama's shape: 77.8 us against 131.3)
+VARIANT = "rotate_k_first"  # "rotate_k_first" | "fused" (slower at every shape timed; see the docstring)
 BLOCK_M = 0  # query rows per program; 0 = by head dim and dtype (64 for 16-bit tiles)
 BLOCK_N = 0  # keys per inner step; 0 = by head dim and dtype (64); capped at BLOCK_M
 NUM_WARPS = 0  # 0 = by tile (4 for 16-bit tiles)
@@ -217,8 +217,8 @@ def _rotate_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, S, H,
 
 def _auto_config(d_pad, dtype, rotate_k):
     """(BLOCK_M, BLOCK_N, num_warps, num_stages): flash_attention's tiles (64x64, 4 warps on 16-bit inputs).
-    On the H200 (fp16, causal, S 2048; scripts/ropeattn_sweep.py) 64x64 with 4 warps and 3 stages was the best
-    of 16 configurations at D 64 and D 128 when K comes rotated (77.8 and 120.5 us; 2 stages 84.9 and 132.7)."""
+    64x64 with 4 warps and 3 stages was the best of the configurations swept at D 64 and D 128 when K comes
+    rotated (fp16, causal, S 2048; BENCHMARKS.md, the starter defaults)."""
     if dtype == torch.float32:  # 4-byte tiles and CUDA-core (ieee) dots: smaller tiles
         return (64, 32, 4, 2) if d_pad <= 128 else (32, 32, 4, 2)
     if d_pad <= 64:

@@ -1,6 +1,6 @@
 """GPU check of the CUDA C++ backend: build and run every kernels/cuda starter through the harness.
 
-    python3 scripts/gpu_cuda.py                     # all nine, full stages and timing, fp16 (~4-5 min, H200)
+    python3 scripts/gpu_cuda.py                     # every type in TYPES, full stages and timing, fp16 (minutes)
     python3 scripts/gpu_cuda.py --types reduce,matmul --quick --json /tmp/cuda.json
     python3 scripts/gpu_cuda.py --types matmul --variant matmul:STAGES=4,BLOCK_K=64 --no-row-sweep
 
@@ -313,7 +313,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]))
-    p.add_argument("--types", default=",".join(TYPES), help="comma-separated kernel types (default: all nine)")
+    p.add_argument("--types", default=",".join(TYPES), help="comma-separated kernel types (default: TYPES)")
     p.add_argument("--quick", action="store_true", help="3 shapes per harness stage instead of all")
     p.add_argument("--dtype", default="fp16", help="dtype of the harness timing run (default fp16)")
     p.add_argument("--variant", action="append", default=[], metavar="TYPE:NAME=VALUE[,NAME=VALUE]",

@@ -5,10 +5,9 @@ entry, on the GPU: the per-shape table bench.py (one timing shape) does not give
 
 Times through autokernel.harness.timing (the L2 flushed) on the inputs autokernel.harness.perf times; the
 kernel's output is checked against the oracle at each shape first. Every function is timed in --rounds
-interleaved rounds and the median round is reported: on the H200 a whole timing of a 10-40 us kernel now and then
-ran 2-4x slow (kernel and compile alike, in some processes and not others), which one round per row reported
-as a speedup or a loss. Prints one row per shape: microseconds, GB/s and TFLOP/s of the kernel and its speedup
-over compile.
+interleaved rounds and the median round is reported: a single round can land on a slow stretch of the host,
+which one round per row would report as a speedup or a loss (docs/timing.md). Prints one row per shape:
+microseconds, GB/s and TFLOP/s of the kernel and its speedup over compile.
 """
 
 import argparse

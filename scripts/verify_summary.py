@@ -1,13 +1,13 @@
-"""verify.py's JSON reports (--report) in a few lines each: what the GPU scripts print after every verify run.
+"""verify.py's JSON reports (--report) in a few lines each, many runs side by side.
 
     python scripts/verify_summary.py REPORT.json [...] [--sites TYPE,...] [--targets]
 
 Per report: correctness, the types kept, the prune's mode and what it left out, each timing row in ms with its
 speedups, the rows that could not be timed; with --sites, each site of those types that was not swapped or never
-called, with the reason; with --targets, issue 17's targets against the rows (optimized >= 1.3x eager, optimized
-with compile >= 1.0x compile with and without graphs, optimized graphed >= 1.0x eager graphed), each marked when
-the prune did not time its mode (a run with --deploy of the other side: a large model's two sides can be verified
-in two runs, each within a GPU session's ten-minute call).
+called, with the reason; with --targets, the end-to-end targets (#17) against the rows (optimized >= 1.3x eager,
+optimized with compile >= 1.0x compile with and without graphs, optimized graphed >= 1.0x eager graphed), each
+marked when the prune did not time its mode (a run with --deploy of the other side: a large model's two sides can
+be verified in two runs, each within a GPU session's ten-minute call).
 """
 
 import argparse

@@ -55,8 +55,6 @@ def test_a_missing_kernel_file_is_one_clear_error_and_no_row(tmp_path):
 @pytest.mark.parametrize("source, message", [
     (STARTER.replace("def kernel_fn(x, weight, eps=1e-6):", "def kernel_fn(x, weight, eps=1e-6)"),
      "syntax error in candidate.py line"),
-    (STARTER.replace('KERNEL_TYPE = "rmsnorm"', ""), 'does not declare KERNEL_TYPE = "<type>"'),
-    (STARTER.replace('KERNEL_TYPE = "rmsnorm"', 'KERNEL_TYPE = "rmsnrom"'), "unknown kernel type 'rmsnrom'"),
     (STARTER.replace("def kernel_fn(x, weight, eps=1e-6):", "def kernel_fn(x, w, eps=1e-6):"),
      "kernel_fn(x, w, eps) does not match rmsnorm_ref(x, weight, eps)"),
     (STARTER.replace("import torch\n", "import torch\nimport triton.not_a_module\n", 1),
@@ -74,6 +72,32 @@ def test_bad_kernel_files_are_a_crash_row_with_the_reason(tmp_path, monkeypatch,
     assert "correctness: FAIL (crash:" in out
     (row,) = results.read_rows(tmp_path / "results.tsv")
     assert row["status"] == "crash" and row["correctness"] == "FAIL"
+
+
+@pytest.mark.parametrize("source, message", [
+    (STARTER.replace('KERNEL_TYPE = "rmsnorm"', ""), 'does not declare KERNEL_TYPE = "<type>"'),
+    (STARTER.replace('KERNEL_TYPE = "rmsnorm"', 'KERNEL_TYPE = "rmsnrom"'), "unknown kernel type 'rmsnrom'"),
+])
+@pytest.mark.usefixtures("warm_launcher")
+def test_a_file_of_no_known_type_is_bad_input_exit_2_and_no_row(tmp_path, monkeypatch, capsys, source, message):
+    # nothing to bench it against: not an experiment (the type is known only once the file is imported, in the
+    # child, since a file may register a type of its own)
+    (tmp_path / "candidate.py").write_text(source)
+    monkeypatch.chdir(tmp_path)
+    assert bench.main(["candidate.py", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("bench.py: error: ") and message in err[0]
+    assert err[0].count("rmsnrom") <= 1
+    assert not (tmp_path / "results.tsv").exists()
+
+
+@pytest.mark.parametrize("args, message", [(["--timeout", "0"], "--timeout must be more than 0"),
+                                           (["--types", "softmax"], "--types chooses the kernel types of --suite")])
+def test_bad_options_are_exit_2_and_no_row(tmp_path, monkeypatch, capsys, args, message):
+    (tmp_path / "kernel.py").write_text(STARTER)
+    monkeypatch.chdir(tmp_path)
+    assert bench.main(["--device", "cpu", *args]) == 2
+    assert message in capsys.readouterr().err and not (tmp_path / "results.tsv").exists()
 
 
 def test_asking_for_a_gpu_that_is_not_there_is_a_clear_error(tmp_path):

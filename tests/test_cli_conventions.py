@@ -4,6 +4,7 @@ one line `<script>: error: ...` on stderr and exit code 2, --debug shows the tra
 
 import argparse
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -44,6 +45,12 @@ BAD_INPUT = [  # (script, arguments, what the line names)
     ("verify.py", ["--model", LLAMA, "--class-name", "LlamaModel", "--device", "cuda"], "no CUDA GPU is visible"),
     ("verify.py", ["--model", LLAMA, "--class-name", "LlamaModel", "--config", "tiny", "--input-shape", "1,8",
                    "--device", "cpu", "--types", "bogus", "--report", "v.json"], "kernel type(s) bogus"),
+    ("verify.py", ["--model", LLAMA, "--class-name", "LlamaModel", "--checks", "0", "--report", "v.json"],
+     "--checks must be at least 1"),
+    ("verify.py", ["--model", LLAMA, "--class-name", "LlamaModel", "--export", "out", "--package-name", "my-kernels",
+                   "--report", "v.json"], "--package-name 'my-kernels' is not a Python identifier"),
+    ("bench.py", [str(ROOT / "kernel.py"), "--timeout", "-1"], "--timeout must be more than 0"),
+    ("bench.py", [str(ROOT / "kernel.py"), "--json", "nowhere/out.json"], "--json nowhere/out.json: no such directory"),
     ("orchestrate.py", ["run", "--device", "gpu"], "invalid choice: 'gpu'"),
     ("orchestrate.py", ["--repo", ".", "run", "--dtype", "fp8"], "unknown dtype 'fp8'"),
     ("orchestrate.py", ["--repo", ".", "run", "--kernel", "nowhere.py", "--device", "cpu"],
@@ -122,3 +129,36 @@ def test_orchestrate_run_help_shows_the_loop_defaults(tmp_path):
     for shown in ("(default: builtin)", "(default: 5)", "(default: 2.0)", "(default: 1.0)",
                   "(default 120 on a GPU, 600 on the CPU)", "(default auto)", "(default fp16)"):
         assert shown in text
+
+
+PROFILE = ["--model", LLAMA, "--class-name", "LlamaModel", "--config", "tiny", "--input-shape", "1,8", "--device",
+           "cpu"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--types", "softmaxx,softmaxx"], "--types: unknown kernel type(s) softmaxx; known: "),
+    (["--steps", "0"], "--steps must be more than 0, got 0"),
+])
+def test_profile_with_bad_input_keeps_the_plan_extract_recorded(tmp_path, args, message):
+    out = tmp_path / "workspace"
+    out.mkdir()
+    plan = {"source": LLAMA, "class_name": "LlamaModel", "entries": [
+        {"type": "rmsnorm", "rank": 1, "f": 0.2, "kernel_file": "workspace/kernels/01_rmsnorm.py"}]}
+    (out / "plan.json").write_text(json.dumps(plan, indent=2))
+    (out / "profile.json").write_text("{}\n")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    r = run_script("profile.py", *PROFILE, "--output-dir", str(out), *args, cwd=tmp_path)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("profile.py: error: "), r.stderr
+    assert message in lines[0] and lines[0].count("softmaxx") <= 1  # each bad type named once
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # byte for byte, and nothing new
+
+
+def test_verify_names_a_bad_type_once_and_keeps_its_last_report(tmp_path):
+    report = tmp_path / "verify.json"
+    report.write_text('{"kept": true}\n')
+    r = run_script("verify.py", *PROFILE, "--types", "rmsnorm,softmaxx,softmaxx", "--report", str(report),
+                   cwd=tmp_path)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and lines[0].count("softmaxx") == 1, r.stderr
+    assert report.read_text() == '{"kept": true}\n'

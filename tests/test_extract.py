@@ -68,6 +68,11 @@ def test_a_starter_of_the_wrong_type_is_refused(tmp_path):
     (tmp_path / "kernels" / "softmax.py").write_text(STARTER)  # declares rmsnorm
     with pytest.raises(ExtractError, match="expected 'softmax'"):
         extract(_plan("softmax"), top=1, backend="triton", out_dir=tmp_path / "out", root=tmp_path)
+    # the good starter ranked first is not written either: a refused extract leaves no half-made kernels
+    (tmp_path / "kernels" / "rmsnorm.py").write_text(STARTER)
+    with pytest.raises(ExtractError, match="expected 'softmax'"):
+        extract(_plan("rmsnorm", "softmax"), top=2, backend="triton", out_dir=tmp_path / "out2", root=tmp_path)
+    assert not (tmp_path / "out2").exists()
 
 
 def _run(repo_root, *args):

@@ -1,4 +1,4 @@
-"""compat's fixes to Triton's CPU interpreter (autokernel/compat.py: prepare_interpreter)."""
+"""compat's fixes to Triton's CPU interpreter (autokernel/compat/interpreter.py: prepare_interpreter)."""
 
 import torch
 from helpers import import_file

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from autokernel import compat
+from autokernel.compat import fastlaunch
 from autokernel.ops import launchers, replay
 
 
@@ -49,13 +50,13 @@ STREAM = 0xABC  # the raw stream the stand-in context reports for every device
 def launch_context(monkeypatch):
     """FastLaunch's view of CUDA on a CPU: device 0 (switchable), one stream; Triton's real hook probe and key."""
     device = [0]
-    real = compat._launch_context
+    real = fastlaunch._launch_context
 
     def context():
         _, _, hooked, arg_key = real()
         return (lambda: device[0]), (lambda index: STREAM + index), hooked, arg_key
 
-    monkeypatch.setattr(compat, "_launch_context", context)
+    monkeypatch.setattr(fastlaunch, "_launch_context", context)
     return device
 
 

@@ -7,9 +7,9 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent / "autokernel"
-# Lowest first. The ops room stands below the registry because the built-in entries (specs.py) name its
-# functions; the harness stands above the registry because it benches a type by its entry.
-LAYERS = ("compat", "kerneltype", "kernelfile", "results", "cli", "models", "ops", "specs", "registry", "harness",
+# Lowest first. The ops room stands below the types because the type modules build their sites on it; the harness
+# stands above the registry because it benches a type by its entry.
+LAYERS = ("compat", "kerneltype", "kernelfile", "results", "cli", "models", "ops", "types", "registry", "harness",
           "cuda", "suite", "profile", "verify", "loop")
 
 

@@ -17,6 +17,7 @@ import verify
 from autokernel.harness.runner import run_bench
 from autokernel.ops import swap
 from autokernel.profile.profiling import profile_model
+from autokernel.types import linear_cross_entropy
 from autokernel.verify import deploy, endtoend
 
 LCE = "linear_cross_entropy"
@@ -118,15 +119,15 @@ class _TinyLM(nn.Module):
 @pytest.mark.parametrize("model,reason", [(_TinyLM(bias=True), "bias"),
                                           (_TinyLM(final_logit_softcapping=30.0), "final_logit_softcapping")])
 def test_an_output_embedding_that_does_not_fit_is_left_alone_with_the_reason(model, reason):
-    path, site, replacement = swap.lm_head_site(model)
+    path, site, replacement = linear_cross_entropy.lm_head_site(model)
     assert (path, site.swapped, replacement) == ("head", False, None) and reason in site.reason
 
 
 def test_a_model_without_an_output_embedding_has_no_site(repo_root, interpreter):
     deploy.load_kernels(repo_root / "kernels", [LCE], repo_root / "kernels")  # what the swapped site will run
-    assert swap.lm_head_site(nn.Sequential(nn.Linear(4, 4))) is None
-    path, site, replacement = swap.lm_head_site(_TinyLM())
-    assert path == "head" and site.swapped and isinstance(replacement, swap.KernelLMHead)
+    assert linear_cross_entropy.lm_head_site(nn.Sequential(nn.Linear(4, 4))) is None
+    path, site, replacement = linear_cross_entropy.lm_head_site(_TinyLM())
+    assert path == "head" and site.swapped and isinstance(replacement, linear_cross_entropy.KernelLMHead)
 
 
 @pytest.mark.parametrize("with_loss", [False, True])

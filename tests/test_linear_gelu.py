@@ -9,8 +9,9 @@ from helpers import TOKEN_IDS, sites_of, starter_source
 
 import autokernel
 from autokernel.harness.runner import run_bench
-from autokernel.ops import gelu_sites, swap
+from autokernel.ops import swap
 from autokernel.profile.profiling import profile_model
+from autokernel.types import linear_gelu
 
 transformers = pytest.importorskip("transformers")
 
@@ -104,11 +105,11 @@ class QuickGELUMLP(torch.nn.Module):
 def test_an_activation_that_is_not_gelu_leaves_the_mlp_alone(interpreter, install_starter):
     install_starter("linear_gelu")
     quick = QuickGELUMLP(transformers.activations.QuickGELUActivation())
-    site, replacement = gelu_sites.gelu_mlp_module_site("mlp", quick)
+    site, replacement = linear_gelu.gelu_mlp_module_site("mlp", quick)
     assert replacement is None and "neither the exact nor the tanh GELU" in site.reason
-    assert gelu_sites.gelu_mlp_module_site("mlp", QuickGELUMLP(torch.nn.ReLU())) is None  # not a candidate at all
+    assert linear_gelu.gelu_mlp_module_site("mlp", QuickGELUMLP(torch.nn.ReLU())) is None  # not a candidate at all
     exact = QuickGELUMLP(torch.nn.GELU())
-    site, replacement = gelu_sites.gelu_mlp_module_site("mlp", exact)
+    site, replacement = linear_gelu.gelu_mlp_module_site("mlp", exact)
     assert replacement is exact and site.swapped and "approximate='none'" in site.what
 
 

@@ -12,6 +12,7 @@ from helpers import unwrapped
 
 import orchestrate
 from autokernel import results
+from autokernel.loop import plot, report
 from autokernel.loop.plot import OUTCOMES, progress_figure
 
 START = datetime(2026, 11, 23, 22, 0, tzinfo=timezone.utc)
@@ -61,13 +62,13 @@ def test_progress_figure_shows_every_outcome_each_kernels_best_and_the_end_to_en
     fig = progress_figure(write_night(tmp_path, device), NAMES, write_verify(tmp_path, cpu), "night")
     ax = fig.axes[0]
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert [label for _, label in OUTCOMES.values()] == legend[:4]
+    assert [OUTCOMES[kind][1] for kind in ("baseline", "kept", "reverted", "failed")] == legend[:4]
     e2e = [line for line in ax.get_lines() if line.get_label().startswith("the model end to end")]
     assert len(e2e) == 1 and e2e[0].get_ydata()[0] == pytest.approx(1.07)  # the CUDA-graph row, the estimate's kin
     assert "1.07x over eager with CUDA graphs" in e2e[0].get_label() and e2e[0].get_label() in legend
     # per outcome, the experiments drawn: 2 baselines, 3 keeps, 1 slower revert, 3 failures (a crash, an
     # incorrect kernel, a timeout), each kind in its own marker
-    drawn = {kind: [c for c in ax.collections if c.get_gid() == kind] for kind in OUTCOMES}
+    drawn = {kind: [c for c in ax.collections if c.get_gid() == kind] for kind in OUTCOMES if kind != "by hand"}
     assert {kind: sum(len(c.get_offsets()) for c in found) for kind, found in drawn.items()} == \
         {"baseline": 2, "kept": 3, "reverted": 1, "failed": 3}
     looks = {kind: (tuple(found[0].get_facecolors().ravel()), tuple(found[0].get_edgecolors().ravel()),
@@ -106,3 +107,93 @@ def test_report_regenerates_the_png_and_states_cpu_mode(tmp_path, capsys):
     assert "CPU mode, Triton interpreter timings, not performance figures" in measured
     # printed through rich, which wraps a line longer than its width (a long temporary path would be)
     assert f"progress plot: {png} (Triton interpreter timings, not performance figures)" in unwrapped(out)
+
+
+# (minutes, kernel file, status, correctness, model_us): every outcome the loop records, and a bench.py row by hand
+EVERY_OUTCOME = [
+    (0, "workspace/kernels/01_rmsnorm.py", "baseline", "PASS", 100.0),
+    (2, "workspace/kernels/01_rmsnorm.py", "keep", "PASS", 80.0),
+    (4, "workspace/kernels/01_rmsnorm.py", "revert", "PASS", 95.0),  # timed, not faster
+    (6, "workspace/kernels/01_rmsnorm.py", "revert", "PASS", None),  # untimed: the same launches as the best
+    (8, "workspace/kernels/01_rmsnorm.py", "revert", "PASS", None),
+    (10, "workspace/kernels/01_rmsnorm.py", "revert", "", None),  # the agent's edit never reached the harness
+    (12, "workspace/kernels/01_rmsnorm.py", "revert", "FAIL", None),  # incorrect
+    (14, "workspace/kernels/01_rmsnorm.py", "crash", "FAIL", None),
+    (16, "workspace/kernels/02_matmul.py", "baseline", "PASS", 400.0),
+    (18, "workspace/kernels/02_matmul.py", "revert", "PASS", None),
+    (20, "workspace/kernels/02_matmul.py", "timeout", "FAIL", None),
+    (22, "workspace/kernels/02_matmul.py", "pass", "PASS", 390.0),  # bench.py --tag night, by hand
+]
+
+
+def write_rows(root, night, device="NVIDIA H200") -> list[dict]:
+    path = root / "results.tsv"
+    for minutes, kernel, status, correctness, us in night:
+        results.append_row({"timestamp": (START + timedelta(minutes=minutes)).isoformat(), "tag": "night",
+                            "kernel_type": kernel.split("_", 1)[1][:-3], "kernel_file": kernel, "status": status,
+                            "correctness": correctness, "model_us": us, "latency_us": us, "device": device,
+                            "description": f"{status} at {minutes} min"}, path)
+    return results.read_rows(path)
+
+
+def drawn_counts(ax) -> dict:
+    counts = {}
+    for c in ax.collections:
+        if c.get_gid() in OUTCOMES:
+            counts[c.get_gid()] = counts.get(c.get_gid(), 0) + len(c.get_offsets())
+    return counts
+
+
+def test_the_plot_and_the_report_count_the_outcomes_results_tsv_records(tmp_path):
+    rows = write_rows(tmp_path, EVERY_OUTCOME)
+    expected = {"baseline": 2, "kept": 1, "reverted": 5, "failed": 3, "by hand": 1}
+    assert report.outcome_counts(rows) == expected  # an untimed revert is a revert; a failure is a failure
+    fig = progress_figure(rows, NAMES, None, "night")
+    ax = fig.axes[0]
+    assert drawn_counts(ax) == expected
+    assert "2 baselines, 1 kept, 5 reverted, 3 failed, 1 by hand" in ax.title.get_text()
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend == [label for _, label in OUTCOMES.values()]  # "by hand" too, since there is one
+    summaries = report.kernel_summaries(rows, [])
+    assert [s["outcomes"] for s in summaries] == [{"baseline": 1, "kept": 1, "reverted": 4, "failed": 2},
+                                                  {"baseline": 1, "kept": 0, "reverted": 1, "failed": 1,
+                                                   "by hand": 1}]
+    assert sum(s["runs"] for s in summaries) == len(rows) == sum(expected.values())
+    table = report.report_table(summaries, "night", "NVIDIA H200")
+    assert "12 experiments: 2 baselines, 1 kept, 5 reverted, 3 failed, 1 by hand" in str(table.title)
+    columns = {c.header: list(c._cells) for c in table.columns}
+    assert columns["reverted"] == ["4", "1"] and columns["failed"] == ["2", "1"] and columns["kept"] == ["1", "0"]
+
+
+def test_an_untimed_revert_sits_at_the_best_and_an_unbenched_one_on_the_floor(tmp_path):
+    ax = progress_figure(write_rows(tmp_path, EVERY_OUTCOME[:6]), NAMES, None, "night").axes[0]
+    reverted = sorted(y for c in ax.collections if c.get_gid() == "reverted" for _, y in c.get_offsets())
+    floor = ax.get_ylim()[0]
+    # the floor (never benched), 100/95 (timed), and twice the best's 100/80 (untimed: the best's launches)
+    assert reverted == pytest.approx([floor, 100 / 95, 1.25, 1.25])
+
+
+def test_a_cpu_end_to_end_line_far_below_one_is_drawn_in_view(tmp_path):
+    rows = write_rows(tmp_path, EVERY_OUTCOME, device="cpu (Triton interpreter)")
+    verify = write_verify(tmp_path, cpu=True)
+    verify["timing"] = {"optimized": {"ms": 900.0, "speedup_vs_eager": 0.0005}}  # the interpreter against eager
+    ax = progress_figure(rows, NAMES, verify, "night").axes[0]
+    bottom, top = ax.get_ylim()
+    e2e = next(line for line in ax.get_lines() if line.get_label().startswith("the model end to end"))
+    assert e2e.get_ydata()[0] == pytest.approx(0.0005) and bottom < 0.0005 and 1.25 < top
+    assert ax.get_yscale() == "log"  # 0.0005x and 1.25x both readable
+
+
+def test_every_kernel_label_ends_inside_the_axes(tmp_path):
+    names = {"workspace/kernels/01_rmsnorm.py": "01_rmsnorm_with_a_long_name",
+             "workspace/kernels/02_matmul.py": "03_linear_cross_entropy_of_the_lm_head"}
+    fig = progress_figure(write_rows(tmp_path, EVERY_OUTCOME), names, None, "night")
+    fig.savefig(tmp_path / "p.png", dpi=plot.PNG_DPI)  # the labels as the PNG has them
+    renderer = fig.canvas.get_renderer()
+    ax = fig.axes[0]
+    axes_box, figure_box = ax.get_window_extent(renderer), fig.bbox
+    labels = [t for t in ax.texts if t.get_gid() == "kernel-label"]
+    assert len(labels) == 2
+    for label in labels:
+        box = label.get_window_extent(renderer)
+        assert box.x1 <= axes_box.x1 + 1 and box.x1 <= figure_box.x1, label.get_text()

@@ -16,6 +16,7 @@ from helpers import import_file, summary_values
 import verify
 from autokernel import compat
 from autokernel.ops import customops, swap
+from autokernel.types import rmsnorm
 from autokernel.verify import deploy, endtoend, verification
 
 MODELS = {  # model file -> (class, input shape, the kernel types that must have run in it)
@@ -208,7 +209,7 @@ def test_sites_that_differ_from_the_reference_are_left_alone_with_the_reason(rep
     assert not sites["GeluMLP"].swapped and "something else" in sites["GeluMLP"].reason
     sdpa = sites["F.scaled_dot_product_attention"]
     assert sdpa.calls == 1 and sdpa.fallbacks == 1 and "mask" in sdpa.reason
-    assert F.scaled_dot_product_attention is swap.customops._ORIGINALS["scaled_dot_product_attention"]
+    assert F.scaled_dot_product_attention is customops.original(F, "scaled_dot_product_attention")
 
 
 def test_a_norm_computed_inline_is_reported_unused_and_its_module_still_reads(repo_root, interpreter):
@@ -216,7 +217,7 @@ def test_a_norm_computed_inline_is_reported_unused_and_its_module_still_reads(re
     model = llama.LlamaModel("tiny", rmsnorm_as_ops=True).eval()  # blocks read norm.weight, norm.eps inline
     deploy.load_kernels(repo_root / "kernels", ["rmsnorm"], repo_root / "kernels")
     optimized = swap.build(model, ["rmsnorm"])
-    assert type(model.norm) is llama.RMSNorm and type(optimized.model.norm) is swap.KernelRMSNorm  # a copy
+    assert type(model.norm) is llama.RMSNorm and type(optimized.model.norm) is rmsnorm.KernelRMSNorm  # a copy
     assert optimized.model.norm.weight is model.norm.weight  # over the same weights
     ids = torch.randint(0, model.config.vocab_size, (1, 8))
     with torch.no_grad():
@@ -237,7 +238,8 @@ def test_a_kernel_that_raises_is_a_fail_naming_it(repo_root, tmp_path, capsys, i
     assert code == 1, printed.out + printed.err
     assert report["correctness"]["blamed"] == ["softmax"]
     assert "softmax_optimized.py" in report["correctness"]["reason"] and "planted" in report["correctness"]["reason"]
-    assert F.softmax is customops._ORIGINALS["softmax"] and torch.softmax is customops._TORCH_SOFTMAX  # undone
+    # the patches are undone
+    assert F.softmax is customops.original(F, "softmax") and torch.softmax is customops.original(torch, "softmax")
 
 
 def test_a_kernel_asked_for_a_gradient_is_an_error_not_a_silent_zero(repo_root, interpreter):

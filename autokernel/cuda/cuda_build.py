@@ -6,7 +6,7 @@ string includes no torch header, so it compiles on its own (`nvcc -c`, see `comp
 check every starter that way on a machine with nvcc but no GPU) and quickly. The Python binding is
 generated here from the launchers' prototypes (pybind11 only, again no torch header), and the pair is
 built by torch.utils.cpp_extension.load_inline (ninja), which knows where torch's pybind11 and libraries
-live. Cold builds take ~10-20 s instead of the 30-40 s that `#include <torch/extension.h>` costs.
+live. A cold build so skips most of the compile time that `#include <torch/extension.h>` costs.
 
 Cache: one directory per source hash under $AUTOKERNEL_CUDA_CACHE (default ~/.cache/autokernel/cuda).
 The hash covers the CUDA source (compile-time tunables are `#define`s in it), the binding, the

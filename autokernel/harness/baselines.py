@@ -3,8 +3,8 @@
     python -m autokernel.harness.baselines --out baselines.json [--types rmsnorm,softmax]
 
 Times the measured ceilings of the device (a large device-to-device copy, a large matmul), PyTorch's
-fused ops where they exist (F.rms_norm), Liger-Kernel where it is installed, and rotary embedding on a
-model's q and k together, all through autokernel.harness.timing on the registry's bench shapes.
+fused ops where they exist (F.rms_norm), Liger-Kernel where it is installed, and each type's extra timing (its
+registry entry's extra_timing: rotary on a model's q and k together), all through autokernel.harness.timing.
 """
 
 from __future__ import annotations
@@ -19,12 +19,11 @@ import torch
 
 from autokernel import registry
 from autokernel.harness import gpu, timing
-from autokernel.harness.perf import INPUT_SETS, compiled_reference, gpu_input_sets
+from autokernel.harness.perf import INPUT_SETS, compiled_reference, gpu_input_sets  # noqa: F401  (INPUT_SETS: the type modules time by it)
 from autokernel.kernelfile import import_kernel
 from autokernel.registry import get_spec
 
 ROOT = Path(__file__).resolve().parents[2]
-ROPE_K_HEADS = 8  # the k of a grouped-query model beside q's 32 heads (LLaMA-3 8B, TinyLlama)
 
 
 def liger_functional():
@@ -54,7 +53,7 @@ def time_extras(types, liger) -> dict:
             continue
         spec = get_spec(ktype)
         sets = gpu_input_sets(spec, spec.bench_shape, torch.float16)
-        out[ktype] = {name: _median_or_error(fn, sets) for name, fn in fns.items()}
+        out[ktype] = median_times(fns, sets)
     return out
 
 
@@ -65,31 +64,22 @@ def _median_or_error(fn, sets):
         return f"failed: {type(e).__name__}: {str(e)[:120]}"
 
 
-def time_rope_qk(liger) -> dict:
-    """Rotary embedding on q [2,32,4096,128] and k [2,8,4096,128] in one step, as a model applies it."""
-    spec = get_spec("rotary_embedding")
-    starter = import_kernel(ROOT / "kernels" / "rotary_embedding.py")
-    q_shape = spec.bench_shape
-    k_shape = {**q_shape, "H": ROPE_K_HEADS}
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    sets = []
-    for _ in range(INPUT_SETS):
-        q, cos, sin = spec.make_inputs(q_shape, torch.float16, "cuda", gen)
-        k, _, _ = spec.make_inputs(k_shape, torch.float16, "cuda", gen)
-        sets.append((q, k, cos, sin))
-    compiled = compiled_reference(spec)
-    fns = {
-        "kernel": lambda q, k, c, s: (starter.kernel_fn(q, c, s), starter.kernel_fn(k, c, s)),
-        "eager": lambda q, k, c, s: (spec.reference(q, c, s), spec.reference(k, c, s)),
-        "compile": lambda q, k, c, s: (compiled(q, c, s), compiled(k, c, s)),
-    }
-    if liger is not None:
-        # Liger takes HF-style [1, seq, head_dim] tables with both halves present.
-        full = [(torch.cat([c, c], -1)[None], torch.cat([s, s], -1)[None]) for _, _, c, s in sets]
-        fns["liger"] = lambda q, k, c, s: liger.liger_rope(q, k, *full[0])
-    times = {name: _median_or_error(fn, sets) for name, fn in fns.items()}
-    nbytes = sum(spec.bytes_moved(s, torch.float16) for s in (q_shape, k_shape))
-    return {"shapes": [q_shape, k_shape], "bytes": nbytes, **times}
+def median_times(fns: dict, sets) -> dict:
+    """{name: median us, or why it failed} of each fn over the input sets."""
+    return {name: _median_or_error(fn, sets) for name, fn in fns.items()}
+
+
+def starter_eager_compile(spec) -> dict:
+    """{"kernel", "eager", "compile"}: the type's shipped starter, its reference, and the reference compiled."""
+    starter = import_kernel(ROOT / "kernels" / f"{spec.name}.py")
+    return {"kernel": starter.kernel_fn, "eager": spec.reference, "compile": compiled_reference(spec)}
+
+
+def extra_timings(types, liger) -> dict:
+    """type -> its registry entry's extra_timing (a measurement the bench shape misses), for the wanted types."""
+    this = sys.modules[__name__]
+    return {name: spec.extra_timing(liger, this) for name, spec in registry.specs_where("extra_timing").items()
+            if types is None or name in types}
 
 
 def main(argv=None) -> int:
@@ -106,8 +96,7 @@ def main(argv=None) -> int:
         "copy_gb_s": ceil.bandwidth_gb_s, "matmul_bf16_tflops": ceil.fp16_tflops,
         "extras": time_extras(types or set(extra_baselines(liger)), liger),
     }
-    if types is None or "rotary_embedding" in types:
-        result["rope_qk"] = time_rope_qk(liger)
+    result["extra_timings"] = extra_timings(types, liger)
     Path(args.out).write_text(json.dumps(result, indent=1))
     return 0
 

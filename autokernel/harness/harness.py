@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from autokernel import compat, kernelfile
-from autokernel.harness import channel, checking, gpu, guards, integrity, perf, sourcecheck
+from autokernel.harness import channel, checking, crash, gpu, guards, integrity, perf, sourcecheck
 from autokernel.registry import KernelSpec, dtype_name, get_spec, parse_dtype, shape_label
 
 STAGES = ("smoke", "shape_sweep", "stability", "determinism", "edge_cases")
@@ -36,6 +36,10 @@ class NeedsGPU(Exception):
 
 class KernelCrashed(Exception):
     """kernel_fn raised: a compile error, an illegal address, a Python error in the launcher."""
+
+
+class UnknownKernelType(Exception):
+    """The file's KERNEL_TYPE is no registered type, even after its import: nothing to bench it against."""
 
 
 @dataclass
@@ -59,6 +63,7 @@ class Harness:
         self.seed = seed
         self.calls = 0
         self.watch = watch
+        self.stage = STAGES[0]  # where the run is: a stage, then "timing"
         self.model_shapes = self._model_shapes(getattr(module, "MODEL_SHAPES", None) or [])
 
     def _model_shapes(self, shapes):
@@ -84,7 +89,7 @@ class Harness:
         except (checking.CheckFailed, guards.GuardFailed):
             raise
         except Exception as e:
-            raise KernelCrashed(f"{what}: kernel_fn raised {type(e).__name__}: {e}") from e
+            raise KernelCrashed(f"{what}: kernel_fn {crash.kernel_raised(e)}") from e
         self.sync()
         return out
 
@@ -155,6 +160,7 @@ class Harness:
     def run_stages(self) -> list[StageResult]:
         results = []
         for i, name in enumerate(STAGES, 1):
+            self.stage = name
             start = time.perf_counter()
             try:
                 checks = getattr(self, name)()
@@ -166,6 +172,7 @@ class Harness:
                 print(f"stage {i}/5 {name:<12} FAIL  {e}")
                 break
             sys.stdout.flush()
+        self.stage = "timing"  # what runs after the stages
         return results
 
     def check_integrity(self, when: str, ignore_threads: bool = False) -> None:
@@ -245,7 +252,10 @@ def _load(path: str, device: str = "cuda"):
     known = _known_spec(ktype)
     watch = integrity.Watch(*([known] if known else []))
     module = kernelfile.import_kernel(path, source)  # a user's own type may register its spec on import
-    spec = get_spec(ktype)
+    try:
+        spec = get_spec(ktype)
+    except KeyError as e:
+        raise UnknownKernelType(e.args[0]) from None
     if known is None:
         watch.extend(spec)
     watch.check(f"after importing {name}")
@@ -265,20 +275,10 @@ def run(path: str, device: str, quick: bool, seed: int, dtype: str, timed: bool 
         reuse_baselines: bool = False, same_as: str | None = None) -> dict:
     result = {"status": "crash", "correctness": "FAIL", "failed_stage": None, "reason": "", "stages": [],
               "seed": seed}
-    try:
-        module, spec, watch = _load(path, device)
-    except NeedsGPU as e:
-        result.update(status="fail", failed_stage="device", reason=str(e))
-        print(f"FAIL  {e}")
+    loaded = _load_or_verdict(path, device, result)
+    if loaded is None:
         return result
-    except guards.GuardFailed as e:
-        return _guard_failed(result, e)
-    except (kernelfile.KernelFileError, KeyError) as e:
-        result["reason"] = e.args[0] if isinstance(e, KeyError) and e.args else str(e)  # KeyError's str() quotes
-        return result
-    except Exception as e:
-        result["reason"] = f"importing {os.path.basename(path)} failed: {type(e).__name__}: {e}"
-        return result
+    module, spec, watch = loaded
     result["kernel_type"] = spec.name
     launched = float(os.environ.get("AUTOKERNEL_LAUNCHED_AT", time.time()))
     print(f"kernel {path}: {spec.name} on {device}{' (quick)' if quick else ''}, seed {seed} "
@@ -291,10 +291,37 @@ def run(path: str, device: str, quick: bool, seed: int, dtype: str, timed: bool 
         return result
     except Exception as e:
         result.update(status="crash", failed_stage="smoke", reason=f"building the kernel failed: "
-                      f"{type(e).__name__}: {e}")
+                      f"{crash.exception_cause(e)}")
         print(f"CRASH  {result['reason']}")
         traceback.print_exc(file=sys.stderr)
         return result
+    return _check_and_time(harness, module, result, parse_dtype(dtype) if timed else None, reuse_baselines, same_as)
+
+
+def _load_or_verdict(path: str, device: str, result: dict) -> tuple | None:
+    """_load's (module, spec, watch), or None with the verdict in `result`: a file that cannot run here, a guard
+    caught at the static check or the import, an unknown type (status "invalid": bad input, no experiment), a
+    file that is no kernel file, an import that raised."""
+    try:
+        return _load(path, device)
+    except NeedsGPU as e:
+        result.update(status="fail", failed_stage="device", reason=str(e))
+        print(f"FAIL  {e}")
+    except guards.GuardFailed as e:
+        _guard_failed(result, e)
+    except UnknownKernelType as e:
+        result.update(status="invalid", failed_stage="load", reason=str(e))
+    except kernelfile.KernelFileError as e:
+        result["reason"] = str(e)
+    except Exception as e:
+        result["reason"] = f"importing {os.path.basename(path)} failed: {crash.exception_cause(e)}"
+    return None
+
+
+def _check_and_time(harness: Harness, module, result: dict, dtype, reuse_baselines: bool,
+                    same_as: str | None) -> dict:
+    """The five stages, then the timing in `dtype` (None: untimed); the verdict in `result`. Whatever the kernel
+    raises, in a stage or in the timing, is a crash whose reason names it (crash.exception_cause)."""
     try:
         stages = harness.run_stages()
         result["stages"] = [asdict(s) for s in stages]
@@ -302,8 +329,8 @@ def run(path: str, device: str, quick: bool, seed: int, dtype: str, timed: bool 
         if failed:
             result.update(status="fail", failed_stage=failed.name, reason=failed.reason)
             return result
-        if timed:
-            result.update(_timing(harness, module, parse_dtype(dtype), reuse_baselines, same_as))
+        if dtype is not None:
+            result.update(_timing(harness, module, dtype, reuse_baselines, same_as))
         harness.check_integrity("at the end", ignore_threads=True)
         result.update(status="pass", correctness="PASS")
     except guards.GuardFailed as e:
@@ -311,9 +338,10 @@ def run(path: str, device: str, quick: bool, seed: int, dtype: str, timed: bool 
     except checking.CheckFailed as e:
         result.update(status="fail", failed_stage="timing", reason=str(e))
         print(f"timing FAIL  {e}")
-    except KernelCrashed as e:
-        result.update(status="crash", failed_stage=_current_stage(result), reason=str(e))
-        print(f"CRASH  {e}")
+    except Exception as e:  # KernelCrashed from a checked call, or raised outside one (the timing, model time)
+        reason = str(e) if isinstance(e, KernelCrashed) else f"{harness.stage}: {crash.exception_cause(e)}"
+        result.update(status="crash", failed_stage=harness.stage, reason=reason)
+        print(f"CRASH  {reason}")
         traceback.print_exc(file=sys.stderr)
     return result
 
@@ -323,11 +351,6 @@ def _guard_failed(result: dict, e: Exception) -> dict:
     result.update(status="fail", correctness="FAIL", failed_stage="guard", reason=str(e))
     print(f"guard: FAIL  {e}")
     return result
-
-
-def _current_stage(result) -> str:
-    done = len(result["stages"])
-    return STAGES[done] if done < len(STAGES) else "timing"
 
 
 def main(argv=None) -> int:

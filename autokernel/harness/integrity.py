@@ -25,9 +25,11 @@ WATCHED_MODULES = ("builtins", "time", "json", "hmac", "hashlib", "os", "signal"
                    "triton", "triton.language",
                    "reference", "autokernel.harness.checking", "autokernel.harness.guards", "autokernel.harness.timing",
                    "autokernel.harness.perf", "autokernel.harness.harness", "autokernel.registry",
-                   "autokernel.kerneltype", "autokernel.specs", "autokernel.harness.gpu",
+                   "autokernel.kerneltype", "autokernel.types", "autokernel.harness.gpu",
                    "autokernel.harness.integrity", "autokernel.harness.sourcecheck", "autokernel.kernelfile",
                    "autokernel.harness.channel")
+# every module under these too: the type modules hold the references and what they call (autokernel.types._common)
+WATCHED_PACKAGES = ("autokernel.types",)
 WATCHED_SIGNALS = ("SIGALRM", "SIGTERM", "SIGINT", "SIGCHLD", "SIGUSR1", "SIGUSR2", "SIGVTALRM", "SIGPROF")
 SCALARS = (bool, int, float, str, bytes, type(None))
 
@@ -66,6 +68,12 @@ def _classes() -> list[type]:
     return found
 
 
+def watched_modules() -> tuple[str, ...]:
+    """WATCHED_MODULES and the modules of WATCHED_PACKAGES imported so far."""
+    inside = sorted(n for n in list(sys.modules) if n.startswith(tuple(p + "." for p in WATCHED_PACKAGES)))
+    return WATCHED_MODULES + tuple(inside)
+
+
 def _process_state() -> dict:
     import torch
 
@@ -80,7 +88,7 @@ def _process_state() -> dict:
     for name in WATCHED_SIGNALS:
         if hasattr(signal, name):
             state[f"signal handler {name}"] = _token(signal.getsignal(getattr(signal, name)))
-    for name in WATCHED_MODULES:
+    for name in watched_modules():
         if name in sys.modules:  # one imported later is fingerprinted from then on, not reported as changed
             state[f"sys.modules[{name!r}]"] = id(sys.modules[name])
     return state
@@ -90,7 +98,7 @@ def snapshot(*objects) -> dict:
     """The fingerprint now: watched modules, classes and process state, plus the attributes of each
     extra object given (the kernel type's spec)."""
     print_ = {}
-    for name in WATCHED_MODULES:
+    for name in watched_modules():
         module = sys.modules.get(name)
         if module is not None:
             print_[name] = _namespace(vars(module))
@@ -118,7 +126,7 @@ def differences(before: dict, after: dict) -> list[str]:
 
 
 def _is_class_space(space: str) -> bool:
-    return space != "process" and space not in WATCHED_MODULES and " " not in space
+    return space != "process" and space not in watched_modules() and " " not in space
 
 
 def _where(space: str, name: str) -> str:

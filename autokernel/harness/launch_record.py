@@ -2,7 +2,7 @@
 
 The loop benches every change an agent makes, and most changes of a tunable touch a path the model's shapes
 never take (a looped variant's chunk size where the single pass runs): the same kernels launch, and any
-difference in their timing is noise. In a night on an H200 two of three keeps were such changes. So the
+difference in their timing is noise, which a keep on one slow baseline turns into a false win (docs/loop.md). So the
 harness records, per input set, what one call does:
 - every Triton launch through the kernel file's own @triton.jit names (rebound as replay.py records them):
   the kernel's source (with its @triton.jit helpers: Triton's cache key), its compiled variant where Triton

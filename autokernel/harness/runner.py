@@ -1,8 +1,9 @@
 """Run the harness on one kernel file in a child process with a time limit.
 
 The parent never imports the candidate. A hang becomes TIMEOUT (the child's whole process group is
-killed), a segfault, an illegal memory access or an exception at import becomes CRASH with the tail of
-its error output, and the caller (bench.py, the loop) carries on either way.
+killed), a segfault, an illegal memory access or an exception at import becomes CRASH, its reason's first
+line naming the cause (the signal, or the exception with its sizes: autokernel/harness/crash.py) above the
+tail of its error output, and the caller (bench.py, the loop) carries on either way.
 
 The child is a fresh `python -m autokernel.harness.harness` process, or, while a warm launcher runs (the loop
 starts one: start_warm), a fork of a process that has already imported torch, triton and the harness
@@ -21,7 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from autokernel.harness import channel, gpu, zygote
+from autokernel.harness import channel, crash, gpu, zygote
 from autokernel.harness.processes import kill_group, pump
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -190,8 +191,9 @@ def _read_result(out_json, returncode, timed_out, timeout, err_lines, key: bytes
             return {**base, "status": "fail", "failed_stage": "guard",
                     "reason": f"forged result: {e}; the kernel's code wrote or changed it"}
     tail = "".join(err_lines[-ERROR_TAIL_LINES:]).strip() or "(no error output)"
-    how = f"killed by signal {-returncode}" if returncode < 0 else f"exit code {returncode}"
-    return {**base, "status": "crash", "reason": f"the harness process died ({how}):\n{tail}"}
+    # the first line names the cause (a signal, an exception with its sizes), the verdict shows only that line
+    return {**base, "status": "crash",
+            "reason": f"the harness process died: {crash.death_cause(returncode, ''.join(err_lines))}\n{tail}"}
 
 
 # ------------------------------------------------------------------------- the warm launcher, one per process

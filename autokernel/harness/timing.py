@@ -75,18 +75,15 @@ class _Inputs:
 _flush_buffer: torch.Tensor | None = None
 
 
-def _flush_l2(dirty: bool = True):
-    """Evict the L2. Writing the buffer (the protocol's default, as triton.testing.do_bench does) leaves
-    every line dirty, so the timed call also pays for writing back an L2's worth of data it never touched,
-    as a kernel after another kernel's writes does in a model. Reading it (dirty=False) leaves the lines
-    clean: the timed call pays for its own bytes only (scripts/l2_flush_effect.py compares the two)."""
+def _flush_l2():
+    """Evict the L2 by writing a buffer larger than it (as triton.testing.do_bench does). Every line is left
+    dirty, so the timed call also pays for writing back an L2's worth of data it never touched, as a kernel
+    after another kernel's writes does in a model; a kernel that only reads pays it without the credit a
+    writing kernel gets (BENCHMARKS.md, the L2 flush table; docs/timing.md)."""
     global _flush_buffer
     if _flush_buffer is None:
         _flush_buffer = torch.zeros(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
-    if dirty:
-        _flush_buffer.zero_()
-    else:
-        _flush_buffer.max()
+    _flush_buffer.zero_()
 
 
 def runs_for(estimate_ms: float, target_ms: float = TARGET_MS, most: int = MAX_RUNS) -> int:
@@ -109,15 +106,14 @@ def _warm_up(fn: Callable, source) -> float:
 
 def _queue_spin(host_us: float) -> int:
     """Spin cycles that keep the GPU busy while the host queues one timed call. Without the spin a call whose
-    host cost exceeds its GPU time is timed from the start event to its last launch: a 10-40 us kernel behind
-    a 20-60 us Python launcher measured 2-4x its GPU time whenever the host ran slow (H200, add_rmsnorm,
-    kernel and torch.compile alike, in some processes and not in others)."""
+    host cost exceeds its GPU time is timed from the start event to its last launch, so a small kernel behind
+    a slow Python launcher reads several times its GPU time whenever the host runs slow (docs/timing.md)."""
     return int(_spin_cycles_per_us() * min(QUEUE_SPIN_MAX_US, QUEUE_SPIN_FACTOR * host_us + QUEUE_SPIN_PAD_US))
 
 
-def _timed_run(fn: Callable, inputs: tuple, start, end, spin_cycles: int, dirty_flush: bool = True):
+def _timed_run(fn: Callable, inputs: tuple, start, end, spin_cycles: int):
     """One run of fn between two events, after an L2 flush and a spin that outlasts the host's queueing."""
-    _flush_l2(dirty_flush)
+    _flush_l2()
     if spin_cycles:
         torch.cuda._sleep(spin_cycles)
     start.record()
@@ -127,7 +123,7 @@ def _timed_run(fn: Callable, inputs: tuple, start, end, spin_cycles: int, dirty_
 
 
 def time_gpu(fn: Callable, input_sets: Sequence[tuple] | None, reps: int | None = None,
-             keep_outputs: bool = False, dirty_flush: bool = True, fresh: Callable[[], tuple] | None = None,
+             keep_outputs: bool = False, fresh: Callable[[], tuple] | None = None,
              check_runs: int = 0, latency: bool = False) -> Timing:
     """Median GPU time of fn(*inputs) with the L2 flushed before each run. Inputs rotate over input_sets, or,
     with fresh, are a new set every run (made outside the timed region). latency: no spin before the call, so
@@ -137,7 +133,7 @@ def time_gpu(fn: Callable, input_sets: Sequence[tuple] | None, reps: int | None 
     spin = 0 if latency else _queue_spin(host_us)
     if reps is None:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        _timed_run(fn, source.get(0), start, end, spin, dirty_flush)
+        _timed_run(fn, source.get(0), start, end, spin)
         torch.cuda.synchronize()
         reps = runs_for(start.elapsed_time(end))
     source = _Inputs(input_sets, fresh, check_runs, reps)
@@ -147,7 +143,7 @@ def time_gpu(fn: Callable, input_sets: Sequence[tuple] | None, reps: int | None 
     for i in range(reps):
         inputs = source.get(i)
         pristine = source.pristine(i, inputs)
-        out = _timed_run(fn, inputs, starts[i], ends[i], spin, dirty_flush)
+        out = _timed_run(fn, inputs, starts[i], ends[i], spin)
         source.keep(i, inputs, pristine, out)
         if keep_outputs:
             outputs[i % len(input_sets)] = out
@@ -161,7 +157,7 @@ def time_turns(fns: dict[str, Callable], input_sets: Sequence[tuple], device: st
     """Microseconds of each of several functions timed in turns: one run of each per turn, the order reversed
     every other turn, the L2 flushed before every run on a GPU. Comparing the samples turn by turn cancels
     the drift of clocks and temperature between two measurements taken one after the other, which is larger
-    than a difference of a few tenths of a percent (two verify runs of one model: 11.63 and 11.59 ms).
+    than a difference of a few tenths of a percent between two kernel sets of one model.
     latency: as in time_gpu, each run timed as its caller waits for it (no spin hides the host's cost)."""
     cuda = device == "cuda"
     if cuda:
@@ -216,8 +212,8 @@ def time_fn(fn: Callable, input_sets: Sequence[tuple] | None, device: str, keep_
 def host_cost_us(fn, args: tuple, device: str, calls: int = HOST_CALLS, rounds: int = HOST_ROUNDS) -> float:
     """Host microseconds per call: `calls` calls enqueued back to back without a sync (the GPU runs behind),
     the least of `rounds`. What a launch-bound eager model pays per call whatever the GPU does. Interrupts,
-    the garbage collector and other processes only ever add to a round: the median of five still moved by
-    tens of percent between benches of the same kernel (H200, rotary: 18 to 50 us per call)."""
+    the garbage collector and other processes only ever add to a round, and a median still moves by tens of
+    percent between benches of the same kernel."""
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     if device != "cuda":
         calls, rounds = CPU_HOST_CALLS, 1
@@ -230,23 +226,6 @@ def host_cost_us(fn, args: tuple, device: str, calls: int = HOST_CALLS, rounds: 
         samples.append((time.perf_counter() - start) / calls * 1e6)
     sync()
     return min(samples)
-
-
-def enqueue_and_total_us(fn, args: tuple, device: str, reps: int) -> tuple[float, float]:
-    """Medians over `reps` calls of (host microseconds to enqueue one call, that call's microseconds to completion),
-    the device idle at each call's start. A call whose enqueueing takes nearly all its time is host-bound: a
-    model's forward without a CUDA graph, when its kernels are launched more slowly than the GPU runs them."""
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    host, total = [], []
-    for _ in range(reps):
-        sync()
-        start = time.perf_counter()
-        fn(*args)
-        enqueued = time.perf_counter()
-        sync()
-        host.append((enqueued - start) * 1e6)
-        total.append((time.perf_counter() - start) * 1e6)
-    return statistics.median(host), statistics.median(total)
 
 
 def host_clock_us(fn: Callable, input_sets: Sequence[tuple], calls: int) -> float | None:

@@ -1,7 +1,7 @@
 """A warm launcher ("zygote") for the harness's child processes.
 
 Starting `python -m autokernel.harness.harness` costs seconds per experiment before any kernel runs: importing
-torch, triton and the harness (3-4 s on a GPU machine, more where every import compiles bytecode). The
+torch, triton and the harness (seconds, more where every import compiles bytecode). The
 zygote is a long-lived process that does those imports once, never touches CUDA (a child forked from a
 process holding a CUDA context cannot use the GPU), and on each request forks a child that runs exactly
 what `python -m autokernel.harness.harness ARGS` runs: in its own session (so the parent can kill its whole
@@ -39,9 +39,9 @@ from autokernel.harness.processes import signal_group
 
 # Imported once in the zygote. The interpreter's module only in CPU mode (TRITON_INTERPRET=1).
 # torch._inductor.config: torch.use_deterministic_algorithms (the harness's guards) imports it, and with
-# it torch._dynamo: 1.2 s of every child's time on a CPU, spent once here instead.
-PRELOAD = ("torch", "triton", "triton.language", "torch._inductor.config", "reference", "autokernel.harness.harness",
-           "autokernel.harness.perf")
+# it torch._dynamo: a large share of every child's start, spent once here instead.
+PRELOAD = ("torch", "triton", "triton.language", "torch._inductor.config", "autokernel.registry",
+           "autokernel.harness.harness", "autokernel.harness.perf")
 PRELOAD_INTERPRETER = ("triton.runtime.interpreter",)
 READY_TIMEOUT_S = 300  # the zygote's imports; a cold GPU image compiling bytecode takes a minute or more
 REPLY_TIMEOUT_S = 20  # from a request to the forked child's pid (a fork takes milliseconds)

@@ -9,7 +9,9 @@ ranked: a kernel taking a fraction f of the model's time, of which a fraction r 
 for its type (both GPU time per forward pass), or 1 / s for a kernel without model shapes (s: its speedup
 over PyTorch), and never above 1 (verify.py leaves out a kernel the model is faster without).
 It is printed beside the last end-to-end measurement, workspace/verify.json as verify.py writes it, so
-that the estimate is never the only number; `orchestrate.py run --verify` takes that measurement.
+that the estimate is never the only number; `orchestrate.py run --verify` takes that measurement. A
+measurement of another model or input than the kernels were extracted for says so, naming both.
+The report and progress.png count the experiments by outcome with one function (outcome_counts).
 """
 
 from __future__ import annotations
@@ -22,10 +24,11 @@ from pathlib import Path
 
 from rich.markup import escape
 
-from autokernel.profile.plan import fraction_left
+from autokernel.profile.plan import describe_input, describe_origin, fraction_left, kernel_origin, other_model
 from autokernel.results import objective_us
 
 VERIFY_JSON = Path("workspace/verify.json")  # verify.py's full report, written on every run
+KERNELS_DIR = Path("workspace/kernels")  # extract.py's files and the loop's winners, each with its MODEL_SOURCE
 # verify.py's timing rows the estimate is compared with: GPU time alone (the profile's f is GPU time),
 # then the model as an eager user runs it
 VERIFY_ROWS = (("optimized_graph", "with CUDA graphs (GPU time, the estimate's counterpart)"),
@@ -103,9 +106,40 @@ class LiveLine:
             self._live.update(escape(text))
 
 
+# ------------------------------------------------------------------------------ what became of each experiment
+OUTCOMES = ("baseline", "kept", "reverted", "failed")  # the loop's; a tag's rows may also hold bench.py's "by hand"
+LOOP_STATUSES = {"baseline": "baseline", "keep": "kept", "revert": "reverted"}
+
+
+def outcome(row: dict) -> str:
+    """What became of one experiment, as its results.tsv row records it: "failed" for a crash, a timeout or an
+    incorrect kernel (correctness FAIL); else its status: "baseline", "kept", "reverted" (timed and not faster,
+    not timed because it launches exactly what the best launches, or an edit that never reached the harness),
+    or "by hand" (a bench.py row given the tag)."""
+    if row.get("status") in ("crash", "timeout", "fail") or row.get("correctness") == "FAIL":
+        return "failed"
+    return LOOP_STATUSES.get(row.get("status"), "by hand")
+
+
+def outcome_counts(rows: list[dict]) -> dict[str, int]:
+    """Experiments per outcome (every one of OUTCOMES, "by hand" only when there is one): the plot and the
+    report count with this, so that both say what results.tsv says."""
+    counts = dict.fromkeys(OUTCOMES, 0)
+    for row in rows:
+        kind = outcome(row)
+        counts[kind] = counts.get(kind, 0) + 1
+    return counts
+
+
+def outcome_text(counts: dict[str, int]) -> str:
+    """"2 baselines, 3 kept, 6 reverted, 1 failed" (and "1 by hand" when there is one)."""
+    return ", ".join(f"{n} {'baselines' if kind == 'baseline' and n != 1 else kind}" for kind, n in counts.items())
+
+
 # ------------------------------------------------------------------------------ the report
 def kernel_summaries(rows: list[dict], jobs: list[dict]) -> list[dict]:
-    """Per kernel (in queue order, then any other kernel_file seen): baseline, best, runs and kept."""
+    """Per kernel (in queue order, then any other kernel_file seen): baseline, best, runs, and its runs by
+    outcome (outcome_counts)."""
     names = [j["source"] for j in jobs] + sorted({r["kernel_file"] for r in rows} - {j["source"] for j in jobs})
     by_source = {j["source"]: j for j in jobs}
     out = []
@@ -119,7 +153,7 @@ def kernel_summaries(rows: list[dict], jobs: list[dict]) -> list[dict]:
             "kernel": job.get("name", Path(source).stem), "source": source, "f": job.get("f"),
             "time_us": job.get("time_us"),
             "status": job.get("status", ""), "reason": job.get("reason", ""),
-            "runs": len(mine), "kept": sum(r["status"] == "keep" for r in mine),
+            "runs": len(mine), "outcomes": outcome_counts(mine),
             "baseline_us": objective_us(base) if base else None,
             "best_us": objective_us(best) if best else None,
             "best_vs_pytorch": (_float(best.get("model_vs_pytorch")) or _float(best["speedup_vs_pytorch"]))
@@ -171,8 +205,10 @@ def measured_speedup(verify: dict) -> tuple[float, str] | None:
     return None
 
 
-def read_verify(root: Path) -> dict | None:
-    """verify.py's last report (workspace/verify.json) with its file time, or None when there is none."""
+def read_verify(root: Path, kernel_files: list[Path] | None = None) -> dict | None:
+    """verify.py's last report (workspace/verify.json) with its file time, or None when there is none; its
+    "warnings" say when it measured another model or input than the kernels were extracted for (kernel_files,
+    by default the workspace's kernels: verify_warnings)."""
     path = root / VERIFY_JSON
     try:
         data = json.loads(path.read_text())
@@ -181,7 +217,30 @@ def read_verify(root: Path) -> dict | None:
     if not isinstance(data, dict) or not isinstance(data.get("timing"), dict):
         return None
     written = datetime.fromtimestamp(path.stat().st_mtime, timezone.utc)
-    return {**data, "written": written.isoformat(timespec="seconds")}
+    files = sorted((root / KERNELS_DIR).glob("*.py")) if kernel_files is None else kernel_files
+    return {**data, "written": written.isoformat(timespec="seconds"), "warnings": verify_warnings(data, files)}
+
+
+def verify_warnings(verify: dict, kernel_files: list[Path]) -> list[str]:
+    """One line per model (or input) the kernels were extracted for (their MODEL_SOURCE) that verify.json did not
+    measure, naming both: compared as verify.py compares a kernel file with its model (plan.other_model)."""
+    from autokernel.profile.extraction import model_origin
+
+    measured = model_origin(verify)
+    origins = {json.dumps(o, sort_keys=True): o for o in map(kernel_origin, kernel_files) if o is not None}
+    if measured is None or not origins:
+        return []
+    lines = []
+    for origin in origins.values():
+        differs = other_model(origin, measured)
+        if differs == "model":
+            lines.append(f"warning: {VERIFY_JSON} measured {describe_origin(measured)}, not "
+                         f"{describe_origin(origin)} that the kernels were extracted for: its end-to-end figure is "
+                         "another model's (run verify.py on this one: orchestrate.py report --verify)")
+        elif differs == "input":
+            lines.append(f"warning: {VERIFY_JSON} measured this model at input {describe_input(measured)}, the "
+                         f"kernels were extracted at {describe_input(origin)}: its figure is another input's")
+    return lines
 
 
 def estimate_lines(estimate: float | None, verify: dict | None, last_kept: str | None, cpu: bool = False) -> list[str]:
@@ -200,6 +259,7 @@ def estimate_lines(estimate: float | None, verify: dict | None, last_kept: str |
         verify["written"] < last_kept else ""
     lines.append(f"measured by verify.py, {verify.get('model', '?')} input {verify.get('input_shape')} "
                  f"({where}, {verify['written']}){stale}:")
+    lines += [f"  {line}" for line in verify.get("warnings") or []]
     for row, label in VERIFY_ROWS:
         r = verify["timing"].get(row)
         if r and r.get("speedup_vs_eager"):
@@ -253,18 +313,26 @@ def is_cpu(device: str) -> bool:
 
 
 def report_table(summaries: list[dict], tag: str, device: str = ""):
+    """Per kernel: its share, times, speedups, and its experiments by outcome (outcome_counts), the tag's
+    totals in the title."""
     from rich.table import Table
 
     where = f" on {device}" if device else ""
-    table = Table(title=f"AutoKernel report: tag {tag}{where}", caption=f"CPU mode: {CPU_CAVEAT}" if is_cpu(device)
-                  else None, caption_style="bold red")
+    totals = outcome_counts([])
+    for s in summaries:
+        totals.update({kind: totals.get(kind, 0) + n for kind, n in s["outcomes"].items()})
+    kinds = [kind for kind in totals if kind != "baseline"]
+    table = Table(title=f"AutoKernel report: tag {tag}{where}\n{sum(s['runs'] for s in summaries)} experiments: "
+                  f"{outcome_text(totals)}", caption=f"CPU mode: {CPU_CAVEAT}" if is_cpu(device) else None,
+                  caption_style="bold red")
     for col in ("kernel", "share f", "time", "baseline", "best", "vs baseline", "vs pytorch", "host/call", "runs",
-                "kept", "state"):
+                *kinds, "state"):
         table.add_column(col, justify="left" if col in ("kernel", "time", "state") else "right")
     for s in summaries:
         gain = f"{s['baseline_us'] / s['best_us']:.2f}x" if s["baseline_us"] and s["best_us"] else "-"
         table.add_row(escape(s["kernel"]), f"{s['f']:.1%}" if s["f"] else "-",
                       "in model" if s["in_model"] else "one call", format_us(s["baseline_us"]),
                       format_us(s["best_us"]), gain, format_x(s["best_vs_pytorch"]), format_us(s["host_us"]),
-                      str(s["runs"]), str(s["kept"]), escape(state_text(s["status"], s["reason"])))
+                      str(s["runs"]), *(str(s["outcomes"].get(k, 0)) for k in kinds),
+                      escape(state_text(s["status"], s["reason"])))
     return table

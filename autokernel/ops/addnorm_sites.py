@@ -1,5 +1,5 @@
-"""The model sites of add_rmsnorm and add_layernorm: pre-norm decoder layers whose residual add after attention and
-the norm after it become one kernel call.
+"""The model sites of the add-norm types (autokernel/types/add_rmsnorm.py, add_layernorm.py): pre-norm decoder
+layers whose residual add after attention and the norm after it become one kernel call.
 
 A Llama-family layer (input_layernorm, self_attn, post_attention_layernorm, mlp) or a GPT-2 block (ln_1, attn,
 ln_2, mlp) computes, after its attention,
@@ -11,8 +11,8 @@ ln_2, mlp) computes, after its attention,
 
 Replacing the norm alone (the rmsnorm / layernorm types) leaves the add as a kernel of its own, which costs
 the fusion torch.compile would have made of the two. So the layer's own forward is rewritten: its source
-is parsed, these statements become `residual, h = add_norm(self, residual, h)` (one `autokernel::add_rmsnorm`
-call returning the sum and the normed sum), and the result is compiled in the module that defined the layer.
+is parsed, these statements become `residual, h = add_norm(self, residual, h)` (one call of the add-norm
+kernel returning the sum and the normed sum), and the result is compiled in the module that defined the layer.
 Everything else is the original code, so the arguments are passed on and the return value is built exactly
 as the installed transformers version does it, whatever its signature. An `if` block between the add and
 the norm (GPT-2's cross-attention) keeps the original statements in its taken branch.
@@ -53,10 +53,9 @@ class AddNorm:
     Called with the add's two operands in the order the original wrote them; where the call does not fit the
     kernel (mixed dtypes, a broadcast, a gradient wanted) it runs the original statements."""
 
-    def __init__(self, site: Site, kernel_type: str, norm_attr: str, eps: float):
-        self.site, self.norm_attr, self.eps = site, norm_attr, eps
+    def __init__(self, site: Site, kernel_type: str, norm_attr: str, eps: float, with_bias: bool):
+        self.site, self.norm_attr, self.eps, self.with_bias = site, norm_attr, eps, with_bias
         self.op = customops.op(kernel_type)
-        self.with_bias = kernel_type == "add_layernorm"
 
     def __call__(self, layer: nn.Module, a, b):
         norm = getattr(layer, self.norm_attr)
@@ -91,36 +90,15 @@ class AddNorm:
         return None
 
 
-def add_rmsnorm_layer_site(name, m):
-    """add_rmsnorm's module site: a pre-norm decoder layer whose post-attention norm is an RMSNorm site."""
-    layout = _layout(m)
-    if layout is None or "RMSNorm" not in type(getattr(m, layout[2])).__name__:
-        return None
-    norm_site, eps = swap.rmsnorm_probed(f"{name}.{layout[2]}", getattr(m, layout[2]))
-    return _fuse(name, m, layout[2], "add_rmsnorm", None if norm_site.swapped else norm_site.reason, eps)
-
-
-def add_layernorm_layer_site(name, m):
-    """add_layernorm's module site: a pre-norm decoder layer whose post-attention norm is an nn.LayerNorm."""
-    layout = _layout(m)
-    if layout is None or not isinstance(getattr(m, layout[2]), nn.LayerNorm):
-        return None
-    norm = getattr(m, layout[2])
-    reason = None
-    if type(norm) is not nn.LayerNorm:
-        reason = "a LayerNorm subclass: its forward may differ"
-    elif len(norm.normalized_shape) != 1:
-        reason = "normalizes over more than the last dimension"
-    return _fuse(name, m, layout[2], "add_layernorm", reason, norm.eps)
-
-
-def _layout(m) -> tuple | None:
+def layout_of(m) -> tuple | None:
+    """The (first norm, attention, post-attention norm, MLP) attribute names of a pre-norm decoder layer, or None."""
     return next((layout for layout in DECODER_LAYOUTS
                  if all(isinstance(getattr(m, attr, None), nn.Module) for attr in layout)), None)
 
 
-def _fuse(name, m, norm_attr: str, kernel_type: str, norm_reason: str | None, eps):
-    """(Site, m with its forward rewritten) or (Site with the reason, None)."""
+def fuse(name, m, norm_attr: str, kernel_type: str, norm_reason: str | None, eps, with_bias: bool):
+    """The module site of an add-norm type in decoder layer m: (Site, m with its forward rewritten) or (Site with
+    the reason, None). norm_reason: why the norm itself is not a site (None: it is); with_bias: a LayerNorm."""
     site = Site(name, f"{type(m).__name__}(residual add + {norm_attr})", kernel_type, False)
     if norm_reason:
         site.reason = f"{norm_attr}: {norm_reason}"
@@ -129,7 +107,7 @@ def _fuse(name, m, norm_attr: str, kernel_type: str, norm_reason: str | None, ep
     if forward is None:
         site.reason = reason
         return site, None
-    fused = forward(AddNorm(site, kernel_type, norm_attr, eps))
+    fused = forward(AddNorm(site, kernel_type, norm_attr, eps, with_bias))
     m.forward = types.MethodType(fused, m)
     setattr(m, swap.OWNS, (norm_attr,))
     site.swapped = True

@@ -1,10 +1,11 @@
-"""rope_attention's model sites: an HF attention module (LlamaAttention and its relatives) whose RoPE, repeat_kv
-and attention run as one `autokernel::rope_attention` call.
+"""HF attention modules (LlamaAttention and its relatives) whose RoPE, repeat_kv and attention run as one kernel
+call: the model sites of the RoPE-attention type (autokernel/types/rope_attention.py), which hands its name and
+reference to `module_site`.
 
 A candidate is a module with q_proj, k_proj, v_proj and o_proj Linears, a head_dim, num_key_value_groups, and a
 forward that takes hidden_states, position_embeddings=(cos, sin) and attention_mask (transformers >= 4.48; the
 names are read from the forward's signature, not assumed). It is swapped when a probe agrees: the original forward
-on a random input, with no mask and no cache, must give o_proj(rope_attention_ref(q, k, v, cos, sin)) computed in
+on a random input, with no mask and no cache, must give o_proj(reference(q, k, v, cos, sin)) computed in
 float64 from its own weights; a module with q/k norms (Qwen3), partial rotary or another scaling fails the probe
 and is left alone. The probe also records what the forward returns (its tuple length: (out, weights) in 5.x,
 (out, weights, cache) in older 4.x), so the replacement returns the same.
@@ -37,18 +38,8 @@ import torch
 import torch.nn as nn
 
 from autokernel.ops.customops import KERNEL_DTYPES, PerTables, Site, grad_reason, in_eager
-from autokernel.ops.swap import (
-    PROBE_SEQ,
-    REL_L2_TOLERANCE,
-    _dtype_device,
-    _f64,
-    _KernelModule,
-    _model_modules,
-    reference,
-    rel_l2,
-)
+from autokernel.ops.swap import PROBE_SEQ, REL_L2_TOLERANCE, KernelModule, dtype_device, f64, model_modules, rel_l2
 
-KERNEL_TYPE = "rope_attention"
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
 # the KV cache argument by its name in transformers >= 5.24 ("cache"; past_key_values still accepted, deprecated),
 # earlier 5.x and 4.x
@@ -94,12 +85,12 @@ def _rotated(x, cos, sin, eager: bool):
     return x * c + x.roll(x.shape[-1] // 2, -1) * signed
 
 
-class KernelRopeAttention(_KernelModule):
+class KernelRopeAttention(KernelModule):
     """The attention module with RoPE + repeat_kv + attention as one kernel call where the call fits (see the
     module docstring); the original forward otherwise."""
 
-    def __init__(self, original: nn.Module, site: Site, call: CallShape):
-        super().__init__(original, site, KERNEL_TYPE)
+    def __init__(self, original: nn.Module, site: Site, call: CallShape, kernel_type: str):
+        super().__init__(original, site, kernel_type)
         self.call = call
         # read once: a module without the attribute makes every lookup raise inside nn.Module.__getattr__
         self.window = getattr(original, "sliding_window", None) or getattr(getattr(original, "config", None),
@@ -170,26 +161,26 @@ def _probe_tables(head_dim: int, dtype, device):
     return emb.cos().to(device, dtype), emb.sin().to(device, dtype)
 
 
-def _expected(m, x, cos, sin, scaling):
+def _expected(m, x, cos, sin, scaling, reference):
     """What the module must compute, in float64 from its own weights: projections, the reference, o_proj."""
     x, cos, sin = x.double(), cos.double(), sin.double()
     heads = (x.shape[0], x.shape[1], -1, m.head_dim)
-    q, k, v = (nn.functional.linear(x, _f64(getattr(m, p).weight), _f64(getattr(m, p).bias))
+    q, k, v = (nn.functional.linear(x, f64(getattr(m, p).weight), f64(getattr(m, p).bias))
                .view(heads).transpose(1, 2) for p in PROJECTIONS[:3])
-    out = reference.rope_attention_ref(q, k, v, cos, sin, True, scaling).transpose(1, 2).reshape(*x.shape[:2], -1)
-    return nn.functional.linear(out, _f64(m.o_proj.weight), _f64(m.o_proj.bias))
+    out = reference(q, k, v, cos, sin, True, scaling).transpose(1, 2).reshape(*x.shape[:2], -1)
+    return nn.functional.linear(out, f64(m.o_proj.weight), f64(m.o_proj.bias))
 
 
-def _probe(m) -> tuple[str | None, int | None]:
+def _probe(m, reference) -> tuple[str | None, int | None]:
     """(None or why not, the forward's output count) from one call of the original on a random input."""
-    dtype, device = _dtype_device(m)
+    dtype, device = dtype_device(m)
     hidden = m.q_proj.in_features
     x = torch.randn(1, PROBE_SEQ, hidden, generator=torch.Generator().manual_seed(1)).to(device, dtype)
     cos, sin = _probe_tables(m.head_dim, dtype, device)
     try:
         with torch.no_grad():
             got = m(hidden_states=x, position_embeddings=(cos, sin), attention_mask=None)
-            want = _expected(m, x, cos, sin, float(getattr(m, "scaling", m.head_dim ** -0.5)))
+            want = _expected(m, x, cos, sin, float(getattr(m, "scaling", m.head_dim ** -0.5)), reference)
     except Exception as e:  # a forward that wants other arguments is not this kind of site
         return f"probe raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", None
     n_outputs = len(got) if isinstance(got, tuple) else None
@@ -202,14 +193,15 @@ def _probe(m) -> tuple[str | None, int | None]:
     return None, n_outputs
 
 
-def rope_attention_module_site(name, m):
-    """rope_attention's module site: an HF attention module (see the module docstring) that passes the probe."""
+def module_site(name, m, kernel_type: str, reference):
+    """An HF attention module (see the module docstring) that passes the probe against reference (q, k, v, cos,
+    sin, causal, sm_scale): (Site, its replacement running kernel_type's op), or None for another module."""
     if not all(isinstance(getattr(m, p, None), nn.Linear) for p in PROJECTIONS) or not isinstance(
             getattr(m, "head_dim", None), int) or not hasattr(m, "num_key_value_groups"):
         return None
     what = (f"{type(m).__name__}(Hq={m.q_proj.out_features // m.head_dim}, "
             f"Hkv={m.k_proj.out_features // m.head_dim}, D={m.head_dim})")
-    site = Site(name, what, KERNEL_TYPE, False)
+    site = Site(name, what, kernel_type, False)
     names = list(inspect.signature(m.forward).parameters)
     if not {"hidden_states", "position_embeddings", "attention_mask"} <= set(names):
         site.reason = "forward takes no hidden_states, position_embeddings and attention_mask (transformers < 4.48)"
@@ -217,13 +209,13 @@ def rope_attention_module_site(name, m):
     if not getattr(m, "is_causal", True):
         site.reason = "not causal"
         return site, None
-    reason, n_outputs = _probe(m)
+    reason, n_outputs = _probe(m, reference)
     if reason:
         site.reason = reason
         return site, None
     call = CallShape({n: i for i, n in enumerate(names)}, n_outputs)
     site.swapped = True
-    return site, KernelRopeAttention(m, site, call)
+    return site, KernelRopeAttention(m, site, call, kernel_type)
 
 
 # ------------------------------------------------------------------------------ the causal mask under compile
@@ -250,7 +242,8 @@ def _causal_mask_wrapper(original):
 
 
 def causal_mask_patches(model: nn.Module, sites) -> tuple[list, list[Site]]:
-    """rope_attention's model functions: transformers' create_causal_mask in the model's modules (see the docstring)."""
+    """Model functions of the attention sites: transformers' create_causal_mask in the model's modules (see the
+    docstring)."""
     try:
         from transformers import masking_utils
     except ImportError:
@@ -261,5 +254,5 @@ def causal_mask_patches(model: nn.Module, sites) -> tuple[list, list[Site]]:
             or leading[3] not in CACHE_NAMES:
         return [], []  # another transformers: its masks are left alone (layers with a mask fall back)
     wrapper = _causal_mask_wrapper(original)
-    return [(module, "create_causal_mask", wrapper) for module in _model_modules(model)
+    return [(module, "create_causal_mask", wrapper) for module in model_modules(model)
             if vars(module).get("create_causal_mask") is original], []

@@ -17,18 +17,17 @@ whose fake only computes the output's shape and dtype. The ops are defined once 
 `_TRACEABLE`), so verify.py can plug in other files (or a single type, to find the kernel behind a
 mismatch) without redefining anything. Outside a compile the model calls the kernel straight (through
 launchers.fast): the op only matters to a graph, and its dispatch (autograd wrapper, redispatch,
-alias checks) costs ~10 us of host time per call, which a model of a hundred kernel calls per forward
-pays in full whenever it runs without a CUDA graph. A call that needs a gradient runs the original op.
+alias checks) costs host time on every call, several times a launch's, which a model of a hundred kernel
+calls per forward pays in full whenever it runs without a CUDA graph (docs/launch-cost.md). A call that needs a
+gradient runs the original op.
 
 What an op is (its schema, its output's shape) comes from the type's registry entry (`Deployment`,
 autokernel/kerneltype.py), handed over with the kernel (`install`); this module keeps no per-type table.
 
-Drop-in replacements: for each torch function a kernel stands for (F.scaled_dot_product_attention,
-F.softmax and torch.softmax, F.layer_norm, F.rms_norm, F.linear, F.cross_entropy, and rotary helpers
-of the reference's conventions) a wrapper with the function's own signature runs the op when a call
-fits the kernel and the original function otherwise, and records each call site with the reason
-(CallSites). The `replace_*` builders are what the built-in entries name as their Deployment's
-functions; where the wrappers are patched in, and for how long, is swap.py's business.
+Drop-in replacements: a type module (autokernel/types/) names, as its Deployment's functions, wrappers of the torch
+functions its kernel stands for (F.softmax, F.linear, ...), built on what is here: `original` (the function before
+any patch), `CallSites` (each call site with the reason a call fell back), `grad_reason`, `in_eager`, `PerTables`.
+Where the wrappers are patched in, and for how long, is swap.py's business.
 """
 
 from __future__ import annotations
@@ -161,7 +160,7 @@ def op(kernel_type: str):
         raise KeyError(f"no kernel installed for {kernel_type!r}")
     custom = getattr(getattr(torch.ops, NAMESPACE), kernel_type).default
 
-    def call(*args):  # eager under no_grad: ~1 us of host time over the kernel_fn it runs
+    def call(*args):  # eager under no_grad: a few checks of host time over the kernel_fn it runs
         if torch.compiler.is_compiling() or (torch.is_grad_enabled() and any(
                 getattr(a, "requires_grad", False) for a in args)):  # (isinstance(a, Tensor) costs more)
             return custom(*args)
@@ -253,11 +252,14 @@ def _fake_output(kernel_type: str, args):
 # ------------------------------------------------- drop-in replacements of torch functions
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
-# torch functions as they are before any patch, so wrappers never call each other.
-_ORIGINALS = {name: getattr(F, name) for name in
-              ("scaled_dot_product_attention", "softmax", "layer_norm", "rms_norm", "linear", "cross_entropy")
-              if hasattr(F, name)}
-_TORCH_SOFTMAX = torch.softmax
+# torch's functions as they are before any patch (this module is imported before a model is optimized), so that a
+# drop-in wrapper never calls another one
+_ORIGINALS = {id(owner): dict(vars(owner)) for owner in (F, torch)}
+
+
+def original(owner, name: str):
+    """owner.name (owner: torch.nn.functional or torch) as it was before any patch; None where torch has none."""
+    return _ORIGINALS[id(owner)].get(name)
 
 
 @dataclass
@@ -314,176 +316,6 @@ class CallSites:
             site.reason = reason
 
 
-def _attention_unfit(q, k, v, attn_mask, dropout_p, enable_gqa) -> str | None:
-    if attn_mask is not None:
-        return "an attention mask is given (the kernel takes causal or none)"
-    if dropout_p:
-        return "attention dropout"
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        return "not [batch, heads, seq, head_dim] tensors"
-    if q.dtype not in KERNEL_DTYPES or not q.dtype == k.dtype == v.dtype:
-        return f"dtypes {q.dtype}, {k.dtype}, {v.dtype}"
-    if q.shape[2] != k.shape[2] or k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
-        return "queries and keys differ in length (cross-attention or a KV cache)"
-    if q.shape[1] != k.shape[1] and not (enable_gqa and q.shape[1] % k.shape[1] == 0):
-        return "different head counts for queries and keys"
-    return None
-
-
-def replace_sdpa(sites: CallSites) -> dict:
-    """F.scaled_dot_product_attention -> flash_attention where the call fits."""
-    return {_ORIGINALS["scaled_dot_product_attention"]: _sdpa_wrapper(sites)}
-
-
-def replace_softmax(sites: CallSites) -> dict:
-    """F.softmax and torch.softmax -> softmax over the last dimension."""
-    f_softmax, torch_softmax = _softmax_wrappers(sites)
-    return {_ORIGINALS["softmax"]: f_softmax, _TORCH_SOFTMAX: torch_softmax}
-
-
-def replace_layer_norm(sites: CallSites) -> dict:
-    return {_ORIGINALS["layer_norm"]: _layer_norm_wrapper(sites)}
-
-
-def replace_rms_norm(sites: CallSites) -> dict:
-    """F.rms_norm (torch >= 2.4 has it) -> rmsnorm."""
-    return {_ORIGINALS["rms_norm"]: _rms_norm_wrapper(sites)} if "rms_norm" in _ORIGINALS else {}
-
-
-def replace_linear(sites: CallSites) -> dict:
-    return {_ORIGINALS["linear"]: _linear_wrapper(sites)}
-
-
-def replace_cross_entropy(sites: CallSites) -> dict:
-    return {_ORIGINALS["cross_entropy"]: _cross_entropy_wrapper(sites)}
-
-
-def _sdpa_wrapper(sites: CallSites):
-    original = _ORIGINALS["scaled_dot_product_attention"]
-    kernel = op("flash_attention")
-
-    def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
-                                     scale=None, enable_gqa=False):
-        reason = _attention_unfit(query, key, value, attn_mask, dropout_p, enable_gqa) or grad_reason(query, key, value)
-        if in_eager():
-            sites.hit("F.scaled_dot_product_attention", "flash_attention", reason)
-        if reason:
-            extra = {"enable_gqa": True} if enable_gqa else {}
-            return original(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, **extra)
-        if key.shape[1] != query.shape[1]:  # grouped-query attention: expand K/V to every query head
-            groups = query.shape[1] // key.shape[1]
-            key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
-        return kernel(query, key, value, bool(is_causal), scale)
-
-    return scaled_dot_product_attention
-
-
-def _softmax_unfit(x, dim) -> str | None:
-    if dim is None or x.dim() == 0 or dim % x.dim() != x.dim() - 1:
-        return "not over the last dimension"
-    if x.dtype not in KERNEL_DTYPES or x.numel() == 0:
-        return f"dtype {x.dtype}" if x.numel() else "empty input"
-    return None
-
-
-def _softmax_wrappers(sites: CallSites):
-    kernel = op("softmax")
-
-    def run(name, x, dim, dtype, fallback):
-        if dtype is not None:  # softmax(x, dtype=float32) is the softmax of x cast first
-            x = x.to(dtype)
-        reason = _softmax_unfit(x, dim) or grad_reason(x)
-        if in_eager():
-            sites.hit(name, "softmax", reason, depth=3)
-        return fallback(x) if reason else kernel(x)
-
-    def f_softmax(input, dim=None, _stacklevel=3, dtype=None):
-        return run("F.softmax", input, dim, dtype, lambda x: _ORIGINALS["softmax"](x, dim))
-
-    def torch_softmax(input, dim, dtype=None):
-        return run("torch.softmax", input, dim, dtype, lambda x: _TORCH_SOFTMAX(x, dim))
-
-    return f_softmax, torch_softmax
-
-
-def _norm_unfit(input, normalized_shape, *params) -> str | None:
-    shape = tuple(normalized_shape)
-    if len(shape) != 1 or input.dim() == 0 or shape[0] != input.shape[-1]:
-        return "normalizes over more than the last dimension"
-    if input.dtype not in KERNEL_DTYPES or any(t is not None and t.dtype != input.dtype for t in params):
-        return "mixed or unsupported dtypes"
-    return None
-
-
-def _layer_norm_wrapper(sites: CallSites):
-    original, kernel = _ORIGINALS["layer_norm"], op("layernorm")
-
-    def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
-        reason = _norm_unfit(input, normalized_shape, weight, bias) or grad_reason(input, weight, bias)
-        if in_eager():
-            sites.hit("F.layer_norm", "layernorm", reason)
-        if reason:
-            return original(input, normalized_shape, weight, bias, eps)
-        # no affine weight or bias: ones and zeros compute the same, and the kernel takes tensors
-        weight = weight if weight is not None else input.new_ones(input.shape[-1])
-        return kernel(input, weight, bias if bias is not None else input.new_zeros(input.shape[-1]), eps)
-
-    return layer_norm
-
-
-def _rms_norm_wrapper(sites: CallSites):
-    original, kernel = _ORIGINALS["rms_norm"], op("rmsnorm")
-
-    def rms_norm(input, normalized_shape, weight=None, eps=None):
-        reason = _norm_unfit(input, normalized_shape, weight) or grad_reason(input, weight)
-        if in_eager():
-            sites.hit("F.rms_norm", "rmsnorm", reason)
-        if reason:
-            return original(input, normalized_shape, weight, eps)
-        weight = weight if weight is not None else input.new_ones(input.shape[-1])
-        return kernel(input, weight, torch.finfo(input.dtype).eps if eps is None else eps)  # F.rms_norm's default
-
-    return rms_norm
-
-
-def _linear_wrapper(sites: CallSites):
-    original, kernel = _ORIGINALS["linear"], op("matmul")
-
-    def linear(input, weight, bias=None):
-        fits = weight.dim() == 2 and input.dtype == weight.dtype and input.dtype in KERNEL_DTYPES
-        reason = grad_reason(input, weight, bias) if fits else "mixed dtypes or a non-2-D weight"
-        if in_eager():
-            sites.hit("F.linear", "matmul", reason)
-        if reason:
-            return original(input, weight, bias)
-        y = kernel(input, weight.t())
-        return y if bias is None else y + bias
-
-    return linear
-
-
-def _cross_entropy_wrapper(sites: CallSites):
-    original, kernel = _ORIGINALS["cross_entropy"], op("cross_entropy")
-
-    def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
-                      reduction="mean", label_smoothing=0.0):
-        reason = None
-        if weight is not None or size_average is not None or reduce is not None or label_smoothing:
-            reason = "class weights, label smoothing or legacy reduction arguments"
-        elif reduction != "mean" or ignore_index != -100:  # -100 targets: the kernel must skip them too
-            reason = f"reduction={reduction!r}, ignore_index={ignore_index} (the kernel: mean, -100)"
-        elif input.dim() != 2 or target.dim() != 1 or target.dtype != torch.long or input.dtype not in KERNEL_DTYPES:
-            reason = "not [N, V] logits with [N] integer targets"
-        reason = reason or grad_reason(input)
-        if in_eager():
-            sites.hit("F.cross_entropy", "cross_entropy", reason)
-        if reason:
-            return original(input, target, weight, size_average, ignore_index, reduce, reduction, label_smoothing)
-        return kernel(input, target)
-
-    return cross_entropy
-
-
 def deployment(kernel_type: str):
     """The Deployment the type's op was defined from (install records it)."""
     return _DEPLOYMENTS[kernel_type]
@@ -506,53 +338,3 @@ class PerTables:
         if eager:
             self.last = (cos, sin, derived)
         return derived
-
-
-def rotary_x_cos_sin(fn, sites: CallSites, name: str):
-    """fn(x, cos, sin) with cos, sin [seq, head_dim / 2]: the reference's own convention."""
-    kernel = op("rotary_embedding")
-
-    def rotary(x, cos, sin):
-        fits = (x.dim() >= 2 and x.dtype in KERNEL_DTYPES and cos.dtype == sin.dtype == x.dtype
-                and tuple(cos.shape) == tuple(sin.shape) == (x.shape[-2], x.shape[-1] // 2))
-        reason = grad_reason(x, cos, sin) if fits else "tables not [seq, head_dim/2] in x's dtype"
-        if in_eager():
-            sites.hit(name, "rotary_embedding", reason)
-        return fn(x, cos, sin) if reason else kernel(x, cos, sin)
-
-    return rotary
-
-
-def rotary_q_k_cos_sin(fn, sites: CallSites, name: str):
-    """transformers' fn(q, k, cos, sin, [position_ids=None,] unsqueeze_dim=1) (position_ids is gone from newer
-    versions) with cos, sin [1, seq, head_dim] built as cat(freqs, freqs): their first halves are the reference's
-    tables. A model hands every layer the same cos and sin: their halves are sliced once (two views, ~2 us of host
-    time each, per layer otherwise). Any other call (a partial rotary's narrower tables: GPT-NeoX, Phi; another
-    argument of fn's own) goes to fn as it came."""
-    kernel = op("rotary_embedding")
-    halves = PerTables(lambda cos, sin: (cos[0, :, : cos.shape[-1] // 2], sin[0, :, : sin.shape[-1] // 2]))
-    extra_names = list(inspect.signature(fn).parameters)[4:]  # fn's own parameters after sin
-
-    def defaults(rest: tuple, options: dict) -> bool:
-        """Whether the arguments after sin ask for what the kernel does (no position_ids, unsqueeze_dim 1)."""
-        extra = {**dict(zip(extra_names, rest)), **options}
-        return (set(extra) <= {"position_ids", "unsqueeze_dim"} and extra.get("position_ids") is None
-                and extra.get("unsqueeze_dim", 1) == 1)
-
-    def rotary(q, k, cos, sin, *rest, **options):
-        d = q.shape[-1]
-        plain = not (rest or options) or defaults(rest, options)  # a model's call passes none: no dict per call
-        fits = (q.dim() == 4 and k.dim() == 4 and cos.dim() == 3 and cos.shape[0] == 1
-                and tuple(cos.shape) == tuple(sin.shape) and cos.shape[1:] == (q.shape[2], d)
-                and q.dtype in KERNEL_DTYPES and q.dtype == k.dtype == cos.dtype == sin.dtype)
-        reason = ("called with an argument the kernel does not take" if not plain else
-                  "tables not [1, seq, head_dim] in q's dtype" if not fits else grad_reason(q, k, cos, sin))
-        eager = in_eager()
-        if eager:
-            sites.hit(name, "rotary_embedding", reason)
-        if reason:
-            return fn(q, k, cos, sin, *rest, **options)
-        c, s = halves(cos, sin, eager)
-        return kernel(q, c, s), kernel(k, c, s)
-
-    return rotary

@@ -34,9 +34,9 @@ def traceable(kernel_fn: Callable) -> Callable | None:
 
 # Module constants the traced copy takes in place of the file's, where the file has them. DESCRIPTORS: host TMA
 # descriptors cannot be traced (_traced), so a file that can make them on the device does so under torch.compile,
-# and Inductor launches its kernel from its own code instead of an opaque op's Python dispatch on every call
-# (HF TinyLlama 1x2048 compiled, without graphs: 1.23x torch.compile, against 0.90x opaque; the H200,
-# 2026-11-24). Eagerly the file's own choice stands: device descriptors cost 1-12% of kernel time there.
+# and Inductor launches its kernel from its own code instead of an opaque op's Python dispatch on every call (an
+# opaque op made a compiled model without graphs slower than torch.compile alone). Eagerly the file's own choice
+# stands: device descriptors cost kernel time there.
 TRACED_SETTINGS = {"DESCRIPTORS": "device"}
 
 
@@ -47,8 +47,8 @@ class NotTraceable(Exception):
 def _traced(kernel):
     """kernel behind wrap_triton, refusing host TMA descriptors: torch (2.11) traces a launch that takes one
     without knowing which tensor the kernel writes through it (`identify_mutated_tensors` fails on the
-    descriptor), so the compiled model dropped the kernel's output (the H200, 2026-11-23: a TinyLlama with
-    the fused MLP "1.89x" torch.compile, its MLP output never written)."""
+    descriptor), so the compiled model dropped the kernel's output (a fused MLP looked far faster than
+    torch.compile because its output was never written)."""
     wrapped = torch.library.wrap_triton(kernel)
 
     class Launch:

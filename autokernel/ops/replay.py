@@ -1,11 +1,11 @@
 """A kernel_fn's launches replayed: after the first call with given inputs, later calls with inputs of the same
 signature skip kernel_fn's Python and call the compiled Triton kernels straight.
 
-On an H200 host one call of a starter's kernel_fn costs 33-170 us of host time (scripts/launch_breakdown.py):
-12-70 us are its own Python (reshape, contiguous, empty, tile heuristics, TMA descriptors), 15-30 us are
-JITFunction.run (binding, specialization key, cache lookup), and 5-16 us the compiled launcher itself. All
-but the launcher and the output's allocation depend only on the inputs' signature (dtypes, shapes, strides,
-16-byte alignment, devices and the values of the other arguments), so they are worked out once.
+One call of a starter's kernel_fn costs host time in three parts: its own Python (reshape, contiguous, empty,
+tile heuristics, TMA descriptors), JITFunction.run (binding, specialization key, cache lookup), and the compiled
+launcher itself; the first two are most of it (docs/launch-cost.md). All but the launcher and the output's
+allocation depend only on the inputs' signature (dtypes, shapes, strides, 16-byte alignment, devices and the values
+of the other arguments), so they are worked out once.
 
 The first call of a signature runs kernel_fn once, recording:
 - every Triton launch (the kernel's @triton.jit functions are wrapped in a copy of its namespace, as in
@@ -122,7 +122,7 @@ class Plan:
 def _allocated_as_viewed(specs: list, buffers: list[Buffer]) -> list:
     """The output specs, where an output is a contiguous view of a whole buffer that no other output views (a
     kernel_fn's `out.view(x.shape)`) with that buffer allocated in the view's shape instead: a replay then returns
-    it as it is allocated, not through as_strided (~1.5 us of host time a call). The launches see only addresses."""
+    it as it is allocated, not through as_strided (host time on every call). The launches see only addresses."""
     viewers = [i for from_input, i, *_ in specs if not from_input]
     kept = []
     for spec in specs:

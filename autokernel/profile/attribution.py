@@ -6,7 +6,7 @@ GPU the device kernels it launched itself, on a CPU its self CPU time. Every ker
 one op that launched it, so summing `self_us` counts each kernel exactly once.
 
 The rules, tried in this order for each timed op (the first that matches decides); what each type
-matches is its registry entry's `Profiling` (autokernel/specs.py for the nine built-ins):
+matches is its registry entry's `Profiling` (autokernel/types/<type>.py for the built-ins):
   0. a residual add and the norm right after it, in a decoder layer (Profiling.residual_add): the
      add_rmsnorm / add_layernorm types take the add and the norm module's time together; and a GEMM with the
      elementwise op right after it (Profiling.epilogue_of): an MLP's up-projection (a Linear or Conv1D module,

@@ -123,24 +123,32 @@ def extract(plan: dict, top: int, backend: str, out_dir: Path, root: Path) -> li
     note = (f"shapes of {plan.get('model', 'the model')}, input {plan.get('input_shape')} "
             f"{plan.get('dtype', '')}, from the profile (most time first)")
     origin = model_origin(plan)
+    starters = [(entry, _starter_text(entry["type"], backend, root)) for entry in entries]  # all read, then written
     out_dir.mkdir(parents=True, exist_ok=True)
     results = []
-    for entry in entries:
+    for entry, (text, problem) in starters:
         type_, rank, shapes = entry["type"], entry["rank"], model_shapes(entry)
-        src = starter_path(type_, backend, root)
-        if not src.is_file():
-            problem = f"no {backend} starter for {type_} yet: {src.relative_to(root)} does not exist"
+        if text is None:
             results.append(Extracted(type_, rank, None, shapes, problem))
             continue
-        text = src.read_text()
-        declared = declarations(text, str(src)).get("KERNEL_TYPE")
-        if declared != type_:
-            raise ExtractError(f"{src} declares KERNEL_TYPE = {declared!r}, expected {type_!r}")
         out = out_dir / f"{rank:02d}_{type_}.py"
         text = set_model_shapes(text, shapes, note, model_calls(entry)) if shapes else text
         out.write_text(set_model_source(text, origin) if origin else text)
         results.append(Extracted(type_, rank, out, shapes))
     return results
+
+
+def _starter_text(type_: str, backend: str, root: Path) -> tuple[str | None, str | None]:
+    """(the starter's source, None), or (None, why there is none); ExtractError for a starter of another type, before
+    extract() writes anything."""
+    src = starter_path(type_, backend, root)
+    if not src.is_file():
+        return None, f"no {backend} starter for {type_} yet: {src.relative_to(root)} does not exist"
+    text = src.read_text()
+    declared = declarations(text, str(src)).get("KERNEL_TYPE")
+    if declared != type_:
+        raise ExtractError(f"{src} declares KERNEL_TYPE = {declared!r}, expected {type_!r}")
+    return text, None
 
 
 def record_kernel_files(plan: dict, extracted: list[Extracted], root: Path) -> dict:

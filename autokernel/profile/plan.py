@@ -7,6 +7,9 @@ else from the type's registry entry (default_speedup), and the plan says which. 
 gain. Two numbers sum the plan up: the combined gain if every planned type reaches its s, and the
 Amdahl ceiling, the gain if every planned type took no time at all (1 / (1 - sum f)); what no type
 covers ("other") bounds both.
+
+The plan also records the model profile.py ran (source, class, config, input shape, dtype), and the kernels
+extracted from it carry that record (MODEL_SOURCE): other_model() is the one comparison of two such records.
 """
 
 from __future__ import annotations
@@ -14,6 +17,9 @@ from __future__ import annotations
 import json
 from datetime import datetime, timezone
 from pathlib import Path
+
+from autokernel.cli import DTYPE_ALIASES
+from autokernel.kernelfile import KernelFileError, declarations
 
 PLAN_VERSION = 1
 STARTERS_JSON = Path("benchmarks/starters.json")
@@ -119,3 +125,47 @@ def read_plan(path: str | Path) -> dict:
         if not isinstance(entry, dict) or "type" not in entry or "rank" not in entry:
             raise PlanError(f"{path}: every entry needs a 'type' and a 'rank', got {entry!r}")
     return plan
+
+
+# ------------------------------------------------------------------------------ which model kernels were made for
+# One question, asked by verify.py (of the kernel files it plugs in), autokernel.optimize (of the files it swaps
+# into a model object) and the morning report (of verify.json against the tag's kernels). Each side is a record
+# in MODEL_SOURCE's form (autokernel.profile.extraction.model_origin: what extract.py writes into a kernel file):
+# {"model": "<file or package>:<class>", "config", "input_shape", "dtype"}.
+def other_model(origin: dict, this: dict) -> str | None:
+    """What tells two records apart: "model" (the model file's name or the package, the class or the config
+    differ), "input" (the same model at another input shape or dtype), or None (the same model and input)."""
+    if _model_key(origin) != _model_key(this):
+        return "model"
+    return "input" if _input_key(origin) != _input_key(this) else None
+
+
+def kernel_origin(path: str | Path) -> dict | None:
+    """A kernel file's MODEL_SOURCE (extract.py's record of the model it was extracted for), None without one."""
+    try:
+        origin = declarations(Path(path).read_text(), Path(path).name).get("MODEL_SOURCE")
+    except (OSError, KernelFileError):
+        return None
+    return origin if isinstance(origin, dict) else None
+
+
+def describe_origin(origin: dict) -> str:
+    """"models/llama.py:LlamaModel (config tiny)"."""
+    config = f" (config {origin['config']})" if origin.get("config") else ""
+    return f"{origin.get('model')}{config}"
+
+
+def describe_input(origin: dict) -> str:
+    """"1,512 fp16"."""
+    shape, dtype = _input_key(origin)
+    return f"{','.join(map(str, shape))} {dtype}"
+
+
+def _model_key(origin: dict) -> tuple:
+    source, _, class_name = str(origin.get("model", "")).rpartition(":")
+    return Path(source).name, class_name, origin.get("config")  # models/llama.py and /abs/models/llama.py alike
+
+
+def _input_key(origin: dict) -> tuple:
+    dtype = str(origin.get("dtype"))
+    return list(origin.get("input_shape") or []), DTYPE_ALIASES.get(dtype.lower(), dtype)

@@ -209,8 +209,8 @@ def device_time_us(events) -> float:
 
     Each record_function range (our module and step ranges, ProfilerStep) also has a device-side
     shadow, a user annotation spanning all the kernels inside it; counting those would count the same
-    time again, once per level of nesting (seen on an H200: 21 ms of "unattributed" time in a 1.6 ms
-    GPT-2 forward).
+    time again, once per level of nesting (many times a forward's real device time, all of it
+    "unattributed").
     """
     return sum(e.time_range.elapsed_us() for e in events if _is_device_work(e))
 

@@ -12,14 +12,19 @@ tree over the same weights (no weight is copied): the original keeps working unc
 One line says what was swapped (`quiet=True` keeps it for `model.autokernel.summary`).
 
 verify.py proves the result correct and faster; this function trusts the files it is given, and follows
-the prune of verify.py's report beside them (workspace/verify.json) when it is about this model's class. On a
+the prune of verify.py's report beside them (workspace/verify.json) when it is about this model's class. It
+warns (Python's warnings, unless quiet; `model.autokernel.warnings` either way) of a kernel file extracted for
+another model (its MODEL_SOURCE, compared as verify.py compares it: autokernel.profile.plan.other_model) and of
+a report about another model, whose prune it does not follow. On a
 machine without a GPU the kernels run only through Triton's interpreter (TRITON_INTERPRET=1, set
 before any kernel file is imported); without it a CPU model is returned as it is, and the line says why.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -56,7 +61,7 @@ def optimize(model: nn.Module, kernels: str | Path = DEFAULT_KERNELS, types: Ite
     pruned, pruned_traced = verified_prune(model, verified) if verified is not None else ({}, {})
     types = None if types is None else list(types)
     compiled_types = types if compiled_types is None else list(compiled_types)
-    wanted = None if types is None else [*types, *compiled_types]
+    wanted = None if types is None else list(dict.fromkeys([*types, *compiled_types]))  # each type once
     choices = load_kernels(kernels, wanted, starters, [*exclude, *(set(pruned) & set(pruned_traced))])
     eager = [t for t in choices if (types is None or t in types) and t not in pruned]
     traced = [t for t in choices if (compiled_types is None or t in compiled_types) and t not in pruned_traced]
@@ -65,7 +70,10 @@ def optimize(model: nn.Module, kernels: str | Path = DEFAULT_KERNELS, types: Ite
     optimized.autokernel.left_out = pruned  # type -> why verify.py left it out
     optimized.autokernel.left_out_compiled = pruned_traced  # type -> why verify.py left it out under compile
     optimized.autokernel.summary = summary_line(model, optimized.autokernel, choices)
+    optimized.autokernel.warnings = origin_lines(model, choices) + report_lines(model, verified)
     _say(optimized.autokernel.summary, quiet)
+    for line in optimized.autokernel.warnings if not quiet else ():
+        warnings.warn(line, UserWarning, stacklevel=2)
     return optimized
 
 
@@ -85,13 +93,13 @@ def load_kernels(kernels: str | Path, types: Iterable[str] | None = None, starte
 
 def entries() -> dict:
     """Type -> registry entry of every type verify.py can plug in (its entry has a deployment). The exported
-    package has no registry: there the built-in entries its runtime carries (autokernel/specs.py) are all."""
+    package has no registry: there the built-in types its runtime carries (autokernel/types/) are all."""
     try:
         from autokernel import registry
     except ImportError:
-        from autokernel import specs
+        from autokernel import types
 
-        return {spec.name: spec for spec in specs.BUILTIN if spec.deployment is not None}
+        return {spec.name: spec for spec in types.builtin() if spec.deployment is not None}
     return registry.specs_where("deployment")
 
 
@@ -104,8 +112,7 @@ def verified_prune(model: nn.Module, report: str | Path) -> tuple[dict[str, str]
     A prune in modes of one side (eager, graph; compile, compile_graph) decided both sets, one in modes of both
     sides decided each set in its own."""
     found = json.loads(Path(report).read_text())
-    about = str(found.get("model", "")).split(" (")[0]
-    if about != type(model).__name__ or found.get("correctness", {}).get("status") != "PASS":
+    if _report_model(found) != type(model).__name__ or found.get("correctness", {}).get("status") != "PASS":
         return {}, {}
     prune = found.get("prune", {})
     modes = prune.get("mode", "eager").split(",")
@@ -114,6 +121,75 @@ def verified_prune(model: nn.Module, report: str | Path) -> tuple[dict[str, str]
     if not all(sides):  # modes of one side decided both
         return (_left_out(found.get("pruned", {}), modes),) * 2
     return _left_out(found.get("pruned", {}), sides[0]), _left_out(prune.get("left_out_compiled", {}), sides[1])
+
+
+def _report_model(found: dict) -> str:
+    """The class of the model a verify.py report is about ("LlamaModel (1.1M parameters)" -> LlamaModel)."""
+    return str(found.get("model", "")).split(" (")[0]
+
+
+def report_lines(model: nn.Module, report: str | Path | None) -> list[str]:
+    """A warning line when verify.py's report is about another model's class: its prune is not followed."""
+    if report is None:
+        return []
+    about = _report_model(json.loads(Path(report).read_text()))
+    if about == type(model).__name__:
+        return []
+    return [f"warning: {report} is verify.py's report on {about or 'an unnamed model'}, not on this "
+            f"{_model_name(model)}: its prune is not followed (run verify.py on this model)"]
+
+
+def origin_lines(model: nn.Module, choices: dict) -> list[str]:
+    """One warning line per kernel file extracted for another model than `model` (its MODEL_SOURCE against what
+    the model object tells of itself, model_record), naming both. None in an exported package: it carries no
+    plan module, and its kernels are the ones verify.py checked."""
+    try:
+        from autokernel.profile.plan import describe_origin, kernel_origin, other_model
+    except ImportError:
+        return []
+    lines = []
+    for choice in choices.values():
+        origin = kernel_origin(choice.path)
+        if origin is not None and other_model(origin, model_record(model, origin)) == "model":
+            lines.append(f"warning: {Path(choice.path).name} was extracted for {describe_origin(origin)}, not for "
+                         f"this {_model_name(model)}: its shapes and tuning are another model's (run profile.py "
+                         "and extract.py for this model)")
+    return lines
+
+
+def model_record(model: nn.Module, like: dict) -> dict:
+    """`model` in MODEL_SOURCE's form, to compare with `like` (a kernel file's MODEL_SOURCE): what the object tells
+    of itself (for a model from a file, the file its class is defined in and the class; for one from a package,
+    the package and a transformers model's config name), and like's own value for what it cannot tell (a preset's
+    name, the class an Auto class stands for, the input), so that only what is known is compared."""
+    source, _, class_name = str(like.get("model", "")).rpartition(":")
+    cls, config = type(model), like.get("config")
+    if source.endswith(".py"):
+        source, class_name = _class_file(cls) or source, cls.__name__
+    else:
+        source = cls.__module__.split(".")[0]
+        config = getattr(getattr(model, "config", None), "name_or_path", None) or config
+    return {**like, "model": f"{source}:{class_name}", "config": config}
+
+
+def _class_file(cls: type) -> str | None:
+    try:
+        return inspect.getsourcefile(cls)
+    except TypeError:  # defined where no file is (an interactive session)
+        return None
+
+
+def _model_name(model: nn.Module) -> str:
+    """"GPT2Model (models/gpt2.py)": the class and where it is defined."""
+    where = _class_file(type(model)) or type(model).__module__
+    return f"{type(model).__name__} ({_shown_path(where)})"
+
+
+def _shown_path(path: str) -> str:
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return path
 
 
 def _left_out(pruned: dict, modes: list[str]) -> dict[str, str]:

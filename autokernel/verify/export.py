@@ -4,8 +4,10 @@
     DIR/<name>/__init__.py           optimize(model, types=None, exclude=(), quiet=False): autokernel.optimize
                                      over the package's own kernels
     DIR/<name>/kernels/<type>.py     the kernel files, as verified
-    DIR/<name>/_runtime/*.py         the runtime they need: custom ops, site swapping, the references the
-                                     swap probes against (copied from autokernel/, imports made relative)
+    DIR/<name>/_runtime/*.py         the runtime they need: custom ops and site swapping (copied from
+                                     autokernel/, imports made relative)
+    DIR/<name>/_runtime/types/*.py   the built-in type modules: each type's sites and the reference its probes
+                                     run against
 
 The runtime is copied, not depended on, so the package is self-contained: what runs in the user's
 process is exactly what verify.py checked. A CUDA C++ kernel file brings autokernel's build helper
@@ -20,9 +22,11 @@ from pathlib import Path
 
 from autokernel import compat
 
-# autokernel modules optimize() runs on; the built-in registry entries (specs) say how each type is plugged in
-RUNTIME = ("compat", "models", "ops/addnorm_sites", "ops/attention_sites", "ops/customops", "ops/gelu_sites",
-           "verify/deploy", "kernelfile", "kerneltype", "ops/launchers", "ops/replay", "specs", "ops/swap")
+# autokernel modules optimize() runs on, flattened into _runtime (the rooms' modules side by side), and the packages
+# copied whole as _runtime/<package>: the type modules, which say how each type is plugged in, and compat
+RUNTIME = ("models", "ops/addnorm_sites", "ops/attention_sites", "ops/customops", "verify/deploy", "kernelfile",
+           "kerneltype", "ops/launchers", "ops/replay", "ops/swap")
+PACKAGES = ("compat", "types")
 # What a CUDA C++ kernel file imports: the build helper, which runs the static check of CUDA C++ on every
 # source it compiles (sourcecheck, failing with guards.GuardFailed), in the user's process too.
 CUDA_RUNTIME = ("cuda/cuda_build", "cuda/cuda_prelude", "harness/guards", "harness/sourcecheck")
@@ -47,10 +51,13 @@ def write_package(directory: str | Path, kernels: dict[str, Path], name: str = "
         (package / "kernels" / f"{kernel_type}.py").write_text(source)
     modules = {Path(m).name: compat.ROOT / "autokernel" / f"{m}.py"
                for m in RUNTIME + (CUDA_RUNTIME if needs_cuda else ())}
-    modules["reference"] = compat.ROOT / "reference.py"
     for module, path in modules.items():
         (package / "_runtime" / f"{module}.py").write_text(relative_imports(path.read_text()))
     (package / "_runtime" / "__init__.py").write_text('"""Copied from autokernel at export; see the package."""\n')
+    for copied in PACKAGES:
+        (package / "_runtime" / copied).mkdir()
+        for path in sorted((compat.ROOT / "autokernel" / copied).glob("*.py")):
+            (package / "_runtime" / copied / path.name).write_text(relative_imports(path.read_text(), copied))
     (package / "kernels" / "__init__.py").write_text('"""The kernel files, one per type."""\n')
     everywhere = sorted(kernels)
     (package / "__init__.py").write_text(_init_source(name, sorted(everywhere if eager is None else eager),
@@ -59,18 +66,35 @@ def write_package(directory: str | Path, kernels: dict[str, Path], name: str = "
     return package
 
 
-def relative_imports(source: str) -> str:
-    """autokernel's absolute imports (and the checkout's `import reference`) as imports within _runtime."""
-    source = re.sub(r"^(\s*)from autokernel(\.\w+)* import ", _relative_from, source, flags=re.M)
-    return re.sub(r"^(\s*)import reference$", r"\1from . import reference", source, flags=re.M)
+def relative_imports(source: str, package: str | None = None) -> str:
+    """autokernel's absolute imports as imports within _runtime, for a module of _runtime itself or (package) of
+    one of the PACKAGES copied into it."""
+    return re.sub(r"^(\s*)from autokernel(\.\w+)* import ", lambda m: _relative_from(m, package), source,
+                  flags=re.M)
 
 
-def _relative_from(match: re.Match) -> str:
+def _target(dotted: str) -> str:
+    """Where autokernel's module `dotted` is within _runtime, dotted ("" for _runtime itself): a room's modules side
+    by side, a copied package as it is."""
+    parts = dotted.split(".")[1:]
+    if parts and parts[0] in PACKAGES:
+        return ".".join(parts)
+    if not parts or (compat.ROOT / "autokernel" / Path(*parts)).is_dir():
+        return ""  # autokernel itself, or a room: its modules are _runtime's
+    return parts[-1]
+
+
+def _relative_from(match: re.Match, package: str | None) -> str:
     """`from autokernel[.room] import m` as `from . import m`, `from autokernel[.room].m import x` as
-    `from .m import x`: _runtime holds the modules of every room side by side."""
-    dotted = match.group(0).strip()[len("from "):-len(" import")]
-    is_package = (compat.ROOT / dotted.replace(".", "/")).is_dir()
-    return f"{match.group(1)}from .{'' if is_package else dotted.rsplit('.', 1)[-1]} import "
+    `from .m import x`; from inside a copied package, its own modules at `.`, the rest of _runtime at `..`."""
+    target = _target(match.group(0).strip()[len("from "):-len(" import")])
+    if package is None:
+        where = "." + target
+    elif target == package or target.startswith(package + "."):
+        where = "." + target[len(package) + 1:]
+    else:
+        where = ".." + target
+    return f"{match.group(1)}from {where} import "
 
 
 def _kernel_source(source: str, name: str) -> tuple[str, bool]:
@@ -108,6 +132,7 @@ def optimize(model, types=None, exclude=(), quiet=False):
 
 
 def _pyproject(name: str) -> str:
+    packages = [name, f"{name}._runtime", f"{name}.kernels", *(f"{name}._runtime.{p}" for p in PACKAGES)]
     return f'''[build-system]
 requires = ["setuptools>=68"]
 build-backend = "setuptools.build_meta"
@@ -120,5 +145,5 @@ requires-python = ">=3.10"
 dependencies = ["torch>=2.4", "triton>=3.0"]
 
 [tool.setuptools]
-packages = ["{name}", "{name}._runtime", "{name}.kernels"]
+packages = {packages!r}
 '''

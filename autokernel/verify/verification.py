@@ -91,26 +91,16 @@ def sides(modes: list[str]) -> tuple[list[str], list[str]]:
 
 def verify(request: Request) -> dict:
     """The report of one verification (what verify.py prints, and writes as JSON)."""
-    cli.check_model_arguments(request)  # before torch's import: bad input fails at once
-    mode = deploy_mode(request)
-    device = _pick_device(request.device)
+    mode, device = _checked(request)  # bad input fails before torch's import, the model's load and any write
     import torch
 
-    from autokernel.harness import gpu
-    from autokernel.models import describe_model, load_model, parse_shape
-    from autokernel.profile.extraction import model_origin
-    from autokernel.registry import dtype_name, parse_dtype
+    from autokernel.models import load_model, parse_shape
+    from autokernel.registry import parse_dtype
     from autokernel.verify import endtoend
     from autokernel.verify.deploy import optimize
 
     dtype, shape = parse_dtype(request.dtype), parse_shape(request.input_shape)
-    if request.checks < 1:
-        raise ValueError("--checks must be at least 1")
-    if not request.kernels.is_dir() and request.kernels != DEFAULT_KERNELS:
-        raise ValueError(f"--kernels {request.kernels}: no such directory")
-    if request.against:
-        _against_dir(request)
-    types = [t.strip() for t in request.types.split(",") if t.strip()] or None
+    types = _kernel_types(request)
     model = load_model(request.class_name, model_file=request.model, module=request.module, config=request.config,
                        pretrained=request.pretrained, device=device, dtype=dtype)
     inputs = lambda seed: _inputs(model, shape, device, dtype, seed)
@@ -118,51 +108,103 @@ def verify(request: Request) -> dict:
         optimized = optimize(model, request.kernels, types, starters=ROOT / "kernels", verified=None,
                              quiet=True).autokernel  # the prune below decides afresh
         choices = optimized.choices
-        this_model = model_origin({"source": request.model or request.module, "class_name": request.class_name,
-                                   "config": request.config, "input_shape": list(shape), "dtype": dtype_name(dtype)})
-        plan_path = request.kernels.parent / "plan.json"  # extract.py's plan beside its kernels, if any
-        plan = json.loads(plan_path.read_text()) if plan_path.is_file() else None
-        warnings = endtoend.origin_warnings({_rel(c.path): c.path for c in choices.values()}, this_model, plan)
-        for line in warnings:  # before the checks and timing, which take minutes on a large model
-            print(line, flush=True)
+        warnings = _origin_warnings(request, choices, shape, dtype)
         correctness = endtoend.check(model, optimized, inputs, dtype, request.checks)
         sites = [s.to_dict() for s in optimized.sites()]  # calls counted over the checked forwards only
         checked_types = optimized.swapped_types()
-        timed = not request.no_timing and correctness["status"] == "PASS"
-        graphs = request.cuda_graph and device == "cuda"
-        pruned = pruned_traced = {}
-        if timed and device == "cuda" and not request.keep_all:
-            optimized, pruned, pruned_traced = endtoend.prune_deployed(model, optimized, inputs, device,
-                                                                       deploy_modes(mode), _progress)
-            _mark_pruned(sites, pruned)
-        timings, timing_errors = endtoend.time_models(model, optimized, inputs, device, request.compile, graphs) \
-            if timed else ({}, {})
-        against = _time_against(request, model, optimized, choices, inputs, device) \
-            if timed and request.against else None
-        graph = endtoend.graph_breaks(optimized, inputs(endtoend.CHECK_SEED)) \
-            if request.compile and correctness["status"] == "PASS" else None
-    kept = [t for t in checked_types if t not in pruned]
-    kept_traced = [t for t in checked_types if t not in pruned_traced]
+        measured = _measure(request, model, optimized, choices, inputs, device, mode, correctness["status"] == "PASS")
+    _mark_pruned(sites, measured["pruned"])
+    kept = [t for t in checked_types if t not in measured["pruned"]]
+    kept_traced = [t for t in checked_types if t not in measured["pruned_traced"]]
     exported = _export(request, choices, kept, kept_traced) \
         if request.export and correctness["status"] == "PASS" else None
     return {
-        "model": describe_model(model), "class_name": request.class_name, "source": request.model or request.module,
-        "config": request.config, "input_shape": list(shape), "dtype": dtype_name(dtype), "device": device,
-        "gpu": gpu.device_name(device) if device == "cuda" else None, "cpu_mode": device == "cpu",
+        **_about(request, model, device, shape, dtype), "origin_warnings": warnings, "sites": sites,
         "kernels": {t: {"path": _rel(c.path), "source": c.source, "passed_over": [_rel(p) for p in c.passed_over]}
                     for t, c in choices.items()},
-        "origin_warnings": warnings, "sites": sites, "swapped_types": kept, "pruned": pruned,
+        "swapped_types": kept, "pruned": measured["pruned"],
         "compiled_types": kept_traced,  # the types that run where torch.compile traces the model
-        "prune": {"mode": mode, "decided": timed and device == "cuda" and not request.keep_all, "left_out": pruned,
-                  "left_out_compiled": pruned_traced,  # under torch.compile: decided apart when `split`
+        "prune": {"mode": mode, "decided": measured["decided"], "left_out": measured["pruned"],
+                  "left_out_compiled": measured["pruned_traced"],  # under torch.compile: decided apart when `split`
                   "split": all(sides(mode.split(",")))},
-        "unused_types": sorted(set(choices) - set(checked_types)),
-        "correctness": correctness, "timing": timings, "timing_errors": timing_errors, "against": against,
-        "graph": graph,
-        "export": exported,
-        "compile_backend": endtoend.backend_for(device),
-        "torch": torch.__version__, "triton": _triton_version(), "command": request.command,
+        "unused_types": sorted(set(choices) - set(checked_types)), "correctness": correctness,
+        **{key: measured[key] for key in ("timing", "timing_errors", "against", "graph")}, "export": exported,
+        "compile_backend": endtoend.backend_for(device), "torch": torch.__version__, "triton": _triton_version(),
+        "command": request.command,
     }
+
+
+def _checked(request: Request) -> tuple[str, str]:
+    """(the deploy mode, the device) once every argument that needs no model is checked; UsageError or
+    ValueError (one line, verify.py's exit code 2) for the first that is wrong."""
+    cli.check_model_arguments(request)  # before torch's import: bad input fails at once
+    mode = deploy_mode(request)
+    if request.checks < 1:
+        raise cli.UsageError("--checks must be at least 1")
+    if not request.kernels.is_dir() and request.kernels != DEFAULT_KERNELS:
+        raise cli.UsageError(f"--kernels {request.kernels}: no such directory")
+    if request.export and not (request.package_name.isidentifier() and request.package_name.isascii()):
+        raise cli.UsageError(f"--package-name {request.package_name!r} is not a Python identifier")
+    device = _pick_device(request.device)
+    if request.against:
+        _against_dir(request)
+    return mode, device
+
+
+def _kernel_types(request: Request) -> list[str] | None:
+    """--types, each a type verify.py can plug in and named once; None (every type) when not given."""
+    from autokernel.verify.deploy import entries
+
+    return cli.kernel_types(request.types, entries()) or None
+
+
+def _origin_warnings(request: Request, choices: dict, shape, dtype) -> list[str]:
+    """A line per kernel file extracted for another model or input than this one (endtoend.origin_warnings, with
+    extract.py's plan beside the kernels for files older than MODEL_SOURCE), printed at once: the checks and the
+    timing take minutes on a large model."""
+    from autokernel.profile.extraction import model_origin
+    from autokernel.registry import dtype_name
+    from autokernel.verify import endtoend
+
+    this_model = model_origin({"source": request.model or request.module, "class_name": request.class_name,
+                               "config": request.config, "input_shape": list(shape), "dtype": dtype_name(dtype)})
+    plan_path = request.kernels.parent / "plan.json"
+    plan = json.loads(plan_path.read_text()) if plan_path.is_file() else None
+    warnings = endtoend.origin_warnings({_rel(c.path): c.path for c in choices.values()}, this_model, plan)
+    for line in warnings:
+        print(line, flush=True)
+    return warnings
+
+
+def _measure(request: Request, model, optimized, choices: dict, inputs, device: str, mode: str, passed: bool) -> dict:
+    """What is timed of a model that passed its check: the prune (on a GPU, unless --keep-all), the timing rows,
+    --against, and under --compile its graph breaks."""
+    from autokernel.verify import endtoend
+
+    timed = not request.no_timing and passed
+    decided = timed and device == "cuda" and not request.keep_all
+    pruned = pruned_traced = {}
+    if decided:
+        optimized, pruned, pruned_traced = endtoend.prune_deployed(model, optimized, inputs, device,
+                                                                   deploy_modes(mode), _progress)
+    graphs = request.cuda_graph and device == "cuda"
+    timings, errors = endtoend.time_models(model, optimized, inputs, device, request.compile, graphs) \
+        if timed else ({}, {})
+    against = _time_against(request, model, optimized, choices, inputs, device) if timed and request.against else None
+    graph = endtoend.graph_breaks(optimized, inputs(endtoend.CHECK_SEED)) if request.compile and passed else None
+    return {"decided": decided, "pruned": pruned, "pruned_traced": pruned_traced, "timing": timings,
+            "timing_errors": errors, "against": against, "graph": graph}
+
+
+def _about(request: Request, model, device: str, shape, dtype) -> dict:
+    """The report's head: the model, its input and the device."""
+    from autokernel.harness import gpu
+    from autokernel.models import describe_model
+    from autokernel.registry import dtype_name
+
+    return {"model": describe_model(model), "class_name": request.class_name, "source": request.model or request.module,
+            "config": request.config, "input_shape": list(shape), "dtype": dtype_name(dtype), "device": device,
+            "gpu": gpu.device_name(device) if device == "cuda" else None, "cpu_mode": device == "cpu"}
 
 
 def _time_against(request, model, optimized, choices: dict, inputs, device: str) -> dict:
@@ -220,9 +262,21 @@ def _progress(line: str) -> None:
 
 
 def _mark_pruned(sites: list[dict], pruned: dict) -> None:
+    """Sites of a type the prune left out: not swapped, "left_out" (the model is faster without the type), why."""
     for site in sites:
         if site["swapped"] and site["kernel_type"] in pruned:
-            site["swapped"], site["reason"] = False, pruned[site["kernel_type"]]
+            site["swapped"], site["left_out"], site["reason"] = False, True, pruned[site["kernel_type"]]
+
+
+def site_state(site: dict) -> str:
+    """What became of one site, as the site table says it: "swapped" (the kernel runs there), "unused" (swapped
+    but never called), "left out" (its type was pruned: the model is faster without it), "kept" (the model's
+    own code runs there, for the reason the site gives)."""
+    if site.get("left_out"):
+        return "left out"
+    if site["swapped"]:
+        return "swapped" if site["calls"] else "unused"
+    return "kept"
 
 
 def _rel(path) -> str:

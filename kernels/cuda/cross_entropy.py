@@ -8,14 +8,13 @@ where alignment allows) is loaded whole into registers, every load issued before
 packs (4 registers per 16 bytes whatever the dtype): the bench's 32000-class fp16 row (64 KB) is 8 packs
 per thread at 512 threads, <= 64 registers, so two rows (128 KB) are in flight per SM and one block's
 reductions overlap the other's loads. From the registers each thread takes its own max m and sum of
-exp(x - m), one exp per logit, and one block reduction merges the (m, sum) pairs (ONE_REDUCTION; the first
-round reduced the row max, then the sums rescaled to it: two reductions with their barriers, 78% of copy).
+exp(x - m), one exp per logit, and one block reduction merges the (m, sum) pairs (ONE_REDUCTION; reducing
+the row max first, then the sums rescaled to it, costs two reductions with their barriers).
 Thread 0 fetches the row's target and its logit while the row's loads are in flight. The cache size P is
 a template parameter (1, 2, 4, ... CACHED_PACKS), picked per launch as in rmsnorm (ak::launch_cached);
 longer rows and rows that cannot be vectorized take the streaming kernel: an online softmax where each
 thread issues UNROLL pack loads before folding them into a running max m and sum s of exp(x - m),
-rescaling s once per UNROLL packs when m grows. The first round streamed the bench row (64 KB, UNROLL 4)
-and reached 74% of copy.
+rescaling s once per UNROLL packs when m grows; it is the slower path, kept for what the cache cannot hold.
 loss = log(sum) + max - x[target]. Rows whose target is IGNORE_INDEX (-100, as in F.cross_entropy) count
 for nothing. Per-row losses go to an fp32 buffer and a second one-block kernel takes the mean in fp64 in a
 fixed order: bitwise reproducible, no atomics. exp is exp2((x - m) * log2(e)) with one ex2.approx (~1e-6

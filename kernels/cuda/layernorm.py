@@ -9,12 +9,12 @@ catastrophically around a large mean (the harness's "large_mean" input), so the 
 deviations from the registers: the mean is reduced over the block first, then the squared deviations from it
 (two block reductions). ONE_REDUCTION = 1 merges the threads' own (count, mean, M2) pairwise in a single
 block reduction instead (Chan et al.): one set of barriers fewer, but ten merges with a division each on the
-critical path; on the H200 it measured 75.4 us against 72.6 for the two reductions (8192x8192 fp16).
+critical path, and it is the slower of the two (BENCHMARKS.md, the starter defaults).
 Longer rows are re-read from global memory (mostly L2) for each pass. Sums in fp32, fixed order (warp
 shuffles then shared memory): bitwise reproducible.
 
-Register budget (the H200 run failed with 'too many resources requested for launch': a cache of 8 packs of
-8 floats at 1024 threads needs 89 registers, 64 is the most at 1024): the cache is a template parameter P
+Register budget (a cache of 8 packs of 8 floats at 1024 threads needs 89 registers, 64 is the most at 1024,
+and such a launch fails with 'too many resources requested for launch'): the cache is a template parameter P
 (1, 2, 4, ... CACHED_PACKS packs per thread), each kernel compiled with __launch_bounds__ for the block
 size its cache fits (ak::cached_threads: 1024 threads for <= ~32 cached floats, 512 for <= ~96, else 256),
 and the launcher (ak::launch_cached) takes the smallest P whose kernel covers the row at no more threads than
@@ -59,7 +59,7 @@ layernorm_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __re
   T* yr = y + (int64_t)blockIdx.x * n;
   const int64_t packs = n / V;
   // Statistics of x - x[0]: around a large mean (1000 + N(0, 1)) an fp32 row sum of ~8e6 is off by ~1,
-  // the mean by ~1e-4, and y by as much (the H200 run failed fp32 "large_mean" by 2.8e-4); shifted, the
+  // the mean by ~1e-4, and y by as much (beyond fp32's 1e-4 tolerance on "large_mean"); shifted, the
   // sum stays ~sqrt(N) and exact enough. `mean` below is that of the shifted values.
   const float shift = ak::to_f(xr[0]);
   float s = 0.f, sq = 0.f;

@@ -18,8 +18,8 @@ then __syncthreads, then the next copy into the stage everyone just finished). D
 (61 KB at 128x128x32 x 3 stages; cudaFuncSetAttribute lifts the 48 KB default), so two blocks of 8 warps
 fit an SM. Blocks walk C in groups of GROUP_M block rows, so that consecutive blocks share A and B tiles in
 L2. Epilogue: each warp stages 16 rows of its tile as fp32 in shared memory and writes them as 16-byte
-packs of 8 (element stores with bounds checks at the edges). The first round (not pipelined, element
-stores) ran 4096^3 fp16 at 105 TFLOP/s on an H200, cuBLAS ~720. Without 16-byte alignment (odd K or N,
+packs of 8 (element stores with bounds checks at the edges); without the pipeline and the packed stores the
+tensor cores wait on memory. Without 16-byte alignment (odd K or N,
 offset views), or with STAGES = 0: the single-buffered kernel above, with element loads.
 
 fp32: a plain FMA tiled kernel (64x64 tile, 4x4 outputs per thread, fp32 accumulate). TF32 tensor cores

@@ -7,7 +7,7 @@ Many rows (WARP_ROWS_FROM or more): one warp per row, WARP_BLOCK_THREADS / 32 ro
 with warp shuffles only. A row of up to 32 x LANE_PACKS packs is loaded whole before any addition: each
 lane issues all its P 16-byte loads at once (kept raw, 4 registers per pack; P the smallest power of two
 that covers the row, a template parameter), so a warp has the whole row (8 KB at the bench shape) in
-flight; the first round streamed 2 KB per warp at a time and reached 77% of copy bandwidth. Longer rows
+flight (streaming 2 KB per warp at a time leaves too little in flight to reach the copy rate). Longer rows
 and few rows (one block per row, warp shuffles and one shared-memory step): each thread issues UNROLL pack
 loads (single elements where the row length, stride or pointer do not allow packs) before adding them.
 x is read with ld.global.cs (STREAM_LOADS): its lines enter the L2 evict-first, so they replace each other

@@ -9,8 +9,8 @@ threads x CACHED_PACKS packs is read once into registers, reduced (warp shuffles
 step across warps) and written from the registers; a longer row is read twice (the second read mostly
 hits L2). Sums are in fp32 in a fixed order: bitwise reproducible, no atomics.
 
-Register budget (the H200 run failed with 'too many resources requested for launch': a cache of 8 packs of
-8 floats at 1024 threads needs 89 registers, 64 is the most at 1024): the cache is a template parameter P
+Register budget (a cache of 8 packs of 8 floats at 1024 threads needs 89 registers, 64 is the most at 1024,
+and such a launch fails with 'too many resources requested for launch'): the cache is a template parameter P
 (1, 2, 4, ... CACHED_PACKS packs per thread), each kernel compiled with __launch_bounds__ for the block
 size its cache fits (ak::cached_threads: 1024 threads for <= ~32 cached floats, 512 for <= ~96, else 256),
 and the launcher (ak::launch_cached) takes the smallest P whose kernel covers the row at no more threads than

@@ -9,9 +9,9 @@ pack (VEC_BYTES) of cos and of sin, then the matching packs of x1 and x2 of all 
 issued before the first use (2 + 2 x PLANES packs: 160 bytes in flight per thread at PLANES 4, kept raw,
 4 registers per pack), and only then computes and writes both output packs of each plane: every byte of x
 is touched once, all accesses are coalesced 16-byte ones, and the tables are read from L2 once per PLANES
-planes. The first round looped over its planes one at a time (32 bytes in flight per thread, 78% of copy).
-On the H200, 2 planes and 128-thread blocks (96 bytes in flight per thread) time 38.0 us at the bench
-shape against 39.0 for 4 planes and 256 threads.
+planes. Looping over the planes one at a time (32 bytes in flight per thread) left the memory system idle
+between loads. The defaults, 2 planes and 128-thread blocks (96 bytes in flight per thread), are the fastest
+of the launch shapes timed (BENCHMARKS.md, the starter defaults).
 The grid is 2-D (positions x plane groups), so the index math is one 32-bit division per thread and one per
 plane. x may be strided over batch, heads and sequence (q transposed from [B, S, H, D] is a view): its
 strides are kernel arguments, only the last dimension must be contiguous (else it is copied). Packs are

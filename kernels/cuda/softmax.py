@@ -10,10 +10,10 @@ Longer rows are streamed three times (max, sum, write; the re-reads mostly hit L
 keeps huge equal logits finite; -inf entries give exp() = 0. Everything in fp32, exp as exp2((x - max) *
 log2(e)) with one ex2.approx (~1e-6 relative, inside the 1e-4 fp32 tolerance), in a fixed order: bitwise
 reproducible. x - max comes first: the FMA form x * log2(e) - max * log2(e) left a residual of ~ulp(max)
-that turned every output of a row of equal 1e30 logits into NaN on the H200.
+that turned every output of a row of equal 1e30 logits into NaN.
 
-Register budget (the H200 run failed with 'too many resources requested for launch': a cache of 8 packs of
-8 floats at 1024 threads needs 89 registers, 64 is the most at 1024): the cache is a template parameter P
+Register budget (a cache of 8 packs of 8 floats at 1024 threads needs 89 registers, 64 is the most at 1024,
+and such a launch fails with 'too many resources requested for launch'): the cache is a template parameter P
 (1, 2, 4, ... CACHED_PACKS packs per thread), each kernel compiled with __launch_bounds__ for the block
 size its cache fits (ak::cached_threads: 1024 threads for <= ~32 cached floats, 512 for <= ~96, else 256),
 and the launcher (ak::launch_cached) takes the smallest P whose kernel covers the row at no more threads than

@@ -89,14 +89,17 @@ def make_agent(name: str, **options) -> Agent:
 
 # ------------------------------------------------------------------------------ prompts
 def reference_source(root: Path, kernel_type: str) -> str:
-    """The `<type>_ref` function from reference.py, read without importing torch."""
-    path = root / "reference.py"
-    if not path.is_file():
-        return ""
-    text = path.read_text()
-    for node in ast.parse(text).body:
-        if isinstance(node, ast.FunctionDef) and node.name == f"{kernel_type}_ref":
-            return ast.get_source_segment(text, node) or ""
+    """The `<type>_ref` function from its type's module (autokernel/types/<type>.py), else from the checkout's
+    reference.py, read without importing torch."""
+    from autokernel import types
+
+    for path in (types.module_path(kernel_type), root / "reference.py"):
+        if path is None or not path.is_file():
+            continue
+        text = path.read_text()
+        for node in ast.parse(text).body:
+            if isinstance(node, ast.FunctionDef) and node.name == f"{kernel_type}_ref":
+                return ast.get_source_segment(text, node) or ""
     return ""
 
 
@@ -127,7 +130,7 @@ def build_prompt(task: Task, program: str, edit_in_place: bool) -> str:
         program.strip(),
         f"# Experiment {task.experiment}: kernel {task.kernel_name} (type {task.kernel_type})",
         f"## kernel.py (the best version so far)\n```python\n{kernel.rstrip()}\n```",
-        f"## The reference it must match (reference.py)\n```python\n"
+        "## The reference it must match\n```python\n"
         f"{reference_source(task.root, task.kernel_type).rstrip()}\n```",
         f"## Recent results of this kernel\n{_history_table(task.history)}",
         f"## Output of the last benchmark\n```\n{log.rstrip()}\n```",

@@ -84,9 +84,9 @@ def _all_auto(space: dict, current: dict) -> dict | None:
     """Every hard-coded tunable that has an auto value handed back to the kernel's heuristics at once.
 
     A starter's heuristics are designed together (the warps follow the tile the variant picks), so a
-    detuned file often needs several back at once, and each alone can be slower: on an H200 a looped
-    rmsnorm with one warp got slower by going single-pass (still one warp) and by auto warps (still
-    looped), while both together were 1.4x faster. None when fewer than two tunables are hard-coded.
+    detuned file often needs several back at once, and each alone can be slower: a looped rmsnorm with one
+    warp got slower by going single-pass (still one warp) and by auto warps (still looped), while both together
+    were faster. None when fewer than two tunables are hard-coded.
     """
     auto = {name: next(v for v in values if _is_auto(v)) for name, values in space.items()
             if not _is_auto(current[name]) and any(_is_auto(v) for v in values)}

@@ -1,0 +1,109 @@
+"""Differences between torch and Triton versions, and between Triton's GPU backend and its CPU interpreter.
+
+Every workaround for a moved API or an interpreter gap lives in this package, once: the version probes and the
+switches here; interpreter.py (the interpreter's fixes, `prepare_interpreter`), launch.py (how each Triton
+release launches a compiled kernel), fastlaunch.py (FastLaunch, cheap launches built on it) and checkout.py
+(the checkout's own modules when autokernel is pip-installed). Importers use `compat.<name>` for all of them.
+Nothing is patched at import: the harness calls `prepare_interpreter()` in its child process when it runs on the
+CPU.
+"""
+
+from __future__ import annotations
+
+import os
+
+from autokernel.compat.checkout import ROOT, load_root_module
+from autokernel.compat.fastlaunch import FastLaunch
+from autokernel.compat.interpreter import prepare_interpreter
+from autokernel.compat.launch import (
+    DESCRIPTOR_EXPANSION_TRITON,
+    DIRECT_LAUNCH_TRITON,
+    FAST_LAUNCH_TRITON,
+    compile_for,
+    count_launches,
+    descriptor_expansion,
+    is_host_descriptor,
+    launch_arguments,
+    launch_hooks_probe,
+    launcher,
+    raw_launcher,
+    scratch_allocator,
+    set_scratch_allocator,
+    stream_of,
+    triton_version,
+)
+
+__all__ = ["DESCRIPTOR_EXPANSION_TRITON", "DIRECT_LAUNCH_TRITON", "FAST_LAUNCH_TRITON", "ROOT", "FastLaunch",
+           "compile_for", "count_launches", "descriptor_expansion", "fast_launch_enabled", "has_triton_op",
+           "interpreting", "is_host_descriptor", "is_jit_kernel", "is_jit_or_interpreted", "is_triton_kernel",
+           "launch_arguments", "launch_hooks_probe", "launcher", "load_root_module", "native_compile_enabled",
+           "prepare_interpreter", "raw_launcher", "recompile_limit_option", "replay_enabled", "scratch_allocator",
+           "set_scratch_allocator", "stream_of", "triton_version", "wrap_triton_enabled"]
+
+
+def interpreting() -> bool:
+    """True when Triton kernels run through the CPU interpreter (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def has_triton_op() -> bool:
+    """torch.library.triton_op and wrap_triton (torch >= 2.6): Triton kernels Inductor can trace into."""
+    import torch
+
+    return hasattr(torch.library, "triton_op") and hasattr(torch.library, "wrap_triton")
+
+
+def recompile_limit_option() -> str:
+    """The name of dynamo's limit on compiled entries per code object: recompile_limit (torch >= 2.6), before it
+    cache_size_limit."""
+    import torch._dynamo.config as config
+
+    return "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+
+
+def native_compile_enabled() -> bool:
+    """Kernels traced into Inductor's code under torch.compile; AUTOKERNEL_TRITON_OP=0 keeps them opaque ops."""
+    return has_triton_op() and os.environ.get("AUTOKERNEL_TRITON_OP", "1") != "0"
+
+
+def wrap_triton_enabled() -> bool:
+    """False inside a triton_op called eagerly on real tensors (its kernels run as they are), True when traced."""
+    from torch._library.triton import is_wrap_triton_enabled
+
+    return is_wrap_triton_enabled()
+
+
+def is_triton_kernel(value) -> bool:
+    """A @triton.jit function, or one under @triton.autotune: what wrap_triton takes."""
+    from triton.runtime.autotuner import Autotuner
+    from triton.runtime.jit import JITFunction
+
+    return isinstance(value, (JITFunction, Autotuner))
+
+
+def is_jit_kernel(value) -> bool:
+    """A plain @triton.jit function: what replay.py records launches of (an autotuned one is not)."""
+    from triton.runtime.jit import JITFunction
+
+    return isinstance(value, JITFunction)
+
+
+def is_jit_or_interpreted(value) -> bool:
+    """A plain @triton.jit function, or what triton.jit makes under TRITON_INTERPRET=1 (autotuned ones are not)."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return is_jit_kernel(value) or isinstance(value, InterpretedFunction)
+
+
+def replay_enabled() -> bool:
+    """Launches replayed per input signature (autokernel/ops/replay.py) where FastLaunch is on; AUTOKERNEL_REPLAY=0
+    keeps FastLaunch alone."""
+    return fast_launch_enabled() and os.environ.get("AUTOKERNEL_REPLAY", "1") != "0"
+
+
+def fast_launch_enabled() -> bool:
+    """FastLaunch for the kernels optimize() plugs in; AUTOKERNEL_FAST_LAUNCH=0 launches through Triton's own path,
+    as does a Triton release whose launch protocol is not modelled here."""
+    low, high = FAST_LAUNCH_TRITON
+    return (os.environ.get("AUTOKERNEL_FAST_LAUNCH", "1") != "0" and not interpreting()
+            and low <= triton_version() <= high)

@@ -1,0 +1,150 @@
+"""flash_attention: scaled dot-product attention, causal or not, on [batch, heads, seq, head_dim], and where a
+model runs it (F.scaled_dot_product_attention calls without a mask). The SDPA rules of the profiler
+(ATTENTION_OPS, attention_shape) are here too: rope_attention reads its shape through them."""
+
+import math
+import re
+
+import torch
+import torch.nn.functional as F
+
+from autokernel.kerneltype import Deployment, KernelSpec, Profiling, SuiteTarget
+from autokernel.ops import customops
+from autokernel.ops.customops import KERNEL_DTYPES, CallSites, grad_reason, in_eager
+from autokernel.types._common import esize, numel, randn
+
+NAME = "flash_attention"
+
+
+def flash_attention_ref(Q, K, V, causal: bool = True, sm_scale: float | None = None):
+    """Scaled dot-product attention; Q, K, V are [batch, heads, seq, head_dim]."""
+    scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(Q.shape[-1])
+    return F.scaled_dot_product_attention(Q, K, V, is_causal=causal, scale=scale)
+
+
+def _inputs(scale: float = 1.0):
+    def make(shape, dtype, device, gen):
+        dims = (shape["B"], shape["H"], shape["S"], shape["D"])
+        q, k, v = (randn(dims, dtype, device, gen, scale if i < 2 else 1.0) for i in range(3))
+        return q, k, v, shape["causal"], shape.get("sm_scale")
+    return make
+
+
+def _noncontiguous(inputs):
+    # Q, K, V sliced out of one packed [B, S, 3, H, D] projection, as models produce them.
+    q, k, v = inputs[:3]
+    packed = torch.stack([t.transpose(1, 2) for t in (q, k, v)], dim=2).contiguous()
+    return tuple(packed[:, :, i].transpose(1, 2) for i in range(3)) + tuple(inputs[3:])
+
+
+def _flops(s):
+    full = 4 * s["B"] * s["H"] * s["S"] * s["S"] * s["D"]
+    return full // 2 if s["causal"] else full
+
+
+# ------------------------------------------------------------------------------ what the profiler reads
+# SDPA entry points -> (index of is_causal, index of scale) among their arguments
+ATTENTION_OPS = {
+    "aten::scaled_dot_product_attention": (5, 6),
+    "aten::_scaled_dot_product_flash_attention": (4, 6),
+    "aten::_scaled_dot_product_flash_attention_for_cpu": (4, 6),
+    "aten::_scaled_dot_product_efficient_attention": (6, 7),
+    "aten::_scaled_dot_product_cudnn_attention": (6, 8),
+    "aten::_flash_attention_forward": (None, None),
+    "aten::_efficient_attention_forward": (None, None),
+}
+
+
+def attention_shape(op) -> dict:
+    """{B, H, S, D, causal[, sm_scale]} of a recorded SDPA op."""
+    b, h, s, d = op.shapes[0]
+    causal_at, scale_at = ATTENTION_OPS.get(op.name, (None, None))
+    causal = bool(op.args[causal_at]) if causal_at is not None and causal_at < len(op.args) else True
+    shape = {"B": b, "H": h, "S": s, "D": d, "causal": causal}
+    scale = op.args[scale_at] if scale_at is not None and scale_at < len(op.args) else None
+    if isinstance(scale, float) and not math.isclose(scale, 1 / math.sqrt(d)):
+        shape["sm_scale"] = scale
+    return shape
+
+
+# ---------------------------------------------------------------- the drop-in F.scaled_dot_product_attention
+_F_SDPA = customops.original(F, "scaled_dot_product_attention")
+
+
+def _unfit(q, k, v, attn_mask, dropout_p, enable_gqa) -> str | None:
+    if attn_mask is not None:
+        return "an attention mask is given (the kernel takes causal or none)"
+    if dropout_p:
+        return "attention dropout"
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        return "not [batch, heads, seq, head_dim] tensors"
+    if q.dtype not in KERNEL_DTYPES or not q.dtype == k.dtype == v.dtype:
+        return f"dtypes {q.dtype}, {k.dtype}, {v.dtype}"
+    if q.shape[2] != k.shape[2] or k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
+        return "queries and keys differ in length (cross-attention or a KV cache)"
+    if q.shape[1] != k.shape[1] and not (enable_gqa and q.shape[1] % k.shape[1] == 0):
+        return "different head counts for queries and keys"
+    return None
+
+
+def replace_sdpa(sites: CallSites) -> dict:
+    """F.scaled_dot_product_attention -> flash_attention where the call fits."""
+    kernel = customops.op(NAME)
+
+    def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                                     scale=None, enable_gqa=False):
+        reason = _unfit(query, key, value, attn_mask, dropout_p, enable_gqa) or grad_reason(query, key, value)
+        if in_eager():
+            sites.hit("F.scaled_dot_product_attention", NAME, reason)
+        if reason:
+            extra = {"enable_gqa": True} if enable_gqa else {}
+            return _F_SDPA(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, **extra)
+        if key.shape[1] != query.shape[1]:  # grouped-query attention: expand K/V to every query head
+            groups = query.shape[1] // key.shape[1]
+            key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+        return kernel(query, key, value, bool(is_causal), scale)
+
+    return {_F_SDPA: scaled_dot_product_attention}
+
+
+SPEC = KernelSpec(
+    name=NAME,
+    reference=flash_attention_ref,
+    make_inputs=_inputs(),
+    shapes=[{"B": 2, "H": 32, "S": 2048, "D": 128, "causal": True},
+            {"B": 2, "H": 32, "S": 2048, "D": 128, "causal": False},
+            {"B": 1, "H": 16, "S": 4096, "D": 64, "causal": True},
+            {"B": 4, "H": 8, "S": 1024, "D": 64, "causal": False},
+            {"B": 1, "H": 32, "S": 512, "D": 128, "causal": True},
+            {"B": 2, "H": 12, "S": 1024, "D": 64, "causal": True, "sm_scale": 0.1},
+            {"B": 8, "H": 16, "S": 256, "D": 64, "causal": False},
+            {"B": 1, "H": 8, "S": 8192, "D": 128, "causal": True}],
+    small_shapes=[{"B": 1, "H": 1, "S": 16, "D": 16, "causal": True},
+                  {"B": 1, "H": 2, "S": 32, "D": 32, "causal": False},
+                  {"B": 2, "H": 2, "S": 64, "D": 16, "causal": True},
+                  {"B": 1, "H": 1, "S": 48, "D": 64, "causal": False, "sm_scale": 0.2}],
+    edge_shapes=[{"B": 1, "H": 4, "S": 1023, "D": 64, "causal": True},
+                 {"B": 1, "H": 2, "S": 1537, "D": 128, "causal": False},
+                 {"B": 1, "H": 2, "S": 4097, "D": 64, "causal": True},
+                 {"B": 1, "H": 4, "S": 1000, "D": 80, "causal": True}],
+    small_edge_shapes=[{"B": 1, "H": 1, "S": 1023, "D": 16, "causal": True},
+                       {"B": 1, "H": 1, "S": 97, "D": 80, "causal": False}],
+    bench_shape={"B": 2, "H": 32, "S": 2048, "D": 128, "causal": True},
+    small_bench_shape={"B": 1, "H": 2, "S": 128, "D": 64, "causal": True},
+    bytes_moved=lambda s, dt: 4 * numel(s, "B", "H", "S", "D") * esize(dt),
+    flops=_flops,
+    # scores of +-64 sigma: exp() without a running max overflows even in fp32
+    adversarial={"large_scores": _inputs(scale=8.0)},
+    # fp32 rounding of scores near 250 moves a softmax weight by ~1e-5 relative, and the output with it, past the
+    # 1e-4 fp32 tolerance; overflow still gives NaN or O(1) errors
+    adversarial_tolerance={"large_scores": 4.0},
+    noncontiguous=_noncontiguous,
+    description="scaled dot-product attention, causal or not, [batch, heads, seq, head_dim]",
+    profiling=Profiling(ops=frozenset(ATTENTION_OPS), kernels=re.compile(r"flash|fmha|attention|attn", re.I),
+                        op_shape=attention_shape, precedence=-3),
+    default_speedup=1.05,  # PyTorch's SDPA already runs FlashAttention-2 or cuDNN
+    suite_target=SuiteTarget("0.9x SDPA", lambda r, b: r["speedup_vs_pytorch"] / 0.9),
+    deployment=Deployment("(Tensor Q, Tensor K, Tensor V, bool causal, float? sm_scale) -> Tensor",
+                          lambda Q, K, V, causal, sm_scale: (*Q.shape[:-1], V.shape[-1]),
+                          functions=replace_sdpa),
+)

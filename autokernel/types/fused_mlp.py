@@ -1,0 +1,133 @@
+"""fused_mlp: a SwiGLU MLP, down(silu(x @ w_gate.T) * (x @ w_up.T)), and where a model runs it (a module of
+exactly three bias-free Linears that passes the probe)."""
+
+import math
+import re
+
+import torch.nn as nn
+import torch.nn.functional as F
+
+from autokernel.kerneltype import Deployment, KernelSpec, Profiling, SuiteTarget
+from autokernel.ops.customops import Site
+from autokernel.ops.swap import KernelModule, f64, probe
+from autokernel.types._common import esize, first_padded, numel, randn
+from autokernel.types.matmul import matmul_taking
+
+NAME = "fused_mlp"
+
+
+def fused_mlp_ref(x, w_gate, w_up, w_down):
+    """SwiGLU MLP: down(silu(x @ w_gate.T) * (x @ w_up.T)); weights are nn.Linear-shaped."""
+    return F.linear(F.silu(F.linear(x, w_gate)) * F.linear(x, w_up), w_down)
+
+
+def _inputs(scale: float = 1.0):
+    def make(shape, dtype, device, gen):
+        t, h, i = shape["T"], shape["H"], shape["I"]
+        lead = (shape["B"],) if "B" in shape else ()
+        x = randn(lead + (t, h), dtype, device, gen, scale)
+        w_gate = randn((i, h), dtype, device, gen, 1 / math.sqrt(h))
+        w_up = randn((i, h), dtype, device, gen, 1 / math.sqrt(h))
+        w_down = randn((h, i), dtype, device, gen, 1 / math.sqrt(i))
+        return x, w_gate, w_up, w_down
+    return make
+
+
+def _large_activations(shape, dtype, device, gen):
+    # h = silu(x Wg^T) * (x Wu^T) grows as scale^2 (up to ~10^3, where fp16 accumulation of the GEMMs
+    # would fail); w_down / scale^2 keeps the output O(1), so the absolute tolerance still means something
+    # and eager's own 16-bit rounding of h stays within it.
+    x, w_gate, w_up, w_down = _inputs(scale=8.0)(shape, dtype, device, gen)
+    return x, w_gate, w_up, w_down / 64
+
+
+def _shape(t_h, members) -> dict | None:
+    """The MLP's input [..., H] and its first matmul that takes H: [T, H] -> I."""
+    found = matmul_taking(t_h, members)
+    return dict(zip(("T", "H", "I"), found)) if found else None
+
+
+def _liger(liger) -> dict:
+    if not liger:
+        return {}
+    return {"liger": lambda x, wg, wu, wd: F.linear(liger.liger_swiglu(F.linear(x, wg), F.linear(x, wu)), wd)}
+
+
+# ------------------------------------------------------------------------------ where a model runs it
+class KernelSwiGLU(KernelModule):
+    def __init__(self, original, site, gate: nn.Linear, up: nn.Linear, down: nn.Linear):
+        super().__init__(original, site, NAME)
+        self.gate, self.up, self.down = gate, up, down
+        self._direct("gate", "up", "down")
+
+    def forward(self, x):
+        w_gate = self._gate.weight
+        if not self._fits(x, w_gate):
+            return self._original(x)
+        return self.op(x, w_gate, self._up.weight, self._down.weight)
+
+
+def _swiglu_site(name, m, linears: dict):
+    """A module with exactly three bias-free Linears, two H->I and one I->H, computing down(silu(gate)*up).
+
+    None when the Linears are not shaped so (not a candidate at all); a kept site when they are but
+    the module computes something else (a GELU MLP, say)."""
+    down = [n for n, l in linears.items() if l.in_features != l.out_features
+            and sum(o.in_features == l.in_features for o in linears.values()) == 1]
+    if len(down) != 1 or any(l.bias is not None for l in linears.values()):
+        return None
+    d = linears[down[0]]
+    pair = [n for n in linears if n != down[0]]
+    if any((linears[n].in_features, linears[n].out_features) != (d.out_features, d.in_features) for n in pair):
+        return None
+    site = Site(name, f"{type(m).__name__}(three Linears)", NAME, False)
+    for gate, up in (pair, pair[::-1]):  # which of the two is the gate is settled by the probe
+        g, u = linears[gate], linears[up]
+        expected = lambda x, g=g, u=u: fused_mlp_ref(x, f64(g.weight), f64(u.weight), f64(d.weight))
+        reason = probe(m, d.out_features, expected)
+        if reason is None:
+            site.what, site.swapped = f"{type(m).__name__}(gate={gate}, up={up}, down={down[0]})", True
+            return site, KernelSwiGLU(m, site, g, u, d)
+    site.reason = reason
+    return site, None
+
+
+def swiglu_module_site(name, m):
+    """A module holding exactly three bias-free Linears that computes SwiGLU."""
+    if isinstance(m, nn.Linear):
+        return None
+    linears = {n: c for n, c in m.named_children() if type(c) is nn.Linear}
+    return _swiglu_site(name, m, linears) if len(linears) == 3 else None
+
+
+SPEC = KernelSpec(
+    name=NAME,
+    reference=fused_mlp_ref,
+    make_inputs=_inputs(),
+    shapes=[{"T": 4096, "H": 2048, "I": 5632}, {"T": 2048, "H": 4096, "I": 11008},
+            {"T": 512, "H": 768, "I": 3072}, {"T": 1024, "H": 1024, "I": 2816},
+            {"T": 8192, "H": 2048, "I": 5632}, {"T": 128, "H": 4096, "I": 11008},
+            {"T": 2048, "H": 512, "I": 1536}, {"B": 2, "T": 512, "H": 1024, "I": 2816}],
+    small_shapes=[{"T": 16, "H": 32, "I": 64}, {"T": 8, "H": 64, "I": 96}, {"T": 32, "H": 48, "I": 80},
+                  {"B": 2, "T": 8, "H": 32, "I": 64}],
+    edge_shapes=[{"T": 1023, "H": 1024, "I": 2816}, {"T": 1537, "H": 768, "I": 4097},
+                 {"T": 4097, "H": 1000, "I": 1537}],
+    small_edge_shapes=[{"T": 1023, "H": 16, "I": 32}, {"T": 37, "H": 24, "I": 1537}],
+    bench_shape={"T": 4096, "H": 2048, "I": 5632}, small_bench_shape={"T": 64, "H": 64, "I": 128},
+    # x read, three weight matrices read, the output written; the [T, I] intermediate never leaves chip
+    bytes_moved=lambda s, dt: (2 * numel(s, "B", "T", "H") + 3 * s["H"] * s["I"]) * esize(dt),
+    flops=lambda s: 6 * numel(s, "B", "T", "H", "I"),
+    adversarial={"large_activations": _large_activations},
+    noncontiguous=first_padded,
+    description="SwiGLU MLP: down(silu(x @ w_gate.T) * (x @ w_up.T))",
+    # an MLP module that runs a silu (SwiGLU), its three matmuls included: the fused kernel replaces the whole
+    # MLP and its speedup is measured against the whole MLP (attribution.GATED_MLP_OWNS_MATMULS)
+    profiling=Profiling(modules=re.compile(r"mlp|feed_?forward|ffn|swiglu", re.I),
+                        module_needs=frozenset({"aten::silu", "aten::silu_"}), module_shape=_shape),
+    default_speedup=1.1,  # three cuBLAS matmuls stay; the gain is the silu*up round trip through memory
+    suite_target=SuiteTarget("1.0x eager", lambda r, b: r["speedup_vs_pytorch"]),
+    extra_baselines=_liger,
+    deployment=Deployment("(Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down) -> Tensor",
+                          lambda x, w_gate, w_up, w_down: (*x.shape[:-1], w_down.shape[0]),
+                          module_site=swiglu_module_site),
+)
