@@ -5,9 +5,9 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 # .whl: gitpython and its deps; .whl_extra (when carried): Liger, for the suite's Liger columns
-if ls .whl/*.whl .whl_extra/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-    $(ls .whl/*.whl .whl_extra/*.whl 2>/dev/null)
+wheels=$(ls .whl/*.whl .whl_extra/*.whl 2>/dev/null)  # either folder may be missing
+if [ -n "$wheels" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $wheels
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 export PYTHONUNBUFFERED=1
