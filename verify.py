@@ -60,6 +60,7 @@ from autokernel.verify.verification import (  # torch-free
     CHECK_INPUTS,
     DEFAULT_KERNELS,
     ROOT,
+    decision_lines,
     deploy_modes,
     site_state,
 )
@@ -172,6 +173,8 @@ def show(report: dict) -> None:
     if prune["split"]:
         for t, why in prune["left_out_compiled"].items():
             console.print(f"left out under torch.compile: {t}: {why}")
+    for line in decision_lines(prune.get("decisions", {})):
+        console.print(line)
     if report["timing"]:
         console.print(_timing_table(report))
     for row, error in report["timing_errors"].items():

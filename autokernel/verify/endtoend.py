@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import math
 import statistics
+import time
 from collections.abc import Callable
 
 import torch
@@ -25,6 +26,7 @@ import torch
 from autokernel import compat
 from autokernel.harness import timing
 from autokernel.ops import customops, swap
+from autokernel.verify import noise
 from autokernel.verify.correctness import CHECK_INPUTS, CHECK_SEED, blame, check, compare_outputs, forward, main_output
 from autokernel.verify.origin import origin_warnings
 from autokernel.verify.verification import DEPLOY_MODES, sides
@@ -36,7 +38,8 @@ __all__ = ["CHECK_INPUTS", "CHECK_SEED", "CPU_PAIRED_ROUNDS", "PAIRED_ROUNDS", "
 TIMING_INPUTS = 2  # input sets the timed runs rotate through
 TIMING_SEED = 1000  # seed of the first timed input set (distinct from the checked ones, correctness.CHECK_SEED)
 GPU_BACKEND, CPU_BACKEND = "inductor", "aot_eager"  # compile backends (a C++ build would dominate a CPU run)
-PRUNE_MARGIN = 0.01  # a kernel type is left out when the model runs this much faster without it
+PRUNE_MARGIN = 0.01  # a kernel type is left out when the model runs this much faster without it, outside the noise
+PRUNE_ROUNDS = 3  # rounds of turns a close call may take (noise.close_call) before it is left undecided
 # a model's forward timed in turns for about this long: a host-bound forward (a compiled decoder without graphs
 # spends most of its time enqueueing) drifts for seconds at a time, and short windows in turns read ratios several
 # percent apart for one pair of models (docs/timing.md)
@@ -66,10 +69,10 @@ def time_models(model, optimized: swap.Optimized, inputs: Callable, device: str,
     backend = backend_for(device)
     sets = [inputs(TIMING_SEED + i) for i in range(TIMING_INPUTS)]
     module = optimized.module()
-    makers = {"eager": lambda: model, "compile": lambda: torch.compile(model, backend=backend),
+    makers = {"eager": lambda: model, "compile": _once(lambda: torch.compile(model, backend=backend)),
               "optimized": lambda: module}
-    if with_compile:
-        makers["optimized_compile"] = lambda: torch.compile(module, backend=backend)
+    if with_compile:  # one compile of each model for its two rows: the graphed row captures the compiled one
+        makers["optimized_compile"] = _once(lambda: torch.compile(module, backend=backend))
     names = list(makers) + ([f"{name}_graph" for name in makers] if with_graphs else [])
     pairs = [(name, f"optimized{name.removeprefix('eager')}" if name.startswith("eager") else f"optimized_{name}")
              for name in names if not name.startswith("optimized")]
@@ -109,6 +112,12 @@ def time_models(model, optimized: swap.Optimized, inputs: Callable, device: str,
     return result, errors
 
 
+def _once(make: Callable) -> Callable:
+    """make, called once: later calls return what the first made."""
+    made = []
+    return lambda: made[0] if made else made.append(make()) or made[0]
+
+
 def latency_turns(fns: dict[str, Callable], sets: list, device: str) -> dict[str, list[float]]:
     """Latency samples of each function in turns, about LATENCY_TURNS_MS of each by the slowest one's probe run."""
     if device != "cuda":
@@ -132,25 +141,57 @@ def wrong_output(fn: Callable, model, args: tuple) -> str | None:
 
 
 def prune_deployed(model, optimized: swap.Optimized, inputs: Callable, device: str, modes: list[str],
-                   progress: Callable[[str], None] | None = None):
+                   progress: Callable[[str], None] | None = None, decisions: dict | None = None):
     """prune() on each side of `modes` (verification.deploy_modes): the types kept in the eager modes (eager,
     graph) run eagerly, those kept in the compiled ones (compile, compile_graph) where torch.compile traces the
     model. Returns (optimized, {type: why} left out eagerly, {type: why} left out under torch.compile); modes of
-    one side decide both. progress: called with a line per type tried."""
+    one side decide both. progress: called with a line per type tried, with the time spent and an estimate of
+    what is left; decisions, if given, gets {side's modes: prune()'s decisions}."""
     eager, compiled = sides(modes)
-    if not eager or not compiled:
-        optimized, dropped = prune(model, optimized, inputs, device, modes, progress)
-        return optimized, dropped, dropped
     types = optimized.swapped_types()
-    _, dropped = prune(model, optimized, inputs, device, eager, progress)
-    _, dropped_traced = prune(model, optimized, inputs, device, compiled, progress)
+    clock = _Clock(progress, trials=(len(types) + 1) * (2 if eager and compiled else 1))
+    decisions = {} if decisions is None else decisions
+    if not eager or not compiled:
+        side = deciding_modes(modes)
+        optimized, dropped = prune(model, optimized, inputs, device, side, clock, decisions.setdefault(
+            ",".join(side), {}))
+        return optimized, dropped, dropped
+    _, dropped = prune(model, optimized, inputs, device, eager, clock, decisions.setdefault(",".join(eager), {}))
+    side = deciding_modes(compiled)
+    _, dropped_traced = prune(model, optimized, inputs, device, side, clock, decisions.setdefault(",".join(side), {}))
     both = swap.build(model, [t for t in types if t not in dropped],
                       traced=[t for t in types if t not in dropped_traced])
     return both, dropped, dropped_traced
 
 
+def deciding_modes(modes: list[str]) -> list[str]:
+    """The modes of one side that decide its kernels: compile_graph alone where the compiled side runs graphed too
+    (its figure is GPU time; the compile row without graphs is host-bound and moves with the host, and both run the
+    same traced kernels), else every mode given."""
+    return ["compile_graph"] if {"compile", "compile_graph"} <= set(modes) else list(modes)
+
+
+class _Clock:
+    """progress() with each line prefixed by the trials done, the time spent and an estimate of what is left."""
+
+    def __init__(self, progress: Callable[[str], None] | None, trials: int):
+        self.progress, self.trials, self.done, self.started = progress, max(trials, 1), 0, time.monotonic()
+
+    def __call__(self, line: str) -> None:
+        self.done += 1
+        if self.progress is None:
+            return
+        spent = time.monotonic() - self.started
+        left = spent / self.done * max(self.trials - self.done, 0)
+        self.progress(f"[{self.done}/{self.trials}, {_duration(spent)} spent, ~{_duration(left)} left] {line}")
+
+
+def _duration(seconds: float) -> str:
+    return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+
+
 def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes: str | list[str] = "eager",
-          progress: Callable[[str], None] | None = None):
+          progress: Callable[[str], None] | None = None, decisions: dict | None = None):
     """Leave out, one type at a time, each kernel whose removal makes the whole model faster in one of `modes`.
 
     A kernel that beats PyTorch at the harness's shape can still lose at this model's shapes (a
@@ -160,23 +201,26 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes
     compile_graph, timed on one compile): a kernel stays only if the model is faster without it in none. A
     model that fails to run in a mode counts as infinitely slow there, so a type that breaks a mode is left out
     too. Greedy, in the order of the types, each trial timed in turns with the model it would replace (a
-    host-bound model timed alone, one run after another, drifts by more than the differences a prune decides);
+    host-bound model timed alone, one run after another, drifts by more than the differences a prune decides),
+    and decided only outside the noise of its turns (noise.compare: a mode within its noise decides nothing);
     then, if the original itself is faster still in a mode, timed in turns with what is kept, every kernel goes.
     On the compiled side each model is compiled once, the set kept so far reused by the next trial (dynamo's
     recompile limit raised to hold them all): one compile per trial, minutes on a large model.
     Returns (optimized, {type: why it was left out}); progress, if given, hears each type's verdict as it falls,
-    with the figures that decided it.
+    with the figures that decided it; decisions, if given, gets {type: {mode: noise.Verdict as a dict}, "kept
+    together": ...}.
     """
     modes, compiled = _one_side(modes)
     trials = _Trials(model, modes, compiled, inputs, device)
     keep, dropped = optimized.swapped_types(), {}
+    decided = {} if decisions is None else decisions
     with _compiling_each_once(len(keep) + 2) if compiled else contextlib.nullcontext():
         for kernel_type in list(keep):
-            optimized = _try_without(trials, optimized, kernel_type, keep, dropped, progress)
+            optimized = _try_without(trials, optimized, kernel_type, keep, dropped, progress, decided)
         module = optimized.module()
-        original_ms, best = trials.in_turns(module, against=model) if keep else ({}, {})
+        verdicts = trials.compare(model, against=module) if keep else {}
         trials.ready.clear()
-    if keep and _original_wins(trials, module, keep, dropped, original_ms, best, progress):
+    if keep and _original_wins(trials, module, keep, dropped, verdicts, progress, decided):
         optimized = swap.build(model, [])
     return optimized, dropped
 
@@ -194,51 +238,59 @@ def _one_side(modes: str | list[str]) -> tuple[list[str], bool]:
 
 
 def _try_without(trials: _Trials, optimized: swap.Optimized, kernel_type: str, keep: list[str], dropped: dict,
-                 progress: Callable[[str], None] | None) -> swap.Optimized:
+                 progress: Callable[[str], None] | None, decided: dict) -> swap.Optimized:
     """One greedy step of a prune: the model without kernel_type, timed in turns with the kernels kept so far.
-    When it runs faster in one of the modes, kernel_type leaves `keep` for `dropped` (with why) and the trial is
-    what goes on; else `optimized` does."""
+    When it runs faster in one of the modes, outside the noise, kernel_type leaves `keep` for `dropped` (with why)
+    and the trial is what goes on; else `optimized` does."""
     trial = swap.build(trials.model, [t for t in keep if t != kernel_type])
-    best, trial_ms = trials.in_turns(trial.module(), against=optimized.module())
+    verdicts = trials.compare(trial.module(), against=optimized.module())
+    decided[kernel_type] = {m: v.to_dict() for m, v in verdicts.items()}
     failed = trials.failures.get(optimized.module())
-    mode = trials.faster_in(trial_ms, best)
+    mode = _faster_in(verdicts)
     if mode:
-        dropped[kernel_type] = _why(mode, trial_ms, best, failed)
+        dropped[kernel_type] = _why(mode, verdicts[mode], failed)
         keep.remove(kernel_type)
         optimized = trial
     trials.forget_all_but(optimized.module())
     if progress:
         progress(f"prune ({', '.join(trials.modes)}): {kernel_type} " + (
             f"left out: {dropped[kernel_type]}" if mode else
-            f"kept: the model is not faster without it ({_versus(trials.modes, trial_ms, best)})"))
+            f"kept: the model is not faster without it ({_versus(verdicts)})"))
     return optimized
 
 
-def _original_wins(trials: _Trials, module, keep: list[str], dropped: dict, original_ms: dict, best: dict,
-                   progress: Callable[[str], None] | None) -> bool:
-    """Whether the original model beats the kept kernels together (module, timed in turns with it) in one of the
-    modes by the margin: then every kept type goes into `dropped`, with why. progress hears the verdict."""
+def _original_wins(trials: _Trials, module, keep: list[str], dropped: dict, verdicts: dict,
+                   progress: Callable[[str], None] | None, decided: dict) -> bool:
+    """Whether the original model beats the kept kernels together (module, timed in turns with it: verdicts) in one
+    of the modes, outside the noise: then every kept type goes into `dropped`, with why. progress hears it."""
+    decided["kept together"] = {m: v.to_dict() for m, v in verdicts.items()}
     failed = trials.failures.get(module)
-    mode = trials.faster_in(original_ms, best)
+    mode = _faster_in(verdicts)
     if not mode:
         if progress:
             progress(f"prune ({', '.join(trials.modes)}): {', '.join(keep)} kept: together not slower than the "
-                     f"original ({_versus(trials.modes, original_ms, best)})")
+                     f"original ({_versus(verdicts)})")
         return False
+    v = verdicts[mode]
     for kernel_type in keep:
-        dropped[kernel_type] = _why(mode, original_ms, best, failed) if failed else (
-            f"together the kernels lose in {mode} mode (original {original_ms[mode]:.3f} ms vs "
-            f"{best[mode]:.3f} ms)")
+        dropped[kernel_type] = _why(mode, v, failed) if failed else (
+            f"together the kernels lose in {mode} mode (original {v.without_ms:.3f} ms vs {v.with_ms:.3f} ms, "
+            f"{v.ratio:.3f}x, {noise.CONFIDENCE:.0%} interval {v.low:.3f}-{v.high:.3f})")
     if progress:
         progress(f"prune ({', '.join(trials.modes)}): {', '.join(keep)} left out too: {dropped[keep[0]]}")
     return True
 
 
-def _why(mode: str, trial_ms: dict, best_ms: dict, failed: str | None) -> str:
+def _faster_in(verdicts: dict) -> str | None:
+    """The first mode whose verdict is that the model runs faster without (None: in none, or only within noise)."""
+    return next((m for m, v in verdicts.items() if v.outcome == noise.FASTER), None)
+
+
+def _why(mode: str, verdict: noise.Verdict, failed: str | None) -> str:
     """Why a prune left a type out: the model failed with it in `mode`, or ran faster without it there."""
     if failed:
         return f"the model fails in {mode} mode with it ({failed})"
-    return f"the model is faster without it in {mode} mode ({trial_ms[mode]:.3f} ms vs {best_ms[mode]:.3f} ms)"
+    return f"the model is faster without it in {mode} mode ({verdict.text()})"
 
 
 class _Trials:
@@ -291,23 +343,33 @@ class _Trials:
             self.failures[fn] = _error_line(e)
             return dict.fromkeys(self.modes, math.inf)
 
-    def in_turns(self, fn, against) -> tuple[dict, dict]:
-        """(against's ms, fn's ms) in each mode, timed in turns: a host that drifts between two separate timings
-        does not decide between them. A model that fails counts as infinitely slow, the other timed alone."""
-        kept, original = self.deployed_once(fn), self.deployed_once(against)
-        if kept is None or original is None:
-            return self.alone(against, original), self.alone(fn, kept)
+    def compare(self, fn, against) -> dict[str, noise.Verdict]:
+        """{mode: the verdict on fn (the model without a kernel) against `against` (with it)}, timed in turns: a
+        host that drifts between two separate timings does not decide between them. A close call gets more rounds
+        of turns, up to PRUNE_ROUNDS. A model that fails counts as infinitely slow, the other timed alone."""
+        without, with_ = self.deployed_once(fn), self.deployed_once(against)
+        if without is None or with_ is None:
+            return self._failed(fn, without, against, with_)
+        samples = {m: {"without": [], "with": []} for m in self.modes}
         try:
-            samples = {m: latency_turns({"kept": kept[m], "original": original[m]}, self.sets, self.device)
-                       for m in self.modes}
+            for _ in range(PRUNE_ROUNDS):
+                for m in [m for m in self.modes if _undecided(samples[m])]:
+                    turns = latency_turns({"without": without[m], "with": with_[m]}, self.sets, self.device)
+                    for side in ("without", "with"):
+                        samples[m][side] += turns[side]
         except Exception:  # one of them fails in a mode: each timed alone, to know which
-            return self.alone(against, original), self.alone(fn, kept)
-        return ({m: statistics.median(s["original"]) / 1e3 for m, s in samples.items()},
-                {m: statistics.median(s["kept"]) / 1e3 for m, s in samples.items()})
+            return self._failed(fn, without, against, with_)
+        return {m: noise.compare(s["without"], s["with"], PRUNE_MARGIN) for m, s in samples.items()}
 
-    def faster_in(self, a: dict, b: dict) -> str | None:
-        """The first mode in which a runs faster than b by the margin (None: in none)."""
-        return next((m for m in self.modes if a[m] < b[m] * (1 - PRUNE_MARGIN)), None)
+    def _failed(self, fn, without, against, with_) -> dict[str, noise.Verdict]:
+        without_ms, with_ms = self.alone(fn, without), self.alone(against, with_)
+        return {m: noise.failed(without_ms[m], with_ms[m]) for m in self.modes}
+
+
+def _undecided(samples: dict) -> bool:
+    """Not timed yet, or a close call so far."""
+    return not samples["without"] or noise.close_call(noise.compare(samples["without"], samples["with"],
+                                                                    PRUNE_MARGIN), PRUNE_MARGIN)
 
 
 @contextlib.contextmanager
@@ -324,9 +386,9 @@ def _compiling_each_once(models: int):
         torch._dynamo.reset()  # what is timed after (verify's rows) compiles from a clean cache
 
 
-def _versus(modes, without: dict, with_: dict) -> str:
-    """'eager 9.100 ms without, 9.000 with; graph ...': what a prune compared, in each mode."""
-    return "; ".join(f"{m} {without[m]:.3f} ms without, {with_[m]:.3f} with" for m in modes)
+def _versus(verdicts: dict) -> str:
+    """'eager 9.100 ms without, 9.000 with (1.011x, ...); graph ...': what a prune compared, in each mode."""
+    return "; ".join(f"{m} {v.text()}" for m, v in verdicts.items())
 
 
 def paired(model, module, ours: dict, theirs: dict, inputs: Callable, device: str,

@@ -1,0 +1,84 @@
+"""Whether a model runs faster without a kernel than with it, from latencies timed in turns: a verdict only where
+the difference is outside the comparison's own noise.
+
+Two models timed in turns (one run of each per turn, timing.time_turns) give paired samples: a host that slows
+down slows both runs of a turn alike, so the per-turn ratio without / with is what carries the difference, and
+its spread is the comparison's noise. The verdict is the median of those ratios with a distribution-free
+confidence interval (the order statistics that a binomial(n, 1/2) count puts around the median, as a sign test
+does): "faster" (the model is faster without the kernel) when the whole interval lies below 1 - margin, "slower"
+when it lies above 1 + margin, and "within noise" otherwise, which decides nothing: a difference smaller than the
+margin, or one the turns cannot tell from the noise, gives the same verdict run after run. A close call (the
+interval reaching past the margin on either side) earns more turns before it is left undecided (endtoend's
+_Trials.compare). docs/deploy-and-prune.md says why.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import asdict, dataclass
+
+CONFIDENCE = 0.99  # of the interval around the median ratio: a prune takes many verdicts, each must hold
+FASTER, SLOWER, WITHIN_NOISE = "faster", "slower", "within noise"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One mode's comparison of a model without a kernel (or kernels) against the model with it."""
+    without_ms: float  # medians of each side's samples
+    with_ms: float
+    ratio: float  # median over the turns of without / with: below 1 when the model is faster without
+    low: float  # the ratio's confidence interval
+    high: float
+    turns: int
+    outcome: str  # FASTER (without is faster), SLOWER, or WITHIN_NOISE
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def text(self) -> str:
+        """'9.100 ms without, 9.000 with (1.011x, 95% interval 0.998-1.024 over 120 turns, within noise)'."""
+        if math.isinf(self.without_ms) or math.isinf(self.with_ms):
+            return f"{self.without_ms:.3f} ms without, {self.with_ms:.3f} with"
+        return (f"{self.without_ms:.3f} ms without, {self.with_ms:.3f} with ({self.ratio:.3f}x, "
+                f"{CONFIDENCE:.0%} interval {self.low:.3f}-{self.high:.3f} over {self.turns} turns, {self.outcome})")
+
+
+def median_interval(values: list[float], confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """A distribution-free confidence interval for the median of values: the k-th smallest and the k-th largest,
+    k the largest count with P(binomial(n, 1/2) < k) <= (1 - confidence) / 2. Fewer than six values: their range."""
+    ordered = sorted(values)
+    n = len(ordered)
+    tail, k, below = (1 - confidence) / 2, 0, 0.0
+    while k < n // 2:
+        below += math.comb(n, k) / 2**n  # P(count <= k)
+        if below > tail:
+            break
+        k += 1
+    k = max(k, 1)
+    return ordered[k - 1], ordered[n - k]
+
+
+def compare(without_us: list[float], with_us: list[float], margin: float) -> Verdict:
+    """The verdict on samples timed in turns (the i-th of each from the same turn)."""
+    ratios = [a / b for a, b in zip(without_us, with_us) if b > 0]
+    without_ms, with_ms = statistics.median(without_us) / 1e3, statistics.median(with_us) / 1e3
+    if not ratios:
+        return Verdict(without_ms, with_ms, 1.0, 0.0, math.inf, 0, WITHIN_NOISE)
+    ratio = statistics.median(ratios)
+    low, high = median_interval(ratios)
+    outcome = FASTER if high < 1 - margin else SLOWER if low > 1 + margin else WITHIN_NOISE
+    return Verdict(without_ms, with_ms, ratio, low, high, len(ratios), outcome)
+
+
+def close_call(verdict: Verdict, margin: float) -> bool:
+    """Within noise, but more turns could still decide it: the interval reaches past the margin on a side."""
+    return verdict.outcome == WITHIN_NOISE and (verdict.low < 1 - margin or verdict.high > 1 + margin)
+
+
+def failed(without_ms: float, with_ms: float) -> Verdict:
+    """The verdict where a side failed to run (counted as infinitely slow): no noise to weigh."""
+    if without_ms == with_ms:
+        return Verdict(without_ms, with_ms, 1.0, 1.0, 1.0, 0, WITHIN_NOISE)
+    return Verdict(without_ms, with_ms, 0.0 if without_ms < with_ms else math.inf, 0.0, 0.0, 0,
+                   FASTER if without_ms < with_ms else SLOWER)

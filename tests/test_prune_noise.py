@@ -1,0 +1,156 @@
+"""The prune decides outside its own noise: the same kept set on a host that drifts and jitters, whatever the seed; a
+mode within its noise never overrules a mode where the difference is clear; a close call gets more turns; each model
+is compiled once for its rows."""
+
+import math
+import random
+
+import pytest
+import torch
+
+from autokernel.harness import timing
+from autokernel.ops import swap
+from autokernel.verify import endtoend, noise
+
+BASE_MS = 10.0
+
+
+class Made:  # a stand-in for swap.Optimized whose time in each mode is made up from its types
+    def __init__(self, types, cost):
+        self.types, self.cost = list(types), cost
+
+    def swapped_types(self):
+        return list(self.types)
+
+    def module(self):
+        return self
+
+    def ms(self, mode):
+        return BASE_MS + sum(self.cost[mode].get(t, 0.0) for t in self.types)
+
+
+class Deployed:  # a Made model as deployed in one mode
+    def __init__(self, made, mode):
+        self.made, self.mode = made, mode
+
+
+def noisy_host(monkeypatch, seed: int, jitter: dict, drift: float = 0.3, cost: dict | None = None):
+    """timing.time_turns on a made-up host: per turn a factor shared by both models of the turn (a slow drift of
+    +-drift and a jump of the host), and per run its own jitter (jitter[mode]: the sigma of its logarithm)."""
+    rng = random.Random(seed)
+    clock = [0]
+
+    def time_turns(fns, sets, device, turns, latency=False):
+        out = {name: [] for name in fns}
+        for _ in range(turns):
+            clock[0] += 1
+            host = (1 + drift * math.sin(clock[0] / 40)) * (1 + abs(rng.gauss(0, 0.05)))
+            for name, fn in fns.items():
+                out[name].append(fn.made.ms(fn.mode) * host * math.exp(rng.gauss(0, jitter[fn.mode])) * 1e3)
+        return out
+
+    monkeypatch.setattr(timing, "time_turns", time_turns)
+    monkeypatch.setattr(timing, "time_fn", lambda *a, **kw: pytest.fail("a model was timed alone"))
+    monkeypatch.setattr(timing, "cuda_graphed", lambda fn, example: Deployed(fn.made, "graph"))
+    monkeypatch.setattr(endtoend, "wrong_output", lambda fn, model, args: None)
+    monkeypatch.setattr(swap, "build", lambda model, types, traced=None: Made(types, cost))
+    monkeypatch.setattr(endtoend._Trials, "deployed", lambda self, fn: {m: Deployed(fn, m) for m in self.modes})
+
+
+COST = {"eager": {"rmsnorm": -2.0, "matmul": +1.5, "rotary_embedding": -0.5, "fused_mlp": +0.05},
+        "graph": {"rmsnorm": -1.0, "matmul": +1.0, "rotary_embedding": -0.4, "fused_mlp": +0.03}}
+
+
+@pytest.mark.parametrize("modes", [["eager"], ["eager", "graph"]])
+def test_the_kept_set_is_the_same_whatever_the_host_does(monkeypatch, modes):
+    kept = set()
+    for seed in range(5):
+        noisy_host(monkeypatch, seed, jitter={"eager": 0.03, "graph": 0.005}, cost=COST)
+        optimized, dropped = endtoend.prune(Made([], COST), Made(list(COST["eager"]), COST), lambda seed: (),
+                                            "cuda", modes)
+        kept.add(tuple(optimized.types))
+        assert list(dropped) == ["matmul"], dropped
+    assert kept == {("rmsnorm", "rotary_embedding", "fused_mlp")}  # fused_mlp's 0.5% is under the margin
+
+
+def test_a_mode_within_its_noise_does_not_overrule_a_clear_one(monkeypatch):
+    """flash_attention is 16% faster graphed and 1% slower eagerly inside a host-bound mode's 30% spread: the prune
+    keeps it (neither its own trial nor the kept set against the original drops it on the eager mode's noise)."""
+    cost = {"eager": {"flash_attention": +0.1}, "graph": {"flash_attention": -1.6}}
+    for seed in range(3):
+        noisy_host(monkeypatch, seed, jitter={"eager": 0.3, "graph": 0.005}, drift=0.5, cost=cost)
+        decisions, lines = {}, []
+        optimized, dropped = endtoend.prune(Made([], cost), Made(["flash_attention"], cost), lambda seed: (),
+                                            "cuda", ["eager", "graph"], lines.append, decisions)
+        assert optimized.types == ["flash_attention"] and not dropped, lines
+        assert decisions["flash_attention"]["graph"]["outcome"] == noise.SLOWER  # slower without it: clear
+        assert decisions["flash_attention"]["eager"]["outcome"] != noise.FASTER  # the 1% is not found in 30%
+        assert decisions["kept together"]["eager"]["outcome"] != noise.FASTER
+
+
+def test_a_clear_loss_in_one_mode_still_leaves_the_kernel_out(monkeypatch):
+    cost = {"eager": {"matmul": +1.0}, "graph": {"matmul": -0.5}}
+    noisy_host(monkeypatch, 0, jitter={"eager": 0.01, "graph": 0.005}, cost=cost)
+    optimized, dropped = endtoend.prune(Made([], cost), Made(["matmul"], cost), lambda seed: (), "cuda",
+                                        ["eager", "graph"])
+    assert optimized.types == [] and "faster without it in eager mode" in dropped["matmul"]
+
+
+def test_a_close_call_gets_more_turns_and_a_clear_one_does_not(monkeypatch):
+    noisy_host(monkeypatch, 1, jitter={"eager": 0.05, "graph": 0.05}, drift=0.0,
+               cost={"eager": {"softmax": +0.12, "rmsnorm": -3.0}, "graph": {}})
+    calls = []
+    real = endtoend.latency_turns
+    monkeypatch.setattr(endtoend, "latency_turns", lambda fns, sets, device: calls.append(1) or real(fns, sets,
+                                                                                                         device))
+    trials = endtoend._Trials(None, ["eager"], False, lambda seed: (), "cuda")
+    cost = {"eager": {"softmax": +0.12, "rmsnorm": -3.0}, "graph": {}}
+    clear = trials.compare(Made([], cost), against=Made(["rmsnorm"], cost))["eager"]
+    assert clear.outcome == noise.SLOWER and len(calls) == 1
+    calls.clear()
+    close = trials.compare(Made([], cost), against=Made(["softmax"], cost))["eager"]
+    assert len(calls) > 1 and close.turns > clear.turns  # 1.2% inside 5% jitter: more rounds were taken
+
+
+def test_the_interval_is_the_median_s_order_statistics():
+    assert noise.median_interval([1.0, 2.0, 3.0]) == (1.0, 3.0)  # too few for anything narrower
+    values = [float(i) for i in range(100)]
+    low, high = noise.median_interval(values, 0.95)
+    assert 38 <= low < 49.5 < high <= 61  # a 95% interval for the median of 100 values: ranks 40 and 61
+    v = noise.compare([9.0e3] * 50, [10.0e3] * 50, 0.01)
+    assert (v.outcome, round(v.ratio, 3), v.turns) == (noise.FASTER, 0.9, 50)
+    assert noise.compare([10.0e3] * 50, [10.0e3] * 50, 0.01).outcome == noise.WITHIN_NOISE
+
+
+def test_time_models_compiles_each_model_once_for_both_compiled_rows(monkeypatch):
+    compiles = []
+
+    def counting_backend(gm, example):
+        compiles.append(gm)
+        return gm.forward
+
+    monkeypatch.setattr(endtoend, "backend_for", lambda device: counting_backend)
+    monkeypatch.setattr(timing, "cuda_graphed", lambda fn, example: fn)  # no CUDA here: the graph is the fn
+    model = torch.nn.Linear(4, 4)
+    optimized = swap.build(model, [])
+    torch._dynamo.reset()
+    with torch.no_grad():
+        rows, errors = endtoend.time_models(model, optimized, lambda seed: (torch.ones(2, 4),), "cpu",
+                                            with_compile=True, with_graphs=True)
+    assert not errors and {"compile", "compile_graph", "optimized_compile", "optimized_compile_graph"} <= set(rows)
+    assert len(compiles) == 2  # the original and the optimized model, each once for its two rows
+    torch._dynamo.reset()
+
+
+def test_the_compiled_side_is_decided_graphed_and_every_line_says_how_far_along(monkeypatch):
+    cost = {m: {"rmsnorm": -1.0, "matmul": +1.0} for m in ("eager", "graph", "compile", "compile_graph")}
+    noisy_host(monkeypatch, 0, jitter=dict.fromkeys(cost, 0.005), cost=cost)
+    decisions, lines = {}, []
+    optimized, dropped, dropped_traced = endtoend.prune_deployed(
+        Made([], cost), Made(["rmsnorm", "matmul"], cost), lambda seed: (), "cuda",
+        ["eager", "graph", "compile", "compile_graph"], lines.append, decisions)
+    assert list(decisions) == ["eager,graph", "compile_graph"]  # compile without graphs decides nothing
+    assert set(decisions["compile_graph"]["rmsnorm"]) == {"compile_graph"}
+    assert list(dropped) == list(dropped_traced) == ["matmul"]
+    assert [line.split(",")[0] for line in lines] == [f"[{i}/6" for i in range(1, 7)]
+    assert "s spent, ~" in lines[0] and "s left] prune (eager, graph): rmsnorm kept" in lines[0]
