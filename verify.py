@@ -283,14 +283,16 @@ def _timing_table(report):
 
     label = " (CPU, Triton interpreter: NOT performance figures)" if report["cpu_mode"] else ""
     table = Table(title=f"end-to-end latency, median{label}; torch.compile backend {report['compile_backend']}")
-    for col in ("model", "ms", "noise", "vs eager", "vs torch.compile"):
+    for col in ("model", "ms", "noise", "host share", "vs eager", "vs torch.compile", "in turns, 99% interval"):
         table.add_column(col, justify="left" if col == "model" else "right")
     names = {"eager": "original, eager", "compile": "original, torch.compile", "optimized": "optimized",
              "optimized_compile": "optimized + torch.compile"}
     for k, r in report["timing"].items():
         name = names[k.removesuffix("_graph")] + (", CUDA graph" if k.endswith("_graph") else "")
         ratios = [f"{r[key]:.2f}x" if key in r else "-" for key in ("speedup_vs_eager", "speedup_vs_compile")]
-        table.add_row(name, f"{r['ms']:.3f}", f"{r['noise_pct']:.1f}%", *ratios)
+        host = f"{r['host_share']:.0%}" if "host_share" in r else "-"
+        interval = "{:.3f}-{:.3f}x".format(*r["speedup_interval"]) if "speedup_interval" in r else "-"
+        table.add_row(name, f"{r['ms']:.3f}", f"{r['noise_pct']:.1f}%", host, *ratios, interval)
     return table
 
 

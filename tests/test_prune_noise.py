@@ -139,6 +139,9 @@ def test_time_models_compiles_each_model_once_for_both_compiled_rows(monkeypatch
                                             with_compile=True, with_graphs=True)
     assert not errors and {"compile", "compile_graph", "optimized_compile", "optimized_compile_graph"} <= set(rows)
     assert len(compiles) == 2  # the original and the optimized model, each once for its two rows
+    low, high = rows["optimized_graph"]["speedup_interval"]  # each optimized row: its speedup's interval in turns
+    assert 0 < low <= high < math.inf
+    assert 0 <= rows["eager"]["host_share"] < 1 and "host_share" not in rows["eager_graph"]
     torch._dynamo.reset()
 
 

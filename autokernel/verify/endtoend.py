@@ -103,13 +103,27 @@ def time_models(model, optimized: swap.Optimized, inputs: Callable, device: str,
         for name, us in samples.items():
             t = timing.Timing(statistics.median(us), us)
             result[name] = {"ms": t.median_us / 1e3, "noise_pct": t.spread_pct, "runs": len(us)}
+        if len(samples) == 2:  # the optimized row's speedup over its original, per turn: its interval is its noise
+            v = noise.compare(samples[pair[0]], samples[pair[1]], PRUNE_MARGIN)
+            result[pair[1]]["speedup_interval"] = [v.low, v.high]
     result = {name: result[name] for name in names if name in result}  # back in the table's order
+    _host_shares(result)
     for name, r in result.items():
         mode = "_graph" if name.endswith("_graph") else ""
         for base in ("eager", "compile"):
             if base + mode in result:
                 r[f"speedup_vs_{base}"] = result[base + mode]["ms"] / r["ms"]
     return result, errors
+
+
+def _host_shares(rows: dict) -> None:
+    """Each row timed with and without a CUDA graph gets host_share: the part of its latency that the graph's replay
+    saves, the host's launches and Python (1 - graphed / not graphed). A high share is a host-bound row: its
+    milliseconds move with the host, its ratio in turns holds."""
+    for name, row in rows.items():
+        graphed = rows.get(f"{name}_graph")
+        if graphed is not None and not name.endswith("_graph"):
+            row["host_share"] = max(0.0, 1 - graphed["ms"] / row["ms"])
 
 
 def _once(make: Callable) -> Callable:
