@@ -28,6 +28,7 @@ from autokernel.harness import timing
 from autokernel.ops import customops, swap
 from autokernel.verify import noise
 from autokernel.verify.correctness import CHECK_INPUTS, CHECK_SEED, blame, check, compare_outputs, forward, main_output
+from autokernel.verify.noise import paired_verdict
 from autokernel.verify.origin import origin_warnings
 from autokernel.verify.verification import DEPLOY_MODES, sides
 
@@ -47,7 +48,6 @@ LATENCY_TURNS_MS = 1000
 LATENCY_MAX_TURNS = 400
 PAIRED_ROUNDS = 200  # turns of a paired comparison: each times one run of both kernel sets
 CPU_PAIRED_ROUNDS = 2  # in the interpreter: enough to run the path, the figures mean nothing there
-PAIRED_P = 0.05  # a side is faster when it won this improbably many rounds for a coin (two-sided sign test)
 
 
 def backend_for(device: str) -> str:
@@ -56,7 +56,7 @@ def backend_for(device: str) -> str:
 
 # ------------------------------------------------------------------------------ timing
 def time_models(model, optimized: swap.Optimized, inputs: Callable, device: str, with_compile: bool,
-                with_graphs: bool = False) -> tuple[dict, dict]:
+                with_graphs: bool = False, reuse: dict | None = None) -> tuple[dict, dict]:
     """Median latency of the original (eager, compiled) and the optimized model, one process, one protocol.
 
     Rows: eager, compile, optimized, optimized_compile (with_compile), and each again as <row>_graph
@@ -65,7 +65,8 @@ def time_models(model, optimized: swap.Optimized, inputs: Callable, device: str,
     host's cost counts: without a CUDA graph a model's forward can wait on its launches): a host that runs
     slower for a while slows both alike (run one after the other, a host-bound compiled model's forward
     drifts by far more than the differences these rows show). Returns (rows, {row: error}): a mode that
-    fails (a compile error, a capture error) is reported, and the other rows are still timed."""
+    fails (a compile error, a capture error) is reported, and the other rows are still timed. reuse: the compiled
+    original and kept set of a compiled prune (prune's reuse), timed as they are instead of compiled again."""
     backend = backend_for(device)
     sets = [inputs(TIMING_SEED + i) for i in range(TIMING_INPUTS)]
     module = optimized.module()
@@ -73,6 +74,8 @@ def time_models(model, optimized: swap.Optimized, inputs: Callable, device: str,
               "optimized": lambda: module}
     if with_compile:  # one compile of each model for its two rows: the graphed row captures the compiled one
         makers["optimized_compile"] = _once(lambda: torch.compile(module, backend=backend))
+    made = {f"{prefix}{mode}": fn for key, prefix in (("original", ""), ("kept", "optimized_"))
+            for mode, fn in (reuse or {}).get(key, {}).items()}
     names = list(makers) + ([f"{name}_graph" for name in makers] if with_graphs else [])
     pairs = [(name, f"optimized{name.removeprefix('eager')}" if name.startswith("eager") else f"optimized_{name}")
              for name in names if not name.startswith("optimized")]
@@ -80,21 +83,7 @@ def time_models(model, optimized: swap.Optimized, inputs: Callable, device: str,
     # Modes without torch.compile first: once a compile ran, the process holds its compiler's objects, and an
     # eager model timed after it ran far slower and noisier (docs/timing.md). A user running eager compiles nothing.
     for pair in sorted(pairs, key=lambda p: "compile" in p[0]):
-        fns = {}
-        for name in pair:
-            if name not in names:
-                continue
-            try:
-                fn = makers[name.removesuffix("_graph")]()
-                if name.endswith("_graph"):  # replayed from a CUDA graph, compared with its graphed original
-                    fn = timing.cuda_graphed(fn, sets[0])
-                wrong = wrong_output(fn, model, sets[-1]) if name.startswith("optimized") else None
-                if wrong:
-                    errors[name] = wrong
-                    continue
-                fns[name] = fn
-            except Exception as e:  # one failing mode must not hide the others
-                errors[name] = _error_line(e)
+        fns = _deployed_rows([n for n in pair if n in names], made, makers, model, sets, errors)
         try:
             samples = latency_turns(fns, sets, device) if fns else {}
         except Exception as e:
@@ -114,6 +103,28 @@ def time_models(model, optimized: swap.Optimized, inputs: Callable, device: str,
             if base + mode in result:
                 r[f"speedup_vs_{base}"] = result[base + mode]["ms"] / r["ms"]
     return result, errors
+
+
+def _deployed_rows(names: list[str], made: dict, makers: dict, model, sets: list, errors: dict) -> dict:
+    """{row: the model as the row runs it}: the prune's where it made it (compiled and captured already), else made
+    here, a _graph row replayed from a CUDA graph; an optimized row that gives a wrong output, or a row that fails
+    to deploy, goes into errors instead (one failing mode must not hide the others)."""
+    fns = {}
+    for name in names:
+        try:
+            fn = made.get(name)
+            if fn is None:
+                fn = makers[name.removesuffix("_graph")]()
+                if name.endswith("_graph"):
+                    fn = timing.cuda_graphed(fn, sets[0])
+            wrong = wrong_output(fn, model, sets[-1]) if name.startswith("optimized") else None
+        except Exception as e:
+            wrong = _error_line(e)
+        if wrong:
+            errors[name] = wrong
+        else:
+            fns[name] = fn
+    return fns
 
 
 def _host_shares(rows: dict) -> None:
@@ -155,12 +166,14 @@ def wrong_output(fn: Callable, model, args: tuple) -> str | None:
 
 
 def prune_deployed(model, optimized: swap.Optimized, inputs: Callable, device: str, modes: list[str],
-                   progress: Callable[[str], None] | None = None, decisions: dict | None = None):
+                   progress: Callable[[str], None] | None = None, decisions: dict | None = None,
+                   reuse: dict | None = None):
     """prune() on each side of `modes` (verification.deploy_modes): the types kept in the eager modes (eager,
     graph) run eagerly, those kept in the compiled ones (compile, compile_graph) where torch.compile traces the
     model. Returns (optimized, {type: why} left out eagerly, {type: why} left out under torch.compile); modes of
     one side decide both. progress: called with a line per type tried, with the time spent and an estimate of
-    what is left; decisions, if given, gets {side's modes: prune()'s decisions}."""
+    what is left; decisions, if given, gets {side's modes: prune()'s decisions}; reuse: prune()'s, from the
+    compiled side."""
     eager, compiled = sides(modes)
     types = optimized.swapped_types()
     clock = _Clock(progress, trials=(len(types) + 1) * (2 if eager and compiled else 1))
@@ -168,11 +181,12 @@ def prune_deployed(model, optimized: swap.Optimized, inputs: Callable, device: s
     if not eager or not compiled:
         side = deciding_modes(modes)
         optimized, dropped = prune(model, optimized, inputs, device, side, clock, decisions.setdefault(
-            ",".join(side), {}))
+            ",".join(side), {}), reuse)
         return optimized, dropped, dropped
     _, dropped = prune(model, optimized, inputs, device, eager, clock, decisions.setdefault(",".join(eager), {}))
     side = deciding_modes(compiled)
-    _, dropped_traced = prune(model, optimized, inputs, device, side, clock, decisions.setdefault(",".join(side), {}))
+    _, dropped_traced = prune(model, optimized, inputs, device, side, clock, decisions.setdefault(",".join(side), {}),
+                              reuse)
     both = swap.build(model, [t for t in types if t not in dropped],
                       traced=[t for t in types if t not in dropped_traced])
     return both, dropped, dropped_traced
@@ -205,7 +219,7 @@ def _duration(seconds: float) -> str:
 
 
 def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes: str | list[str] = "eager",
-          progress: Callable[[str], None] | None = None, decisions: dict | None = None):
+          progress: Callable[[str], None] | None = None, decisions: dict | None = None, reuse: dict | None = None):
     """Leave out, one type at a time, each kernel whose removal makes the whole model faster in one of `modes`.
 
     A kernel that beats PyTorch at the harness's shape can still lose at this model's shapes (a
@@ -222,20 +236,31 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes
     recompile limit raised to hold them all): one compile per trial, minutes on a large model.
     Returns (optimized, {type: why it was left out}); progress, if given, hears each type's verdict as it falls,
     with the figures that decided it; decisions, if given, gets {type: {mode: noise.Verdict as a dict}, "kept
-    together": ...}.
+    together": ...}. reuse, if given on the compiled side, gets the original and the kept set as compiled and
+    graphed for the last comparison ({"original": {mode: fn}, "kept": ...}), for time_models' rows to time
+    without compiling them again (dynamo's cache is then kept, not emptied, at the end).
     """
     modes, compiled = _one_side(modes)
     trials = _Trials(model, modes, compiled, inputs, device)
     keep, dropped = optimized.swapped_types(), {}
     decided = {} if decisions is None else decisions
-    with _compiling_each_once(len(keep) + 2) if compiled else contextlib.nullcontext():
+    reusing = compiled and reuse is not None
+    with _compiling_each_once(len(keep) + 2, reset_after=not reusing) if compiled else contextlib.nullcontext():
         for kernel_type in list(keep):
             optimized = _try_without(trials, optimized, kernel_type, keep, dropped, progress, decided)
         module = optimized.module()
         verdicts = trials.compare(model, against=module) if keep else {}
+        if reusing:
+            reuse["original"] = trials.as_rows(model)
+            reuse["kept"] = trials.as_rows(module) if keep else reuse["original"]
+            if not (reuse["original"] and reuse["kept"]):  # one failed: the rows compile afresh, from a clean cache
+                reuse.clear()
+                torch._dynamo.reset()
         trials.ready.clear()
     if keep and _original_wins(trials, module, keep, dropped, verdicts, progress, decided):
         optimized = swap.build(model, [])
+        if reusing:
+            reuse["kept"] = reuse["original"]
     return optimized, dropped
 
 
@@ -319,12 +344,14 @@ class _Trials:
         self.failures = {}
         # fn -> deployed(fn): the kept set, deployed for one trial, is the `against` of the next one too
         self.ready = {}
+        self.runs = {}  # fn -> fn as it runs before any graph (compiled on the compiled side)
 
     def deployed(self, fn) -> dict[str, Callable] | None:
         """{mode: fn as deployed in it} (one compile for both compiled modes), each having given the original's
         output; None (the failure kept) otherwise."""
         try:
             ran = torch.compile(fn, backend=self.backend) if self.compiled else fn
+            self.runs[fn] = ran
             ready = {m: timing.cuda_graphed(ran, self.sets[0]) if m.endswith("graph") else ran for m in self.modes}
             wrong = None if fn is self.model else next(
                 filter(None, (wrong_output(r, self.model, self.sets[-1]) for r in ready.values())), None)
@@ -334,6 +361,14 @@ class _Trials:
             self.failures[fn] = wrong
             return None
         return ready
+
+    def as_rows(self, fn) -> dict[str, Callable]:
+        """fn deployed for time_models' rows ({"compile": compiled fn, "compile_graph": its graph}, what was made of
+        it), {} where it failed."""
+        ready = self.ready.get(fn)
+        if ready is None:
+            return {}
+        return {"compile": self.runs[fn], **{m: r for m, r in ready.items() if m.endswith("graph")}}
 
     def deployed_once(self, fn) -> dict[str, Callable] | None:
         if fn not in self.ready:
@@ -387,17 +422,18 @@ def _undecided(samples: dict) -> bool:
 
 
 @contextlib.contextmanager
-def _compiling_each_once(models: int):
-    """For the compiled side of a prune: dynamo's caches emptied before and after, and room in between for one
-    compiled trace of each of `models` models (the kernel sets share their forward's code, and past dynamo's
-    recompile limit, 8 by default, a model would silently run uncompiled)."""
+def _compiling_each_once(models: int, reset_after: bool = True):
+    """For the compiled side of a prune: dynamo's caches emptied before (and after, with reset_after), and room in
+    between for one compiled trace of each of `models` models (the kernel sets share their forward's code, and past
+    dynamo's recompile limit, 8 by default, a model would silently run uncompiled)."""
     limit = compat.recompile_limit_option()
     torch._dynamo.reset()
     try:
         with torch._dynamo.config.patch(**{limit: max(getattr(torch._dynamo.config, limit), models)}):
             yield
     finally:
-        torch._dynamo.reset()  # what is timed after (verify's rows) compiles from a clean cache
+        if reset_after:
+            torch._dynamo.reset()  # what is timed after (verify's rows) compiles from a clean cache
 
 
 def _versus(verdicts: dict) -> str:
@@ -439,20 +475,6 @@ def _installing(kernels: dict, module) -> Callable:
         customops.reinstall(kernels)
         return module(*args)
     return run
-
-
-def paired_verdict(ours: list[float], theirs: list[float]) -> dict:
-    """Medians, their ratio (theirs / ours: above 1 when ours is faster), the rounds ours won, and the verdict of
-    a two-sided sign test over the rounds: faster, slower, or no measurable difference."""
-    wins = sum(o < t for o, t in zip(ours, theirs))
-    losses = sum(o > t for o, t in zip(ours, theirs))
-    n = wins + losses  # ties carry no sign
-    tail = sum(math.comb(n, k) for k in range(max(wins, losses), n + 1)) / 2**n if n else 1.0
-    p = min(1.0, 2 * tail)
-    verdict = "no measurable difference" if p >= PAIRED_P else ("faster" if wins > losses else "slower")
-    ms, against_ms = statistics.median(ours), statistics.median(theirs)
-    return {"rounds": len(ours), "ms": ms, "against_ms": against_ms, "speedup": against_ms / ms,
-            "won_rounds": wins, "p_value": p, "verdict": verdict}
 
 
 def _error_line(e: Exception) -> str:

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 
 CONFIDENCE = 0.99  # of the interval around the median ratio: a prune takes many verdicts, each must hold
 FASTER, SLOWER, WITHIN_NOISE = "faster", "slower", "within noise"
+PAIRED_P = 0.05  # a side is faster when it won this improbably many rounds for a coin (two-sided sign test)
 
 
 @dataclass(frozen=True)
@@ -80,5 +81,19 @@ def failed(without_ms: float, with_ms: float) -> Verdict:
     """The verdict where a side failed to run (counted as infinitely slow): no noise to weigh."""
     if without_ms == with_ms:
         return Verdict(without_ms, with_ms, 1.0, 1.0, 1.0, 0, WITHIN_NOISE)
-    return Verdict(without_ms, with_ms, 0.0 if without_ms < with_ms else math.inf, 0.0, 0.0, 0,
-                   FASTER if without_ms < with_ms else SLOWER)
+    bound = 0.0 if without_ms < with_ms else math.inf
+    return Verdict(without_ms, with_ms, bound, bound, bound, 0, FASTER if without_ms < with_ms else SLOWER)
+
+
+def paired_verdict(ours: list[float], theirs: list[float]) -> dict:
+    """Medians, their ratio (theirs / ours: above 1 when ours is faster), the rounds ours won, and the verdict of
+    a two-sided sign test over the rounds: faster, slower, or no measurable difference."""
+    wins = sum(o < t for o, t in zip(ours, theirs))
+    losses = sum(o > t for o, t in zip(ours, theirs))
+    n = wins + losses  # ties carry no sign
+    tail = sum(math.comb(n, k) for k in range(max(wins, losses), n + 1)) / 2**n if n else 1.0
+    p = min(1.0, 2 * tail)
+    verdict = "no measurable difference" if p >= PAIRED_P else ("faster" if wins > losses else "slower")
+    ms, against_ms = statistics.median(ours), statistics.median(theirs)
+    return {"rounds": len(ours), "ms": ms, "against_ms": against_ms, "speedup": against_ms / ms,
+            "won_rounds": wins, "p_value": p, "verdict": verdict}

@@ -179,18 +179,24 @@ def _origin_warnings(request: Request, choices: dict, shape, dtype) -> list[str]
 def _measure(request: Request, model, optimized, choices: dict, inputs, device: str, mode: str, passed: bool) -> dict:
     """What is timed of a model that passed its check: the prune (on a GPU, unless --keep-all), the timing rows,
     --against, and under --compile its graph breaks."""
+    import torch
+
     from autokernel.verify import endtoend
 
     timed = not request.no_timing and passed
     decided = timed and device == "cuda" and not request.keep_all
     pruned = pruned_traced = {}
     decisions = {}  # side's deciding modes -> type -> mode -> the verdict it was decided on
+    reuse = {}  # the compiled prune's original and kept set, compiled and captured: the rows time them as they are
     if decided:
         optimized, pruned, pruned_traced = endtoend.prune_deployed(model, optimized, inputs, device,
-                                                                   deploy_modes(mode), _progress, decisions)
+                                                                   deploy_modes(mode), _progress, decisions, reuse)
     graphs = request.cuda_graph and device == "cuda"
-    timings, errors = endtoend.time_models(model, optimized, inputs, device, request.compile, graphs) \
+    timings, errors = endtoend.time_models(model, optimized, inputs, device, request.compile, graphs, reuse) \
         if timed else ({}, {})
+    if reuse:  # dynamo's cache still held every trial of the prune: what is compiled next starts clean
+        reuse.clear()
+        torch._dynamo.reset()
     against = _time_against(request, model, optimized, choices, inputs, device) if timed and request.against else None
     graph = endtoend.graph_breaks(optimized, inputs(endtoend.CHECK_SEED)) if request.compile and passed else None
     return {"decided": decided, "pruned": pruned, "pruned_traced": pruned_traced, "decisions": decisions,
