@@ -7,6 +7,7 @@ import random
 
 import pytest
 import torch
+from helpers import SharedForward
 
 from autokernel.harness import timing
 from autokernel.ops import swap
@@ -159,28 +160,10 @@ def test_the_compiled_side_is_decided_graphed_and_every_line_says_how_far_along(
     assert "s spent, ~" in lines[0] and "s left] prune (eager, graph): rmsnorm kept" in lines[0]
 
 
-class Layers(torch.nn.Module):  # kernel sets as swap.build makes them: one forward's code, a module tree each
-    def __init__(self, types):
-        super().__init__()
-        self.types = list(types)
-
-    def swapped_types(self):
-        return list(self.types)
-
-    def module(self):
-        return self
-
-    def forward(self, x):
-        for kernel_type in self.types:  # a graph of its own for each set, the original's output
-            for _ in range(int(kernel_type.removeprefix("type")) + 1):
-                x = x * 2 / 2
-        return x.abs()
-
-
 def test_the_rows_time_the_compiled_prune_s_models_without_compiling_them_again(monkeypatch):
     graphs = []
     monkeypatch.setattr(endtoend, "backend_for", lambda device: lambda gm, example: graphs.append(gm) or gm.forward)
-    monkeypatch.setattr(swap, "build", lambda model, types, traced=None: Layers(types))
+    monkeypatch.setattr(swap, "build", lambda model, types, traced=None: SharedForward(types))
 
     def time_turns(fns, sets, device, turns, latency=False):  # every type helps: all are kept
         ms = {name: fn(*sets[0]) is not None and 10.0 - 0.5 * len(fn.types) for name, fn in fns.items()}
@@ -190,10 +173,11 @@ def test_the_rows_time_the_compiled_prune_s_models_without_compiling_them_again(
     inputs, reuse = (lambda seed: (torch.ones(4),)), {}
     torch._dynamo.reset()
     with torch.no_grad():
-        optimized, dropped = endtoend.prune(Layers([]), Layers(["type0", "type1"]), inputs, "cpu", modes="compile",
-                                            reuse=reuse)
+        optimized, dropped = endtoend.prune(SharedForward([]), SharedForward(["type0", "type1"]), inputs, "cpu",
+                                            modes="compile", reuse=reuse)
         compiled = len(graphs)
-        rows, errors = endtoend.time_models(Layers([]), optimized, inputs, "cpu", with_compile=True, reuse=reuse)
+        rows, errors = endtoend.time_models(SharedForward([]), optimized, inputs, "cpu", with_compile=True,
+                                            reuse=reuse)
     torch._dynamo.reset()
     assert compiled == 1 + 2 + 1 and not dropped  # the full set, each trial, the original
     assert not errors and {"compile", "optimized_compile"} <= set(rows)

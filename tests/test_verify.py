@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from helpers import import_file, summary_values
+from helpers import SharedForward, import_file, summary_values
 
 import verify
 from autokernel import compat
@@ -452,24 +452,6 @@ def test_a_kernel_that_loses_in_one_of_the_modes_of_a_side_is_left_out(monkeypat
         endtoend.prune(None, Candidate([]), lambda seed: (), "cuda", modes=["eager", "compile"])
 
 
-class _SharedForward(nn.Module):  # kernel sets as swap.build makes them: one forward's code, a module tree each
-    def __init__(self, types):
-        super().__init__()
-        self.types = list(types)
-
-    def swapped_types(self):
-        return list(self.types)
-
-    def module(self):
-        return self
-
-    def forward(self, x):
-        for kernel_type in self.types:  # typeK's K + 1 ops: a graph of its own for each set, the original's output
-            for _ in range(int(kernel_type.removeprefix("type")) + 1):
-                x = x * 2 / 2
-        return x.abs()
-
-
 def test_a_compiled_prune_compiles_each_model_once_however_many_types(monkeypatch):
     """Ten types: each trial's model and the original are compiled once, and the kept set is not compiled again for
     the next trial. The models share their forward's code, so they outnumber dynamo's recompile limit (8), past which
@@ -478,7 +460,7 @@ def test_a_compiled_prune_compiles_each_model_once_however_many_types(monkeypatc
 
     graphs = []
     monkeypatch.setattr(endtoend, "backend_for", lambda device: lambda gm, example: graphs.append(gm) or gm.forward)
-    monkeypatch.setattr(swap, "build", lambda model, types: _SharedForward(types))
+    monkeypatch.setattr(swap, "build", lambda model, types: SharedForward(types))
 
     def calling_time_turns(fns, sets, device, turns, latency=False):  # every type helps: all are kept
         ms = {name: fn(*sets[0]) is not None and 10.0 - 0.5 * len(fn.types) for name, fn in fns.items()}
@@ -489,7 +471,7 @@ def test_a_compiled_prune_compiles_each_model_once_however_many_types(monkeypatc
     limit = getattr(torch._dynamo.config, option)
     torch._dynamo.reset()
     with torch.no_grad():
-        optimized, dropped = endtoend.prune(_SharedForward([]), _SharedForward(types), lambda seed: (torch.ones(4),),
+        optimized, dropped = endtoend.prune(SharedForward([]), SharedForward(types), lambda seed: (torch.ones(4),),
                                             "cpu", modes="compile")
     assert optimized.types == types and not dropped
     assert len(graphs) == 1 + len(types) + 1  # the full set, each trial, the original: every one compiled, once
