@@ -395,3 +395,39 @@ def test_a_rotary_call_the_kernel_cannot_run_goes_to_the_models_function_as_call
         want = model(ids).logits
         got = autokernel.optimize(model, verified=None, quiet=True)(ids).logits
     assert swap.rel_l2(got, want) < 1e-4
+
+
+def test_a_partial_rotary_runs_the_kernel_where_the_models_function_applies_one(interpreter, install_starter):
+    """GPT-NeoX rotates the first quarter of each head (tables narrower than head_dim) and passes the rest through:
+    the probe sees its apply_rotary_pos_emb do so, and the kernel runs on the rotated part. Llama's function takes
+    no narrower tables: its probe says so, and such a call still goes to it."""
+    import transformers
+
+    install_starter("rotary_embedding")
+    config = transformers.GPTNeoXConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                        num_attention_heads=4, vocab_size=128, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = transformers.GPTNeoXForCausalLM(config).eval()
+    ids = torch.randint(0, 128, (1, 16), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = model(ids).logits
+        optimized = autokernel.optimize(model, types=["rotary_embedding"], verified=None, quiet=True)
+        got = optimized(ids).logits
+    assert swap.rel_l2(got, want) < 1e-4
+    (site,) = [s for s in optimized.autokernel.sites() if s.kernel_type == "rotary_embedding" and s.calls]
+    assert site.calls == config.num_hidden_layers and not site.fallbacks  # every layer's call ran the kernel
+
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    sites = customops.CallSites()
+    patches, _ = rotary_embedding.rotary_patches(transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4, vocab_size=128)), sites)
+    (wrapper,) = [new for owner, name, new in patches if name == "apply_rotary_pos_emb"]
+    gen = torch.Generator().manual_seed(2)
+    q, k, half = torch.randn(1, 2, 6, 8, generator=gen), torch.randn(1, 2, 6, 8, generator=gen), torch.randn(1, 6, 2)
+    cos, sin = torch.cat([half.cos()] * 2, -1), torch.cat([half.sin()] * 2, -1)
+    with torch.no_grad(), pytest.raises(RuntimeError):  # Llama's own function cannot broadcast narrower tables
+        apply_rotary_pos_emb(q, k, cos, sin)
+    with torch.no_grad(), pytest.raises(RuntimeError):  # and its wrapper hands the call to it, as it came
+        wrapper(q, k, cos, sin)
+    assert "tables not [1, seq, head_dim]" in next(iter(sites.sites.values())).reason

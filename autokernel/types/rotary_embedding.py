@@ -89,12 +89,13 @@ def rotary_x_cos_sin(fn, sites: CallSites, name: str):
     return rotary
 
 
-def rotary_q_k_cos_sin(fn, sites: CallSites, name: str):
+def rotary_q_k_cos_sin(fn, sites: CallSites, name: str, partial: bool = False):
     """transformers' fn(q, k, cos, sin, [position_ids=None,] unsqueeze_dim=1) (position_ids is gone from newer
     versions) with cos, sin [1, seq, head_dim] built as cat(freqs, freqs): their first halves are the reference's
     tables. A model hands every layer the same cos and sin: their halves are sliced once per forward, not per layer.
-    Any other call (a partial rotary's narrower tables: GPT-NeoX, Phi; another argument of fn's own) goes to fn as
-    it came."""
+    partial: fn applies narrower tables [1, seq, rot] to the first rot of head_dim and passes the rest through
+    (GPT-NeoX, Phi: its probe said so), and so does the wrapper, the kernel on the rotated part. Any other call
+    (narrower tables where fn does not take them so, another argument of fn's own) goes to fn as it came."""
     kernel = customops.op(NAME)
     halves = PerTables(lambda cos, sin: (cos[0, :, : cos.shape[-1] // 2], sin[0, :, : sin.shape[-1] // 2]))
     extra_names = list(inspect.signature(fn).parameters)[4:]  # fn's own parameters after sin
@@ -106,10 +107,11 @@ def rotary_q_k_cos_sin(fn, sites: CallSites, name: str):
                 and extra.get("unsqueeze_dim", 1) == 1)
 
     def rotary(q, k, cos, sin, *rest, **options):
-        d = q.shape[-1]
+        d, rot = q.shape[-1], cos.shape[-1]
         plain = not (rest or options) or defaults(rest, options)  # a model's call passes none: no dict per call
         fits = (q.dim() == 4 and k.dim() == 4 and cos.dim() == 3 and cos.shape[0] == 1
-                and tuple(cos.shape) == tuple(sin.shape) and cos.shape[1:] == (q.shape[2], d)
+                and tuple(cos.shape) == tuple(sin.shape) and cos.shape[1] == q.shape[2] and k.shape[-1] == d
+                and (rot == d or (partial and 0 < rot < d and rot % 2 == 0))
                 and q.dtype in KERNEL_DTYPES and q.dtype == k.dtype == cos.dtype == sin.dtype)
         reason = ("called with an argument the kernel does not take" if not plain else
                   "tables not [1, seq, head_dim] in q's dtype" if not fits else grad_reason(q, k, cos, sin))
@@ -119,7 +121,9 @@ def rotary_q_k_cos_sin(fn, sites: CallSites, name: str):
         if reason:
             return fn(q, k, cos, sin, *rest, **options)
         c, s = halves(cos, sin, eager)
-        return kernel(q, c, s), kernel(k, c, s)
+        if rot == d:
+            return kernel(q, c, s), kernel(k, c, s)
+        return tuple(torch.cat((kernel(t[..., :rot], c, s), t[..., rot:]), dim=-1) for t in (q, k))
 
     return rotary
 
@@ -139,10 +143,31 @@ def _probed_wrapper(fn, params, probe, sites, label):
     if params[1:3] == ["cos", "sin"]:
         return rotary_x_cos_sin(fn, sites, label), rel_l2(fn(q, cos, sin), want_q) <= tol
     if params[2:4] == ["cos", "sin"]:
-        full = [torch.cat((t, t), dim=-1)[None] for t in (cos, sin)]
-        got_q, got_k = fn(q, k, *full)
-        return rotary_q_k_cos_sin(fn, sites, label), max(rel_l2(got_q, want_q), rel_l2(got_k, want_k)) <= tol
+        got_q, got_k = fn(q, k, *_hf_tables(cos, sin))
+        fits = max(rel_l2(got_q, want_q), rel_l2(got_k, want_k)) <= tol
+        return rotary_q_k_cos_sin(fn, sites, label, partial=fits and _takes_partial(fn, probe)), fits
     return None  # not an apply-rotary function (e.g. one that builds the tables)
+
+
+def _hf_tables(cos, sin):
+    """[1, seq, 2 * n] tables as HF's rotary modules build them, cat(freqs, freqs), from [seq, n] ones."""
+    return [torch.cat((t, t), dim=-1)[None] for t in (cos, sin)]
+
+
+def _takes_partial(fn, probe) -> bool:
+    """Whether fn, given tables for half of head_dim, rotates the first half of q and k by them and passes the rest
+    through (a partial rotary: GPT-NeoX's and Phi's apply_rotary_pos_emb); False for any other answer or an error."""
+    q, k, cos, sin, _, _, tol = probe
+    quarter = cos.shape[-1] // 2  # tables for rot = head_dim / 2
+    narrow = (cos[:, :quarter], sin[:, :quarter])
+    rot = 2 * quarter
+    want = [torch.cat((rotary_embedding_ref(t[..., :rot].double(), *(n.double() for n in narrow)),
+                       t[..., rot:].double()), dim=-1) for t in (q, k)]
+    try:
+        got = fn(q, k, *_hf_tables(*narrow))
+        return max(rel_l2(g, w) for g, w in zip(got, want)) <= tol
+    except Exception:  # tables it does not broadcast: no partial rotary there
+        return False
 
 
 def rotary_patches(model: nn.Module, sites: CallSites) -> tuple[list, list[Site]]:
