@@ -60,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="each forward pass also computes the next-token loss (a loss evaluation): the LM head's "
                           "GEMM and the loss count as linear_cross_entropy")
     how.add_argument("--types", default="", help="comma-separated kernel types whose profiler rules are opt-in "
-                     "(rope_attention: RoPE + SDPA of an attention module as one type)")
+                     "(rope_attention: RoPE + SDPA of an attention module as one type); default: those whose "
+                     "model sites optimize() would place in this model")
     out = p.add_argument_group("output")
     out.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT,
                      help="where profile.json and plan.json go (default workspace/)")
@@ -80,7 +81,7 @@ def run(args) -> int:
     from autokernel import registry
     from autokernel.harness import gpu
     from autokernel.models import describe_model, example_inputs, load_model, parse_shape
-    from autokernel.profile import plan, profiling
+    from autokernel.profile import deployed, plan, profiling
     from autokernel.registry import parse_dtype
 
     # every argument checked before the model runs and before profile.json and plan.json are replaced
@@ -92,6 +93,11 @@ def run(args) -> int:
     model = load_model(args.class_name, model_file=args.model, module=args.module, config=args.config,
                        pretrained=args.pretrained, device=device, dtype=dtype)
     inputs = example_inputs(model, shape, device, dtype)
+    if not types:  # the opt-in types where optimize() would place them: the plan holds what deploy swaps
+        types = deployed.opt_in_types(model)
+        if types:
+            print(f"profile: {', '.join(types)} as optimize() places it in this model (its sites' probes passed); "
+                  "--types chooses the opt-in types instead")
     if device == "cpu":
         print("CPU mode: no GPU here, so this profiles CPU time. The shares show where a CPU spends "
               "its time, not where a GPU would; use --device cuda on a GPU for a real plan.")

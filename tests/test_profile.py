@@ -242,9 +242,15 @@ def test_a_huggingface_llama_is_profiled_by_module_and_function(repo_root, tmp_p
     transformers = pytest.importorskip("transformers")
     transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                              num_key_value_heads=2, vocab_size=256).save_pretrained(tmp_path / "cfg")
-    r = _run(repo_root, "profile.py", "--module", "transformers", "--class-name", "AutoModelForCausalLM",
-             "--config", str(tmp_path / "cfg"), "--input-shape", "1,32", "--dtype", "float32", "--device", "cpu",
-             "--output-dir", str(tmp_path))
+    args = ("profile.py", "--module", "transformers", "--class-name", "AutoModelForCausalLM", "--config",
+            str(tmp_path / "cfg"), "--input-shape", "1,32", "--dtype", "float32", "--device", "cpu", "--output-dir",
+            str(tmp_path))
+    r = _run(repo_root, *args)
+    assert r.returncode == 0, r.stderr
+    found = {e["type"] for e in json.loads((tmp_path / "plan.json").read_text())["entries"]}
+    # by default what optimize() swaps in: LlamaAttention's RoPE, repeat_kv and SDPA as one rope_attention call
+    assert {"rmsnorm", "fused_mlp", "rope_attention"} <= found and "flash_attention" not in found
+    r = _run(repo_root, *args, "--types", "rotary_embedding")  # the opt-in types chosen: none of rope_attention
     assert r.returncode == 0, r.stderr
     found = {e["type"] for e in json.loads((tmp_path / "plan.json").read_text())["entries"]}
     # LlamaRMSNorm (a module), apply_rotary_pos_emb (a function), the SwiGLU LlamaMLP, SDPA attention
@@ -323,3 +329,22 @@ def test_rotary_shape_is_the_whole_tensor_when_only_its_halves_take_time():
     groups = attribution.attribute(ops)
     assert [attribution.group_shape(g, ops) for g in groups] == [{"B": 2, "H": 4, "S": 64, "D": 32}]
     assert groups[0].time_us == 7.0
+
+
+def test_the_opt_in_types_are_those_optimize_would_place_in_the_model(repo_root):
+    """rope_attention's rule applies where its sites' probes pass (an HF Llama's attention), not in the shipped
+    LlamaModel (its attention is no HF module) nor in a Qwen3 (q/k norms before RoPE: the probe fails); the probe
+    leaves no kernel installed behind it."""
+    transformers = pytest.importorskip("transformers")
+    from autokernel.models import load_model
+    from autokernel.ops import customops
+    from autokernel.profile.deployed import opt_in_types
+
+    hf = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+              vocab_size=128)
+    torch.manual_seed(0)
+    assert opt_in_types(transformers.LlamaForCausalLM(transformers.LlamaConfig(**hf)).eval()) == ["rope_attention"]
+    assert opt_in_types(transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**hf, head_dim=16)).eval()) == []
+    shipped = load_model("LlamaModel", model_file=str(repo_root / "models" / "llama.py"), config="tiny",
+                         device="cpu", dtype=torch.float32)
+    assert opt_in_types(shipped) == [] and not customops.is_installed("rope_attention")

@@ -141,6 +141,16 @@ def install(kernel_type: str, kernel_fn: Callable, label: str, deployment) -> No
     _TRACEABLE[kernel_type] = launchers.traceable(kernel_fn) if compat.native_compile_enabled() else None
 
 
+def is_installed(kernel_type: str) -> bool:
+    return kernel_type in _IMPLS
+
+
+def uninstall(kernel_type: str) -> None:
+    """The type's op runs no kernel any more (op() raises, as before install); its definition stays."""
+    for table in (_IMPLS, _LABELS, _TRACEABLE):
+        table.pop(kernel_type, None)
+
+
 def installed(types) -> dict[str, tuple]:
     """What the ops of `types` run now, to put back with reinstall(): verify.py times two kernel sets in turn."""
     return {t: (_IMPLS[t], _LABELS[t], _TRACEABLE[t]) for t in types}
