@@ -332,9 +332,9 @@ def test_rotary_shape_is_the_whole_tensor_when_only_its_halves_take_time():
 
 
 def test_the_opt_in_types_are_those_optimize_would_place_in_the_model(repo_root):
-    """rope_attention's rule applies where its sites' probes pass (an HF Llama's attention), not in the shipped
-    LlamaModel (its attention is no HF module) nor in a Qwen3 (q/k norms before RoPE: the probe fails); the probe
-    leaves no kernel installed behind it."""
+    """rope_attention's rule applies where its sites' probes pass (an HF Llama's attention, a Qwen3's with its
+    per-head q/k norms), not in the shipped LlamaModel (its attention is no HF module) nor in an OLMo2 (q and k
+    normalized whole before RoPE: the probe fails); the probe leaves no kernel installed behind it."""
     transformers = pytest.importorskip("transformers")
     from autokernel.models import load_model
     from autokernel.ops import customops
@@ -344,7 +344,9 @@ def test_the_opt_in_types_are_those_optimize_would_place_in_the_model(repo_root)
               vocab_size=128)
     torch.manual_seed(0)
     assert opt_in_types(transformers.LlamaForCausalLM(transformers.LlamaConfig(**hf)).eval()) == ["rope_attention"]
-    assert opt_in_types(transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**hf, head_dim=16)).eval()) == []
+    assert opt_in_types(transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**hf, head_dim=16)).eval()) == [
+        "rope_attention"]
+    assert opt_in_types(transformers.Olmo2ForCausalLM(transformers.Olmo2Config(**hf)).eval()) == []
     shipped = load_model("LlamaModel", model_file=str(repo_root / "models" / "llama.py"), config="tiny",
                          device="cpu", dtype=torch.float32)
     assert opt_in_types(shipped) == [] and not customops.is_installed("rope_attention")

@@ -190,12 +190,28 @@ def test_a_wrong_kernel_changes_the_models_output(interpreter, repo_root, tmp_pa
     assert wrong.autokernel.choices[TYPE].source == "extracted" and not err <= 1e-2  # (NaN is wrong too)
 
 
-def test_an_attention_that_computes_something_else_is_left_alone(interpreter, tmp_path):
-    # Qwen3 normalizes q and k per head before RoPE: the same projections and call, another result
+def test_qwen3_s_per_head_norms_run_before_the_kernel(interpreter, tmp_path):
+    """Qwen3 normalizes q and k per head before RoPE: the module's own norms run, then RoPE and attention as one
+    kernel call, with the original's output and the same rotated keys in its cache."""
     torch.manual_seed(0)
     config = transformers.Qwen3Config(hidden_size=128, intermediate_size=128, num_hidden_layers=1,
                                       num_attention_heads=4, num_key_value_heads=2, head_dim=32, vocab_size=256)
     model = transformers.Qwen3ForCausalLM(config).eval()
+    with torch.no_grad():
+        optimized = _optimize(model, tmp_path / "none", [TYPE])
+        got, want = optimized(_ids(), use_cache=True), model(_ids(), use_cache=True)
+        torch.testing.assert_close(got.logits, want.logits, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(got.past_key_values.layers[0].keys, want.past_key_values.layers[0].keys)
+    (site,) = [s for s in optimized.autokernel.sites() if s.kernel_type == TYPE]
+    assert site.swapped and site.calls == 1 and "q/k norms" in site.what
+
+
+def test_an_attention_that_computes_something_else_is_left_alone(interpreter, tmp_path):
+    # OLMo2 normalizes the whole of q and k (not each head) before RoPE: the same projections and call, another result
+    torch.manual_seed(0)
+    config = transformers.Olmo2Config(hidden_size=128, intermediate_size=128, num_hidden_layers=1,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=256)
+    model = transformers.Olmo2ForCausalLM(config).eval()
     with torch.no_grad():
         optimized = _optimize(model, tmp_path / "none", [TYPE])
         torch.testing.assert_close(optimized(_ids()).logits, model(_ids()).logits)

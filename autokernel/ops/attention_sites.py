@@ -6,7 +6,8 @@ A candidate is a module with q_proj, k_proj, v_proj and o_proj Linears, a head_d
 forward that takes hidden_states, position_embeddings=(cos, sin) and attention_mask (transformers >= 4.48; the
 names are read from the forward's signature, not assumed). It is swapped when a probe agrees: the original forward
 on a random input, with no mask and no cache, must give o_proj(reference(q, k, v, cos, sin)) computed in
-float64 from its own weights; a module with q/k norms (Qwen3), partial rotary or another scaling fails the probe
+float64 from its own weights, q and k normalized per head first where the module has such norms (Qwen3's q_norm and
+k_norm, which the replacement runs as the module does); one with partial rotary or another scaling fails the probe
 and is left alone. The probe also records what the forward returns (its tuple length: (out, weights) in 5.x,
 (out, weights, cache) in older 4.x), so the replacement returns the same.
 
@@ -41,6 +42,7 @@ from autokernel.ops.customops import KERNEL_DTYPES, PerTables, Site, grad_reason
 from autokernel.ops.swap import PROBE_SEQ, REL_L2_TOLERANCE, KernelModule, dtype_device, f64, model_modules, rel_l2
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
+QK_NORMS = ("q_norm", "k_norm")  # per-head norms of q and k before RoPE (Qwen3)
 # the KV cache argument by its name in transformers >= 5.24 ("cache"; past_key_values still accepted, deprecated),
 # earlier 5.x and 4.x
 CACHE_NAMES = ("cache", "past_key_values", "past_key_value")
@@ -92,6 +94,7 @@ class KernelRopeAttention(KernelModule):
     def __init__(self, original: nn.Module, site: Site, call: CallShape, kernel_type: str):
         super().__init__(original, site, kernel_type)
         self.call = call
+        self.norms = head_norms(original)
         # read once: a module without the attribute makes every lookup raise inside nn.Module.__getattr__
         self.window = getattr(original, "sliding_window", None) or getattr(getattr(original, "config", None),
                                                                            "sliding_window", None)
@@ -112,7 +115,10 @@ class KernelRopeAttention(KernelModule):
         cos, sin = tables
         batch, seq = hidden.shape[:2]
         heads = (batch, seq, -1, m.head_dim)
-        q, k, v = (getattr(m, p)(hidden).view(heads).transpose(1, 2) for p in PROJECTIONS[:3])
+        q, k, v = (getattr(m, p)(hidden).view(heads) for p in PROJECTIONS[:3])
+        if self.norms is not None:  # the module's own per-head norms, as its forward runs them
+            q, k = self.norms[0](q), self.norms[1](k)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         if cache is not None:  # an empty cache (prefill): it gets the rotated keys, as from the original
             extra = {"sin": sin, "cos": cos, "cache_position": kwargs["cache_position"]} \
                 if "cache_position" in kwargs else None
@@ -161,12 +167,36 @@ def _probe_tables(head_dim: int, dtype, device):
     return emb.cos().to(device, dtype), emb.sin().to(device, dtype)
 
 
+def head_norms(m) -> tuple | None:
+    """(q_norm, k_norm) of an attention that normalizes each head of q and k before RoPE (Qwen3: an RMSNorm over
+    head_dim, a 1-D weight of head_dim and a float eps), else None."""
+    norms = tuple(getattr(m, name, None) for name in QK_NORMS)
+    for norm in norms:
+        weight = getattr(norm, "weight", None)
+        eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
+        if not (isinstance(norm, nn.Module) and isinstance(weight, torch.Tensor) and weight.shape == (m.head_dim,)
+                and isinstance(eps, float)):
+            return None
+    return norms
+
+
+def _rms_normed(t, norm):
+    """RMSNorm of t's last dimension with norm's weight and eps, in t's (float64) precision: the probe's oracle."""
+    eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
+    return t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + eps) * f64(norm.weight)
+
+
 def _expected(m, x, cos, sin, scaling, reference):
-    """What the module must compute, in float64 from its own weights: projections, the reference, o_proj."""
+    """What the module must compute, in float64 from its own weights: projections (q and k normalized per head where
+    the module has head_norms), the reference, o_proj."""
     x, cos, sin = x.double(), cos.double(), sin.double()
     heads = (x.shape[0], x.shape[1], -1, m.head_dim)
-    q, k, v = (nn.functional.linear(x, f64(getattr(m, p).weight), f64(getattr(m, p).bias))
-               .view(heads).transpose(1, 2) for p in PROJECTIONS[:3])
+    q, k, v = (nn.functional.linear(x, f64(getattr(m, p).weight), f64(getattr(m, p).bias)).view(heads)
+               for p in PROJECTIONS[:3])
+    norms = head_norms(m)
+    if norms is not None:
+        q, k = _rms_normed(q, norms[0]), _rms_normed(k, norms[1])
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))
     out = reference(q, k, v, cos, sin, True, scaling).transpose(1, 2).reshape(*x.shape[:2], -1)
     return nn.functional.linear(out, f64(m.o_proj.weight), f64(m.o_proj.bias))
 
@@ -200,7 +230,7 @@ def module_site(name, m, kernel_type: str, reference):
             getattr(m, "head_dim", None), int) or not hasattr(m, "num_key_value_groups"):
         return None
     what = (f"{type(m).__name__}(Hq={m.q_proj.out_features // m.head_dim}, "
-            f"Hkv={m.k_proj.out_features // m.head_dim}, D={m.head_dim})")
+            f"Hkv={m.k_proj.out_features // m.head_dim}, D={m.head_dim}{', q/k norms' if head_norms(m) else ''})")
     site = Site(name, what, kernel_type, False)
     names = list(inspect.signature(m.forward).parameters)
     if not {"hidden_states", "position_embeddings", "attention_mask"} <= set(names):

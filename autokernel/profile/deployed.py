@@ -4,8 +4,8 @@ A type whose profiler rules are opt-in (Profiling.opt_in: rope_attention, a fusi
 flash_attention's time inside an attention module) is profiled where its model sites would take the model's
 modules: its module sites are probed on a copy of the model (swap.build over the same weights, as optimize() does),
 each against the type's reference, with the reference standing in for a kernel that is not installed (the probes
-never run a kernel). So an HF Llama's plan holds rope_attention, and a model whose attention no site takes (a
-Qwen3 attention with q/k norms, a model of its own) keeps rotary_embedding and flash_attention.
+never run a kernel). So an HF Llama's or Qwen3's plan holds rope_attention, and a model whose attention no site
+takes (OLMo2's, which normalizes q and k whole; a model of its own) keeps rotary_embedding and flash_attention.
 """
 
 from __future__ import annotations
