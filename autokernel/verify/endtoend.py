@@ -259,7 +259,7 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes
         trials.ready.clear()
     if keep and _original_wins(trials, module, keep, dropped, verdicts, progress, decided):
         optimized = swap.build(model, [])
-        if reusing:
+        if reuse:  # the rows' optimized model is now the original
             reuse["kept"] = reuse["original"]
     return optimized, dropped
 
