@@ -347,13 +347,16 @@ def _per_tensor_calls(group: Group, ops: list[Op], children: dict, rules) -> lis
     nested inside (rotate_half(q), rotate_half(k)) is one tensor; without any, each distinct tensor
     is. A tensor is the widest 4-D operand inside: the halves a rotate-half slices out are narrower,
     and the cos/sin tables it broadcasts against hold fewer elements. The group's time is shared by
-    the calls in proportion to their elements."""
+    the calls in proportion to their elements. A group that takes no 4-D tensor rotates none (HF's
+    LlamaRotaryEmbedding module computes the cos and sin tables): it is other's time, not a call of the type."""
     inner = [j for j in _subtree(group.anchor, children)[1:] if _function_type(ops[j], rules)]
     leaves = [j for j in inner if not any(_function_type(ops[k], rules) for k in _subtree(j, children)[1:])]
     found = [shape for j in leaves for shape in _rotated(j, ops, children)[:1]] or \
         _rotated(group.anchor, ops, children)
     if not found:
-        return [group]
+        anchor = ops[group.anchor]
+        label = anchor.module["cls"] if anchor.kind == "module" and anchor.module else anchor.name
+        return [Group(OTHER, group.anchor, list(group.members), group.time_us, label=label)]
     total = sum(math.prod(shape) for shape in found)
     return [Group(group.type, group.anchor, list(group.members), group.time_us * math.prod(shape) / total,
                   shape=dict(zip("BHSD", shape))) for shape in found]
