@@ -160,13 +160,15 @@ def test_the_compiled_side_is_decided_graphed_and_every_line_says_how_far_along(
     assert "s spent, ~" in lines[0] and "s left] prune (eager, graph): rmsnorm kept" in lines[0]
 
 
-def test_the_rows_time_the_compiled_prune_s_models_without_compiling_them_again(monkeypatch):
+def prune_then_rows(monkeypatch, ms_per_type: float):
+    """A compiled prune of two types, each costing ms_per_type, then time_models with its reuse, on a backend that
+    counts compiles: (optimized, dropped, reuse, rows, errors, compiles by the prune, compiles in all)."""
     graphs = []
     monkeypatch.setattr(endtoend, "backend_for", lambda device: lambda gm, example: graphs.append(gm) or gm.forward)
     monkeypatch.setattr(swap, "build", lambda model, types, traced=None: SharedForward(types))
 
-    def time_turns(fns, sets, device, turns, latency=False):  # every type helps: all are kept
-        ms = {name: fn(*sets[0]) is not None and 10.0 - 0.5 * len(fn.types) for name, fn in fns.items()}
+    def time_turns(fns, sets, device, turns, latency=False):
+        ms = {name: fn(*sets[0]) is not None and 10.0 + ms_per_type * len(fn.types) for name, fn in fns.items()}
         return {name: [ms[name] * 1e3] * turns for name in fns}
 
     monkeypatch.setattr(timing, "time_turns", time_turns)
@@ -179,29 +181,18 @@ def test_the_rows_time_the_compiled_prune_s_models_without_compiling_them_again(
         rows, errors = endtoend.time_models(SharedForward([]), optimized, inputs, "cpu", with_compile=True,
                                             reuse=reuse)
     torch._dynamo.reset()
+    return optimized, dropped, reuse, rows, errors, compiled, len(graphs)
+
+
+def test_the_rows_time_the_compiled_prune_s_models_without_compiling_them_again(monkeypatch):
+    optimized, dropped, reuse, rows, errors, compiled, compiles = prune_then_rows(monkeypatch, -0.5)  # all help
     assert compiled == 1 + 2 + 1 and not dropped  # the full set, each trial, the original
     assert not errors and {"compile", "optimized_compile"} <= set(rows)
-    assert len(graphs) == compiled  # the rows timed what the prune compiled
+    assert compiles == compiled  # the rows timed what the prune compiled
 
 
 def test_where_every_kernel_goes_the_rows_reuse_the_compiled_original_for_both(monkeypatch):
-    graphs = []
-    monkeypatch.setattr(endtoend, "backend_for", lambda device: lambda gm, example: graphs.append(gm) or gm.forward)
-    monkeypatch.setattr(swap, "build", lambda model, types, traced=None: SharedForward(types))
-
-    def time_turns(fns, sets, device, turns, latency=False):  # every type costs 0.8%: each alone under the margin
-        ms = {name: fn(*sets[0]) is not None and 10.0 + 0.08 * len(fn.types) for name, fn in fns.items()}
-        return {name: [ms[name] * 1e3] * turns for name in fns}
-
-    monkeypatch.setattr(timing, "time_turns", time_turns)
-    inputs, reuse = (lambda seed: (torch.ones(4),)), {}
-    torch._dynamo.reset()
-    with torch.no_grad():
-        optimized, dropped = endtoend.prune(SharedForward([]), SharedForward(["type0", "type1"]), inputs, "cpu",
-                                            modes="compile", reuse=reuse)
-        compiled = len(graphs)
-        rows, errors = endtoend.time_models(SharedForward([]), optimized, inputs, "cpu", with_compile=True,
-                                            reuse=reuse)
-    torch._dynamo.reset()
+    # every type costs 0.8%: each alone under the margin, together 1.6%
+    optimized, dropped, reuse, rows, errors, compiled, compiles = prune_then_rows(monkeypatch, 0.08)
     assert optimized.types == [] and sorted(dropped) == ["type0", "type1"]  # together they lose 1.6%
-    assert reuse["kept"] is reuse["original"] and not errors and len(graphs) == compiled
+    assert reuse["kept"] is reuse["original"] and not errors and compiles == compiled

@@ -58,7 +58,8 @@ def optimize(model: nn.Module, kernels: str | Path = DEFAULT_KERNELS, types: Ite
     if verified == "auto":  # the report verify.py writes beside its kernels directory, if there is one
         verified = Path(kernels).parent / "verify.json"
         verified = verified if verified.is_file() else None
-    pruned, pruned_traced = verified_prune(model, verified) if verified is not None else ({}, {})
+    report = json.loads(Path(verified).read_text()) if verified is not None else None  # read once, used twice
+    pruned, pruned_traced = verified_prune(model, report) if report is not None else ({}, {})
     types = None if types is None else list(types)
     compiled_types = types if compiled_types is None else list(compiled_types)
     wanted = None if types is None else list(dict.fromkeys([*types, *compiled_types]))  # each type once
@@ -70,7 +71,7 @@ def optimize(model: nn.Module, kernels: str | Path = DEFAULT_KERNELS, types: Ite
     optimized.autokernel.left_out = pruned  # type -> why verify.py left it out
     optimized.autokernel.left_out_compiled = pruned_traced  # type -> why verify.py left it out under compile
     optimized.autokernel.summary = summary_line(model, optimized.autokernel, choices)
-    optimized.autokernel.warnings = origin_lines(model, choices) + report_lines(model, verified)
+    optimized.autokernel.warnings = origin_lines(model, choices) + report_lines(model, verified, report)
     _say(optimized.autokernel.summary, quiet)
     for line in optimized.autokernel.warnings if not quiet else ():
         warnings.warn(line, UserWarning, stacklevel=2)
@@ -103,15 +104,14 @@ def entries() -> dict:
     return registry.specs_where("deployment")
 
 
-def verified_prune(model: nn.Module, report: str | Path) -> tuple[dict[str, str], dict[str, str]]:
-    """({type: why} left out eagerly, {type: why} left out under torch.compile) by a verify.py report for this
-    model's class (({}, {}) if the report is about another).
+def verified_prune(model: nn.Module, found: dict) -> tuple[dict[str, str], dict[str, str]]:
+    """({type: why} left out eagerly, {type: why} left out under torch.compile) by a verify.py report (its JSON) for
+    this model's class (({}, {}) if the report is about another).
 
     A report is followed only when it is about a model of this class that passed: the prune was timed
     on that model in the mode it is deployed in, and a kernel it left out makes the model slower there.
     A prune in modes of one side (eager, graph; compile, compile_graph) decided both sets, one in modes of both
     sides decided each set in its own."""
-    found = json.loads(Path(report).read_text())
     if _report_model(found) != type(model).__name__ or found.get("correctness", {}).get("status") != "PASS":
         return {}, {}
     prune = found.get("prune", {})
@@ -128,14 +128,15 @@ def _report_model(found: dict) -> str:
     return str(found.get("model", "")).split(" (")[0]
 
 
-def report_lines(model: nn.Module, report: str | Path | None) -> list[str]:
-    """A warning line when verify.py's report is about another model's class: its prune is not followed."""
-    if report is None:
+def report_lines(model: nn.Module, path: str | Path | None, found: dict | None) -> list[str]:
+    """A warning line when verify.py's report (found, read from path) is about another model's class: its prune is
+    not followed."""
+    if found is None:
         return []
-    about = _report_model(json.loads(Path(report).read_text()))
+    about = _report_model(found)
     if about == type(model).__name__:
         return []
-    return [f"warning: {report} is verify.py's report on {about or 'an unnamed model'}, not on this "
+    return [f"warning: {path} is verify.py's report on {about or 'an unnamed model'}, not on this "
             f"{_model_name(model)}: its prune is not followed (run verify.py on this model)"]
 
 
