@@ -104,6 +104,9 @@ class _PassingHarness:
 @pytest.mark.parametrize("raised, says", [
     (torch.OutOfMemoryError(CUDA_OOM), f"timing: {GPU_OOM_LINE}"),
     (ValueError("BLOCK must be a power of two\nsecond line"), "timing: ValueError: BLOCK must be a power of two"),
+    # a first line that only introduces the cause ("compiling ... failed:") keeps the line it introduces
+    (RuntimeError("compiling ak_reduce for sm_90a failed:\n\nreduce.cu(12): error: expected an expression\n(log)"),
+     "timing: RuntimeError: compiling ak_reduce for sm_90a failed: reduce.cu(12): error: expected an expression"),
 ])
 def test_what_the_kernel_raises_in_the_timing_is_a_crash_naming_it(monkeypatch, raised, says):
     # outside a checked call (the timing, the model's shapes) an exception once killed the child with exit code 1

@@ -3,7 +3,8 @@
 Inside the harness child, exception_cause names what a kernel raised; in the parent, death_cause names why a
 child died without a result: the signal that killed it (SIGSEGV: a segfault), or the last exception its
 traceback shows. Out of memory says how much was asked for and, on a GPU, how much was free of how much;
-anything else is the exception's type and the first line of its message. Standard library only: the parent
+anything else is the exception's type and the first line of its message (with the line after it when the
+first only introduces it, as "compiling X failed:" does the compiler's error). Standard library only: the parent
 never imports torch for this.
 """
 
@@ -45,8 +46,16 @@ def cause(kind: str, message: str) -> str:
     oom = out_of_memory(kind, message)
     if oom is not None:
         return oom
-    first = next((line.strip() for line in message.splitlines() if line.strip()), "")
+    first = first_line(message)
     return f"{kind}: {first}" if first else kind
+
+
+def first_line(message: str) -> str:
+    """The first non-blank line of `message`; when it ends with a colon, the line it introduces joins it."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    if len(lines) > 1 and lines[0].endswith(":"):
+        return f"{lines[0]} {lines[1]}"
+    return lines[0] if lines else ""
 
 
 def out_of_memory(kind: str, message: str) -> str | None:
@@ -67,7 +76,7 @@ def out_of_memory(kind: str, message: str) -> str | None:
     shared = re.search(r"Required: (\d+), Hardware limit: (\d+)", message)  # Triton: shared memory per block
     if shared:
         sizes.append(f"{int(shared.group(1)):,} bytes of shared memory asked, {int(shared.group(2)):,} the limit")
-    detail = ", ".join(sizes) or next((line.strip() for line in message.splitlines() if line.strip()), "")
+    detail = ", ".join(sizes) or first_line(message)
     return f"{OUT_OF_MEMORY} on the {'GPU' if on_gpu else 'host'} ({kind})" + (f": {detail}" if detail else "")
 
 
