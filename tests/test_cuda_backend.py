@@ -93,6 +93,18 @@ def test_a_syntax_error_raises_with_the_compilers_message():
     assert "reduce.cu" in str(caught.value)
 
 
+
+def test_the_compilers_diagnostic_comes_before_the_build_tools_lines_that_mention_an_error():
+    # torch's load_inline log as ninja writes it: its "Error building extension" line quotes the whole nvcc
+    # command, and a verdict keeps one line of the message, which must be the diagnostic
+    log = ("Error building extension 'ak_reduce': [1/3] /usr/local/cuda/bin/nvcc -DTORCH -c /c/cuda.cu -o cuda.o\n"
+           "FAILED: cuda.o\n/usr/local/cuda/bin/nvcc -DTORCH -c /c/cuda.cu -o cuda.o\n"
+           "/c/cuda.cu(12): error: expected an expression\n\n1 error detected in the compilation of \"/c/cuda.cu\".\n"
+           "ninja: build stopped: subcommand failed.\n")
+    lines = cuda_build.compiler_errors(log).splitlines()
+    assert lines[0] == "/c/cuda.cu(12): error: expected an expression"
+    assert not any(line.startswith("/usr/local/cuda/bin/nvcc") for line in lines)
+
 def _fake_build(build_dir: str, counter: str):
     """One of two processes building the same source. This one, forked, notes each time it finds the build
     lock held; the builder (whichever process got the lock) finishes only once the other has found it held,

@@ -209,8 +209,9 @@ def _compile(module_name: str, cuda_source: str, cpp_source: str, arch: str, dir
 def compiler_errors(log: str) -> str:
     """The lines of a compiler log that say what is wrong (errors first), at most ERROR_LINES of them."""
     lines = [line for line in log.splitlines() if line.strip()]
-    picked = [line for line in lines if re.search(r"\berror\b|error:|Error", line)]
-    return "\n".join((picked or lines)[:ERROR_LINES]) or "(no compiler output)"
+    diagnostics = [line for line in lines if re.search(r"\berror\b\s*:|\): error", line)]  # "x.cu(12): error: ..."
+    others = [line for line in lines if re.search(r"\berror\b|Error", line) and line not in diagnostics]
+    return "\n".join((diagnostics + others or lines)[:ERROR_LINES]) or "(no compiler output)"
 
 
 def _import(module_name: str, library: Path):
