@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import inspect
+import json
 import sys
 from pathlib import Path
 
@@ -78,3 +79,37 @@ def check_signature(kernel_fn, reference) -> None:
         raise KernelFileError(
             f"kernel_fn({', '.join(got)}) does not match {reference.__name__}({', '.join(want)})"
         )
+
+
+# ------------------------------------------------------------------------------ tunables
+def tunable_space(source: str) -> tuple[dict, dict]:
+    """({name: values worth trying}, {name: current value}) for the tunables the file declares."""
+    decl = declarations(source)
+    space = {name: list(values) for name, values in (decl.get("TUNABLES") or {}).items()
+             if name in decl and isinstance(values, (list, tuple)) and values}
+    return space, {name: decl[name] for name in space}
+
+
+def _literal(value, old: str) -> str:
+    if isinstance(value, str) and old.lstrip()[:1] == '"':
+        return json.dumps(value)
+    return repr(value)
+
+
+def apply_config(source: str, config: dict) -> str:
+    """The source with each `NAME = literal` line of `config` rewritten to the new value."""
+    data = source.encode()
+    line_starts = [0]
+    for line in data.splitlines(keepends=True):
+        line_starts.append(line_starts[-1] + len(line))
+    spans = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            v = node.value  # ast offsets are in UTF-8 bytes
+            spans[node.targets[0].id] = (line_starts[v.lineno - 1] + v.col_offset,
+                                         line_starts[v.end_lineno - 1] + v.end_col_offset)
+    for name in sorted(config, key=lambda n: spans[n][0], reverse=True):
+        start, end = spans[name]
+        new = _literal(config[name], data[start:end].decode()).encode()
+        data = data[:start] + new + data[end:]
+    return data.decode()

@@ -356,3 +356,31 @@ def test_the_opt_in_types_are_those_optimize_would_place_in_the_model(repo_root)
     assert opt_in_types(shipped) == []
     after = customops.installed(["rope_attention"]) if customops.is_installed("rope_attention") else None
     assert after == before  # what the probes stood in for is gone, what was installed before is back
+
+
+@pytest.mark.slow(25)
+def test_the_default_plan_holds_the_types_optimize_swaps_into_the_model(repo_root, tmp_path):
+    """What the night works on is what deploy puts in (issue 35): the plan of the shipped LLaMA and of an HF Llama
+    config holds exactly the types optimize() swaps into that model, the fused and opt-in ones included."""
+    transformers = pytest.importorskip("transformers")
+    from autokernel.verify.deploy import optimize
+
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, vocab_size=128)
+    config.save_pretrained(tmp_path / "hf")
+    torch.manual_seed(0)
+    hf = transformers.AutoModelForCausalLM.from_config(config).eval()
+    shipped = load_model("LlamaModel", model_file=str(repo_root / "models" / "llama.py"), config="tiny")
+    hf_args = ["--module", "transformers", "--class-name", "AutoModelForCausalLM", "--config", str(tmp_path / "hf")]
+    cases = [(hf, hf_args, (1, 32)),
+             (shipped, ["--model", "models/llama.py", "--class-name", "LlamaModel", "--config", "tiny"], (1, 64))]
+    for model, args, shape in cases:
+        r = _run(repo_root, "profile.py", *args, "--input-shape", ",".join(map(str, shape)), "--device", "cpu",
+                 "--dtype", "float32", "--output-dir", str(tmp_path / "out"))
+        assert r.returncode == 0, r.stderr
+        planned = sorted(e["type"] for e in json.loads((tmp_path / "out" / "plan.json").read_text())["entries"])
+        optimized = optimize(model, verified=None, quiet=True)
+        with torch.no_grad():
+            optimized(torch.randint(0, 100, shape))
+        assert planned == sorted(optimized.autokernel.swapped_types())
+        assert {"add_rmsnorm", "rope_attention"} <= set(planned) or model is shipped

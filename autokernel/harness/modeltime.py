@@ -45,6 +45,11 @@ class ShapeTime:
     compile_us: float | None
     host_us: float  # host time to launch one call, no sync
     graphed: bool  # False: not capturable, timed call by call (launch gap included)
+    floor_us: float | None = None  # the roofline's time per call at this shape on this GPU (None on the CPU)
+
+    @property
+    def pct_peak(self) -> float | None:
+        return 100.0 * self.floor_us / self.us if self.floor_us and self.us else None
 
 
 @dataclass
@@ -69,12 +74,14 @@ class ModelTime:
         eager, compiled, host = self._weighted("eager_us"), self._weighted("compile_us"), self._weighted("host_us")
         total = self.model_us
         noise = sum(s.calls * s.us * s.noise_pct for s in self.shapes) / total if total else 0.0
-        return {"model_us": total, "model_eager_us": eager, "model_compile_us": compiled,
+        floor = self._weighted("floor_us")
+        return {"model_floor_us": floor, "model_pct_peak": 100.0 * floor / total if floor and total else None,
+                "model_us": total, "model_eager_us": eager, "model_compile_us": compiled,
                 "model_vs_pytorch": eager / total if eager and total else None,
                 "model_vs_compile": compiled / total if compiled and total else None,
                 "host_us": host / self.calls if self.calls else None, "model_host_us": host,
                 "model_noise_pct": noise, "model_timing": self.method,
-                "model_shapes": [asdict(s) for s in self.shapes]}
+                "model_shapes": [{**asdict(s), "pct_peak": s.pct_peak} for s in self.shapes]}
 
 
 def weighted_shapes(module, kept: list[dict]) -> list[tuple[dict, int]]:
@@ -146,8 +153,10 @@ def time_shape(fn, spec, make_inputs, shape: dict, calls: int, dtype, device: st
     what = f"model shape {checking.describe(shape, dtype)}"
     timed, graphs = _time(fn, input_sets, device, fresh=make_inputs)
     _check(fn, spec, pristine, timed, graphs, make_inputs(), what)
+    floor = None
     if device == "cuda":
         perf._roofline_guard(timed.median_us * 1e-6, spec.bytes_moved(shape, dtype), spec.flops(shape))
+        floor = perf.roofline_s(spec.bytes_moved(shape, dtype), spec.flops(shape), dtype) * 1e6
     graphed = graphs is not None
     del graphs  # their memory pools go before the baselines capture theirs
     host = timing.host_cost_us(fn, make_inputs(), device)
@@ -157,7 +166,7 @@ def time_shape(fn, spec, make_inputs, shape: dict, calls: int, dtype, device: st
     return ShapeTime(shape=shape, calls=calls, arg_shapes=_arg_shapes(input_sets[0]), us=timed.median_us,
                      noise_pct=timed.spread_pct, eager_us=eager,
                      compile_us=_compile_us(spec, pristine, shape, dtype, device, reuse), host_us=host,
-                     graphed=graphed)
+                     graphed=graphed, floor_us=floor)
 
 
 def _arg_shapes(inputs: tuple) -> list:
@@ -208,7 +217,8 @@ def print_model_time(model: ModelTime, dtype) -> None:
         eager = f"eager {s.eager_us:9.1f} us" if s.eager_us else ""
         compiled = f"  compile {s.compile_us:9.1f} us" if s.compile_us else ""
         ungraphed = "  (not graphed)" if model.method == "cuda_graph" and not s.graphed else ""
-        print(f"  {shape_label(s.shape):<28} x{s.calls:<4} kernel {s.us:9.1f} us  {eager}{compiled}"
+        roof = f"  {s.pct_peak:5.1f}% of roofline" if s.pct_peak else ""
+        print(f"  {shape_label(s.shape):<28} x{s.calls:<4} kernel {s.us:9.1f} us{roof}  {eager}{compiled}"
               f"  host {s.host_us:7.1f} us/call{ungraphed}")
     r = model.to_result()
     vs = f"  {r['model_vs_pytorch']:.2f}x eager" if r["model_vs_pytorch"] else ""

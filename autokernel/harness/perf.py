@@ -154,8 +154,7 @@ def measure(fn, spec: KernelSpec, make_inputs, shape, dtype, device, reuse_basel
     if device == "cuda":
         ceil = gpu.ceilings()
         _roofline_guard(seconds, nbytes, nflops)
-        floor = max(nbytes / (ceil.bandwidth_gb_s * 1e9), nflops / (_flops_ceiling(ceil, dtype) * 1e12))
-        pct = 100.0 * floor / seconds
+        pct = 100.0 * roofline_s(nbytes, nflops, dtype, ceil) / seconds
     return PerfResult(
         shape=shape, dtype=str(dtype).replace("torch.", ""), latency_us=timed.median_us,
         noise_pct=timed.spread_pct, eager_us=eager_us, compile_us=compile_us, compile_note=compile_note,
@@ -176,6 +175,12 @@ def call_peak_mb(fn, inputs) -> float:
     fn(*inputs)
     torch.cuda.synchronize()
     return (torch.cuda.max_memory_allocated() - base) / 2**20
+
+
+def roofline_s(nbytes: float, nflops: float, dtype, ceil: gpu.Ceilings | None = None) -> float:
+    """The least time this GPU's ceilings allow for moving nbytes and computing nflops in dtype (the roofline)."""
+    ceil = ceil or gpu.ceilings()
+    return max(nbytes / (ceil.bandwidth_gb_s * 1e9), nflops / (_flops_ceiling(ceil, dtype) * 1e12))
 
 
 def _flops_ceiling(ceil: gpu.Ceilings, dtype) -> float:

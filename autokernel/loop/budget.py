@@ -4,7 +4,9 @@ A kernel type that takes a share f of the model's time and already runs s times 
 still takes f / s of it: that is all the end-to-end time more work on it can save, and only the part
 above its roofline can be saved at all. So a kernel's potential is f x (what is left) x (1 - its
 fraction of peak); what is left is its time in the model over the time the profile measured for its
-type once its baseline ran on a GPU (fraction_left), 1 / s before (s: the plan's speedup). Kernels
+type once its baseline ran on a GPU (fraction_left), 1 / s before (s: the plan's speedup); its fraction of peak
+is taken over the model's shapes, the roofline's time for the calls of one forward over their measured time (the
+harness's model_pct_peak), so a shape far from its roofline that the model calls often weighs as it should. Kernels
 are worked on in order of potential, and each, when it starts, gets the time left times its share of
 the potential of the kernels not done yet (parked ones included: they come back in the next round,
 when the time left is shared again the same way); a kernel done early leaves its time to the others.

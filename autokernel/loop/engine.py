@@ -13,7 +13,7 @@ from pathlib import Path
 
 from autokernel import results
 from autokernel.loop import budget
-from autokernel.loop.agents import Agent, Task
+from autokernel.loop.agents import Agent, Task, search, standing
 from autokernel.loop.decision import MIN_GAIN_PCT
 from autokernel.loop.experiment import Experiments, harness_hashes
 from autokernel.loop.gitlog import KERNEL_PATH, GitLog
@@ -45,12 +45,15 @@ class Loop(Experiments, Recording):
     """The keep-or-reset loop on one repository's branch autokernel/<tag> (autokernel/loop/__init__.py)."""
 
     def __init__(self, root: str | Path, config: LoopConfig, agent: Agent, jobs: list[dict] | None = None,
-                 bench=None, ui=None):
+                 bench=None, ui=None, screen=None):
         self.root = Path(root).resolve()
         self.cfg = config
         self.agent = agent
         self.new_jobs = jobs or []
         self.bench = bench
+        # screen(configs): the harness's screen of kernel.py's configurations (the builtin agent's wide search);
+        # with a stand-in bench, only the one given
+        self.screen = screen if screen is not None or bench is not None else self._screen
         self.ui = ui  # .print(text) for a line, .status(text) for the live line; None: quiet
         self.results_path = Path(config.results_path) if config.results_path else self.root / "results.tsv"
         self.worker = config.worker or socket.gethostname()
@@ -290,7 +293,23 @@ class Loop(Experiments, Recording):
     def _task(self, job: dict, experiment: int) -> Task:
         return Task(root=self.root, kernel_name=job["name"], kernel_type=job["type"], experiment=experiment,
                     memory=job.setdefault("memory", {}), seed=self.cfg.seed, last_log=self.state.data["last_log"],
-                    history=job_row_history(self.results_path, self.cfg.tag, job["source"]))
+                    history=job_row_history(self.results_path, self.cfg.tag, job["source"]), screen=self.screen,
+                    standing=standing(job, self._kernel_text()))
+
+    def _kernel_text(self) -> str:
+        path = self.root / KERNEL_PATH
+        return path.read_text() if path.is_file() else ""
+
+    def _screen(self, configs: list[dict]) -> dict:
+        """The harness's screen of `configs` of kernel.py at its model shapes (autokernel/harness/screen.py)."""
+        from autokernel.harness.gpu import pick_device
+        from autokernel.harness.screen import run_screen
+
+        device = pick_device(self.cfg.device)
+        most, seconds = search.SCREEN_LIMITS[device]
+        self._say(f"  screening {min(most, len(configs))} configurations of kernel.py at its model shapes")
+        return run_screen(self.root / KERNEL_PATH, configs[:most], device=device, dtype=self.cfg.dtype,
+                          seconds=seconds)
 
     def _time_left(self) -> float:
         return max(0.0, self.cfg.hours * 3600 - (time.time() - self.started))

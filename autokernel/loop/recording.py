@@ -14,7 +14,8 @@ from autokernel.loop.agents import Proposal
 from autokernel.loop.report import progress_line
 
 # what an experiment's outcome keeps of the harness result (the loop state and the agent read them)
-OUTCOME_KEYS = ("latency_us", "noise_pct", "pct_peak", "speedup_vs_pytorch", "model_us", "model_noise_pct",
+OUTCOME_KEYS = ("latency_us", "noise_pct", "pct_peak", "model_pct_peak", "speedup_vs_pytorch", "model_us",
+                "model_noise_pct",
                 "model_vs_pytorch", "model_host_us", "model_timing", "model_shapes", "device", "launch_digest",
                 "unchanged")
 LAST_LOG_CHARS = 8000  # of the harness output kept for the next prompt
@@ -23,7 +24,7 @@ LAST_LOG_CHARS = 8000  # of the harness output kept for the next prompt
 def _shape_summary(out: dict) -> list[dict]:
     """Per model shape, what the report shows of a kept version: calls, and the kernel's, eager's,
     torch.compile's and the host's microseconds per call."""
-    keys = ("shape", "calls", "us", "eager_us", "compile_us", "host_us")
+    keys = ("shape", "calls", "us", "eager_us", "compile_us", "host_us", "pct_peak")
     return [{k: s.get(k) for k in keys} for s in out.get("model_shapes") or []]
 
 
@@ -94,7 +95,9 @@ class Recording:
     @staticmethod
     def _set_best(job: dict, out: dict) -> None:
         job["best_us"] = results.objective_us(out)
-        job["best_pct_peak"], job["best_host_us"] = out["pct_peak"], out.get("model_host_us")
+        # how far from its roofline: over the model's shapes, weighted by their time in it, where the kernel has them
+        job["best_pct_peak"] = out.get("model_pct_peak") or out["pct_peak"]
+        job["best_host_us"] = out.get("model_host_us")
         job["best_vs_pytorch"] = out.get("model_vs_pytorch") or out["speedup_vs_pytorch"]
         job["best_launch_digest"] = out.get("launch_digest")
         job["measured_on"] = out.get("device")

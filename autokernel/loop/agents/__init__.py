@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,6 +42,10 @@ class Task:
     last_log: str = ""  # what the harness printed for the last experiment
     seed: int = 0
     model_shapes: list = field(default_factory=list)  # observe(): per-shape times of the experiment observed
+    # screen(configs) -> the harness's screen of those configurations of kernel.py (autokernel/harness/screen.py);
+    # None where the loop offers none (a stand-in bench)
+    screen: Callable[[list[dict]], dict] | None = None
+    standing: str = ""  # where the kernel stands (standing()): the LLM agents' prompt carries it
 
     @property
     def kernel_file(self) -> Path:
@@ -122,6 +127,40 @@ that you expect to make it faster while staying correct. After the block, write 
 `DESCRIPTION: <what you changed and why>`."""
 
 
+def standing(job: dict, source: str) -> str:
+    """Where a kernel stands, for a prompt: its share of the model, its best against the baseline, and per model
+    shape its calls, time and distance to the roofline (as the last kept bench measured them), then the tunables
+    and variants its file declares with their values now."""
+    lines = []
+    if job.get("f"):
+        lines.append(f"- share of the model's time (the profile): {job['f']:.1%}" + (
+            f"; the plan expects {job['gain']:.2f}x end to end from its starter" if job.get("gain") else ""))
+    if job.get("best_us") and job.get("baseline_us"):
+        peak = f", {job['best_pct_peak']:.0f}% of its roofline" if job.get("best_pct_peak") else ""
+        lines.append(f"- best so far: {job['best_us']:.1f} us per forward of the model, "
+                     f"{job['baseline_us'] / job['best_us']:.2f}x its baseline{peak}")
+    shapes = job.get("best_shapes") or []
+    if shapes:
+        lines += ["", "| model shape | calls per forward | us per call | % of roofline | eager us | compile us |",
+                  "|-|-|-|-|-|-|"]
+        lines += [f"| {s.get('shape')} | {s.get('calls')} | {_figure(s.get('us'))} | {_figure(s.get('pct_peak'))} | "
+                  f"{_figure(s.get('eager_us'))} | {_figure(s.get('compile_us'))} |" for s in shapes]
+    from autokernel.kernelfile import KernelFileError, tunable_space
+
+    try:
+        space, now = tunable_space(source)
+    except KernelFileError:  # a file that does not parse: the harness's log says so
+        space, now = {}, {}
+    if space:
+        lines += ["", "Tunables and variants the file declares (TUNABLES), with their values now:"]
+        lines += [f"- {name} = {now[name]!r} of {values!r}" for name, values in space.items()]
+    return "\n".join(lines)
+
+
+def _figure(value) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
 def build_prompt(task: Task, program: str, edit_in_place: bool) -> str:
     """program.md, the current kernel, its reference, the recent results and the last bench output."""
     kernel = task.kernel_file.read_text() if task.kernel_file.is_file() else ""
@@ -129,6 +168,7 @@ def build_prompt(task: Task, program: str, edit_in_place: bool) -> str:
     parts = [
         program.strip(),
         f"# Experiment {task.experiment}: kernel {task.kernel_name} (type {task.kernel_type})",
+        f"## Where it stands\n{task.standing}" if task.standing else "",
         f"## kernel.py (the best version so far)\n```python\n{kernel.rstrip()}\n```",
         "## The reference it must match\n```python\n"
         f"{reference_source(task.root, task.kernel_type).rstrip()}\n```",

@@ -34,10 +34,11 @@ import json
 import math
 import random
 import textwrap
+import time
 from typing import NamedTuple
 
-from autokernel.kernelfile import declarations
-from autokernel.loop.agents import Agent, Proposal, Task
+from autokernel.kernelfile import apply_config, tunable_space
+from autokernel.loop.agents import Agent, Proposal, Task, search
 from autokernel.results import objective_us
 
 
@@ -49,14 +50,6 @@ class Move(NamedTuple):
 
 def config_key(config: dict) -> str:
     return json.dumps(config, sort_keys=True)
-
-
-def tunable_space(source: str) -> tuple[dict, dict]:
-    """({name: values worth trying}, {name: current value}) for the tunables the file declares."""
-    decl = declarations(source)
-    space = {name: list(values) for name, values in (decl.get("TUNABLES") or {}).items()
-             if name in decl and isinstance(values, (list, tuple)) and values}
-    return space, {name: decl[name] for name in space}
 
 
 AUTO_VALUES = (0, "auto", None)  # "let the kernel's own heuristic choose", by the starters' convention
@@ -119,31 +112,6 @@ def candidates(space: dict, current: dict, seed: int, momentum: dict | None = No
             yield {**current, **{n: p.value for n, p in zip(combo, picks)}}
 
 
-def _literal(value, old: str) -> str:
-    if isinstance(value, str) and old.lstrip()[:1] == '"':
-        return json.dumps(value)
-    return repr(value)
-
-
-def apply_config(source: str, config: dict) -> str:
-    """The source with each `NAME = literal` line of `config` rewritten to the new value."""
-    data = source.encode()
-    line_starts = [0]
-    for line in data.splitlines(keepends=True):
-        line_starts.append(line_starts[-1] + len(line))
-    spans = {}
-    for node in ast.parse(source).body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            v = node.value  # ast offsets are in UTF-8 bytes
-            spans[node.targets[0].id] = (line_starts[v.lineno - 1] + v.col_offset,
-                                         line_starts[v.end_lineno - 1] + v.end_col_offset)
-    for name in sorted(config, key=lambda n: spans[n][0], reverse=True):
-        start, end = spans[name]
-        new = _literal(config[name], data[start:end].decode()).encode()
-        data = data[:start] + new + data[end:]
-    return data.decode()
-
-
 def describe_move(old: dict, new: dict) -> str:
     return ", ".join(f"{n} {old[n]!r} -> {new[n]!r}" for n in sorted(new) if new[n] != old[n])
 
@@ -179,7 +147,12 @@ def shape_table(memory: dict, best: dict) -> dict | None:
     """{shape key (json): configuration} for the shapes where another configuration than `best` was
     fastest by more than TABLE_MIN_GAIN_PCT, when the table's predicted time in the model beats best's;
     else None. Needs two or more model shapes (one shape has one best configuration)."""
-    shapes, runs = memory.get("shapes") or [], memory.get("shape_us") or []
+    return table_from(memory.get("shapes") or [], memory.get("shape_us") or [], best)
+
+
+def table_from(shapes: list[dict], runs: list[dict], best: dict) -> dict | None:
+    """shape_table() from the shapes ({"key", "calls"}) and the timed configurations ({"config", "us": per shape})
+    of the loop's experiments or of a screen."""
     mine = next((r["us"] for r in reversed(runs) if config_key(r["config"]) == config_key(best)), None)
     if len(shapes) < 2 or mine is None or len(mine) != len(shapes):
         return None
@@ -256,21 +229,66 @@ class BuiltinAgent(Agent):
         """The per-shape table, when the shapes disagree on their best configuration (see the docstring)."""
         source = task.kernel_file.read_text()
         best = tunable_space(source)[1]
-        table = shape_table(task.memory, best)
+        return self._table(task, source, best, shape_table(task.memory, best), "per-shape table")
+
+    def _table(self, task: Task, source: str, best: dict, table: dict | None, what: str) -> Proposal | None:
         new = apply_table(source, table, best) if table else None
         if new is None:
             return None
         task.kernel_file.write_text(new)
         picks = "; ".join(f"{key}: {describe_move(best, config) or 'as above'}" for key, config in table.items())
-        return Proposal(f"per-shape table ({picks})", {"table": table})
+        return Proposal(f"{what} ({picks})", {"table": table})
 
     def propose(self, task: Task) -> Proposal | None:
         source = task.kernel_file.read_text()
+        space, best = tunable_space(source)
+        if space and task.screen is not None and search.wants_screen(task.memory, best):
+            self._screen(task, space, best)
+        while task.memory.get("queue"):
+            proposal = self._queued(task, source, best, task.memory["queue"].pop(0))
+            if proposal is not None:
+                return proposal
         move = next_move(source, task.memory, task.seed)
         if move is None:
             return None  # no TUNABLES, or every configuration has been tried
+        task.memory["since_screen"] = task.memory.get("since_screen", 0) + 1
         task.kernel_file.write_text(apply_config(source, move.meta["config"]))
         return move
+
+    def _screen(self, task: Task, space: dict, best: dict) -> None:
+        """Screen configurations drawn from the whole space (search.py); the figures go to the agent's memory and
+        to workspace/agent_logs/. A screen that fails turns screening off for this kernel."""
+        memory = task.memory
+        seen = set(memory.get("screened", [])) | {config_key(c) for c in memory.get("tried", [])}
+        configs = search.draw(space, best, task.seed + memory.get("screens", 0), seen, elite=memory.get("elite"))
+        started = time.monotonic()
+        try:
+            screened = task.screen(configs)
+        except Exception as e:  # noqa: BLE001  (the coordinate search goes on without it)
+            memory["screens"], memory["screen_error"] = search.SCREEN_ROUNDS, str(e)[:300]
+            return
+        search.remember(memory, screened, best)
+        memory["screen_note"] = f"screen {memory['screens']}: {search.summary(screened, time.monotonic() - started)}"
+        task.log_dir.mkdir(parents=True, exist_ok=True)
+        log = task.log_dir / f"{task.kernel_name}_screen_{memory['screens']}.json"
+        log.write_text(json.dumps(screened, indent=1))
+
+    def _queued(self, task: Task, source: str, best: dict, item: dict) -> Proposal | None:
+        """The proposal a queued screen result makes from the file as it is now, or None when it has none left
+        (a configuration tried since, a table the shapes do not call for)."""
+        note = task.memory.get("screen_note", "screen")
+        if item["kind"] == "table":
+            screen = task.memory.get("screen", {})
+            table = table_from(screen.get("shapes", []), screen.get("runs", []), best)
+            return self._table(task, source, best, table, f"per-shape table from {note}")
+        config = item["config"]
+        tried = {config_key(c) for c in task.memory.get("tried", [])}
+        if config_key(config) in tried or config_key(config) == config_key(best) or set(config) != set(best):
+            return None
+        task.kernel_file.write_text(apply_config(source, config))
+        gain = 100 * (item["anchor_us"] - item["screen_us"]) / item["anchor_us"]
+        return Proposal(f"{describe_move(best, config)} (from {note}: {gain:.1f}% faster there)",
+                        {"config": config, "directions": {}, "screened": True})
 
     def observe(self, task: Task, proposal: Proposal | None, status: str) -> None:
         if proposal is None:  # the baseline: its configuration counts as tried

@@ -1,0 +1,112 @@
+"""The builtin agent's wide search: configurations drawn from the whole space, screened, the best proposed.
+
+One knob at a time from a tuned starter finds little: the gains are in other variants with other tiles (a TMA
+GEMM wants other blocks and stages than the grouped one), and in a different configuration at each model shape.
+So the agent draws configurations from the whole space of the file's TUNABLES: the configuration it has now (what
+the others must beat), a share of single moves from it, mutations of the best configurations earlier screens found
+(two or three tunables changed at once) and the rest uniformly from the whole space, never one already screened
+or tried. The harness's screen (autokernel/harness/screen.py) checks and times them all at the model's shapes by
+successive halving, in one process. What it ranks above the current configuration becomes the agent's next
+proposals, fastest first, each a loop experiment like any other (five stages, timing, a confirmation before a
+keep); then, where the shapes disagree on their fastest configuration, a per-shape table (builtin.apply_table).
+
+A kernel is screened when the agent starts on it, again each time a keep changed its configuration, and after
+SCREEN_EVERY experiments of the coordinate search without one, SCREEN_ROUNDS times at most; a screen that fails
+(a child that dies) turns screening off for that kernel, and the coordinate search goes on alone.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+SCREEN_SIZE = 48  # configurations drawn per screen
+# configurations screened, and seconds after which a screen's first rung stops starting them, per device: on the
+# CPU (Triton's interpreter) a screen shows that the path works, and its times rank nothing
+SCREEN_LIMITS = {"cuda": (SCREEN_SIZE, 150.0), "cpu": (6, 30.0)}
+SCREEN_ROUNDS = 4  # screens per kernel
+SCREEN_EVERY = 12  # coordinate-search experiments between two screens when no keep changed the configuration
+PROPOSALS = 3  # the screen's fastest configurations tried as experiments
+MIN_SCREEN_GAIN_PCT = 1.0  # faster than the current configuration by this much in the screen to be proposed
+ELITE = 6  # the best screened configurations the next screen mutates
+
+
+def key(config: dict) -> str:
+    return json.dumps(config, sort_keys=True)
+
+
+def draw(space: dict, best: dict, seed: int, seen: set[str], n: int = SCREEN_SIZE,
+         elite: list[dict] | None = None) -> list[dict]:
+    """Up to n configurations, `best` first, none of them in `seen` (keys) but best: a third single moves from
+    best, a third mutations of the elite (best among them), the rest drawn uniformly from the whole space."""
+    rng = random.Random(f"screen:{seed}:{key(best)}")
+    chosen, keys = [best], {key(best)}
+
+    def add(config: dict) -> None:
+        if len(chosen) < n and key(config) not in keys and key(config) not in seen:
+            chosen.append(config)
+            keys.add(key(config))
+
+    names = sorted(space)
+    singles = [{**best, name: v} for name in names for v in space[name] if v != best[name]]
+    rng.shuffle(singles)
+    for config in singles[:n // 3]:
+        add(config)
+    parents = [best] + list(elite or [])
+    for _ in range(20 * n):
+        if len(chosen) >= n * 2 // 3:
+            break
+        parent = rng.choice(parents)
+        changed = rng.sample(names, min(len(names), rng.choice((2, 2, 3))))
+        add({**parent, **{name: rng.choice(space[name]) for name in changed}})
+    for _ in range(20 * n):
+        if len(chosen) >= n:
+            break
+        add({name: rng.choice(space[name]) for name in names})
+    return chosen
+
+
+def proposals(screened: dict, best: dict) -> list[dict]:
+    """The queue a screen leaves: up to PROPOSALS configurations faster than `best` (the screen's first result)
+    in the model by more than MIN_SCREEN_GAIN_PCT, fastest first, then one per-shape table (made when it comes
+    up, against the configuration the file has then)."""
+    results = [r for r in screened.get("results", []) if r["status"] == "timed"]
+    anchor = next((r for r in results if key(r["config"]) == key(best)), None)
+    if anchor is None:
+        return []
+    limit = anchor["model_us"] * (1 - MIN_SCREEN_GAIN_PCT / 100)
+    faster = sorted((r for r in results if r["model_us"] < limit), key=lambda r: r["model_us"])
+    queue = [{"kind": "config", "config": r["config"], "screen_us": r["model_us"], "anchor_us": anchor["model_us"]}
+             for r in faster[:PROPOSALS]]
+    return queue + ([{"kind": "table"}] if len(screened.get("shapes", [])) > 1 else [])
+
+
+def remember(memory: dict, screened: dict, best: dict) -> None:
+    """A screen's figures in the agent's memory: the keys screened (never drawn again), the elite the next screen
+    mutates, the per-shape times a table is made from, and the queue of proposals."""
+    results = screened.get("results", [])
+    memory["screened"] = sorted(set(memory.get("screened", [])) | {key(r["config"]) for r in results
+                                                                   if r["status"] != "unreached"})
+    timed = sorted((r for r in results if r["status"] == "timed"), key=lambda r: r["model_us"])
+    memory["elite"] = [r["config"] for r in timed[:ELITE]]
+    memory["screen"] = {"shapes": screened.get("shapes", []),
+                        "runs": [{"config": r["config"], "us": r["us"]} for r in timed]}
+    memory["queue"] = proposals(screened, best)
+    memory["screens"] = memory.get("screens", 0) + 1
+    memory["screened_at"], memory["since_screen"] = key(best), 0
+
+
+def wants_screen(memory: dict, best: dict) -> bool:
+    """Whether the agent screens before its next proposal (see the module's docstring)."""
+    if memory.get("queue") or memory.get("screens", 0) >= SCREEN_ROUNDS:
+        return False
+    return memory.get("screened_at") != key(best) or memory.get("since_screen", 0) >= SCREEN_EVERY
+
+
+def summary(screened: dict, seconds: float) -> str:
+    """'screen 2: 48 configurations in 37 s, 41 timed, 3 wrong, 2 failed, 2 not reached'."""
+    results = screened.get("results", [])
+    counts = {s: sum(r["status"] == s for r in results) for s in ("timed", "wrong", "failed", "unreached")}
+    parts = [f"{counts['timed']} timed"] + [f"{counts[s]} {word}" for s, word in (
+        ("wrong", "wrong"), ("failed", "failed"), ("unreached", "not reached")) if counts[s]]
+    return f"{len(results)} configurations in {seconds:.0f} s, " + ", ".join(parts)

@@ -1,0 +1,223 @@
+"""The builtin agent's wide search (issue 35): configurations drawn from the whole space, screened at the model's
+shapes by successive halving, the fastest proposed as experiments, and a per-shape table the kernel dispatches.
+
+The screen itself (autokernel/harness/screen.py) runs for real here on a small Triton kernel in the interpreter;
+the loop's tests use a stand-in screen and bench that time a configuration by its BLOCK (tests/test_model_loop.py).
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import git_env, make_repo, repo_files, rows
+from test_model_loop import ARGS, MODEL_KERNEL, SHAPES, TIMES, commit_all, model_bench
+
+from autokernel.harness import screen
+from autokernel.kernelfile import import_kernel, tunable_space
+from autokernel.loop import Loop, LoopConfig
+from autokernel.loop.agents import Task, make_agent, search, standing
+from autokernel.loop.state import load_jobs
+from autokernel.profile.extraction import set_model_shapes
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# ------------------------------------------------------------------------------ drawing from the whole space
+
+
+def test_a_screen_draws_combinations_from_the_whole_space_and_never_what_was_seen():
+    space, best = tunable_space((ROOT / "kernels" / "fused_mlp.py").read_text())
+    seen = {search.key({**best, "BLOCK_M": 64}), search.key({**best, "VARIANT": "tma"})}
+    drawn = search.draw(space, best, seed=0, seen=seen, elite=[{**best, "VARIANT": "grouped", "BLOCK_N": 256}])
+    keys = [search.key(c) for c in drawn]
+    assert drawn[0] == best and len(drawn) == search.SCREEN_SIZE and len(set(keys)) == len(keys)
+    assert not set(keys) & seen
+    changed = [sum(c[n] != best[n] for n in best) for c in drawn[1:]]
+    assert sum(k >= 2 for k in changed) >= len(drawn) // 2  # most change several tunables at once
+    variants = {c["VARIANT"] for c in drawn if sum(c[n] != best[n] for n in best) >= 2}
+    assert len(variants) == len(space["VARIANT"])  # every variant, each with other tiles
+    assert search.draw(space, best, seed=0, seen=seen) == search.draw(space, best, seed=0, seen=seen)
+
+
+# ------------------------------------------------------------------------------ the agent on a screen
+KERNEL = '''"""A stand-in kernel: only VARIANT "b" with BLOCK 128 is fast, and neither move is, alone."""
+KERNEL_TYPE = "rmsnorm"
+MODEL_SHAPES = [{"M": 64, "N": 128}, {"M": 8, "N": 96}]
+MODEL_CALLS = [3, 1]
+VARIANT = "a"
+BLOCK = 64
+WARPS = 4
+TUNABLES = {"VARIANT": ["a", "b"], "BLOCK": [32, 64, 128], "WARPS": [4, 8]}
+
+
+def kernel_fn(x, weight, eps=1e-6):
+    return x
+'''
+
+
+def combination_time(config: dict) -> float:
+    if config["VARIANT"] == "b":
+        return 60.0 if config["BLOCK"] == 128 else 130.0
+    return 100.0 + (config["BLOCK"] != 64) * 5 + (config["WARPS"] != 4) * 5
+
+
+def fake_screen(time_of, calls=(3, 1), seen=None):
+    """A screen that times each configuration by time_of(config) -> us per call (or a (us, us) per shape)."""
+    def run(configs):
+        if seen is not None:
+            seen.append(configs)
+        results = []
+        for c in configs:
+            us = time_of(c)
+            us = list(us) if isinstance(us, tuple) else [us, us]
+            results.append({"config": c, "status": "timed", "us": us, "rung": 0, "reason": "",
+                            "model_us": sum(k * t for k, t in zip(calls, us))})
+        return {"shapes": [{"key": a, "calls": k} for a, k in zip(ARGS, calls)], "results": results}
+    return run
+
+
+def test_the_agent_proposes_the_combination_the_screen_ranks_first_where_no_single_move_gains(tmp_path):
+    (tmp_path / "kernel.py").write_text(KERNEL)
+    seen = []
+    task = Task(root=tmp_path, kernel_name="k", kernel_type="rmsnorm", experiment=1, memory={},
+                screen=fake_screen(combination_time, seen=seen))
+    agent = make_agent("builtin")
+    agent.observe(task, None, "baseline")
+    proposal = agent.propose(task)
+    config = tunable_space((tmp_path / "kernel.py").read_text())[1]
+    assert config == {"VARIANT": "b", "BLOCK": 128, "WARPS": 4}
+    assert "from screen 1" in proposal.description and "40.0% faster there" in proposal.description
+    assert len(seen) == 1 and len(seen[0]) == 12  # the whole space of this file: 2 x 3 x 2
+    log = json.loads((tmp_path / "workspace" / "agent_logs" / "k_screen_1.json").read_text())
+    assert len(log["results"]) == 12
+    # reverted: the next the screen ranked above the file's own (b, 128 with 8 warps), from the same screen
+    (tmp_path / "kernel.py").write_text(KERNEL)
+    agent.observe(task, proposal, "revert")
+    proposal = agent.propose(task)
+    assert len(seen) == 1 and "from screen 1" in proposal.description
+    assert tunable_space((tmp_path / "kernel.py").read_text())[1] == {"VARIANT": "b", "BLOCK": 128, "WARPS": 8}
+
+
+def test_a_screen_that_fails_leaves_the_coordinate_search_to_go_on(tmp_path):
+    (tmp_path / "kernel.py").write_text(KERNEL)
+
+    def broken(configs):
+        raise RuntimeError("the screen failed (exit code 1): boom")
+    task = Task(root=tmp_path, kernel_name="k", kernel_type="rmsnorm", experiment=1, memory={}, screen=broken)
+    agent = make_agent("builtin")
+    agent.observe(task, None, "baseline")
+    proposal = agent.propose(task)
+    assert proposal is not None and "screen" not in proposal.description
+    assert "boom" in task.memory["screen_error"] and not search.wants_screen(task.memory, {})
+
+
+# ------------------------------------------------------------------------------ the night: screen, keep, table
+@pytest.fixture
+def repo(tmp_path, monkeypatch):
+    git_env(monkeypatch)
+    return make_repo(tmp_path / "repo", repo_files())
+
+
+def test_the_night_keeps_the_screens_best_then_a_per_shape_table_each_shape_dispatches(repo):
+    # BLOCK 32: 10 x 100 + 20 = 1020 us, 64: 830, 128: 650 per forward; the small shape alone is fastest at 32
+    source = set_model_shapes(MODEL_KERNEL.replace("return x", "return BLOCK"), SHAPES, "a test model", [10, 1])
+    (repo / "kernels" / "model.py").write_text(source)
+    commit_all(repo)
+    screens = []
+    loop = Loop(repo, LoopConfig(tag="t", max_reverts=3), make_agent("builtin"),
+                load_jobs(repo, kernels=["kernels/model.py"]), bench=model_bench,
+                screen=fake_screen(lambda c: TIMES[c["BLOCK"]], calls=(10, 1), seen=screens))
+    loop.run()
+    log = rows(repo)
+    assert [r["status"] for r in log[:3]] == ["baseline", "keep", "keep"]
+    assert log[1]["description"].startswith("BLOCK 64 -> 128 (from screen 1") and float(log[1]["model_us"]) == 650
+    assert log[2]["description"].startswith("per-shape table from screen 1") and float(log[2]["model_us"]) == 620
+    assert len(screens) == 2  # again after the keep changed the configuration (nothing new left to find)
+    module = import_kernel(repo / "workspace" / "kernels" / "model_optimized.py")
+    x64, x8 = torch.empty(64, 128), torch.empty(8, 96)
+    assert module.kernel_fn(x64, torch.empty(128)) == 128 and module.kernel_fn(x8, torch.empty(96)) == 32
+
+
+def test_the_prompt_says_where_the_kernel_stands_at_each_model_shape():
+    job = {"f": 0.42, "gain": 1.31, "best_us": 400.0, "baseline_us": 500.0, "best_pct_peak": 57.4,
+           "best_shapes": [{"shape": {"M": 2048, "N": 5632}, "calls": 22, "us": 18.2, "pct_peak": 57.4,
+                            "eager_us": 40.0, "compile_us": 21.0}]}
+    text = standing(job, (ROOT / "kernels" / "rmsnorm.py").read_text())
+    assert "42.0%" in text and "1.25x its baseline" in text and "57% of its roofline" in text
+    assert "| {'M': 2048, 'N': 5632} | 22 | 18.2 | 57.4 | 40.0 | 21.0 |" in text
+    assert "- VARIANT = 'auto' of ['auto', 'single_pass', 'looped', 'persistent']" in text
+
+
+# ------------------------------------------------------------------------------ the screen, for real
+SCREENED = '''"""A small RMSNorm for the screen's tests: BLOCK 100 does not compile, SCALE 2.0 is wrong."""
+import torch
+import triton
+import triton.language as tl
+
+KERNEL_TYPE = "rmsnorm"
+MODEL_SHAPES = [{"M": 8, "N": 96}, {"M": 4, "N": 256}]
+MODEL_CALLS = [3, 1]
+BLOCK = 256
+SCALE = 1.0
+TUNABLES = {"BLOCK": [100, 256, 512], "SCALE": [1.0, 2.0]}
+
+
+@triton.jit
+def _rms(x_ptr, w_ptr, y_ptr, N, eps, scale, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < N
+    x = tl.load(x_ptr + row * N + cols, mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    r = tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)
+    tl.store(y_ptr + row * N + cols, (x * r * w * scale).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def kernel_fn(x, weight, eps=1e-6):
+    x2 = x.reshape(-1, x.shape[-1]).contiguous()
+    y = torch.empty_like(x2)
+    _rms[(x2.shape[0],)](x2, weight, y, x2.shape[1], eps, SCALE, BLOCK=BLOCK)
+    return y.reshape(x.shape)
+'''
+
+
+def test_the_screen_checks_and_times_each_configuration_at_the_model_shapes(tmp_path):
+    path = tmp_path / "kernel.py"
+    path.write_text(SCREENED)
+    configs = [{"BLOCK": 256, "SCALE": 1.0}, {"BLOCK": 512, "SCALE": 1.0}, {"BLOCK": 256, "SCALE": 2.0},
+               {"BLOCK": 100, "SCALE": 1.0}]
+    out = screen.run_screen(path, configs, device="cpu", dtype="fp16", seconds=60)
+    assert [s["calls"] for s in out["shapes"]] == [3, 1] and out["shapes"][0]["key"] == [[8, 96], [96]]
+    got = {json.dumps(r["config"]): r for r in out["results"]}
+    assert [r["config"] for r in out["results"]] == configs  # in the order given
+    assert got[json.dumps(configs[2])]["status"] == "wrong" and "elements off" in got[json.dumps(configs[2])]["reason"]
+    assert got[json.dumps(configs[3])]["status"] == "failed"
+    for timed in configs[:2]:
+        r = got[json.dumps(timed)]
+        assert r["status"] == "timed" and len(r["us"]) == 2 and r["model_us"] == pytest.approx(3 * r["us"][0] +
+                                                                                               r["us"][1])
+    # the file's own configuration goes on as far as any (when it alone is left, the screen ends)
+    assert got[json.dumps(configs[0])]["rung"] == max(r["rung"] for r in out["results"])
+    assert path.read_text() == SCREENED  # the file itself is never edited
+
+
+def test_a_rung_sends_on_the_best_third_the_fastest_at_each_shape_and_the_files_own():
+    def r(us):
+        return {"status": "timed", "us": us, "model_us": sum(us)}
+    results = [r([50, 50]), r([10, 80]), r([40, 40]), r([45, 41]), r([90, 5]), {"status": "wrong", "us": []},
+               r([60, 60]), r([1, 1])]
+    among = list(range(7))  # the last was timed at an earlier rung and left behind there
+    assert screen.rung_survivors(results, among, eta=3) == [0, 1, 2, 3, 4]  # 2, 3 by the model; 1, 4 by a shape; 0
+
+
+@pytest.mark.slow(25)
+def test_a_screen_stopped_on_a_configuration_that_hangs_keeps_what_it_measured(tmp_path):
+    path = tmp_path / "kernel.py"
+    path.write_text(SCREENED.replace("SCALE = 1.0\n", "SCALE = 1.0\nHANG = False\n").replace(
+        '"SCALE": [1.0, 2.0]}', '"SCALE": [1.0, 2.0], "HANG": [False, True]}').replace(
+        "    x2 = x.reshape", "    while HANG:\n        pass\n    x2 = x.reshape"))
+    configs = [{"BLOCK": 256, "SCALE": 1.0, "HANG": False}, {"BLOCK": 256, "SCALE": 1.0, "HANG": True},
+               {"BLOCK": 512, "SCALE": 1.0, "HANG": False}]
+    out = screen.run_screen(path, configs, device="cpu", dtype="fp16", seconds=60, timeout=25)
+    assert [r["status"] for r in out["results"]] == ["timed", "failed", "unreached"]
+    assert out["results"][1]["reason"] == "did not end in time"
