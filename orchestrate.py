@@ -28,7 +28,7 @@ from autokernel import cli
 from autokernel.loop import LoopConfig, LoopError, report
 from autokernel.loop import demo as pipeline_demo
 from autokernel.loop.agents import AGENT_NAMES, make_agent
-from autokernel.loop.agents.builtin import next_move
+from autokernel.loop.agents.builtin import describe_next
 from autokernel.loop.gitlog import KERNEL_PATH, GitError, GitLog
 from autokernel.loop.plot import write_progress_png
 from autokernel.loop.raycluster import RayRun
@@ -265,9 +265,8 @@ def print_next(job: dict, root: Path, seed: int) -> int:
         print("next experiment: its baseline")
         return 0
     source = GitLog(root).file_at(job["best_sha"], KERNEL_PATH)
-    move = next_move(source, job.get("memory", {}), seed)
     print(f"best so far {format_us(job['best_us'])}; {job['reverts_in_row']} reverts in a row")
-    print(f"builtin agent's next move: {move.description if move else 'none left (space exhausted)'}")
+    print(f"builtin agent's next move: {describe_next(source, job.get('memory', {}), seed)}")
     return 0
 
 

@@ -221,3 +221,14 @@ def test_a_screen_stopped_on_a_configuration_that_hangs_keeps_what_it_measured(t
     out = screen.run_screen(path, configs, device="cpu", dtype="fp16", seconds=60, timeout=25)
     assert [r["status"] for r in out["results"]] == ["timed", "failed", "unreached"]
     assert out["results"][1]["reason"] == "did not end in time"
+
+
+def test_orchestrate_next_says_the_agent_screens_then_what_the_screen_queued(tmp_path):
+    from autokernel.loop.agents.builtin import describe_next
+
+    (tmp_path / "kernel.py").write_text(KERNEL)
+    assert describe_next(KERNEL, {}, 0).startswith("screen up to")
+    task = Task(root=tmp_path, kernel_name="k", kernel_type="rmsnorm", experiment=1, memory={},
+                screen=fake_screen(combination_time))
+    make_agent("builtin")._screen(task, *tunable_space(KERNEL))
+    assert describe_next(KERNEL, task.memory, 0).startswith("BLOCK 64 -> 128, VARIANT 'a' -> 'b' (from screen 1")

@@ -22,6 +22,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -120,18 +121,21 @@ def screen(path: str, configs: list[dict], device: str, dtype: str = "fp16", sec
         return {"shapes": [], "results": results}
     deadline, fns = time.monotonic() + seconds, {}
     todo = list(range(len(configs)))
-    for rung, reps in enumerate(REPS["cuda" if device == "cuda" else "cpu"]):
-        for i in todo:
-            if rung == 0 and time.monotonic() > deadline and i != 0:
+    try:
+        for rung, reps in enumerate(REPS["cuda" if device == "cuda" else "cpu"]):
+            for i in todo:
+                if rung == 0 and time.monotonic() > deadline and i != 0:
+                    break
+                if update:
+                    update({"shapes": shapes, "results": results, "on": i})
+                _measure(box, results[i], i, fns, rung, reps)
+            if progress:
+                progress(f"screen rung {rung + 1}: {len(todo)} configuration(s), {reps} run(s) each")
+            todo = rung_survivors(results, todo, eta)
+            if len(todo) <= 1:
                 break
-            if update:
-                update({"shapes": shapes, "results": results, "on": i})
-            _measure(box, results[i], i, fns, rung, reps)
-        if progress:
-            progress(f"screen rung {rung + 1}: {len(todo)} configuration(s), {reps} run(s) each")
-        todo = rung_survivors(results, todo, eta)
-        if len(todo) <= 1:
-            break
+    finally:
+        shutil.rmtree(box.dir, ignore_errors=True)  # the configurations' files
     return {"shapes": shapes, "results": results}
 
 

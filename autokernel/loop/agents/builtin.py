@@ -1,5 +1,10 @@
 """The builtin agent: a seeded search over the tunables a kernel file declares. No LLM, no network.
 
+Where the loop offers a screen (Task.screen: the harness times many configurations at the model's shapes in one
+process), the agent first screens configurations drawn from the whole space and proposes what ranks above the
+kernel as it is, then a per-shape table (search.py says when it screens again). What follows is the coordinate
+search it goes on with between screens, and alone where there is no screen.
+
 A kernel file lists the values worth trying for each CAPS tunable in `TUNABLES` (block sizes, warps,
 stages, and the kernel-specific variants: the playbook's first tier). From the best configuration so
 far the agent moves one tunable at a time, nearest values first (a coordinate search; block sizes
@@ -128,6 +133,20 @@ def next_move(source: str, memory: dict, seed: int) -> Proposal | None:
             onward = {n: next(m.direction for m in ms if m.value == config[n]) for n, ms in moves.items()}
             return Proposal(describe_move(current, config), {"config": config, "directions": onward})
     return None
+
+
+def describe_next(source: str, memory: dict, seed: int) -> str:
+    """What the agent does next in a loop that offers a screen (orchestrate.py next), in one line."""
+    space, best = tunable_space(source)
+    if space and search.wants_screen(memory, best):
+        return f"screen up to {search.SCREEN_SIZE} configurations drawn from the whole space, then try the fastest"
+    queued = next((item for item in memory.get("queue", []) if item["kind"] == "table" or
+                   config_key(item["config"]) != config_key(best)), None)
+    if queued is not None:
+        what = "a per-shape table" if queued["kind"] == "table" else describe_move(best, queued["config"])
+        return f"{what} (from {memory.get('screen_note', 'the last screen')})"
+    move = next_move(source, memory, seed)
+    return move.description if move else "none left (space exhausted)"
 
 
 # ------------------------------------------------------------------------------ shape specialization
