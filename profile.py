@@ -62,6 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
     how.add_argument("--types", default="", help="comma-separated kernel types whose profiler rules are opt-in "
                      "(rope_attention: RoPE + SDPA of an attention module as one type); default: those whose "
                      "model sites optimize() would place in this model")
+    how.add_argument("--regions", action="store_true",
+                     help="also profile the model as torch.compile runs it: every kernel Inductor makes and every "
+                          "extern call (GEMM, attention), with its share of the compiled forward and the built-in "
+                          "type whose rules cover it; those no type covers are listed in the plan as regions")
     out = p.add_argument_group("output")
     out.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT,
                      help="where profile.json and plan.json go (default workspace/)")
@@ -81,7 +85,7 @@ def run(args) -> int:
     from autokernel import registry
     from autokernel.harness import gpu
     from autokernel.models import describe_model, example_inputs, load_model, parse_shape
-    from autokernel.profile import deployed, plan, profiling
+    from autokernel.profile import deployed, plan, profiling, regions
     from autokernel.registry import parse_dtype
 
     # every argument checked before the model runs and before profile.json and plan.json are replaced
@@ -109,20 +113,63 @@ def run(args) -> int:
             raise
         raise ForwardError(f"{type(model).__name__}'s forward failed on an input of shape "
                            f"{','.join(map(str, shape))}: {str(e).splitlines()[0]}") from e
+    if args.regions:
+        prof["regions"] = compiled_regions(model, inputs, device, args.steps, types)
     meta = {"model": describe_model(model), "class_name": args.class_name, "source": args.model or args.module,
             "config": args.config, "input_shape": list(shape), "dtype": str(dtype).replace("torch.", ""),
             "device": gpu.device_name(device) if device == "cuda" else "cpu", "cpu_mode": device == "cpu",
             "torch": torch.__version__, "command": "python " + shlex.join(sys.argv)}
     the_plan = {**meta, **plan.build_plan(prof, measured, source=str(args.starters))}
+    if "regions" in prof:
+        the_plan["regions"] = regions.uncovered(prof["regions"])
     profile_path = plan.write_json({**meta, **prof}, args.output_dir / "profile.json")
     plan_path = plan.write_json(the_plan, args.output_dir / "plan.json")
     show(the_plan)
+    if "regions" in prof:
+        show_regions(prof["regions"], the_plan["cpu_mode"])
     if the_plan["cpu_mode"]:
         print(CPU_CAVEAT)
     print(f"wrote {profile_path} and {plan_path}" + (f" and {args.export_trace}" if args.export_trace else ""))
     print(f"next: python extract.py --plan {plan_path} --top 3")
     return 0
 
+
+def compiled_regions(model, inputs, device: str, steps: int, types) -> dict | None:
+    """The regions of the model compiled (autokernel/profile/regions.py), or None with a line saying why not: a
+    model torch.compile cannot compile still gets its eager plan."""
+    from autokernel.profile import regions
+
+    print("profile: compiling the model with torch.compile to see its regions (Inductor's kernels and extern calls)")
+    try:
+        return regions.capture(model, inputs, device, steps=steps, types=types)
+    except Exception as e:  # noqa: BLE001  (any compiler failure: the eager profile stands)
+        print(f"profile: no regions: torch.compile failed ({type(e).__name__}: {str(e).splitlines()[0][:200]})")
+        return None
+
+
+def show_regions(found: dict | None, cpu_mode: bool) -> None:
+    """The compiled forward's regions, the largest first, each with the type that covers it or none."""
+    if not found:
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    kind = "CPU time" if cpu_mode else "device time"
+    table = Table(title=f"compiled with torch.compile: {found['total_us'] / 1e3:.2f} ms per forward ({kind}); "
+                        "regions, the largest first")
+    for col in ("share", "time ms", "calls", "covered by", "region", "ops", "reads"):
+        table.add_column(col, justify="right" if col in ("share", "time ms", "calls") else "left")
+    for r in found["regions"][:REGION_ROWS]:
+        reads = ", ".join("x".join(map(str, i["shape"])) for i in r["inputs"][:3])
+        table.add_row(f"{r['share']:.1%}", f"{r['time_us'] / 1e3:.3f}", f"{r['calls']:g}", r["type"] or "(none)",
+                      r["name"][:48], " ".join(op.replace("aten::", "") for op in r["ops"][:6]), reads,
+                      style=None if r["type"] else "bold")
+    Console(width=None if sys.stdout.isatty() else 160).print(table)
+    left = sum(r["share"] for r in found["regions"] if not r["type"])
+    print(f"regions no built-in type covers: {left:.1%} of the compiled forward (listed in the plan's \"regions\")")
+
+
+REGION_ROWS = 12
 
 CPU_CAVEAT = ("CPU mode: each share f above is this CPU's time running the model in PyTorch, not a GPU's (a busy CPU "
               "ranks the types differently from an idle one), and the speedups s measured on a GPU (or defaults) "

@@ -37,8 +37,8 @@ __all__ = ["DESCRIPTOR_EXPANSION_TRITON", "DIRECT_LAUNCH_TRITON", "FAST_LAUNCH_T
            "compile_for", "count_launches", "descriptor_expansion", "fast_launch_enabled", "has_triton_op",
            "interpreting", "is_host_descriptor", "is_jit_kernel", "is_jit_or_interpreted", "is_triton_kernel",
            "launch_arguments", "launch_hooks_probe", "launcher", "load_root_module", "native_compile_enabled",
-           "prepare_interpreter", "raw_launcher", "recompile_limit_option", "replay_enabled", "scratch_allocator",
-           "set_scratch_allocator", "stream_of", "triton_version", "wrap_triton_enabled"]
+           "prepare_interpreter", "provenance_options", "raw_launcher", "recompile_limit_option", "replay_enabled",
+           "scratch_allocator", "set_scratch_allocator", "stream_of", "triton_version", "wrap_triton_enabled"]
 
 
 def interpreting() -> bool:
@@ -59,6 +59,22 @@ def recompile_limit_option() -> str:
     import torch._dynamo.config as config
 
     return "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+
+
+def provenance_options() -> dict:
+    """Inductor's config for kernel -> post-grad node provenance (torch >= 2.8: provenance_tracking_level; before it
+    a bool, provenance_tracking) and, so that the profiler records each C++ kernel Inductor makes for the CPU,
+    cpp.enable_kernel_profile; only the options this torch has."""
+    import torch._inductor.config as config
+
+    options = {}
+    if hasattr(config.trace, "provenance_tracking_level"):
+        options["trace.provenance_tracking_level"] = 1
+    elif hasattr(config.trace, "provenance_tracking"):
+        options["trace.provenance_tracking"] = True
+    if hasattr(config.cpp, "enable_kernel_profile"):
+        options["cpp.enable_kernel_profile"] = True
+    return options
 
 
 def native_compile_enabled() -> bool:

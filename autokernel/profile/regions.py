@@ -1,0 +1,272 @@
+"""Regions: the model as torch.compile sees it, every kernel Inductor makes and every extern call it keeps, with
+the time each takes (issue 36's first half: `profile.py --regions`).
+
+The built-in types see the model eagerly, by its modules, functions and ops; whatever no rule names is "other".
+Compiled, the same model is a list of kernels: Inductor's fused ones (a norm with the residual add before it, an
+activation with the casts around it, whatever its scheduler put together) and extern calls (GEMMs, attention).
+Each is a *region*: the post-grad FX nodes it computes, the modules they come from, its inputs' shapes and
+dtypes, its calls and its time per forward. A region whose nodes the built-in types' rules claim (an RMSNorm
+module's nodes, a Linear's mm) belongs to that type; one they do not claim is work no type covers, ranked by the
+share of the compiled forward's time it takes: what a region kernel should take over.
+
+How (autokernel's notes on torch.compile's internals, regions-api): a post-grad custom pass snapshots each graph
+Inductor lowers; Inductor's provenance tracking maps each kernel it generates to the post-grad nodes it computes;
+the profiler times each kernel by name (on the CPU, Inductor's C++ kernels record themselves with
+`cpp.enable_kernel_profile`). Kernel names repeat across graphs (`_0`, `_1` restart in each): on the CPU the events
+carry the graph's index, on a GPU two graphs' kernels of one name are one region here.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass, field
+
+import torch
+from torch._inductor.custom_graph_pass import CustomGraphPass
+from torch.profiler import ProfilerActivity, profile, record_function
+
+from autokernel import compat
+from autokernel.profile import attribution
+from autokernel.profile.profiling import STEP_RANGE, to_ops
+
+PROVENANCE = "inductor_provenance_tracking_node_mappings"
+MIN_SHARE = 0.01  # a region under this share of the compiled forward is not worth a kernel of its own
+# ops that compute nothing worth a kernel (views, casts, allocations): they neither decide a region's type nor
+# count as its work, and called on their own they are no region
+LAYOUT_OPS = {"view", "reshape", "permute", "t", "transpose", "expand", "unsqueeze", "squeeze", "getitem",
+              "alias", "slice", "select", "clone", "_unsafe_view", "convert_element_type", "as_strided",
+              "empty", "empty_like", "empty_strided", "resolve_conj", "resolve_neg"}
+_GRAPH_PREFIX = re.compile(r"^graph_(\d+)_")
+_FRAME = re.compile(r', in (\w+)\n')
+
+
+@dataclass
+class Region:
+    name: str  # Inductor's kernel ("triton_per_fused_add_mean_mul_pow_rsqrt_3"), or "extern aten::mm" and shapes
+    kind: str  # "fused" (a kernel Inductor generated) or "extern" (a call it kept: GEMM, attention)
+    time_us: float  # per forward
+    calls: float  # per forward
+    share: float = 0.0  # of the compiled forward's time
+    ops: list = field(default_factory=list)  # the aten ops it computes, layout ops left out
+    modules: list = field(default_factory=list)  # the modules its nodes come from (paths)
+    inputs: list = field(default_factory=list)  # [{"shape", "dtype"}] of the tensors it reads
+    type: str | None = None  # the built-in type whose rules claim its nodes; None: no type covers it
+
+
+class _Snapshot(CustomGraphPass):
+    """The post-grad custom pass: every graph Inductor lowers, {node name: node}, in compile order."""
+
+    def __init__(self):
+        self.graphs: list[dict] = []
+
+    def __call__(self, graph) -> None:
+        self.graphs.append({n.name: n for n in graph.nodes})
+
+    def uuid(self):
+        return None  # never from the FX graph cache: the pass must see every graph
+
+    def __deepcopy__(self, memo):
+        return self  # Inductor's config patch copies its values; the graphs must land in this one
+
+
+class _Capture:
+    """While active: every post-grad graph Inductor lowers, and the kernel -> post-grad nodes maps its provenance
+    tracking emits, in compile order."""
+
+    def __init__(self):
+        self.snapshot = _Snapshot()
+        self.graphs = self.snapshot.graphs
+        self.kernels: list[dict] = []  # {kernel name: [node names]}
+        self._handler = _ProvenanceHandler(self.kernels)
+
+    def __enter__(self):
+        logger = logging.getLogger("torch.__trace")
+        self._level = logger.level
+        logger.setLevel(logging.DEBUG)
+        logger.addHandler(self._handler)
+        self._patch = torch._inductor.config.patch({"post_grad_custom_post_pass": self.snapshot,
+                                                    **compat.provenance_options()})
+        self._patch.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._patch.__exit__(*exc)
+        logger = logging.getLogger("torch.__trace")
+        logger.removeHandler(self._handler)
+        logger.setLevel(self._level)
+
+
+class _ProvenanceHandler(logging.Handler):
+    def __init__(self, sink: list):
+        super().__init__()
+        self.sink = sink
+
+    def emit(self, record) -> None:
+        artifact = (getattr(record, "metadata", None) or {}).get("artifact") or {}
+        if artifact.get("name") != PROVENANCE:
+            return
+        payload = record.payload if isinstance(record.payload, dict) else json.loads(record.payload)
+        if "cppCodeToPost" in payload:
+            self.sink.append({key.rsplit(":", 1)[0]: nodes for key, nodes in payload["cppCodeToPost"].items()})
+
+
+def capture(model, inputs, device: str, steps: int = 3, warmup: int = 2, types=None) -> dict:
+    """{"total_us": the compiled forward's time per step, "regions": [Region as a dict], by time} for `model`
+    compiled by Inductor as torch.compile(model) would be; types: opt-in types whose rules may claim regions."""
+    torch._dynamo.reset()  # a fresh compile: the capture sees every graph
+    on_gpu = device.startswith("cuda")
+    with _Capture() as seen, torch.inference_mode():
+        compiled = torch.compile(model)
+        for _ in range(warmup):
+            compiled(*inputs)
+        _sync(on_gpu)
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
+        with profile(activities=activities, record_shapes=True) as prof:
+            for _ in range(steps):
+                with record_function(STEP_RANGE):
+                    compiled(*inputs)
+            _sync(on_gpu)
+    torch._dynamo.reset()
+    ops, total = attribution_ops(prof.events(), on_gpu)
+    regions = regions_of(ops, seen.graphs, seen.kernels, steps, attribution._Rules(attribution._rules(types)))
+    for r in regions:
+        r.share = r.time_us / (total / steps) if total else 0.0
+        r.calls = round(r.calls, 2)
+    return {"total_us": total / steps, "regions": [asdict(r) for r in sorted(regions, key=lambda r: -r.time_us)]}
+
+
+def _sync(on_gpu: bool) -> None:
+    if on_gpu:
+        torch.cuda.synchronize()
+
+
+def attribution_ops(events, on_gpu: bool) -> tuple[list, float]:
+    """The profiled ops with their own time (device time of the kernels they launched on a GPU, self CPU time on
+    the CPU) and the total per all steps."""
+    return to_ops(events, [], on_gpu)
+
+
+def regions_of(ops: list, graphs: list[dict], kernels: list[dict], steps: int, rules) -> list[Region]:
+    """The regions the timed ops are, per forward (see the module docstring)."""
+    names = {name: (i, nodes) for i, graph_kernels in enumerate(kernels) for name, nodes in graph_kernels.items()}
+    found: dict[str, Region] = {}
+    for op in ops:
+        if op.self_us <= 0 or op.kind != "op":
+            continue
+        graph_index = _GRAPH_PREFIX.match(op.name)
+        kernel = _GRAPH_PREFIX.sub("", op.name)
+        if kernel in names:
+            index, node_names = names[kernel]
+            index = int(graph_index.group(1)) if graph_index else index
+            graph = graphs[index] if index < len(graphs) else {}
+            key = f"{index}:{kernel}"
+            if key not in found:
+                found[key] = _fused(kernel, [graph[n] for n in node_names if n in graph], graph, rules)
+        elif op.name.startswith("aten::") and op.name[len("aten::"):] not in LAYOUT_OPS:
+            key = f"extern {op.name} {op.shapes}"
+            if key not in found:
+                found[key] = Region(name=key, kind="extern", time_us=0.0, calls=0, ops=[op.name],
+                                    inputs=[{"shape": list(s)} for s in op.shapes if s],
+                                    type=rules.ops.get(op.name))
+        else:
+            continue
+        found[key].time_us += op.self_us / steps
+        found[key].calls += 1 / steps
+    return list(found.values())
+
+
+def _fused(kernel: str, nodes: list, graph: dict, rules) -> Region:
+    """A fused kernel's region: its ops, modules, the tensors it reads, and the type its nodes' majority has."""
+    inside = {n.name for n in nodes}
+    reads, seen = [], set()
+    for n in nodes:
+        for arg in n.all_input_nodes:
+            if arg.name not in inside and arg.name not in seen and isinstance(arg.meta.get("val"), torch.Tensor):
+                seen.add(arg.name)
+                reads.append({"shape": list(arg.meta["val"].shape), "dtype": str(arg.meta["val"].dtype)})
+    work = [n for n in nodes if _op_name(n) not in LAYOUT_OPS]
+    module_ops = _module_ops(graph)
+    votes = Counter(t for t in (node_type(n, rules, module_ops) for n in work) if t)
+    type_ = votes.most_common(1)[0][0] if votes and sum(votes.values()) * 2 > len(work) else None
+    return Region(name=kernel, kind="fused", time_us=0.0, calls=0, ops=[f"aten::{_op_name(n)}" for n in work],
+                  modules=sorted({_module_path(n) for n in nodes if _module_path(n)}), inputs=reads,
+                  type=_with_residual_add(type_, work, rules))
+
+
+def _with_residual_add(type_: str | None, work: list, rules) -> str | None:
+    """A norm's region that also computes the residual add before it (an add outside the norm module, the norm's
+    path a residual type's: a decoder layer's norm) is that fused type's (add_rmsnorm), as attribution's rule 0."""
+    for modules, path_pattern, fused in rules.residual_adds:
+        norms = {path for n in work for path, cls in (n.meta.get("nn_module_stack") or {}).values()
+                 if modules.search(getattr(cls, "__name__", str(cls))) and path_pattern.search(_clean_path(path))}
+        if norms and any(_op_name(n) == "add" and not norms & _paths(n) for n in work):
+            return fused
+    return type_
+
+
+def _paths(node) -> set[str]:
+    return {path for path, _ in (node.meta.get("nn_module_stack") or {}).values()}
+
+
+def node_type(node, rules, module_ops: dict) -> str | None:
+    """The built-in type whose rules claim a post-grad node, in attribution's order: a module that needs an op
+    (a SwiGLU MLP: a silu among its nodes), a module by its class, a function on its stack, its op."""
+    stack = list((node.meta.get("nn_module_stack") or {}).values())[::-1]  # innermost first
+    for path, cls in stack:
+        name = getattr(cls, "__name__", str(cls))
+        ops, functions = module_ops.get(path, (set(), set()))
+        for pattern, needs, needs_function, t in rules.gated:
+            if pattern.search(name) and {n.replace("aten::", "") for n in needs} & ops and (
+                    needs_function is None or any(needs_function.search(f) for f in functions)):
+                return t
+        t = attribution._module_type(name, rules)
+        if t:
+            return t
+    for func in _FRAME.findall(node.meta.get("stack_trace") or ""):
+        t = next((t for pattern, t in rules.functions if pattern.search(func)), None)
+        if t:
+            return t
+    return rules.ops.get(f"aten::{_op_name(node)}")
+
+
+def _module_ops(graph: dict) -> dict[str, tuple[set, set]]:
+    """{module path: (the op names of the graph's nodes inside it at any depth, each as lowered and as the aten op
+    it was decomposed from (silu, which the CPU lowers to exp and div); the Python functions on their stacks)}."""
+    found = defaultdict(lambda: (set(), set()))
+    for n in graph.values():
+        original = n.meta.get("original_aten")
+        names = {_op_name(n)} | ({str(original).split(".")[1]} if str(original).startswith("aten.") else set())
+        functions = set(_FRAME.findall(n.meta.get("stack_trace") or ""))
+        for path, _ in (n.meta.get("nn_module_stack") or {}).values():
+            found[path][0].update(names)
+            found[path][1].update(functions)
+    return found
+
+
+def _op_name(node) -> str:
+    """aten.add.Tensor -> "add"; operator.getitem -> "getitem"."""
+    target = node.target
+    name = getattr(target, "__name__", str(target))
+    return str(target).split(".")[1] if str(target).startswith(("aten.", "prims.")) else name
+
+
+def _module_path(node) -> str:
+    stack = list((node.meta.get("nn_module_stack") or {}).values())
+    return _clean_path(stack[-1][0]) if stack else ""
+
+
+def _clean_path(path: str) -> str:
+    """Dynamo's "L['self'].layers[0].mlp" -> "layers.0.mlp"."""
+    path = re.sub(r"^L\['[^']+'\]\.?", "", path)
+    return re.sub(r"\[(\d+)\]", r".\1", re.sub(r"\['([^']+)'\]", r".\1", path)).strip(".")
+
+
+def uncovered(found: dict | None) -> list[dict]:
+    """The regions no built-in type covers that take at least MIN_SHARE of the compiled forward, the largest first:
+    the plan's "regions"."""
+    if not found:
+        return []
+    return [{**r, "f": r["share"]} for r in found["regions"] if not r["type"] and r["share"] >= MIN_SHARE]

@@ -1,0 +1,78 @@
+"""Regions (issue 36, first half): profile.py --regions sees the model as torch.compile runs it, each kernel Inductor
+makes and each extern call with its share of the compiled forward, and the built-in type whose rules cover it.
+
+On the CPU Inductor makes C++ kernels, which the profiler times by name as it times Triton kernels on a GPU.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from autokernel.profile import regions
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURE = ROOT / "tests" / "fixtures" / "softcap_model.py"
+
+
+@pytest.mark.slow(10)
+def test_profile_lists_the_compiled_regions_and_the_plan_the_ones_no_type_covers(tmp_path):
+    r = subprocess.run([sys.executable, "profile.py", "--model", str(FIXTURE), "--class-name", "SoftcapModel",
+                        "--config", "tiny", "--input-shape", "256,64", "--device", "cpu", "--dtype", "float32",
+                        "--regions", "--output-dir", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "compiled with torch.compile" in r.stdout and "regions no built-in type covers" in r.stdout
+    found = json.loads((tmp_path / "profile.json").read_text())["regions"]
+    by_ops = {tuple(sorted(set(x["ops"]))): x for x in found["regions"] if x["kind"] == "fused"}
+    activation = by_ops[("aten::div", "aten::mul", "aten::sigmoid", "aten::tanh")]
+    # one kernel for both blocks' soft-capped QuickGELU, which no built-in type names
+    assert activation["type"] is None and activation["calls"] == 2 and activation["share"] > 0.05
+    assert activation["inputs"] == [{"shape": [256, 1024], "dtype": "torch.float32"}]
+    norms = [x for x in found["regions"] if "aten::rsqrt" in x["ops"]]
+    assert norms and all(x["type"] == "rmsnorm" for x in norms)
+    assert {x["type"] for x in found["regions"] if "aten::addmm" in x["ops"]} == {"matmul"}
+    assert sum(x["share"] for x in found["regions"]) <= 1.0 + 1e-6
+    planned = json.loads((tmp_path / "plan.json").read_text())["regions"]
+    assert activation["name"] in [x["name"] for x in planned] and all(x["type"] is None for x in planned)
+    assert all(x["f"] >= regions.MIN_SHARE for x in planned)
+
+
+@pytest.mark.slow(10)
+def test_the_regions_of_an_hf_llama_are_the_types_optimize_places_there():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, vocab_size=128)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    found = regions.capture(model, (torch.randint(0, 128, (1, 64)),), "cpu", types=["rope_attention"])
+    fused = [x for x in found["regions"] if x["kind"] == "fused"]
+    silu = next(x for x in fused if "aten::exp" in x["ops"] or "aten::silu" in x["ops"])
+    assert silu["type"] == "fused_mlp" and silu["calls"] == 2  # the SwiGLU's silu * up, in both layers' MLP
+    assert all(x["type"] == "matmul" for x in found["regions"] if x["ops"] == ["aten::mm"])
+    assert any(x["type"] in ("rmsnorm", "add_rmsnorm") for x in fused)
+    assert sum(x["share"] for x in found["regions"] if x["type"] is None) < 0.15  # other shrinks
+
+
+def test_a_norm_region_that_computes_the_residual_add_before_it_is_the_fused_type():
+    class Norm(torch.nn.Module):
+        pass
+
+    class Layer(torch.nn.Module):
+        pass
+
+    def node(name, target, path, cls):
+        n = torch.fx.Graph().create_node("call_function", target, name=name)
+        n.meta["nn_module_stack"] = {"a": ("L['self'].layers[0]", Layer), **(
+            {"b": (f"L['self'].layers[0].{path}", cls)} if path else {})}
+        return n
+    rules = regions.attribution._Rules(regions.attribution._rules())
+    class_ = type("LlamaRMSNorm", (Norm,), {})
+    add = node("add", torch.ops.aten.add.Tensor, None, None)
+    norm = [node(f"n{i}", op, "post_attention_layernorm", class_) for i, op in
+            enumerate((torch.ops.aten.pow.Tensor_Scalar, torch.ops.aten.mean.dim, torch.ops.aten.rsqrt.default))]
+    assert regions._fused("k", norm, {}, rules).type == "rmsnorm"
+    assert regions._fused("k", [add, *norm], {}, rules).type == "add_rmsnorm"
