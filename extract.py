@@ -37,6 +37,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plan", type=Path, default=WORKSPACE_PLAN,
                    help="plan written by profile.py, or one shipped in profiles/ (default workspace/plan.json)")
     p.add_argument("--top", type=int, default=3, help="how many types to extract, best gain first (default 3)")
+    p.add_argument("--regions", type=int, default=0, metavar="N",
+                   help="also make kernel types of the plan's N largest regions no built-in type covers (profile.py "
+                        "--regions): workspace/regions/<name>.py (the reference, read-only) and a Triton starter "
+                        "RNN_<name>.py (elementwise regions so far)")
     p.add_argument("--backend", choices=["triton", "cuda"], default="triton",
                    help="triton: kernels/<type>.py; cuda: kernels/cuda/<type>.py (default triton)")
     p.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT_DIR,
@@ -46,22 +50,30 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    from autokernel.profile.extraction import extract, record_kernel_files
+    from autokernel.profile.extraction import extract, extract_regions, record_kernel_files, region_entries
     from autokernel.profile.plan import read_plan, write_json
 
     if args.top < 1:
         raise cli.UsageError("--top must be at least 1")
+    if args.regions < 0:
+        raise cli.UsageError("--regions must be 0 or more")
     plan = read_plan(args.plan)
+    if args.regions and not plan.get("regions"):
+        raise cli.UsageError(f"{args.plan} lists no regions: profile the model with `profile.py --regions` first")
     results = extract(plan, args.top, args.backend, args.output_dir, ROOT)
+    regions = extract_regions(plan, args.regions, args.output_dir, ROOT) if args.regions else []
+    plan = {**plan, "entries": plan["entries"] + region_entries(plan, regions)}
+    results += regions
     where = "CPU time" if plan.get("cpu_mode") else f"device time on {plan.get('device', 'a GPU')}"
     print(f"plan {args.plan}: {plan.get('model', '?')}, {where}")
     for r in results:
-        share = next(e["f"] for e in plan["entries"] if e["type"] == r.type)
+        share = next((e["f"] for e in plan["entries"] if e["type"] == r.type), None)
+        share = "" if share is None else f"{share:6.1%}"
         primary = " ".join(f"{k}={v}" for k, v in r.shapes[0].items()) if r.shapes else "no shapes recorded"
         if r.path is None:
-            print(f"  #{r.rank} {r.type:<17} {share:6.1%}  MISSING: {r.problem}")
+            print(f"  #{r.rank} {r.type:<17} {share}  MISSING: {r.problem}")
         else:
-            print(f"  #{r.rank} {r.type:<17} {share:6.1%}  -> {_rel(r.path)}  "
+            print(f"  #{r.rank} {r.type:<17} {share}  -> {_rel(r.path)}  "
                   f"({len(r.shapes)} model shapes; primary {primary})")
     written = [r for r in results if r.path is not None]
     if written:

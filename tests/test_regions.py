@@ -76,3 +76,57 @@ def test_a_norm_region_that_computes_the_residual_add_before_it_is_the_fused_typ
             enumerate((torch.ops.aten.pow.Tensor_Scalar, torch.ops.aten.mean.dim, torch.ops.aten.rsqrt.default))]
     assert regions._fused("k", norm, {}, rules).type == "rmsnorm"
     assert regions._fused("k", [add, *norm], {}, rules).type == "add_rmsnorm"
+
+
+# ------------------------------------------------------------------------------ a region becomes a kernel type
+@pytest.fixture(scope="module")
+def region_plan(tmp_path_factory):
+    """The softcap model's plan with its regions (profile.py --regions, on the CPU)."""
+    out = tmp_path_factory.mktemp("profile")
+    r = subprocess.run([sys.executable, "profile.py", "--model", str(FIXTURE), "--class-name", "SoftcapModel",
+                        "--config", "tiny", "--input-shape", "64,64", "--device", "cpu", "--dtype", "float32",
+                        "--regions", "--output-dir", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return json.loads((out / "plan.json").read_text())
+
+
+@pytest.fixture
+def extracted(region_plan, tmp_path, monkeypatch):
+    from autokernel.profile.extraction import extract_regions
+
+    monkeypatch.setenv("AUTOKERNEL_REGIONS", str(tmp_path / "workspace" / "regions"))
+    [made] = extract_regions(region_plan, 1, tmp_path / "kernels", tmp_path)
+    return made
+
+
+@pytest.mark.slow(20)
+def test_extract_makes_a_region_type_whose_starter_passes_the_five_stages(extracted, tmp_path):
+    from autokernel.harness.runner import run_bench
+    from autokernel.kernelfile import declarations
+
+    module = tmp_path / "workspace" / "regions" / "fused_div_mul_sigmoid_tanh_1.py"
+    assert extracted.type == "region/fused_div_mul_sigmoid_tanh_1" and module.is_file()
+    assert not module.stat().st_mode & 0o222  # read-only: the kernel's oracle
+    decl = declarations(extracted.path.read_text())
+    assert decl["KERNEL_TYPE"] == extracted.type and decl["MODEL_SHAPES"] == [{"M": 64}] and decl["MODEL_CALLS"] == [2]
+    result = run_bench(extracted.path, device="cpu", timed=False, timeout=300)
+    assert result["status"] == "pass", result.get("reason")
+
+
+@pytest.mark.slow(20)
+@pytest.mark.parametrize("cheat, says", [
+    # the answer from PyTorch's own ops, not the kernel's
+    ("    return in0 * torch.sigmoid(1.702 * in0)\n", "hands the work to PyTorch"),
+    # the oracle swapped for one that agrees with a kernel that does nothing
+    ("    import autokernel.registry as r\n    object.__setattr__(r.get_spec(KERNEL_TYPE), 'reference', lambda x: x)\n"
+     "    return in0.clone()\n", "static check"),
+])
+def test_a_region_kernel_that_cheats_is_rejected(extracted, cheat, says):
+    from autokernel.harness.runner import run_bench
+
+    source = extracted.path.read_text()
+    head, _, _ = source.partition("def kernel_fn(in0):\n")
+    extracted.path.write_text(head + "def kernel_fn(in0):\n" + cheat)
+    result = run_bench(extracted.path, device="cpu", timed=False, timeout=300)
+    assert result["status"] != "pass" and result["correctness"] == "FAIL"
+    assert says in result["reason"], result["reason"]

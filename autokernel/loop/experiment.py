@@ -31,6 +31,7 @@ BASELINE_TIMEOUT_FACTOR = 4
 MODEL_DECLARATIONS = ("MODEL_SHAPES", "MODEL_CALLS", "MODEL_SOURCE")
 # KernelBench: the bridge, and the read-only problem copies that are its references
 HARNESS_FILES = ("bench.py", "reference.py", "autokernel/*.py", "autokernel/**/*.py", "kernelbench/*.py",
+                 "workspace/regions/*.py",
                  "workspace/kernelbench/level*/*.py")
 
 

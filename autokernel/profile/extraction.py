@@ -163,3 +163,57 @@ def record_kernel_files(plan: dict, extracted: list[Extracted], root: Path) -> d
             entry = {**entry, "kernel_file": str(path.relative_to(root)) if path.is_relative_to(root) else str(path)}
         entries.append(entry)
     return {**plan, "entries": entries}
+
+
+# ------------------------------------------------------------------------------ regions
+REGION_SPEEDUP = 1.5  # a region's expected speedup over eager until its kernel is measured: a fused chain of ops
+
+
+def extract_regions(plan: dict, top: int, out_dir: Path, root: Path) -> list[Extracted]:
+    """For the plan's `top` largest regions no type covers (profile.py --regions): the region's type module,
+    workspace/regions/<name>.py (read-only), and its starter, out_dir/RNN_<name>.py; a region without a starter
+    (reductions, integer inputs, several outputs, so far) is reported with why."""
+    from autokernel.profile import regionkernel, regiontype
+
+    model, origin = plan.get("model", "the model"), model_origin(plan)
+    results = []
+    fused = [region for region in plan.get("regions", []) if region.get("code")]  # externs: attention, GEMMs
+    for k, region in enumerate(fused[:top], start=1):
+        type_ = regiontype.type_name(region)
+        shapes = [{"M": regiontype.rows_of(region)}]
+        module = regiontype.module_path(type_, root)
+        try:
+            starter = regionkernel.starter_source(region, type_, module.stem, model)
+            text = regiontype.module_source(region, model)
+        except ValueError as e:
+            results.append(Extracted(type_, k, None, shapes, f"no starter for region {region['name']}: {e}"))
+            continue
+        _write_read_only(module, text)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        out = out_dir / f"R{k:02d}_{module.stem}.py"
+        starter = set_model_shapes(starter, shapes, f"the region's rows in {model}", [max(1, round(region["calls"]))])
+        out.write_text(set_model_source(starter, origin) if origin else starter)
+        results.append(Extracted(type_, k, out, shapes))
+    return results
+
+
+def region_entries(plan: dict, extracted: list[Extracted]) -> list[dict]:
+    """Plan entries for the region kernels written, ranked after the plan's types: what the loop takes."""
+    from autokernel.profile.plan import amdahl_gain
+
+    fused = [region for region in plan.get("regions", []) if region.get("code")]
+    regions = {r.type: (r, region) for r, region in zip(extracted, fused) if r.path is not None}
+    rank = max((e["rank"] for e in plan["entries"]), default=0)
+    return [{"type": type_, "rank": rank + k, "f": region["f"], "s": REGION_SPEEDUP, "s_source": "default",
+             "gain": amdahl_gain(region["f"], REGION_SPEEDUP), "time_us": region["time_us"], "calls": region["calls"],
+             "shapes": [{"shape": r.shapes[0], "calls": region["calls"], "time_us": region["time_us"]}],
+             "region": region["name"]}
+            for k, (type_, (r, region)) in enumerate(regions.items(), start=1)]
+
+
+def _write_read_only(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists():
+        path.chmod(0o644)
+    path.write_text(text)
+    path.chmod(0o444)  # the region's oracle: an agent edits kernel files, not this

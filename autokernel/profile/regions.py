@@ -54,6 +54,7 @@ class Region:
     modules: list = field(default_factory=list)  # the modules its nodes come from (paths)
     inputs: list = field(default_factory=list)  # [{"shape", "dtype"}] of the tensors it reads
     type: str | None = None  # the built-in type whose rules claim its nodes; None: no type covers it
+    code: str = ""  # a fused region no type covers: its subgraph as Python (regionkernel.reference_source)
 
 
 class _Snapshot(CustomGraphPass):
@@ -180,6 +181,8 @@ def regions_of(ops: list, graphs: list[dict], kernels: list[dict], steps: int, r
 
 def _fused(kernel: str, nodes: list, graph: dict, rules) -> Region:
     """A fused kernel's region: its ops, modules, the tensors it reads, and the type its nodes' majority has."""
+    order = {name: i for i, name in enumerate(graph)}
+    nodes = sorted(nodes, key=lambda n: order.get(n.name, 0))  # graph order: the subgraph's inputs in this order
     inside = {n.name for n in nodes}
     reads, seen = [], set()
     for n in nodes:
@@ -190,10 +193,21 @@ def _fused(kernel: str, nodes: list, graph: dict, rules) -> Region:
     work = [n for n in nodes if _op_name(n) not in LAYOUT_OPS]
     module_ops = _module_ops(graph)
     votes = Counter(t for t in (node_type(n, rules, module_ops) for n in work) if t)
-    type_ = votes.most_common(1)[0][0] if votes and sum(votes.values()) * 2 > len(work) else None
+    type_ = _with_residual_add(votes.most_common(1)[0][0] if votes and sum(votes.values()) * 2 > len(work) else
+                               None, work, rules)
     return Region(name=kernel, kind="fused", time_us=0.0, calls=0, ops=[f"aten::{_op_name(n)}" for n in work],
-                  modules=sorted({_module_path(n) for n in nodes if _module_path(n)}), inputs=reads,
-                  type=_with_residual_add(type_, work, rules))
+                  modules=sorted({_module_path(n) for n in nodes if _module_path(n)}), inputs=reads, type=type_,
+                  code="" if type_ else _code(nodes))
+
+
+def _code(nodes: list) -> str:
+    """The region's subgraph as the Python of a function of its inputs ("" where it cannot be cut out)."""
+    from autokernel.profile import regionkernel
+
+    try:
+        return regionkernel.reference_source(nodes)
+    except Exception:  # noqa: BLE001  (a region that cannot be cut out is still listed, without its code)
+        return ""
 
 
 def _with_residual_add(type_: str | None, work: list, rules) -> str | None:

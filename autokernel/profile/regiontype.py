@@ -1,0 +1,119 @@
+"""A region as a kernel type: the module extract.py writes for it, and the registry's resolver for "region/<name>".
+
+extract.py turns a hot region no built-in type covers (autokernel/profile/regions.py) into a type of its own, in
+the shape of a built-in one: workspace/regions/<name>.py holds its reference (the captured subgraph,
+regionkernel.reference_source), the shapes and dtypes of the tensors it reads, and a SPEC built by region_spec.
+The harness finds it by the kernel file's KERNEL_TYPE, "region/<name>", through the registry's resolver (resolve),
+and checks and times a region kernel as any other. The module is read-only, outside kernel.py (an agent edits
+the kernel, never its oracle), the loop stops when it changes (experiment.HARNESS_FILES), and the harness
+fingerprints the spec as it does every type's.
+
+Shapes: a region was captured at one shape. Its inputs whose leading dimension is the output's rows (the tokens,
+in a transformer) scale with the shape's "M"; the others (a weight, a bias) keep their size. The model's shape is
+the captured one.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+from pathlib import Path
+
+import torch
+
+from autokernel.kerneltype import KernelSpec
+
+PREFIX = "region/"
+DIR = Path("workspace") / "regions"  # under the project root
+PROJECT_ROOT = Path(__file__).resolve().parent.parent.parent
+ENV_DIR = "AUTOKERNEL_REGIONS"  # a folder of region modules other than the project's workspace/regions
+_NAME = re.compile(r"^region/([A-Za-z_][A-Za-z0-9_]*)$")
+
+MODULE = '''"""Region {name} of {model}: {ops} ({share:.1%} of its compiled forward, {calls:g} calls per forward).
+
+Written by extract.py from profile.json. The reference is the region's subgraph as torch.compile captured it (casts
+left out): the oracle of the kernel files of type "{type_name}". Read-only; the loop stops if it changes.
+"""
+
+import torch
+
+from autokernel.profile.regiontype import region_spec
+
+{code}
+
+INPUTS = {inputs!r}  # the captured (shape, dtype) of each tensor the region reads
+SPEC = region_spec("{type_name}", reference, INPUTS, rows={rows}, ops={n_ops})
+'''
+
+
+def type_name(region: dict) -> str:
+    """"region/fused_div_mul_sigmoid_tanh_1" for Inductor's "cpp_fused_div_mul_sigmoid_tanh_1" (or triton_poi_...)."""
+    stem = re.sub(r"^.*?(?=fused_)", "", region["name"]) or region["name"]
+    return PREFIX + re.sub(r"\W", "_", stem)[:80]
+
+
+def rows_of(region: dict) -> int:
+    """The output's rows: the leading dimension of the widest input."""
+    widest = max(region["inputs"], key=lambda i: len(i["shape"]))
+    return widest["shape"][0] if widest["shape"] else 1
+
+
+def module_source(region: dict, model: str) -> str:
+    inputs = tuple((tuple(i["shape"]), i["dtype"].replace("torch.", "")) for i in region["inputs"])
+    if any(not getattr(torch, dtype).is_floating_point for _, dtype in inputs):
+        raise ValueError("the region reads integer tensors; a region type takes floating-point inputs so far")
+    return MODULE.format(name=region["name"], model=model, ops=" ".join(o.replace("aten::", "") for o in region["ops"]),
+                         share=region["share"], calls=region["calls"], type_name=type_name(region),
+                         code=region["code"].strip(), inputs=inputs, rows=rows_of(region), n_ops=len(region["ops"]))
+
+
+def module_path(name: str, root: Path) -> Path:
+    match = _NAME.match(name)
+    if not match:
+        raise KeyError(f"{name!r} is not a region type: region/<name>, e.g. region/fused_mul_sigmoid_0")
+    return root / DIR / f"{match.group(1)}.py"
+
+
+def region_spec(name: str, reference, inputs: tuple, rows: int, ops: int = 1) -> KernelSpec:
+    """The KernelSpec of a region that reads `inputs` ((shape, dtype) each, captured with `rows` rows) and computes
+    `ops` elementwise ops per output element (its FLOP count for the roofline)."""
+    inputs = tuple((tuple(shape), dtype) for shape, dtype in inputs)
+
+    def shapes_at(m: int) -> list[tuple]:
+        return [(m, *shape[1:]) if len(shape) > 1 and shape[0] == rows else shape for shape, _ in inputs]
+
+    def make_inputs(shape, dtype, device, gen):
+        return tuple(torch.randn(s, dtype=dtype, device=device, generator=gen) for s in shapes_at(shape["M"]))
+
+    def bytes_moved(shape, dtype) -> int:
+        size = torch.finfo(dtype).bits // 8
+        read = [torch.Size(s).numel() for s in shapes_at(shape["M"])]
+        return size * (sum(read) + max(read))
+
+    def flops(shape) -> int:
+        return max(torch.Size(s).numel() for s in shapes_at(shape["M"])) * max(1, ops)
+
+    small = sorted({1, 3, min(rows, 8)})
+    return KernelSpec(
+        name=name, reference=reference, make_inputs=make_inputs,
+        shapes=[{"M": m} for m in sorted({1, 16, 128, rows, 2 * rows})], small_shapes=[{"M": m} for m in small],
+        edge_shapes=[{"M": 7}, {"M": 33}], small_edge_shapes=[{"M": 5}], bench_shape={"M": rows},
+        small_bench_shape={"M": min(rows, 16)}, bytes_moved=bytes_moved, flops=flops,
+        description=f"a region of a model, captured from torch.compile's graph ({rows} rows)")
+
+
+def resolve(name: str) -> KernelSpec:
+    """The SPEC of "region/<name>" from workspace/regions/<name>.py ($AUTOKERNEL_REGIONS's, else beside the current
+    folder or one above it, else this project's: a --gpus worktree finds its main checkout's), imported afresh."""
+    relative = module_path(name, Path("."))
+    chosen = os.environ.get(ENV_DIR)
+    places = ([Path(chosen) / relative.name] if chosen else []) + [
+        base / relative for base in (Path.cwd(), *Path.cwd().parents, PROJECT_ROOT)]
+    path = next((p for p in places if p.is_file()), None)
+    if path is None:
+        raise KeyError(f"region type {name!r} has no module {relative} (extract.py --regions writes it)")
+    spec = importlib.util.spec_from_file_location(f"_autokernel_region_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.SPEC
