@@ -130,3 +130,33 @@ def test_a_region_kernel_that_cheats_is_rejected(extracted, cheat, says):
     result = run_bench(extracted.path, device="cpu", timed=False, timeout=300)
     assert result["status"] != "pass" and result["correctness"] == "FAIL"
     assert says in result["reason"], result["reason"]
+
+
+# ------------------------------------------------------------------------------ deploy by what the model computes
+@pytest.mark.slow(25)
+@pytest.mark.parametrize("wrong", [False, True])
+def test_install_regions_puts_the_kernel_wherever_its_region_is_computed(extracted, wrong):
+    """Compiled, the model calls the region kernel at both blocks' activations (a wrong kernel changes the output, so
+    it really runs there), and its output matches the model's; uninstalled, compiles are as before."""
+    import autokernel
+    from autokernel.verify import regiondeploy
+
+    sys.path.insert(0, str(FIXTURE.parent))
+    from softcap_model import SoftcapModel
+
+    if wrong:
+        source = extracted.path.read_text()
+        extracted.path.write_text(source.replace("    return out\n", "    return out * 2\n"))
+    torch.manual_seed(0)
+    model, x = SoftcapModel().eval(), torch.randn(64, 64)
+    try:
+        assert autokernel.install_regions(extracted.path.parent) == [extracted.type]
+        torch._dynamo.reset()
+        with torch.no_grad():
+            want, got = model(x), torch.compile(model)(x)
+        assert regiondeploy.matches() == 2
+        assert (not torch.allclose(got, want, atol=1e-3)) if wrong else torch.allclose(got, want, atol=1e-4)
+    finally:
+        autokernel.uninstall_regions()
+        torch._dynamo.reset()
+    assert torch._inductor.config.post_grad_custom_post_pass is None and regiondeploy.matches() == 0

@@ -85,6 +85,7 @@ def region_spec(name: str, reference, inputs: tuple, rows: int, ops: int = 1) ->
 
     def make_inputs(shape, dtype, device, gen):
         return tuple(torch.randn(s, dtype=dtype, device=device, generator=gen) for s in shapes_at(shape["M"]))
+    make_inputs.captured = inputs  # region deploy traces its pattern in the captured dtype
 
     def bytes_moved(shape, dtype) -> int:
         size = torch.finfo(dtype).bits // 8

@@ -1,0 +1,115 @@
+"""Region kernels into compiled models: each replaces the subgraph it was cut from, wherever a graph Inductor
+compiles computes the same thing (issue 36: deploy by what the model computes, not by its module names).
+
+A region kernel (extract.py --regions; the loop's `*_optimized.py` winner first, else the starter `RNN_<name>.py`)
+becomes the op `autokernel::region_<name>` (autokernel/ops/customops.py, as a built-in type's kernel does), and its
+region's reference, the captured subgraph, becomes an Inductor pattern (`register_replacement`, traced as Inductor
+decomposes) whose replacement calls that op. A post-grad pass applies the patterns to every graph compiled while
+it is installed, in this process: the model's compiled forward, torch.compile(model) as the user writes it,
+calls the kernel where its region was. Region kernels act only under torch.compile (a region is a piece of the
+compiled graph); an eager model runs as it is.
+
+    import autokernel, torch
+    installed = autokernel.install_regions()      # workspace/kernels' region kernels, from now on
+    model = torch.compile(autokernel.optimize(model))
+
+The pattern matches the region's ops exactly (literals included), in the dtype the region was captured in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import torch
+
+from autokernel import kernelfile
+from autokernel.kerneltype import Deployment
+from autokernel.ops import customops
+
+PREFIX = "region/"
+_STATE: dict = {}  # "pass": the installed _RegionPass, "previous": the custom pass it took the place of
+
+
+def region_files(kernels_dir: str | Path) -> dict[str, Path]:
+    """{region type: its kernel file}: the loop's winner (`*_optimized.py`) where there is one, else the starter."""
+    found: dict[str, Path] = {}
+    for path in sorted(Path(kernels_dir).glob("*.py"), key=lambda p: (not p.stem.endswith("_optimized"), p.name)):
+        try:
+            declared = kernelfile.declarations(path.read_text(), path.name).get("KERNEL_TYPE")
+        except kernelfile.KernelFileError:
+            continue
+        if isinstance(declared, str) and declared.startswith(PREFIX):
+            found.setdefault(declared, path)
+    return found
+
+
+def op_name(region_type: str) -> str:
+    return "region_" + region_type[len(PREFIX):]
+
+
+class _RegionPass:
+    """The post-grad pass: the region patterns, then whatever custom pass was there before."""
+
+    def __init__(self, patterns, previous, digest: str):
+        self.patterns, self.previous, self.digest, self.matches = patterns, previous, digest, 0
+
+    def __call__(self, graph) -> None:
+        self.matches += self.patterns.apply(graph) or 0
+        if self.previous is not None:
+            self.previous(graph)
+
+    def uuid(self) -> str:
+        return self.digest  # the kernels and regions it places: the FX graph cache keys on them
+
+    def __deepcopy__(self, memo):
+        return self
+
+
+def install_regions(kernels_dir: str | Path = Path("workspace") / "kernels") -> list[str]:
+    """Put the region kernels of `kernels_dir` into every graph Inductor compiles from now on (see the module
+    docstring); the region types placed. Installing again replaces what was installed."""
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+    from torch._inductor.pattern_matcher import PatternMatcherPass, fwd_only, register_replacement
+
+    from autokernel import registry
+
+    uninstall_regions()
+    files = region_files(kernels_dir)
+    patterns, digest = PatternMatcherPass(pass_name="autokernel_regions"), hashlib.sha256()
+    for region_type, path in files.items():
+        spec = registry.get_spec(region_type)
+        key = op_name(region_type)
+        customops.install(key, kernelfile.import_kernel(path).kernel_fn, str(path), _deployment(spec))
+        example = spec.make_inputs(spec.bench_shape, _captured_dtype(spec), "cpu", torch.Generator().manual_seed(0))
+        op = getattr(torch.ops.autokernel, key).default
+        register_replacement(spec.reference, lambda *args, op=op: op(*args), list(example), fwd_only, [patterns])
+        digest.update(path.read_bytes())
+    CustomGraphPass.register(_RegionPass)  # Inductor asks isinstance(pass, CustomGraphPass)
+    config = torch._inductor.config
+    _STATE.update(previous=config.post_grad_custom_post_pass)
+    _STATE["pass"] = config.post_grad_custom_post_pass = _RegionPass(patterns, _STATE["previous"], digest.hexdigest())
+    return list(files)
+
+
+def uninstall_regions() -> None:
+    """Take the region pass out of Inductor's config again (the custom pass before it comes back)."""
+    if "pass" in _STATE and torch._inductor.config.post_grad_custom_post_pass is _STATE["pass"]:
+        torch._inductor.config.post_grad_custom_post_pass = _STATE["previous"]
+    _STATE.clear()
+
+
+def matches() -> int:
+    """How many region subgraphs the installed pass has replaced so far, in every graph it saw."""
+    return _STATE["pass"].matches if "pass" in _STATE else 0
+
+
+def _deployment(spec) -> Deployment:
+    params = spec.reference.__code__.co_varnames[:spec.reference.__code__.co_argcount]
+    return Deployment("(" + ", ".join(f"Tensor {p}" for p in params) + ") -> Tensor",
+                      lambda *args: torch.broadcast_shapes(*(a.shape for a in args)))
+
+
+def _captured_dtype(spec) -> torch.dtype:
+    """The dtype the region was captured in (regiontype.region_spec): its pattern matches graphs of that dtype."""
+    return getattr(torch, spec.make_inputs.captured[0][1])
