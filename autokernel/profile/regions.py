@@ -12,8 +12,9 @@ share of the compiled forward's time it takes: what a region kernel should take 
 How (autokernel's notes on torch.compile's internals, regions-api): a post-grad custom pass snapshots each graph
 Inductor lowers; Inductor's provenance tracking maps each kernel it generates to the post-grad nodes it computes;
 the profiler times each kernel by name (on the CPU, Inductor's C++ kernels record themselves with
-`cpp.enable_kernel_profile`). Kernel names repeat across graphs (`_0`, `_1` restart in each): on the CPU the events
-carry the graph's index, on a GPU two graphs' kernels of one name are one region here.
+`cpp.enable_kernel_profile`). Kernel names repeat across graphs (`_0`, `_1` restart in each): an event is the
+kernel of the first graph that has one of its name (the CPU's events carry a graph number, used where it is the
+graph's index), so in a model of several graphs two kernels of one name can be taken for one region.
 """
 
 from __future__ import annotations
@@ -152,16 +153,13 @@ def attribution_ops(events, on_gpu: bool) -> tuple[list, float]:
 
 def regions_of(ops: list, graphs: list[dict], kernels: list[dict], steps: int, rules) -> list[Region]:
     """The regions the timed ops are, per forward (see the module docstring)."""
-    names = {name: (i, nodes) for i, graph_kernels in enumerate(kernels) for name, nodes in graph_kernels.items()}
     found: dict[str, Region] = {}
     for op in ops:
         if op.self_us <= 0 or op.kind != "op":
             continue
-        graph_index = _GRAPH_PREFIX.match(op.name)
-        kernel = _GRAPH_PREFIX.sub("", op.name)
-        if kernel in names:
-            index, node_names = names[kernel]
-            index = int(graph_index.group(1)) if graph_index else index
+        index, kernel = _graph_of(op.name, kernels)
+        if index is not None:
+            node_names = kernels[index][kernel]
             graph = graphs[index] if index < len(graphs) else {}
             key = f"{index}:{kernel}"
             if key not in found:
@@ -177,6 +175,17 @@ def regions_of(ops: list, graphs: list[dict], kernels: list[dict], steps: int, r
         found[key].time_us += op.self_us / steps
         found[key].calls += 1 / steps
     return list(found.values())
+
+
+def _graph_of(event: str, kernels: list[dict]) -> tuple[int | None, str]:
+    """(the index of the graph whose kernel an event is, the kernel's name): by the event's graph prefix where it
+    has one and it is that graph's (Inductor's C++ kernels: "graph_1_cpp_fused_..."; its number counts the graphs
+    of the process), else the first graph with a kernel of that name."""
+    prefixed = _GRAPH_PREFIX.match(event)
+    kernel = _GRAPH_PREFIX.sub("", event)
+    if prefixed and int(prefixed.group(1)) < len(kernels) and kernel in kernels[int(prefixed.group(1))]:
+        return int(prefixed.group(1)), kernel
+    return next((i for i, names in enumerate(kernels) if kernel in names), None), kernel
 
 
 def _fused(kernel: str, nodes: list, graph: dict, rules) -> Region:
