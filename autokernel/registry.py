@@ -5,7 +5,7 @@ Tests, bench.py, profile.py, extract.py, verify.py, the suite and the scripts re
 tolerances, op schema, profiler rules, default speedup and model sites from here and restate none.
 The built-in entries are the modules of autokernel/types/, one per type; names under a resolver's prefix are built
 on demand ("kb/level1/19_ReLU": a KernelBench problem, kernelbench/spec.py; "region/fused_mul_sigmoid_0": a region
-of a model extract.py made a type of, autokernel/profile/regiontype.py).
+of a model extract.py made a type of, autokernel/types/_region.py).
 
 Adding a built-in type is adding its module to autokernel/types/ and its starter files; a type of the user's own is
 one `register(KernelSpec(...))` call (tests/test_kernel_type.py does it with a toy type). `unregister` takes a
@@ -32,7 +32,7 @@ from autokernel.kerneltype import (  # noqa: F401  (the registry's public names,
     parse_dtype,
     shape_label,
 )
-from autokernel.profile import regiontype
+from autokernel.types import _region as regiontype
 from kernelbench import spec as kernelbench_spec
 
 _REGISTRY: dict[str, KernelSpec] = {spec.name: spec for spec in types.builtin()}

@@ -196,3 +196,49 @@ def test_where_every_kernel_goes_the_rows_reuse_the_compiled_original_for_both(m
     optimized, dropped, reuse, rows, errors, compiled, compiles = prune_then_rows(monkeypatch, 0.08)
     assert optimized.types == [] and sorted(dropped) == ["type0", "type1"]  # together they lose 1.6%
     assert reuse["kept"] is reuse["original"] and not errors and compiles == compiled
+
+
+class Block(torch.nn.Module):
+    def forward(self, x):
+        return (x * 3 / 3).abs()
+
+
+class Layered(SharedForward):  # a kernel set of a model of four repeated blocks
+    def __init__(self, types):
+        super().__init__(types)
+        self.layers = torch.nn.ModuleList(Block() for _ in range(4))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return super().forward(x)
+
+
+def test_block_trials_compile_the_model_whole_only_for_the_last_check(monkeypatch):
+    """With block_trials each trial compiles the repeated block (once for all four), and only the original and the
+    kept set, for the last check and the rows, are compiled whole: two whole compiles whatever the number of types."""
+    graphs = []
+
+    def counting_backend(gm, example):
+        graphs.append(sum(str(n.target).endswith("abs") for n in gm.graph.nodes))  # a block: 1; the model: 5
+        return gm.forward
+    monkeypatch.setattr(endtoend, "backend_for", lambda device: counting_backend)
+    monkeypatch.setattr(swap, "build", lambda model, types, traced=None: Layered(types))
+
+    def time_turns(fns, sets, device, turns, latency=False):
+        ms = {name: fn(*sets[0]) is not None and 10.0 - 0.5 * len(fn.types) for name, fn in fns.items()}
+        return {name: [ms[name] * 1e3] * turns for name in fns}
+
+    monkeypatch.setattr(timing, "time_turns", time_turns)
+    reuse = {}
+    torch._dynamo.reset()
+    with torch.no_grad():
+        optimized, dropped = endtoend.prune(Layered([]), Layered(["type0", "type1", "type2"]), lambda seed: (
+            torch.ones(4),), "cpu", modes="compile", reuse=reuse, block_trials=True)
+        whole_in_prune = graphs.count(5)
+        rows, errors = endtoend.time_models(Layered([]), optimized, lambda seed: (torch.ones(4),), "cpu",
+                                            with_compile=True, reuse=reuse)
+    torch._dynamo.reset()
+    assert not dropped and not errors and {"compile", "optimized_compile"} <= set(rows)
+    assert whole_in_prune == 2 and graphs.count(5) == 2  # the original and the kept set; the rows reuse them
+    assert set(graphs) == {1, 5}  # every other compile was of one block

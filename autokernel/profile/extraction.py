@@ -173,7 +173,8 @@ def extract_regions(plan: dict, top: int, out_dir: Path, root: Path) -> list[Ext
     """For the plan's `top` largest regions no type covers (profile.py --regions): the region's type module,
     workspace/regions/<name>.py (read-only), and its starter, out_dir/RNN_<name>.py; a region without a starter
     (reductions, integer inputs, several outputs, so far) is reported with why."""
-    from autokernel.profile import regionkernel, regiontype
+    from autokernel.profile import regionkernel
+    from autokernel.types import _region as regiontype
 
     model, origin = plan.get("model", "the model"), model_origin(plan)
     results = []

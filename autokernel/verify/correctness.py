@@ -129,3 +129,13 @@ def _mismatch_reason(result) -> str:
     errors = {t: r["rel_l2"] for t, r in result["blame"].items()}
     top = max(errors, key=errors.get) if errors else "none"
     return f"{what}; no kernel alone exceeds the tolerance, their errors add up (largest alone: {top})"
+
+
+def graph_breaks(optimized, args) -> dict:
+    """Graphs and graph breaks dynamo makes of the optimized model (0 breaks: the kernels are graph nodes)."""
+    import torch._dynamo
+
+    explained = torch._dynamo.explain(optimized.module())(*args)
+    torch._dynamo.reset()  # explain's traces are not the ones to time
+    return {"graphs": explained.graph_count, "graph_breaks": explained.graph_break_count,
+            "break_reasons": [str(b.reason) for b in explained.break_reasons][:10]}

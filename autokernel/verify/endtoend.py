@@ -26,14 +26,14 @@ import torch
 from autokernel import compat
 from autokernel.harness import timing
 from autokernel.ops import customops, swap
-from autokernel.verify import noise
+from autokernel.verify import noise, regional
 from autokernel.verify.correctness import CHECK_INPUTS, CHECK_SEED, blame, check, compare_outputs, forward, main_output
 from autokernel.verify.noise import paired_verdict
 from autokernel.verify.origin import origin_warnings
 from autokernel.verify.verification import DEPLOY_MODES, sides
 
 __all__ = ["CHECK_INPUTS", "CHECK_SEED", "CPU_PAIRED_ROUNDS", "PAIRED_ROUNDS", "TIMING_SEED", "backend_for", "blame",
-           "check", "compare_outputs", "forward", "graph_breaks", "latency_turns", "main_output", "origin_warnings",
+           "check", "compare_outputs", "forward", "latency_turns", "main_output", "origin_warnings",
            "paired", "paired_verdict", "prune", "prune_deployed", "time_models", "wrong_output"]
 
 TIMING_INPUTS = 2  # input sets the timed runs rotate through
@@ -167,13 +167,13 @@ def wrong_output(fn: Callable, model, args: tuple) -> str | None:
 
 def prune_deployed(model, optimized: swap.Optimized, inputs: Callable, device: str, modes: list[str],
                    progress: Callable[[str], None] | None = None, decisions: dict | None = None,
-                   reuse: dict | None = None):
+                   reuse: dict | None = None, block_trials: bool = False):
     """prune() on each side of `modes` (verification.deploy_modes): the types kept in the eager modes (eager,
     graph) run eagerly, those kept in the compiled ones (compile, compile_graph) where torch.compile traces the
     model. Returns (optimized, {type: why} left out eagerly, {type: why} left out under torch.compile); modes of
     one side decide both. progress: called with a line per type tried, with the time spent and an estimate of
-    what is left; decisions, if given, gets {side's modes: prune()'s decisions}; reuse: prune()'s, from the
-    compiled side."""
+    what is left; decisions, if given, gets {side's modes: prune()'s decisions}; reuse and block_trials: prune()'s,
+    for the compiled side."""
     eager, compiled = sides(modes)
     types = optimized.swapped_types()
     clock = _Clock(progress, trials=(len(types) + 1) * (2 if eager and compiled else 1))
@@ -181,12 +181,12 @@ def prune_deployed(model, optimized: swap.Optimized, inputs: Callable, device: s
     if not eager or not compiled:
         side = deciding_modes(modes)
         optimized, dropped = prune(model, optimized, inputs, device, side, clock, decisions.setdefault(
-            ",".join(side), {}), reuse)
+            ",".join(side), {}), reuse, block_trials)
         return optimized, dropped, dropped
     _, dropped = prune(model, optimized, inputs, device, eager, clock, decisions.setdefault(",".join(eager), {}))
     side = deciding_modes(compiled)
     _, dropped_traced = prune(model, optimized, inputs, device, side, clock, decisions.setdefault(",".join(side), {}),
-                              reuse)
+                              reuse, block_trials)
     both = swap.build(model, [t for t in types if t not in dropped],
                       traced=[t for t in types if t not in dropped_traced])
     return both, dropped, dropped_traced
@@ -219,7 +219,8 @@ def _duration(seconds: float) -> str:
 
 
 def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes: str | list[str] = "eager",
-          progress: Callable[[str], None] | None = None, decisions: dict | None = None, reuse: dict | None = None):
+          progress: Callable[[str], None] | None = None, decisions: dict | None = None, reuse: dict | None = None,
+          block_trials: bool = False):
     """Leave out, one type at a time, each kernel whose removal makes the whole model faster in one of `modes`.
 
     A kernel that beats PyTorch at the harness's shape can still lose at this model's shapes (a
@@ -238,16 +239,21 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes
     with the figures that decided it; decisions, if given, gets {type: {mode: noise.Verdict as a dict}, "kept
     together": ...}. reuse, if given on the compiled side, gets the original and the kept set as compiled and
     graphed for the last comparison ({"original": {mode: fn}, "kept": ...}), for time_models' rows to time
-    without compiling them again (dynamo's cache is then kept, not emptied, at the end).
+    without compiling them again (dynamo's cache is then kept, not emptied, at the end). block_trials: on the
+    compiled side each trial compiles the model's repeated block, not the whole model (regional.py); the last
+    check compiles both models whole.
     """
     modes, compiled = _one_side(modes)
-    trials = _Trials(model, modes, compiled, inputs, device)
+    trials = _Trials(model, modes, compiled, inputs, device, block_trials)
     keep, dropped = optimized.swapped_types(), {}
     decided = {} if decisions is None else decisions
     reusing = compiled and reuse is not None
     with _compiling_each_once(len(keep) + 2, reset_after=not reusing) if compiled else contextlib.nullcontext():
         for kernel_type in list(keep):
             optimized = _try_without(trials, optimized, kernel_type, keep, dropped, progress, decided)
+        if trials.regional:  # the last check and the rows: whole models
+            trials.regional = False
+            trials.ready.clear()
         module = optimized.module()
         verdicts = trials.compare(model, against=module) if keep else {}
         if reusing:
@@ -337,8 +343,10 @@ class _Trials:
     timed in turns with the model it would replace. A model that fails to deploy, to give the original's output
     or to run counts as infinitely slow; failures[fn] says why."""
 
-    def __init__(self, model, modes: list[str], compiled: bool, inputs: Callable, device: str):
+    def __init__(self, model, modes: list[str], compiled: bool, inputs: Callable, device: str,
+                 block_trials: bool = False):
         self.model, self.modes, self.compiled, self.device = model, modes, compiled, device
+        self.regional = compiled and block_trials  # trials compile the repeated block (regional.py)
         self.sets = [inputs(TIMING_SEED + i) for i in range(TIMING_INPUTS)]
         self.backend = backend_for(device)
         self.failures = {}
@@ -350,7 +358,7 @@ class _Trials:
         """{mode: fn as deployed in it} (one compile for both compiled modes), each having given the original's
         output; None (the failure kept) otherwise."""
         try:
-            ran = torch.compile(fn, backend=self.backend) if self.compiled else fn
+            ran = self._compile(fn) if self.compiled else fn
             self.runs[fn] = ran
             ready = {m: timing.cuda_graphed(ran, self.sets[0]) if m.endswith("graph") else ran for m in self.modes}
             wrong = None if fn is self.model else next(
@@ -361,6 +369,12 @@ class _Trials:
             self.failures[fn] = wrong
             return None
         return ready
+
+    def _compile(self, fn):
+        """fn compiled whole, or with its repeated blocks compiled (regional: the original, timed in the last check
+        only, always whole)."""
+        blocks = regional.with_compiled_blocks(fn, self.backend) if self.regional and fn is not self.model else None
+        return blocks if blocks is not None else torch.compile(fn, backend=self.backend)
 
     def as_rows(self, fn) -> dict[str, Callable]:
         """fn deployed for time_models' rows ({"compile": compiled fn, "compile_graph": its graph}, what was made of
@@ -479,13 +493,3 @@ def _installing(kernels: dict, module) -> Callable:
 
 def _error_line(e: Exception) -> str:
     return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
-
-
-def graph_breaks(optimized: swap.Optimized, args) -> dict:
-    """Graphs and graph breaks dynamo makes of the optimized model (0 breaks: the kernels are graph nodes)."""
-    import torch._dynamo
-
-    explained = torch._dynamo.explain(optimized.module())(*args)
-    torch._dynamo.reset()  # explain's traces are not the ones to time
-    return {"graphs": explained.graph_count, "graph_breaks": explained.graph_break_count,
-            "break_reasons": [str(b.reason) for b in explained.break_reasons][:10]}

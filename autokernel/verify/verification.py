@@ -38,6 +38,7 @@ class Request:
     cuda_graph: bool = False
     deploy: str | None = None  # a mode, or an eager and a compiled one ("eager,compile"); None: from the flags
     keep_all: bool = False
+    block_trials: bool = False  # the compiled prune's trials compile the repeated block, not the model
     against: str | None = None  # "extracted", "starters" or a directory
     export: Path | None = None
     package_name: str = "autokernel_kernels"
@@ -181,7 +182,7 @@ def _measure(request: Request, model, optimized, choices: dict, inputs, device: 
     --against, and under --compile its graph breaks."""
     import torch
 
-    from autokernel.verify import endtoend
+    from autokernel.verify import correctness, endtoend
 
     timed = not request.no_timing and passed
     decided = timed and device == "cuda" and not request.keep_all
@@ -190,7 +191,8 @@ def _measure(request: Request, model, optimized, choices: dict, inputs, device: 
     reuse = {}  # the compiled prune's original and kept set, compiled and captured: the rows time them as they are
     if decided:
         optimized, pruned, pruned_traced = endtoend.prune_deployed(model, optimized, inputs, device,
-                                                                   deploy_modes(mode), _progress, decisions, reuse)
+                                                                   deploy_modes(mode), _progress, decisions, reuse,
+                                                                   request.block_trials)
     graphs = request.cuda_graph and device == "cuda"
     timings, errors = endtoend.time_models(model, optimized, inputs, device, request.compile, graphs, reuse) \
         if timed else ({}, {})
@@ -198,7 +200,7 @@ def _measure(request: Request, model, optimized, choices: dict, inputs, device: 
         reuse.clear()
         torch._dynamo.reset()
     against = _time_against(request, model, optimized, choices, inputs, device) if timed and request.against else None
-    graph = endtoend.graph_breaks(optimized, inputs(endtoend.CHECK_SEED)) if request.compile and passed else None
+    graph = correctness.graph_breaks(optimized, inputs(endtoend.CHECK_SEED)) if request.compile and passed else None
     return {"decided": decided, "pruned": pruned, "pruned_traced": pruned_traced, "decisions": decisions,
             "timing": timings,
             "timing_errors": errors, "against": against, "graph": graph}

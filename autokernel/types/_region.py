@@ -38,7 +38,7 @@ left out): the oracle of the kernel files of type "{type_name}". Read-only; the 
 
 import torch
 
-from autokernel.profile.regiontype import region_spec
+from autokernel.types._region import region_spec
 
 {code}
 
