@@ -21,6 +21,7 @@ import torch
 
 MAX_DIMS = 4
 CASTS = {"convert_element_type", "_to_copy"}
+VIEWS = {"view", "reshape", "_unsafe_view"}  # of an input: the region reads the view (its shape baked in otherwise)
 # aten op -> its Triton expression over the operands {0}, {1}, {2}, all fp32
 POINTWISE = {
     "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "div": "({0} / {1})", "neg": "(-{0})",
@@ -28,7 +29,7 @@ POINTWISE = {
     "sqrt": "tl.sqrt({0})", "abs": "tl.abs({0})", "relu": "tl.maximum({0}, 0.0)", "reciprocal": "(1.0 / {0})",
     "maximum": "tl.maximum({0}, {1})", "minimum": "tl.minimum({0}, {1})", "where": "tl.where({0} != 0, {1}, {2})",
     "silu": "({0} * tl.sigmoid({0}))", "tanh": "(2.0 * tl.sigmoid(2.0 * {0}) - 1.0)",  # no tl.tanh in every Triton
-    "square": "({0} * {0})",
+    "square": "({0} * {0})", "erf": "tl.erf({0})",
 }
 
 
@@ -43,6 +44,10 @@ def subgraph(nodes: list) -> tuple[torch.fx.GraphModule, list]:
     graph, env, reads = torch.fx.Graph(), {}, []
     inside = {n.name for n in nodes}
     for n in nodes:
+        if op_name(n) in VIEWS and n.args[0].name not in inside:  # a view of what it reads: read the view
+            env[n.name] = graph.placeholder(f"in{len(reads)}")
+            reads.append(n)
+            continue
         for a in n.all_input_nodes:
             if a.name not in inside and a.name not in env:
                 env[a.name] = graph.placeholder(f"in{len(reads)}")
@@ -59,11 +64,11 @@ def subgraph(nodes: list) -> tuple[torch.fx.GraphModule, list]:
     return torch.fx.GraphModule(torch.nn.Module(), graph), reads
 
 
-def reference_source(nodes: list) -> str:
-    """`def reference(in0, ...)`: the region's subgraph as Python."""
-    module, _ = subgraph(nodes)
+def reference_source(nodes: list) -> tuple[str, list]:
+    """(`def reference(in0, ...)`: the region's subgraph as Python, the nodes whose values are in0, ...)."""
+    module, reads = subgraph(nodes)
     code = module.code.strip().replace("def forward(self, ", "def reference(", 1)
-    return "\n".join(line.rstrip() for line in code.splitlines() if line.strip()) + "\n"
+    return "\n".join(line.rstrip() for line in code.splitlines() if line.strip()) + "\n", reads
 
 
 def pointwise_expression(code: str) -> tuple[list[str], str]:

@@ -155,7 +155,7 @@ def regions_of(ops: list, graphs: list[dict], kernels: list[dict], steps: int, r
     """The regions the timed ops are, per forward (see the module docstring)."""
     found: dict[str, Region] = {}
     for op in ops:
-        if op.self_us <= 0 or op.kind != "op":
+        if op.self_us <= 0 or op.kind not in ("op", "annotation"):
             continue
         index, kernel = _graph_of(op.name, kernels)
         if index is not None:
@@ -164,7 +164,7 @@ def regions_of(ops: list, graphs: list[dict], kernels: list[dict], steps: int, r
             key = f"{index}:{kernel}"
             if key not in found:
                 found[key] = _fused(kernel, [graph[n] for n in node_names if n in graph], graph, rules)
-        elif op.name.startswith("aten::") and op.name[len("aten::"):] not in LAYOUT_OPS:
+        elif op.kind == "op" and op.name.startswith("aten::") and op.name[len("aten::"):] not in LAYOUT_OPS:
             key = f"extern {op.name} {op.shapes}"
             if key not in found:
                 found[key] = Region(name=key, kind="extern", time_us=0.0, calls=0, ops=[op.name],
@@ -198,25 +198,32 @@ def _fused(kernel: str, nodes: list, graph: dict, rules) -> Region:
         for arg in n.all_input_nodes:
             if arg.name not in inside and arg.name not in seen and isinstance(arg.meta.get("val"), torch.Tensor):
                 seen.add(arg.name)
-                reads.append({"shape": list(arg.meta["val"].shape), "dtype": str(arg.meta["val"].dtype)})
+                reads.append(_tensor(arg))
     work = [n for n in nodes if _op_name(n) not in LAYOUT_OPS]
     module_ops = _module_ops(graph)
     votes = Counter(t for t in (node_type(n, rules, module_ops) for n in work) if t)
     type_ = _with_residual_add(votes.most_common(1)[0][0] if votes and sum(votes.values()) * 2 > len(work) else
                                None, work, rules)
+    code, cut_reads = ("", None) if type_ else _code(nodes)
     return Region(name=kernel, kind="fused", time_us=0.0, calls=0, ops=[f"aten::{_op_name(n)}" for n in work],
-                  modules=sorted({_module_path(n) for n in nodes if _module_path(n)}), inputs=reads, type=type_,
-                  code="" if type_ else _code(nodes))
+                  modules=sorted({_module_path(n) for n in nodes if _module_path(n)}), type=type_, code=code,
+                  inputs=[_tensor(n) for n in cut_reads] if cut_reads else reads)
 
 
-def _code(nodes: list) -> str:
-    """The region's subgraph as the Python of a function of its inputs ("" where it cannot be cut out)."""
+def _code(nodes: list) -> tuple[str, list | None]:
+    """(the region's subgraph as the Python of a function of its inputs, the nodes it reads), or ("", None) where
+    it cannot be cut out."""
     from autokernel.profile import regionkernel
 
     try:
         return regionkernel.reference_source(nodes)
     except Exception:  # noqa: BLE001  (a region that cannot be cut out is still listed, without its code)
-        return ""
+        return "", None
+
+
+def _tensor(node) -> dict:
+    val = node.meta["val"]
+    return {"shape": list(val.shape), "dtype": str(val.dtype)}
 
 
 def _with_residual_add(type_: str | None, work: list, rules) -> str | None:
