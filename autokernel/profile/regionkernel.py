@@ -38,9 +38,10 @@ def op_name(node) -> str:
     return target.split(".")[1] if target.startswith(("aten.", "prims.")) else getattr(node.target, "__name__", target)
 
 
-def subgraph(nodes: list) -> tuple[torch.fx.GraphModule, list]:
+def subgraph(nodes: list, casts: bool = False) -> tuple[torch.fx.GraphModule, list]:
     """(the region's nodes as a GraphModule of its inputs, the outside nodes it reads, in placeholder order); casts
-    become their input. The output is the node whose value leaves the region (the last one, if none does)."""
+    become their input unless `casts`. The output is the node whose value leaves the region (the last one, if none
+    does)."""
     graph, env, reads = torch.fx.Graph(), {}, []
     inside = {n.name for n in nodes}
     for n in nodes:
@@ -52,7 +53,7 @@ def subgraph(nodes: list) -> tuple[torch.fx.GraphModule, list]:
             if a.name not in inside and a.name not in env:
                 env[a.name] = graph.placeholder(f"in{len(reads)}")
                 reads.append(a)
-        if op_name(n) in CASTS:
+        if op_name(n) in CASTS and not casts:
             env[n.name] = env[n.args[0].name]
             continue
         env[n.name] = graph.node_copy(n, lambda a: env[a.name])
@@ -64,10 +65,11 @@ def subgraph(nodes: list) -> tuple[torch.fx.GraphModule, list]:
     return torch.fx.GraphModule(torch.nn.Module(), graph), reads
 
 
-def reference_source(nodes: list) -> tuple[str, list]:
-    """(`def reference(in0, ...)`: the region's subgraph as Python, the nodes whose values are in0, ...)."""
-    module, reads = subgraph(nodes)
-    code = module.code.strip().replace("def forward(self, ", "def reference(", 1)
+def reference_source(nodes: list, name: str = "reference", casts: bool = False) -> tuple[str, list]:
+    """(`def reference(in0, ...)`: the region's subgraph as Python, the nodes whose values are in0, ...); with
+    casts, the subgraph as the model computes it (the pattern deploy looks for), under `name`."""
+    module, reads = subgraph(nodes, casts)
+    code = module.code.strip().replace("def forward(self, ", f"def {name}(", 1)
     return "\n".join(line.rstrip() for line in code.splitlines() if line.strip()) + "\n", reads
 
 

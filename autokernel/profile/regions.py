@@ -32,6 +32,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from autokernel import compat
 from autokernel.profile import attribution
 from autokernel.profile.profiling import STEP_RANGE, to_ops
+from autokernel.profile.regionkernel import CASTS
 
 PROVENANCE = "inductor_provenance_tracking_node_mappings"
 MIN_SHARE = 0.01  # a region under this share of the compiled forward is not worth a kernel of its own
@@ -56,6 +57,7 @@ class Region:
     inputs: list = field(default_factory=list)  # [{"shape", "dtype"}] of the tensors it reads
     type: str | None = None  # the built-in type whose rules claim its nodes; None: no type covers it
     code: str = ""  # a fused region no type covers: its subgraph as Python (regionkernel.reference_source)
+    pattern: str = ""  # the same with its casts, as the model computes it, where it has any
 
 
 class _Snapshot(CustomGraphPass):
@@ -205,18 +207,19 @@ def _fused(kernel: str, nodes: list, graph: dict, rules) -> Region:
     type_ = _with_residual_add(votes.most_common(1)[0][0] if votes and sum(votes.values()) * 2 > len(work) else
                                None, work, rules)
     code, cut_reads = ("", None) if type_ else _code(nodes)
+    pattern = _code(nodes, casts=True)[0] if code and any(_op_name(n) in CASTS for n in nodes) else ""
     return Region(name=kernel, kind="fused", time_us=0.0, calls=0, ops=[f"aten::{_op_name(n)}" for n in work],
                   modules=sorted({_module_path(n) for n in nodes if _module_path(n)}), type=type_, code=code,
-                  inputs=[_tensor(n) for n in cut_reads] if cut_reads else reads)
+                  pattern=pattern, inputs=[_tensor(n) for n in cut_reads] if cut_reads else reads)
 
 
-def _code(nodes: list) -> tuple[str, list | None]:
+def _code(nodes: list, casts: bool = False) -> tuple[str, list | None]:
     """(the region's subgraph as the Python of a function of its inputs, the nodes it reads), or ("", None) where
-    it cannot be cut out."""
+    it cannot be cut out; with casts, as the model computes it (the function is then called pattern)."""
     from autokernel.profile import regionkernel
 
     try:
-        return regionkernel.reference_source(nodes)
+        return regionkernel.reference_source(nodes, "pattern" if casts else "reference", casts)
     except Exception:  # noqa: BLE001  (a region that cannot be cut out is still listed, without its code)
         return "", None
 

@@ -42,6 +42,8 @@ from autokernel.types._region import region_spec
 
 {code}
 
+{pattern}
+reference.pattern = {pattern_name}  # what deploy looks for in a compiled graph: the region as the model computes it
 INPUTS = {inputs!r}  # the captured (shape, dtype) of each tensor the region reads
 SPEC = region_spec("{type_name}", reference, INPUTS, rows={rows}, ops={n_ops})
 '''
@@ -65,7 +67,9 @@ def module_source(region: dict, model: str) -> str:
         raise ValueError("the region reads integer tensors; a region type takes floating-point inputs so far")
     return MODULE.format(name=region["name"], model=model, ops=" ".join(o.replace("aten::", "") for o in region["ops"]),
                          share=region["share"], calls=region["calls"], type_name=type_name(region),
-                         code=region["code"].strip(), inputs=inputs, rows=rows_of(region), n_ops=len(region["ops"]))
+                         code=region["code"].strip(), inputs=inputs, rows=rows_of(region), n_ops=len(region["ops"]),
+                         pattern=(region.get("pattern") or "").strip(),
+                         pattern_name="pattern" if region.get("pattern") else "reference")
 
 
 def module_path(name: str, root: Path) -> Path:

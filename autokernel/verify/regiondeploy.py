@@ -83,7 +83,8 @@ def install_regions(kernels_dir: str | Path = Path("workspace") / "kernels") -> 
         customops.install(key, kernelfile.import_kernel(path).kernel_fn, str(path), _deployment(spec))
         example = spec.make_inputs(spec.bench_shape, _captured_dtype(spec), "cpu", torch.Generator().manual_seed(0))
         op = getattr(torch.ops.autokernel, key).default
-        register_replacement(spec.reference, lambda *args, op=op: op(*args), list(example), fwd_only, [patterns])
+        search = getattr(spec.reference, "pattern", spec.reference)  # with the model's casts, where it has any
+        register_replacement(search, lambda *args, op=op: op(*args), list(example), fwd_only, [patterns])
         digest.update(path.read_bytes())
     CustomGraphPass.register(_RegionPass)  # Inductor asks isinstance(pass, CustomGraphPass)
     config = torch._inductor.config
