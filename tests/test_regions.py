@@ -74,8 +74,8 @@ def test_a_norm_region_that_computes_the_residual_add_before_it_is_the_fused_typ
     add = node("add", torch.ops.aten.add.Tensor, None, None)
     norm = [node(f"n{i}", op, "post_attention_layernorm", class_) for i, op in
             enumerate((torch.ops.aten.pow.Tensor_Scalar, torch.ops.aten.mean.dim, torch.ops.aten.rsqrt.default))]
-    assert regions._fused("k", norm, {}, rules).type == "rmsnorm"
-    assert regions._fused("k", [add, *norm], {}, rules).type == "add_rmsnorm"
+    assert regions._fused("k", norm, rules, {}).type == "rmsnorm"
+    assert regions._fused("k", [add, *norm], rules, {}).type == "add_rmsnorm"
 
 
 # ------------------------------------------------------------------------------ a region becomes a kernel type

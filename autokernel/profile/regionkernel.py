@@ -34,6 +34,7 @@ POINTWISE = {
 
 
 def op_name(node) -> str:
+    """aten.add.Tensor -> "add"; operator.getitem -> "getitem"."""
     target = str(node.target)
     return target.split(".")[1] if target.startswith(("aten.", "prims.")) else getattr(node.target, "__name__", target)
 

@@ -32,7 +32,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from autokernel import compat
 from autokernel.profile import attribution
 from autokernel.profile.profiling import STEP_RANGE, to_ops
-from autokernel.profile.regionkernel import CASTS
+from autokernel.profile.regionkernel import CASTS, op_name
 
 PROVENANCE = "inductor_provenance_tracking_node_mappings"
 MIN_SHARE = 0.01  # a region under this share of the compiled forward is not worth a kernel of its own
@@ -156,6 +156,7 @@ def attribution_ops(events, on_gpu: bool) -> tuple[list, float]:
 def regions_of(ops: list, graphs: list[dict], kernels: list[dict], steps: int, rules) -> list[Region]:
     """The regions the timed ops are, per forward (see the module docstring)."""
     found: dict[str, Region] = {}
+    known: dict[int, tuple] = {}  # graph index -> (node name -> position, _module_ops of the graph)
     for op in ops:
         if op.self_us <= 0 or op.kind not in ("op", "annotation"):
             continue
@@ -165,7 +166,11 @@ def regions_of(ops: list, graphs: list[dict], kernels: list[dict], steps: int, r
             graph = graphs[index] if index < len(graphs) else {}
             key = f"{index}:{kernel}"
             if key not in found:
-                found[key] = _fused(kernel, [graph[n] for n in node_names if n in graph], graph, rules)
+                if index not in known:
+                    known[index] = ({name: i for i, name in enumerate(graph)}, _module_ops(graph))
+                order, module_ops = known[index]
+                nodes = sorted((graph[n] for n in node_names if n in graph), key=lambda n: order[n.name])
+                found[key] = _fused(kernel, nodes, rules, module_ops)
         elif op.kind == "op" and op.name.startswith("aten::") and op.name[len("aten::"):] not in LAYOUT_OPS:
             key = f"extern {op.name} {op.shapes}"
             if key not in found:
@@ -190,10 +195,9 @@ def _graph_of(event: str, kernels: list[dict]) -> tuple[int | None, str]:
     return next((i for i, names in enumerate(kernels) if kernel in names), None), kernel
 
 
-def _fused(kernel: str, nodes: list, graph: dict, rules) -> Region:
-    """A fused kernel's region: its ops, modules, the tensors it reads, and the type its nodes' majority has."""
-    order = {name: i for i, name in enumerate(graph)}
-    nodes = sorted(nodes, key=lambda n: order.get(n.name, 0))  # graph order: the subgraph's inputs in this order
+def _fused(kernel: str, nodes: list, rules, module_ops: dict) -> Region:
+    """A fused kernel's region (its nodes in graph order): its ops, modules, the tensors it reads, and the type its
+    nodes' majority has."""
     inside = {n.name for n in nodes}
     reads, seen = [], set()
     for n in nodes:
@@ -201,14 +205,13 @@ def _fused(kernel: str, nodes: list, graph: dict, rules) -> Region:
             if arg.name not in inside and arg.name not in seen and isinstance(arg.meta.get("val"), torch.Tensor):
                 seen.add(arg.name)
                 reads.append(_tensor(arg))
-    work = [n for n in nodes if _op_name(n) not in LAYOUT_OPS]
-    module_ops = _module_ops(graph)
+    work = [n for n in nodes if op_name(n) not in LAYOUT_OPS]
     votes = Counter(t for t in (node_type(n, rules, module_ops) for n in work) if t)
     type_ = _with_residual_add(votes.most_common(1)[0][0] if votes and sum(votes.values()) * 2 > len(work) else
                                None, work, rules)
     code, cut_reads = ("", None) if type_ else _code(nodes)
-    pattern = _code(nodes, casts=True)[0] if code and any(_op_name(n) in CASTS for n in nodes) else ""
-    return Region(name=kernel, kind="fused", time_us=0.0, calls=0, ops=[f"aten::{_op_name(n)}" for n in work],
+    pattern = _code(nodes, casts=True)[0] if code and any(op_name(n) in CASTS for n in nodes) else ""
+    return Region(name=kernel, kind="fused", time_us=0.0, calls=0, ops=[f"aten::{op_name(n)}" for n in work],
                   modules=sorted({_module_path(n) for n in nodes if _module_path(n)}), type=type_, code=code,
                   pattern=pattern, inputs=[_tensor(n) for n in cut_reads] if cut_reads else reads)
 
@@ -235,7 +238,7 @@ def _with_residual_add(type_: str | None, work: list, rules) -> str | None:
     for modules, path_pattern, fused in rules.residual_adds:
         norms = {path for n in work for path, cls in (n.meta.get("nn_module_stack") or {}).values()
                  if modules.search(getattr(cls, "__name__", str(cls))) and path_pattern.search(_clean_path(path))}
-        if norms and any(_op_name(n) == "add" and not norms & _paths(n) for n in work):
+        if norms and any(op_name(n) == "add" and not norms & _paths(n) for n in work):
             return fused
     return type_
 
@@ -262,7 +265,7 @@ def node_type(node, rules, module_ops: dict) -> str | None:
         t = next((t for pattern, t in rules.functions if pattern.search(func)), None)
         if t:
             return t
-    return rules.ops.get(f"aten::{_op_name(node)}")
+    return rules.ops.get(f"aten::{op_name(node)}")
 
 
 def _module_ops(graph: dict) -> dict[str, tuple[set, set]]:
@@ -271,19 +274,12 @@ def _module_ops(graph: dict) -> dict[str, tuple[set, set]]:
     found = defaultdict(lambda: (set(), set()))
     for n in graph.values():
         original = n.meta.get("original_aten")
-        names = {_op_name(n)} | ({str(original).split(".")[1]} if str(original).startswith("aten.") else set())
+        names = {op_name(n)} | ({str(original).split(".")[1]} if str(original).startswith("aten.") else set())
         functions = set(_FRAME.findall(n.meta.get("stack_trace") or ""))
         for path, _ in (n.meta.get("nn_module_stack") or {}).values():
             found[path][0].update(names)
             found[path][1].update(functions)
     return found
-
-
-def _op_name(node) -> str:
-    """aten.add.Tensor -> "add"; operator.getitem -> "getitem"."""
-    target = node.target
-    name = getattr(target, "__name__", str(target))
-    return str(target).split(".")[1] if str(target).startswith(("aten.", "prims.")) else name
 
 
 def _module_path(node) -> str:
