@@ -160,3 +160,27 @@ def test_install_regions_puts_the_kernel_wherever_its_region_is_computed(extract
         autokernel.uninstall_regions()
         torch._dynamo.reset()
     assert torch._inductor.config.post_grad_custom_post_pass is None and regiondeploy.matches() == 0
+
+
+@pytest.mark.slow(20)
+def test_a_region_that_reduces_over_its_rows_gets_a_row_kernel_that_passes_the_five_stages(tmp_path, monkeypatch):
+    """Gemma's norm under a name no rule knows (x * rsqrt(mean(x^2) + eps) * (1 + w)) is a region that reduces over
+    its rows: its starter keeps a row in registers, reads the weight once per program, and passes the stages."""
+    from autokernel.harness.runner import run_bench
+    from autokernel.profile.extraction import extract_regions
+
+    r = subprocess.run([sys.executable, "profile.py", "--model", str(FIXTURE), "--class-name", "OffsetScaleModel",
+                        "--input-shape", "64,64", "--device", "cpu", "--dtype", "float32", "--regions",
+                        "--output-dir", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    norm = next(x for x in plan["regions"] if "aten::mean" in x["ops"])
+    assert norm["type"] is None and norm["inputs"] == [{"shape": [64, 512], "dtype": "torch.float32"},
+                                                       {"shape": [512], "dtype": "torch.float32"}]
+    monkeypatch.setenv("AUTOKERNEL_REGIONS", str(tmp_path / "workspace" / "regions"))
+    [made] = extract_regions(plan, 1, tmp_path / "kernels", tmp_path)
+    source = made.path.read_text()
+    assert "tl.sum(" in source and "x_in1 = tl.load(in1_ptr + cols" in source  # the weight: one row, per program
+    result = run_bench(made.path, device="cpu", timed=False, timeout=300)
+    assert result["status"] == "pass", result.get("reason")
+    assert any(s["name"] == "stability" and s["checks"] > 0 for s in result["stages"])

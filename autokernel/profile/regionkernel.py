@@ -6,10 +6,11 @@ calls, the GraphModule's own code) it is the region's reference, run on float64 
 left out of it (prims.convert_element_type becomes its input): the oracle computes in float64, and a kernel in the
 dtype of its inputs with an fp32 accumulator.
 
-The starter is generated from the same nodes for the regions made of elementwise ops (POINTWISE) on tensors that
-broadcast to the output, up to four dimensions: one program per BLOCK elements of the output, each input loaded
-through its broadcast strides, the ops in fp32, the result stored in the output's dtype. Regions with reductions
-or other ops get no starter yet (extract.py says so).
+The starter is generated from the same nodes. A region of elementwise ops (POINTWISE) on tensors that broadcast to
+the output, up to four dimensions, gets one program per BLOCK elements of the output, each input loaded through its
+broadcast strides. A region that also reduces over the last dimension (REDUCTIONS: a norm, a softmax's max and
+sum) gets one program per row, the row in registers, a weight of one row read once per program. The math is fp32,
+the result stored in the output's dtype. Regions with other ops get no starter yet (extract.py says which op).
 """
 
 from __future__ import annotations
@@ -74,22 +75,56 @@ def reference_source(nodes: list, name: str = "reference", casts: bool = False) 
     return "\n".join(line.rstrip() for line in code.splitlines() if line.strip()) + "\n", reads
 
 
-def pointwise_expression(code: str) -> tuple[list[str], str]:
-    """(the reference's parameters, the Triton expression of its result) for a reference made of POINTWISE ops;
-    a ValueError naming what is not."""
+REDUCTIONS = {"sum", "mean", "var_mean", "amax", "amin"}  # over the last dimension: a row kernel's
+
+
+def statements(code: str, rank: int = MAX_DIMS) -> tuple[list[str], list[str], str, bool]:
+    """(the reference's parameters, the Triton statements that compute it, the variable of its result, whether it
+    reduces over rows) for a reference made of POINTWISE ops and REDUCTIONS over the last dimension of its
+    rank-dimensional rows; a ValueError naming what is not."""
     namespace = {"torch": torch, "inf": float("inf"), "nan": float("nan")}
     exec(compile(code, "<region>", "exec"), namespace)  # noqa: S102  (our own generated code, traced below)
     traced = torch.fx.symbolic_trace(namespace["reference"])
-    values, params = {}, []
+    values, params, lines, reduces = {}, [], [], False
     for n in traced.graph.nodes:
         if n.op == "placeholder":
             params.append(n.name)
             values[n.name] = f"x_{n.name}"
+        elif n.op == "call_function" and op_name(n) == "getitem":
+            values[n.name] = values[n.args[0].name][n.args[1]]
+        elif n.op == "call_function" and op_name(n) in REDUCTIONS:
+            reduces = True
+            values[n.name] = _reduction(n, values, lines, rank)
         elif n.op == "call_function":
-            values[n.name] = _expression(n, values)
+            lines.append(f"v{len(lines)} = {_expression(n, values)}")
+            values[n.name] = f"v{len(lines) - 1}"
         elif n.op == "output":
-            return params, values[n.args[0].name]
+            return params, lines, values[n.args[0].name], reduces
     raise ValueError("the reference has no output")
+
+
+def _reduction(node, values: dict, lines: list, rank: int) -> str | tuple:
+    """The statements of a reduction over a row's last dimension (masked columns left out); its variable, or a
+    (variance, mean) pair for var_mean."""
+    name, x = op_name(node), values[node.args[0].name]
+    dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    if not isinstance(dims, (list, tuple)) or len(dims) != 1 or dims[0] not in (-1, rank - 1):
+        raise ValueError(f"{name} over {dims}: only a reduction over the last dimension is supported")
+    total = f"tl.sum(tl.where(mask, {x}, 0.0), axis=0)"
+    k = len(lines)
+    if name == "sum":
+        lines.append(f"v{k} = {total}")
+    elif name == "mean":
+        lines.append(f"v{k} = {total} / N")
+    elif name in ("amax", "amin"):
+        lines.append(f"v{k} = tl.{name[1:]}(tl.where(mask, {x}, float('{'-' if name == 'amax' else ''}inf')), axis=0)")
+    else:  # var_mean
+        correction = node.kwargs.get("correction", 1)
+        lines.append(f"v{k} = {total} / N")
+        lines.append(f"v{k + 1} = tl.where(mask, {x} - v{k}, 0.0)")
+        lines.append(f"v{k + 2} = tl.sum(v{k + 1} * v{k + 1}, axis=0) / (N - {float(correction)!r})")
+        return (f"v{k + 2}", f"v{k}")
+    return f"v{k}"
 
 
 def _expression(node, values: dict) -> str:
@@ -141,8 +176,8 @@ def _region(out_ptr, {pointers}, n, S1, S2, S3, {strides}, BLOCK: tl.constexpr):
     i1 = rest % S1
     i0 = rest // S1
 {loads}
-    result = {expression}
-    tl.store(out_ptr + flat, result.to(out_ptr.dtype.element_ty), mask=mask)
+{body}
+    tl.store(out_ptr + flat, {result}.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def _strides(x, shape):
@@ -162,19 +197,90 @@ def kernel_fn({params}):
 '''
 
 
+ROW_STARTER = '''"""A region kernel of {model}: {share:.1%} of its compiled forward, {calls:g} calls.
+
+It computes {ops}.
+Written by extract.py from the region's subgraph; workspace/regions/{module}.py holds its reference, read-only.
+One program per row of the output, the whole row in registers: the reductions over the row, then the elementwise
+math, in fp32. Inductor's own kernel for the region is what to beat (the baseline torch.compile makes of it).
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+KERNEL_TYPE = "{type_name}"
+
+NUM_WARPS = 4
+TUNABLES = {{"NUM_WARPS": [1, 2, 4, 8, 16]}}
+
+
+@triton.jit
+def _region(out_ptr, {pointers}, N, BLOCK_N: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < N
+{loads}
+{body}
+    tl.store(out_ptr + row * N + cols, {result}.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def kernel_fn({params}):
+    out = torch.empty({row}.shape, dtype={first}.dtype, device={first}.device)
+    n = out.shape[-1]
+    _region[(out.numel() // n,)](out, {arguments}, n,
+                                 BLOCK_N=triton.next_power_of_2(n), num_warps=NUM_WARPS)
+    return out
+'''
+LOADS = {"row": "tl.load({p}_ptr + row * N + cols, mask=mask, other=0.0)", "col": "tl.load({p}_ptr + cols, mask=mask, "
+         "other=0.0)", "per_row": "tl.load({p}_ptr + row)"}
+
+
 def starter_source(region: dict, type_name: str, module: str, model: str) -> str:
-    """The Triton starter of a pointwise region (a ValueError saying why there is none for another)."""
+    """The Triton starter of an elementwise region, or of one that reduces over its rows' last dimension (a
+    ValueError saying why there is none for another)."""
     if not region.get("code"):
         raise ValueError("the region could not be cut out of its graph")
-    if any(len(i["shape"]) > MAX_DIMS for i in region["inputs"]):
+    shapes = [i["shape"] for i in region["inputs"]]
+    if any(len(shape) > MAX_DIMS for shape in shapes):
         raise ValueError(f"an input has more than {MAX_DIMS} dimensions")
-    params, expression = pointwise_expression(region["code"])
+    params, lines, result, reduces = statements(region["code"], max(len(shape) for shape in shapes))
+    ops = " ".join(op.replace("aten::", "") for op in region["ops"])
+    common = dict(ops=textwrap.fill(ops, 100, subsequent_indent="    "), model=model, share=region["share"],
+                  calls=region["calls"], module=module, type_name=type_name, result=result,
+                  body="\n".join(f"    {line}" for line in lines), params=", ".join(params), first=params[0],
+                  pointers=", ".join(f"{p}_ptr" for p in params))
+    if reduces:
+        kinds, row = row_layout(region["code"], params, shapes)
+        loads = "\n".join(f"    x_{p} = {LOADS[kinds[p]].format(p=p)}.to(tl.float32)" for p in params)
+        arguments = ", ".join(f"{p}.contiguous()" for p in params)
+        return ROW_STARTER.format(**common, loads=loads, row=row, arguments=arguments)
     loads = "\n".join(f"    x_{p} = tl.load({p}_ptr + i0 * {p}_s0 + i1 * {p}_s1 + i2 * {p}_s2 + i3 * {p}_s3, "
                       "mask=mask, other=0.0).to(tl.float32)" for p in params)
-    ops = " ".join(op.replace("aten::", "") for op in region["ops"])
-    return STARTER.format(
-        ops=textwrap.fill(ops, 100, subsequent_indent="    "), model=model, share=region["share"],
-        calls=region["calls"], module=module, type_name=type_name, expression=expression, loads=loads,
-        pointers=", ".join(f"{p}_ptr" for p in params), params=", ".join(params),
-        strides=", ".join(f"{p}_s{d}" for p in params for d in range(MAX_DIMS)),
-        shapes=", ".join(f"{p}.shape" for p in params), first=params[0])
+    strides = ", ".join(f"{p}_s{d}" for p in params for d in range(MAX_DIMS))
+    return STARTER.format(**common, loads=loads, strides=strides, shapes=", ".join(f"{p}.shape" for p in params))
+
+
+def row_layout(code: str, params: list[str], shapes: list[list[int]]) -> tuple[dict[str, str], str]:
+    """({parameter: "row", "col" or "per_row"}, a parameter of the output's shape) for a row kernel: the output is
+    rows of N, and each input is rows of N (the output's shape), one row of N (a weight) or one value per row; a
+    ValueError otherwise."""
+    namespace = {"torch": torch, "inf": float("inf"), "nan": float("nan")}
+    exec(compile(code, "<region>", "exec"), namespace)  # noqa: S102  (our own generated code)
+    out = namespace["reference"](*(torch.empty(shape, device="meta") for shape in shapes)).shape
+    n, rows = out[-1], out.numel() // max(out[-1], 1)
+    kinds = {}
+    for p, shape in zip(params, shapes):
+        numel = torch.Size(shape).numel()
+        if list(shape) == list(out):
+            kinds[p] = "row"
+        elif shape and shape[-1] == n and numel == n:
+            kinds[p] = "col"
+        elif shape and shape[-1] == 1 and numel == rows:
+            kinds[p] = "per_row"
+        else:
+            raise ValueError(f"input {p} of shape {shape} is neither rows of {n}, one row nor one value per row")
+    row = next((p for p in params if kinds[p] == "row"), None)
+    if row is None:
+        raise ValueError(f"no input has the output's shape {list(out)}")
+    return kinds, row

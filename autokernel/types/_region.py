@@ -99,12 +99,18 @@ def region_spec(name: str, reference, inputs: tuple, rows: int, ops: int = 1) ->
     def flops(shape) -> int:
         return max(torch.Size(s).numel() for s in shapes_at(shape["M"])) * max(1, ops)
 
+    def scaled(factor: float, offset: float = 0.0):  # inputs that stress the numerics: huge, or nearly equal
+        def make(shape, dtype, device, gen):
+            return tuple(x * factor + offset for x in make_inputs(shape, torch.float32, device, gen))
+        return lambda shape, dtype, device, gen: tuple(x.to(dtype) for x in make(shape, dtype, device, gen))
+
     small = sorted({1, 3, min(rows, 8)})
     return KernelSpec(
         name=name, reference=reference, make_inputs=make_inputs,
         shapes=[{"M": m} for m in sorted({1, 16, 128, rows, 2 * rows})], small_shapes=[{"M": m} for m in small],
         edge_shapes=[{"M": 7}, {"M": 33}], small_edge_shapes=[{"M": 5}], bench_shape={"M": rows},
         small_bench_shape={"M": min(rows, 16)}, bytes_moved=bytes_moved, flops=flops,
+        adversarial={"large values": scaled(100.0), "nearly equal values": scaled(1e-3, 1.0)},
         description=f"a region of a model, captured from torch.compile's graph ({rows} rows)")
 
 
