@@ -189,6 +189,10 @@ def show(report: dict) -> None:
         g = report["graph"]
         console.print(f"torch.compile of the optimized model: {g['graphs']} graph(s), {g['graph_breaks']} break(s)"
                       + "".join(f"\n  break: {r}" for r in g["break_reasons"]))
+    if report.get("regions"):
+        r = report["regions"]
+        console.print(f"region kernels under torch.compile ({', '.join(r['types'])}): {r['matches']} place(s), "
+                      f"{'kept' if r['kept'] else 'left out'}: {r['why']}")
     print("---")
     for key, value in summary(report).items():
         print(f"{key}: {'' if value is None else (f'{value:.4g}' if isinstance(value, float) else value)}")
@@ -227,7 +231,9 @@ def summary(report: dict) -> dict:
             "timing_errors": ",".join(report.get("timing_errors") or {}) or None,
             "against_speedup": (report.get("against") or {}).get("speedup"),
             "against_verdict": (report.get("against") or {}).get("verdict"),
-            "graph_breaks": g.get("graph_breaks"), "device": report["gpu"] or "cpu", "cpu_mode": report["cpu_mode"]}
+            "graph_breaks": g.get("graph_breaks"),
+            "region_kernels": ",".join(report["regions"]["types"]) if (report.get("regions") or {}).get("kept")
+            else None, "device": report["gpu"] or "cpu", "cpu_mode": report["cpu_mode"]}
 
 
 def _kernel_table(report):

@@ -4,6 +4,7 @@ makes and each extern call with its share of the compiled forward, and the built
 On the CPU Inductor makes C++ kernels, which the profiler times by name as it times Triton kernels on a GPU.
 """
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -184,3 +185,27 @@ def test_a_region_that_reduces_over_its_rows_gets_a_row_kernel_that_passes_the_f
     result = run_bench(made.path, device="cpu", timed=False, timeout=300)
     assert result["status"] == "pass", result.get("reason")
     assert any(s["name"] == "stability" and s["checks"] > 0 for s in result["stages"])
+
+
+@pytest.mark.slow(60)
+@pytest.mark.parametrize("wrong", [False, True])
+def test_verify_checks_region_kernels_under_compile_and_install_follows_its_report(extracted, tmp_path, wrong):
+    """verify.py --compile compiles the optimized model with the region kernels: placed at both blocks and right,
+    they are kept (on the CPU untimed); a wrong one is left out, and install_regions() then installs nothing."""
+    import autokernel
+
+    if wrong:
+        extracted.path.write_text(extracted.path.read_text().replace("    return out\n", "    return out * 2\n"))
+    report_path = extracted.path.parent.parent / "verify.json"
+    r = subprocess.run([sys.executable, "verify.py", "--model", str(FIXTURE), "--class-name", "SoftcapModel",
+                        "--config", "tiny", "--input-shape", "64,64", "--dtype", "fp32", "--compile", "--types",
+                        "rmsnorm", "--kernels", str(extracted.path.parent), "--report", str(report_path)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    regions = json.loads(report_path.read_text())["regions"]
+    assert regions["types"] == [extracted.type] and regions["matches"] == 2, r.stdout + r.stderr
+    assert "region kernels under torch.compile" in r.stdout
+    assert regions["kept"] is not wrong and (regions["correctness"] == "PASS") is not wrong
+    with pytest.warns(UserWarning, match="region kernels not installed") if wrong else contextlib.nullcontext():
+        installed = autokernel.install_regions(extracted.path.parent)
+    autokernel.uninstall_regions()
+    assert installed == ([] if wrong else [extracted.type])

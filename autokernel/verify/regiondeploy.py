@@ -14,11 +14,14 @@ compiled graph); an eager model runs as it is.
     model = torch.compile(autokernel.optimize(model))
 
 The pattern matches the region's ops exactly (literals included), in the dtype the region was captured in.
+verify.py checks and times them (regionverify.py); install_regions follows its report.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import warnings
 from pathlib import Path
 
 import torch
@@ -66,16 +69,18 @@ class _RegionPass:
         return self
 
 
-def install_regions(kernels_dir: str | Path = Path("workspace") / "kernels") -> list[str]:
-    """Put the region kernels of `kernels_dir` into every graph Inductor compiles from now on (see the module
-    docstring); the region types placed. Installing again replaces what was installed."""
+def region_pass(kernels_dir: str | Path, previous=None) -> tuple[_RegionPass | None, list[str]]:
+    """(the post-grad pass that puts the region kernels of `kernels_dir` where their regions are, the region types
+    it places), (None, []) when there are none; `previous`: a custom pass it runs after its own patterns. For one
+    compile: torch.compile(model, options={"post_grad_custom_post_pass": the pass})."""
     from torch._inductor.custom_graph_pass import CustomGraphPass
     from torch._inductor.pattern_matcher import PatternMatcherPass, fwd_only, register_replacement
 
     from autokernel import registry
 
-    uninstall_regions()
     files = region_files(kernels_dir)
+    if not files:
+        return None, []
     patterns, digest = PatternMatcherPass(pass_name="autokernel_regions"), hashlib.sha256()
     for region_type, path in files.items():
         spec = registry.get_spec(region_type)
@@ -87,10 +92,36 @@ def install_regions(kernels_dir: str | Path = Path("workspace") / "kernels") -> 
         register_replacement(search, lambda *args, op=op: op(*args), list(example), fwd_only, [patterns])
         digest.update(path.read_bytes())
     CustomGraphPass.register(_RegionPass)  # Inductor asks isinstance(pass, CustomGraphPass)
+    return _RegionPass(patterns, previous, digest.hexdigest()), list(files)
+
+
+def install_regions(kernels_dir: str | Path = Path("workspace") / "kernels", verified: str | Path | None = "auto",
+                    quiet: bool = False) -> list[str]:
+    """Put the region kernels of `kernels_dir` into every graph Inductor compiles from now on (see the module
+    docstring); the region types placed. Installing again replaces what was installed. verified: verify.py's
+    report (default "auto": workspace/verify.json beside the kernels); where it found the region kernels wrong or
+    slower, none is installed, and a warning says why."""
+    uninstall_regions()
+    refused = _refused(kernels_dir, verified)
+    if refused:
+        if not quiet:
+            warnings.warn(f"autokernel: region kernels not installed: verify.py {refused}", stacklevel=2)
+        return []
     config = torch._inductor.config
-    _STATE.update(previous=config.post_grad_custom_post_pass)
-    _STATE["pass"] = config.post_grad_custom_post_pass = _RegionPass(patterns, _STATE["previous"], digest.hexdigest())
-    return list(files)
+    made, types = region_pass(kernels_dir, config.post_grad_custom_post_pass)
+    if made is not None:
+        _STATE.update(previous=config.post_grad_custom_post_pass, **{"pass": made})
+        config.post_grad_custom_post_pass = made
+    return types
+
+
+def _refused(kernels_dir: str | Path, verified: str | Path | None) -> str | None:
+    """Why verify.py's report beside the kernels turned the region kernels down, or None."""
+    path = Path(kernels_dir).parent / "verify.json" if verified == "auto" else verified
+    if path is None or not Path(path).is_file():
+        return None
+    regions = json.loads(Path(path).read_text()).get("regions") or {}
+    return None if regions.get("kept", True) else regions.get("why", "left them out")
 
 
 def uninstall_regions() -> None:

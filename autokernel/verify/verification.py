@@ -97,7 +97,7 @@ def verify(request: Request) -> dict:
 
     from autokernel.models import load_model, parse_shape
     from autokernel.registry import parse_dtype
-    from autokernel.verify import endtoend
+    from autokernel.verify import endtoend, regionverify
     from autokernel.verify.deploy import optimize
 
     dtype, shape = parse_dtype(request.dtype), parse_shape(request.input_shape)
@@ -113,7 +113,11 @@ def verify(request: Request) -> dict:
         correctness = endtoend.check(model, optimized, inputs, dtype, request.checks)
         sites = [s.to_dict() for s in optimized.sites()]  # calls counted over the checked forwards only
         checked_types = optimized.swapped_types()
-        measured = _measure(request, model, optimized, choices, inputs, device, mode, correctness["status"] == "PASS")
+        passed = correctness["status"] == "PASS"
+        measured = _measure(request, model, optimized, choices, inputs, device, mode, passed)
+        regions = regionverify.verify_regions(model, optimized.module(), request.kernels, inputs, device,
+                                              not request.no_timing and device == "cuda", request.cuda_graph) \
+            if request.compile and passed else None
     _mark_pruned(sites, measured["pruned"])
     kept = [t for t in checked_types if t not in measured["pruned"]]
     kept_traced = [t for t in checked_types if t not in measured["pruned_traced"]]
@@ -130,6 +134,7 @@ def verify(request: Request) -> dict:
                   "split": all(sides(mode.split(","))), "decisions": measured["decisions"]},
         "unused_types": sorted(set(choices) - set(checked_types)), "correctness": correctness,
         **{key: measured[key] for key in ("timing", "timing_errors", "against", "graph")}, "export": exported,
+        "regions": regions,  # region kernels under torch.compile (regionverify.py), None without any or --compile
         "compile_backend": endtoend.backend_for(device), "torch": torch.__version__, "triton": _triton_version(),
         "command": request.command,
     }

@@ -1,0 +1,61 @@
+"""verify.py's check of region kernels: never wrong, never slower, as for the built-in types.
+
+Region kernels act where the model is compiled (regiondeploy.py). With --compile, verify.py compiles the optimized
+model twice with Inductor, once with the region pass and once without: the region kernels must give the original's
+output, must be placed somewhere (a pattern that matches nothing is reported), and on a GPU the two are timed in
+turns, CUDA-graphed when --cuda-graph is given (the compiled mode a GPU's figure decides; compile alone is
+host-bound). The regions stay only where the model is not faster without them, outside the noise (noise.compare);
+install_regions() follows the report.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from autokernel.harness import timing
+from autokernel.verify import endtoend, noise, regiondeploy
+
+BACKEND = "inductor"  # the region pass is Inductor's: it runs on the CPU too
+
+
+def verify_regions(model, module, kernels_dir, inputs: Callable, device: str, timed: bool, graphs: bool) -> dict | None:
+    """{"types", "matches", "correctness", "timing", "kept", "why"} for the region kernels of `kernels_dir` in the
+    optimized model (`module`, its eager original `model`); None when there are none."""
+    made, types = regiondeploy.region_pass(kernels_dir)
+    if made is None:
+        return None
+    sets = [inputs(endtoend.TIMING_SEED + i) for i in range(endtoend.TIMING_INPUTS)]
+    report = {"types": types, "matches": 0, "correctness": None, "timing": None}
+    torch._dynamo.reset()
+    try:
+        with_regions = torch.compile(module, backend=BACKEND, options={"post_grad_custom_post_pass": made})
+        wrong = endtoend.wrong_output(with_regions, model, sets[-1])
+        report["matches"] = made.matches
+        report["correctness"] = f"FAIL: {wrong}" if wrong else "PASS"
+        if wrong or not made.matches:
+            why = f"wrong output under torch.compile: {wrong}" if wrong else "no region of theirs is in this model"
+            return {**report, "kept": False, "why": why}
+        if not timed:
+            return {**report, "kept": True, "why": "checked, not timed (timing needs a GPU)"}
+        report["timing"] = _timed(module, with_regions, sets, device, graphs)
+    except Exception as e:  # noqa: BLE001  (a compile or capture that fails: the regions go, the reason kept)
+        return {**report, "kept": False, "why": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
+    finally:
+        torch._dynamo.reset()
+    v = report["timing"]
+    faster_without = v["outcome"] == noise.FASTER
+    why = (f"the model is faster without them in {v['mode']} mode" if faster_without else
+           f"kept: not slower in {v['mode']} mode") + f" ({v['text']})"
+    return {**report, "kept": not faster_without, "why": why}
+
+
+def _timed(module, with_regions, sets: list, device: str, graphs: bool) -> dict:
+    """The compiled model without the region kernels against it with them (graphed when graphs), in turns."""
+    with_fn = timing.cuda_graphed(with_regions, sets[0]) if graphs else with_regions
+    without = torch.compile(module, backend=BACKEND)  # another backend object: dynamo compiles it apart
+    without_fn = timing.cuda_graphed(without, sets[0]) if graphs else without
+    samples = endtoend.latency_turns({"without": without_fn, "with": with_fn}, sets, device)
+    v = noise.compare(samples["without"], samples["with"], endtoend.PRUNE_MARGIN)
+    return {"mode": "compile_graph" if graphs else "compile", **v.to_dict(), "text": v.text()}
