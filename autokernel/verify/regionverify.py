@@ -30,7 +30,9 @@ def verify_regions(model, module, kernels_dir, inputs: Callable, device: str, ti
     report = {"types": types, "matches": 0, "correctness": None, "timing": None}
     torch._dynamo.reset()
     try:
-        with_regions = torch.compile(module, backend=BACKEND, options={"post_grad_custom_post_pass": made})
+        # not from the FX graph cache: the pass must run to count where it placed the kernels
+        with_regions = torch.compile(module, backend=BACKEND, options={"post_grad_custom_post_pass": made,
+                                                                        "fx_graph_cache": False})
         wrong = endtoend.wrong_output(with_regions, model, sets[-1])
         report["matches"] = made.matches
         report["correctness"] = f"FAIL: {wrong}" if wrong else "PASS"
