@@ -15,9 +15,11 @@ the captured one.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import re
+import textwrap
 from pathlib import Path
 
 import torch
@@ -30,7 +32,9 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent.parent
 ENV_DIR = "AUTOKERNEL_REGIONS"  # a folder of region modules other than the project's workspace/regions
 _NAME = re.compile(r"^region/([A-Za-z_][A-Za-z0-9_]*)$")
 
-MODULE = '''"""Region {name} of {model}: {ops} ({share:.1%} of its compiled forward, {calls:g} calls per forward).
+MODULE = '''"""Region {name} of {model}: {share:.1%} of its compiled forward, {calls:g} calls per forward.
+
+It computes {ops}.
 
 Written by extract.py from profile.json. The reference is the region's subgraph as torch.compile captured it (casts
 left out): the oracle of the kernel files of type "{type_name}". Read-only; the loop stops if it changes.
@@ -50,9 +54,11 @@ SPEC = region_spec("{type_name}", reference, INPUTS, rows={rows}, ops={n_ops})
 
 
 def type_name(region: dict) -> str:
-    """"region/fused_div_mul_sigmoid_tanh_1" for Inductor's "cpp_fused_div_mul_sigmoid_tanh_1" (or triton_poi_...)."""
+    """"region/fused_div_mul_sigmoid_tanh_1_3f2a9c" for Inductor's "cpp_fused_div_mul_sigmoid_tanh_1" (or
+    triton_poi_...): the kernel's name, which two models can share for different math, and a digest of the math."""
     stem = re.sub(r"^.*?(?=fused_)", "", region["name"]) or region["name"]
-    return PREFIX + re.sub(r"\W", "_", stem)[:80]
+    digest = hashlib.sha256(region.get("code", "").encode()).hexdigest()[:6]
+    return PREFIX + re.sub(r"\W", "_", stem)[:72] + "_" + digest
 
 
 def rows_of(region: dict) -> int:
@@ -65,7 +71,8 @@ def module_source(region: dict, model: str) -> str:
     inputs = tuple((tuple(i["shape"]), i["dtype"].replace("torch.", "")) for i in region["inputs"])
     if any(not getattr(torch, dtype).is_floating_point for _, dtype in inputs):
         raise ValueError("the region reads integer tensors; a region type takes floating-point inputs so far")
-    return MODULE.format(name=region["name"], model=model, ops=" ".join(o.replace("aten::", "") for o in region["ops"]),
+    ops = textwrap.fill(" ".join(o.replace("aten::", "") for o in region["ops"]), 100, subsequent_indent="    ")
+    return MODULE.format(name=region["name"], model=model, ops=ops,
                          share=region["share"], calls=region["calls"], type_name=type_name(region),
                          code=region["code"].strip(), inputs=inputs, rows=rows_of(region), n_ops=len(region["ops"]),
                          pattern=(region.get("pattern") or "").strip(),
