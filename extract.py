@@ -3,6 +3,7 @@
     python extract.py                          # workspace/plan.json, top 3, Triton starters
     python extract.py --plan profiles/llama_compact_1x2048_fp16_h200.plan.json --top 5
     python extract.py --backend cuda           # CUDA C++ starters from kernels/cuda/
+    python extract.py --regions 2              # also the 2 largest regions no type covers (profile.py --regions)
 
 For each of the top N types of the plan (ranked by Amdahl gain), kernels/<type>.py is copied to
 workspace/kernels/NN_<type>.py with `MODEL_SHAPES = [...]` set to the shapes the profile recorded;
@@ -40,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--regions", type=int, default=0, metavar="N",
                    help="also make kernel types of the plan's N largest regions no built-in type covers (profile.py "
                         "--regions): workspace/regions/<name>.py (the reference, read-only) and a Triton starter "
-                        "RNN_<name>.py (elementwise regions so far)")
+                        "RNN_<name>.py (elementwise regions, and those that reduce over their rows)")
     p.add_argument("--backend", choices=["triton", "cuda"], default="triton",
                    help="triton: kernels/<type>.py; cuda: kernels/cuda/<type>.py (default triton)")
     p.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT_DIR,
