@@ -138,14 +138,18 @@ def run(args) -> int:
 def compiled_regions(model, inputs, device: str, steps: int, types) -> dict | None:
     """The regions of the model compiled (autokernel/profile/regions.py), or None with a line saying why not: a
     model torch.compile cannot compile still gets its eager plan."""
-    from autokernel.profile import regions
+    from autokernel import registry
+    from autokernel.profile import deployed, regions
 
     print("profile: compiling the model with torch.compile to see its regions (Inductor's kernels and extern calls)")
     try:
-        return regions.capture(model, inputs, device, steps=steps, types=types)
+        found = regions.capture(model, inputs, device, steps=steps, types=types)
     except Exception as e:  # noqa: BLE001  (any compiler failure: the eager profile stands)
         print(f"profile: no regions: torch.compile failed ({type(e).__name__}: {str(e).splitlines()[0][:200]})")
         return None
+    by_modules = {t for t, spec in registry.specs_where("deployment").items() if spec.deployment.module_site}
+    regions.unplaced(found, deployed.placed_modules(model), by_modules)  # covered means deploy places it there
+    return found
 
 
 def show_regions(found: dict | None, cpu_mode: bool) -> None:
@@ -162,7 +166,9 @@ def show_regions(found: dict | None, cpu_mode: bool) -> None:
         table.add_column(col, justify="right" if col in ("share", "time ms", "calls") else "left")
     for r in found["regions"][:REGION_ROWS]:
         reads = ", ".join("x".join(map(str, i["shape"])) for i in r["inputs"][:3])
-        table.add_row(f"{r['share']:.1%}", f"{r['time_us'] / 1e3:.3f}", f"{r['calls']:g}", r["type"] or "(none)",
+        claimed = f"(none: {r['claimed_by']}'s sites do not take it)" if r.get("claimed_by") else "(none)"
+        covered = r["type"] or claimed
+        table.add_row(f"{r['share']:.1%}", f"{r['time_us'] / 1e3:.3f}", f"{r['calls']:g}", covered,
                       r["name"][:48], " ".join(op.replace("aten::", "") for op in r["ops"][:6]), reads,
                       style=None if r["type"] else "bold")
     Console(width=None if sys.stdout.isatty() else 160).print(table)

@@ -58,6 +58,17 @@ def test_the_regions_of_an_hf_llama_are_the_types_optimize_places_there():
     assert sum(x["share"] for x in found["regions"] if x["type"] is None) < 0.15  # other shrinks
 
 
+def test_a_region_the_rules_claim_but_no_site_of_the_type_takes_is_covered_by_no_type():
+    found = {"regions": [
+        {"kind": "fused", "type": "add_layernorm",
+         "modules": ["gpt_neox.layers.1", "gpt_neox.layers.1.input_layernorm"]},
+        {"kind": "fused", "type": "rmsnorm", "modules": ["model.layers.0.input_layernorm"]},
+        {"kind": "extern", "type": "matmul", "modules": []}]}
+    regions.unplaced(found, {"rmsnorm": ["model.layers.0.input_layernorm"]}, {"add_layernorm", "rmsnorm", "matmul"})
+    assert [r["type"] for r in found["regions"]] == [None, "rmsnorm", "matmul"]  # externs: by their op
+    assert found["regions"][0]["claimed_by"] == "add_layernorm"
+
+
 def test_a_norm_region_that_computes_the_residual_add_before_it_is_the_fused_type():
     class Norm(torch.nn.Module):
         pass

@@ -43,3 +43,17 @@ def _references_standing_in(types: list[str]):
         for t in types:
             if t not in before:
                 customops.uninstall(t)
+
+
+def placed_modules(model) -> dict[str, list[str]]:
+    """{type: the module paths its module sites would take in `model`} for every type that deploys by module sites
+    (the probes run against the references, as in opt_in_types): what a region's "covered by" must agree with."""
+    wanted = [name for name, spec in registry.specs_where("deployment").items()
+              if spec.deployment is not None and spec.deployment.module_site is not None]
+    with _references_standing_in(wanted):
+        sites = swap.build(model, wanted).module_sites
+    placed: dict[str, list[str]] = {}
+    for s in sites:
+        if s.swapped:
+            placed.setdefault(s.kernel_type, []).append(s.where)
+    return placed

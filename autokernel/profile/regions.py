@@ -56,7 +56,7 @@ class Region:
     modules: list = field(default_factory=list)  # the modules its nodes come from (paths)
     inputs: list = field(default_factory=list)  # [{"shape", "dtype"}] of the tensors it reads
     type: str | None = None  # the built-in type whose rules claim its nodes; None: no type covers it
-    code: str = ""  # a fused region no type covers: its subgraph as Python (regionkernel.reference_source)
+    code: str = ""  # a fused region: its subgraph as Python (regionkernel.reference_source), where it can be cut out
     pattern: str = ""  # the same with its casts, as the model computes it, where it has any
 
 
@@ -209,7 +209,7 @@ def _fused(kernel: str, nodes: list, rules, module_ops: dict) -> Region:
     votes = Counter(t for t in (node_type(n, rules, module_ops) for n in work) if t)
     type_ = _with_residual_add(votes.most_common(1)[0][0] if votes and sum(votes.values()) * 2 > len(work) else
                                None, work, rules)
-    code, cut_reads = ("", None) if type_ else _code(nodes)
+    code, cut_reads = _code(nodes)
     pattern = _code(nodes, casts=True)[0] if code and any(op_name(n) in CASTS for n in nodes) else ""
     return Region(name=kernel, kind="fused", time_us=0.0, calls=0, ops=[f"aten::{op_name(n)}" for n in work],
                   modules=sorted({_module_path(n) for n in nodes if _module_path(n)}), type=type_, code=code,
@@ -291,6 +291,18 @@ def _clean_path(path: str) -> str:
     """Dynamo's "L['self'].layers[0].mlp" -> "layers.0.mlp"."""
     path = re.sub(r"^L\['[^']+'\]\.?", "", path)
     return re.sub(r"\[(\d+)\]", r".\1", re.sub(r"\['([^']+)'\]", r".\1", path)).strip(".")
+
+
+def unplaced(found: dict | None, placed: dict[str, list[str]], by_modules: set[str]) -> None:
+    """A fused region claimed by the rules of a type that deploys by module sites (by_modules), none of whose
+    modules a site of that type takes in this model (deployed.placed_modules), is covered by no type after all:
+    its type becomes None, "claimed_by" keeps the rules' type (a GPT-NeoX layer's add and layer norm: add_layernorm's
+    rules claim them, its sites do not take a parallel-residual block)."""
+    for r in (found or {}).get("regions", []):
+        t = r["type"]
+        if r["kind"] == "fused" and t in by_modules and not any(
+                m == p or m.startswith(p + ".") for m in r["modules"] for p in placed.get(t, [])):
+            r["claimed_by"], r["type"] = t, None
 
 
 def uncovered(found: dict | None) -> list[dict]:
