@@ -158,7 +158,8 @@ def test_install_regions_puts_the_kernel_wherever_its_region_is_computed(extract
 
     if wrong:
         source = extracted.path.read_text()
-        extracted.path.write_text(source.replace("    return out\n", "    return out * 2\n"))
+        extracted.path.write_text(source.replace("    return outs[0]\n", "    return outs[0] * 2\n"))
+        assert "outs[0] * 2" in extracted.path.read_text()
     torch.manual_seed(0)
     model, x = SoftcapModel().eval(), torch.randn(64, 64)
     try:
@@ -206,7 +207,9 @@ def test_verify_checks_region_kernels_under_compile_and_install_follows_its_repo
     import autokernel
 
     if wrong:
-        extracted.path.write_text(extracted.path.read_text().replace("    return out\n", "    return out * 2\n"))
+        source = extracted.path.read_text()
+        extracted.path.write_text(source.replace("    return outs[0]\n", "    return outs[0] * 2\n"))
+        assert "outs[0] * 2" in extracted.path.read_text()
     report_path = extracted.path.parent.parent / "verify.json"
     r = subprocess.run([sys.executable, "verify.py", "--model", str(FIXTURE), "--class-name", "SoftcapModel",
                         "--config", "tiny", "--input-shape", "64,64", "--dtype", "fp32", "--compile", "--types",
@@ -220,3 +223,40 @@ def test_verify_checks_region_kernels_under_compile_and_install_follows_its_repo
         installed = autokernel.install_regions(extracted.path.parent)
     autokernel.uninstall_regions()
     assert installed == ([] if wrong else [extracted.type])
+
+
+@pytest.mark.slow(25)
+def test_a_region_with_several_outputs_becomes_a_kernel_the_compiled_model_calls(tmp_path, monkeypatch):
+    """A residual add and a norm whose results both leave the kernel Inductor made (with a per-row sum): the
+    starter writes each output (rows, and a value per row), passes the five stages, and compiled, the model calls it
+    and gives the original's output."""
+    import autokernel
+    from autokernel.harness.runner import run_bench
+    from autokernel.profile.extraction import extract_regions
+    from autokernel.verify import regiondeploy
+
+    r = subprocess.run([sys.executable, "profile.py", "--model", str(FIXTURE), "--class-name", "MixerModel",
+                        "--input-shape", "64,64", "--device", "cpu", "--dtype", "float32", "--regions",
+                        "--output-dir", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    monkeypatch.setenv("AUTOKERNEL_REGIONS", str(tmp_path / "workspace" / "regions"))
+    [made] = extract_regions(plan, 1, tmp_path / "kernels", tmp_path)
+    assert made.path is not None, made.problem
+    assert "tl.store(out1_ptr + row," in made.path.read_text()  # the per-row sum: one value per program
+    result = run_bench(made.path, device="cpu", timed=False, timeout=300)
+    assert result["status"] == "pass", result.get("reason")
+    sys.path.insert(0, str(FIXTURE.parent))
+    from softcap_model import MixerModel
+
+    torch.manual_seed(0)
+    model, x = MixerModel().eval(), torch.randn(64, 64)
+    try:
+        assert autokernel.install_regions(made.path.parent, verified=None) == [made.type]
+        torch._dynamo.reset()
+        with torch.no_grad(), torch._inductor.config.patch(fx_graph_cache=False):
+            want, got = model(x), torch.compile(model)(x)
+        assert regiondeploy.matches() == 1 and torch.allclose(got, want, atol=1e-4)
+    finally:
+        autokernel.uninstall_regions()
+        torch._dynamo.reset()

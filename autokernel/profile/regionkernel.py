@@ -9,8 +9,9 @@ dtype of its inputs with an fp32 accumulator.
 The starter is generated from the same nodes. A region of elementwise ops (POINTWISE) on tensors that broadcast to
 the output, up to four dimensions, gets one program per BLOCK elements of the output, each input loaded through its
 broadcast strides. A region that also reduces over the last dimension (REDUCTIONS: a norm, a softmax's max and
-sum) gets one program per row, the row in registers, a weight of one row read once per program. The math is fp32,
-the result stored in the output's dtype. Regions with other ops get no starter yet (extract.py says which op).
+sum) gets one program per row, the row in registers, a weight of one row read once per program. A region may have
+several outputs (a residual stream and its norm), each rows or one value per row. The math is fp32, the results
+stored in the output's dtype. Regions with other ops get no starter yet (extract.py says which op).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import textwrap
 import torch
 
 MAX_DIMS = 4
+MAX_OUTPUTS = 4
 CASTS = {"convert_element_type", "_to_copy"}
 VIEWS = {"view", "reshape", "_unsafe_view"}  # of an input: the region reads the view (its shape baked in otherwise)
 # aten op -> its Triton expression over the operands {0}, {1}, {2}, all fp32
@@ -42,8 +44,8 @@ def op_name(node) -> str:
 
 def subgraph(nodes: list, casts: bool = False) -> tuple[torch.fx.GraphModule, list]:
     """(the region's nodes as a GraphModule of its inputs, the outside nodes it reads, in placeholder order); casts
-    become their input unless `casts`. The output is the node whose value leaves the region (the last one, if none
-    does)."""
+    become their input unless `casts`. The outputs are the nodes whose values leave the region (the last one, if
+    none does): one tensor, or a tuple of them (a residual stream and its norm)."""
     graph, env, reads = torch.fx.Graph(), {}, []
     inside = {n.name for n in nodes}
     for n in nodes:
@@ -59,10 +61,10 @@ def subgraph(nodes: list, casts: bool = False) -> tuple[torch.fx.GraphModule, li
             env[n.name] = env[n.args[0].name]
             continue
         env[n.name] = graph.node_copy(n, lambda a: env[a.name])
-    leaving = [n for n in nodes if any(u.name not in inside for u in n.users)]
-    if len(leaving) > 1:
-        raise ValueError(f"the region has {len(leaving)} outputs; one is supported")
-    graph.output(env[(leaving or nodes)[-1].name])
+    leaving = [n for n in nodes if any(u.name not in inside for u in n.users)] or nodes[-1:]
+    if len(leaving) > MAX_OUTPUTS:
+        raise ValueError(f"the region has {len(leaving)} outputs; at most {MAX_OUTPUTS} are supported")
+    graph.output(env[leaving[0].name] if len(leaving) == 1 else tuple(env[n.name] for n in leaving))
     graph.eliminate_dead_code()
     return torch.fx.GraphModule(torch.nn.Module(), graph), reads
 
@@ -78,8 +80,8 @@ def reference_source(nodes: list, name: str = "reference", casts: bool = False) 
 REDUCTIONS = {"sum", "mean", "var_mean", "amax", "amin"}  # over the last dimension: a row kernel's
 
 
-def statements(code: str, rank: int = MAX_DIMS) -> tuple[list[str], list[str], str, bool]:
-    """(the reference's parameters, the Triton statements that compute it, the variable of its result, whether it
+def statements(code: str, rank: int = MAX_DIMS) -> tuple[list[str], list[str], list[str], bool]:
+    """(the reference's parameters, the Triton statements that compute it, the variables of its outputs, whether it
     reduces over rows) for a reference made of POINTWISE ops and REDUCTIONS over the last dimension of its
     rank-dimensional rows; a ValueError naming what is not."""
     namespace = {"torch": torch, "inf": float("inf"), "nan": float("nan")}
@@ -99,7 +101,8 @@ def statements(code: str, rank: int = MAX_DIMS) -> tuple[list[str], list[str], s
             lines.append(f"v{len(lines)} = {_expression(n, values)}")
             values[n.name] = f"v{len(lines) - 1}"
         elif n.op == "output":
-            return params, lines, values[n.args[0].name], reduces
+            results = n.args[0] if isinstance(n.args[0], (tuple, list)) else (n.args[0],)
+            return params, lines, [values[r.name] for r in results], reduces
     raise ValueError("the reference has no output")
 
 
@@ -166,7 +169,7 @@ TUNABLES = {{"BLOCK": [256, 512, 1024, 2048, 4096], "NUM_WARPS": [1, 2, 4, 8]}}
 
 
 @triton.jit
-def _region(out_ptr, {pointers}, n, S1, S2, S3, {strides}, BLOCK: tl.constexpr):
+def _region({outputs}, {pointers}, n, S1, S2, S3, {strides}, BLOCK: tl.constexpr):
     flat = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = flat < n
     i3 = flat % S3
@@ -177,7 +180,7 @@ def _region(out_ptr, {pointers}, n, S1, S2, S3, {strides}, BLOCK: tl.constexpr):
     i0 = rest // S1
 {loads}
 {body}
-    tl.store(out_ptr + flat, {result}.to(out_ptr.dtype.element_ty), mask=mask)
+{stores}
 
 
 def _strides(x, shape):
@@ -188,12 +191,12 @@ def _strides(x, shape):
 
 def kernel_fn({params}):
     shape = torch.broadcast_shapes({shapes})
-    out = torch.empty(shape, dtype={first}.dtype, device={first}.device)
+    outs = [torch.empty(shape, dtype={first}.dtype, device={first}.device) for _ in range({n_outputs})]
     sizes = [1] * (4 - len(shape)) + list(shape)
     strides = [s for x in ({params},) for s in _strides(x, shape)]
-    _region[(triton.cdiv(out.numel(), BLOCK),)](out, {params}, out.numel(), sizes[1], sizes[2], sizes[3], *strides,
-                                               BLOCK=BLOCK, num_warps=NUM_WARPS)
-    return out
+    _region[(triton.cdiv(outs[0].numel(), BLOCK),)](*outs, {params}, outs[0].numel(), sizes[1], sizes[2], sizes[3],
+                                                   *strides, BLOCK=BLOCK, num_warps=NUM_WARPS)
+    return {returned}
 '''
 
 
@@ -216,22 +219,25 @@ TUNABLES = {{"NUM_WARPS": [1, 2, 4, 8, 16]}}
 
 
 @triton.jit
-def _region(out_ptr, {pointers}, N, BLOCK_N: tl.constexpr):
+def _region({outputs}, {pointers}, N, BLOCK_N: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
     mask = cols < N
 {loads}
 {body}
-    tl.store(out_ptr + row * N + cols, {result}.to(out_ptr.dtype.element_ty), mask=mask)
+{stores}
 
 
 def kernel_fn({params}):
-    out = torch.empty({row}.shape, dtype={first}.dtype, device={first}.device)
-    n = out.shape[-1]
-    _region[(out.numel() // n,)](out, {arguments}, n,
-                                 BLOCK_N=triton.next_power_of_2(n), num_warps=NUM_WARPS)
-    return out
+    rows = {row}.shape
+    outs = [torch.empty(shape, dtype={first}.dtype, device={first}.device) for shape in ({allocs})]
+    n = rows[-1]
+    _region[({row}.numel() // n,)](*outs, {arguments}, n,
+                                  BLOCK_N=triton.next_power_of_2(n), num_warps=NUM_WARPS)
+    return {returned}
 '''
+STORES = {"row": "row * N + cols", "per_row": "row", "per_row_keep": "row"}
+ALLOCS = {"row": "rows", "per_row": "rows[:-1]", "per_row_keep": "(*rows[:-1], 1)"}  # each output's shape
 LOADS = {"row": "tl.load({p}_ptr + row * N + cols, mask=mask, other=0.0)", "col": "tl.load({p}_ptr + cols, mask=mask, "
          "other=0.0)", "per_row": "tl.load({p}_ptr + row)"}
 
@@ -244,31 +250,44 @@ def starter_source(region: dict, type_name: str, module: str, model: str) -> str
     shapes = [i["shape"] for i in region["inputs"]]
     if any(len(shape) > MAX_DIMS for shape in shapes):
         raise ValueError(f"an input has more than {MAX_DIMS} dimensions")
-    params, lines, result, reduces = statements(region["code"], max(len(shape) for shape in shapes))
+    params, lines, results, reduces = statements(region["code"], max(len(shape) for shape in shapes))
     ops = " ".join(op.replace("aten::", "") for op in region["ops"])
+    where = "row * N + cols" if reduces else "flat"
     common = dict(ops=textwrap.fill(ops, 100, subsequent_indent="    "), model=model, share=region["share"],
-                  calls=region["calls"], module=module, type_name=type_name, result=result,
+                  calls=region["calls"], module=module, type_name=type_name, n_outputs=len(results),
                   body="\n".join(f"    {line}" for line in lines), params=", ".join(params), first=params[0],
-                  pointers=", ".join(f"{p}_ptr" for p in params))
+                  pointers=", ".join(f"{p}_ptr" for p in params),
+                  outputs=", ".join(f"out{k}_ptr" for k in range(len(results))),
+                  stores="\n".join(f"    tl.store(out{k}_ptr + {where}, {r}.to(out{k}_ptr.dtype.element_ty), mask=mask)"
+                                   for k, r in enumerate(results)),
+                  returned="outs[0]" if len(results) == 1 else "tuple(outs)")
     if reduces:
-        kinds, row = row_layout(region["code"], params, shapes)
+        kinds, row, written = row_layout(region["code"], params, shapes)
         loads = "\n".join(f"    x_{p} = {LOADS[kinds[p]].format(p=p)}.to(tl.float32)" for p in params)
         arguments = ", ".join(f"{p}.contiguous()" for p in params)
-        return ROW_STARTER.format(**common, loads=loads, row=row, arguments=arguments)
+        stores = "\n".join(f"    tl.store(out{k}_ptr + {STORES[kind]}, {r}.to(out{k}_ptr.dtype.element_ty)"
+                           + (", mask=mask)" if kind == "row" else ")")
+                           for k, (r, kind) in enumerate(zip(results, written)))
+        allocs = "".join(f"{ALLOCS[kind]}, " for kind in written)
+        return ROW_STARTER.format(**{**common, "stores": stores}, loads=loads, row=row, arguments=arguments,
+                                  allocs=allocs)
     loads = "\n".join(f"    x_{p} = tl.load({p}_ptr + i0 * {p}_s0 + i1 * {p}_s1 + i2 * {p}_s2 + i3 * {p}_s3, "
                       "mask=mask, other=0.0).to(tl.float32)" for p in params)
     strides = ", ".join(f"{p}_s{d}" for p in params for d in range(MAX_DIMS))
     return STARTER.format(**common, loads=loads, strides=strides, shapes=", ".join(f"{p}.shape" for p in params))
 
 
-def row_layout(code: str, params: list[str], shapes: list[list[int]]) -> tuple[dict[str, str], str]:
-    """({parameter: "row", "col" or "per_row"}, a parameter of the output's shape) for a row kernel: the output is
-    rows of N, and each input is rows of N (the output's shape), one row of N (a weight) or one value per row; a
-    ValueError otherwise."""
+def row_layout(code: str, params: list[str], shapes: list[list[int]]) -> tuple[dict[str, str], str, list[str]]:
+    """({parameter: "row", "col" or "per_row"}, a parameter of the rows' shape, each output's kind) for a row kernel:
+    the outputs are rows of N or a value per row, and each input is rows of N (the widest output's shape), one row
+    of N (a weight) or one value per row; a ValueError otherwise."""
     namespace = {"torch": torch, "inf": float("inf"), "nan": float("nan")}
     exec(compile(code, "<region>", "exec"), namespace)  # noqa: S102  (our own generated code)
-    out = namespace["reference"](*(torch.empty(shape, device="meta") for shape in shapes)).shape
+    made = namespace["reference"](*(torch.empty(shape, device="meta") for shape in shapes))
+    made = made if isinstance(made, tuple) else (made,)
+    out = max((m.shape for m in made), key=len)  # the rows the kernel runs over: the widest output's
     n, rows = out[-1], out.numel() // max(out[-1], 1)
+    written = [_output_kind(list(m.shape), list(out)) for m in made]
     kinds = {}
     for p, shape in zip(params, shapes):
         numel = torch.Size(shape).numel()
@@ -283,4 +302,13 @@ def row_layout(code: str, params: list[str], shapes: list[list[int]]) -> tuple[d
     row = next((p for p in params if kinds[p] == "row"), None)
     if row is None:
         raise ValueError(f"no input has the output's shape {list(out)}")
-    return kinds, row
+    return kinds, row, written
+
+
+def _output_kind(shape: list[int], rows: list[int]) -> str:
+    """How a row kernel writes an output: whole rows, or one value per row (with its reduced dimension kept or
+    not); a ValueError for another shape."""
+    for kind, like in (("row", rows), ("per_row_keep", [*rows[:-1], 1]), ("per_row", rows[:-1])):
+        if shape == like:
+            return kind
+    raise ValueError(f"an output of shape {shape} is neither rows of {rows} nor one value per row")

@@ -138,9 +138,18 @@ def matches() -> int:
 
 
 def _deployment(spec) -> Deployment:
+    """The op's schema and output shapes: one tensor, or a tuple of them (a region whose residual stream and norm
+    both leave it), shaped as the reference's outputs."""
     params = spec.reference.__code__.co_varnames[:spec.reference.__code__.co_argcount]
-    return Deployment("(" + ", ".join(f"Tensor {p}" for p in params) + ") -> Tensor",
-                      lambda *args: torch.broadcast_shapes(*(a.shape for a in args)))
+    example = spec.make_inputs(spec.bench_shape, torch.float32, "meta", None)
+    made = spec.reference(*example)
+    outputs = len(made) if isinstance(made, tuple) else 1
+    returns = "Tensor" if outputs == 1 else "(" + ", ".join(["Tensor"] * outputs) + ")"
+
+    def output_shape(*args):  # called on fake tensors (torch.compile's tracing): the reference says the shapes
+        out = spec.reference(*args)
+        return out.shape if outputs == 1 else [o.shape for o in out]
+    return Deployment("(" + ", ".join(f"Tensor {p}" for p in params) + f") -> {returns}", output_shape)
 
 
 def _captured_dtype(spec) -> torch.dtype:
