@@ -86,7 +86,7 @@ def run(args) -> int:
     from autokernel import registry
     from autokernel.harness import gpu
     from autokernel.models import describe_model, example_inputs, load_model, parse_shape
-    from autokernel.profile import deployed, plan, profiling, regions
+    from autokernel.profile import deployed, plan, profiling
     from autokernel.registry import parse_dtype
 
     # every argument checked before the model runs and before profile.json and plan.json are replaced
@@ -122,7 +122,9 @@ def run(args) -> int:
             "torch": torch.__version__, "command": "python " + shlex.join(sys.argv)}
     the_plan = {**meta, **plan.build_plan(prof, measured, source=str(args.starters))}
     if "regions" in prof:
-        the_plan["regions"] = regions.uncovered(prof["regions"])
+        from autokernel.profile.regions import uncovered
+
+        the_plan["regions"] = uncovered(prof["regions"])
     profile_path = plan.write_json({**meta, **prof}, args.output_dir / "profile.json")
     plan_path = plan.write_json(the_plan, args.output_dir / "plan.json")
     show(the_plan)
@@ -138,7 +140,6 @@ def run(args) -> int:
 def compiled_regions(model, inputs, device: str, steps: int, types) -> dict | None:
     """The regions of the model compiled (autokernel/profile/regions.py), or None with a line saying why not: a
     model torch.compile cannot compile still gets its eager plan."""
-    from autokernel import registry
     from autokernel.profile import deployed, regions
 
     print("profile: compiling the model with torch.compile to see its regions (Inductor's kernels and extern calls)")
@@ -147,8 +148,7 @@ def compiled_regions(model, inputs, device: str, steps: int, types) -> dict | No
     except Exception as e:  # noqa: BLE001  (any compiler failure: the eager profile stands)
         print(f"profile: no regions: torch.compile failed ({type(e).__name__}: {str(e).splitlines()[0][:200]})")
         return None
-    by_modules = {t for t, spec in registry.specs_where("deployment").items() if spec.deployment.module_site}
-    regions.unplaced(found, deployed.placed_modules(model), by_modules)  # covered means deploy places it there
+    regions.unplaced(found, deployed.placed_modules(model))  # covered means deploy places it there
     return found
 
 

@@ -64,7 +64,7 @@ def test_a_region_the_rules_claim_but_no_site_of_the_type_takes_is_covered_by_no
          "modules": ["gpt_neox.layers.1", "gpt_neox.layers.1.input_layernorm"]},
         {"kind": "fused", "type": "rmsnorm", "modules": ["model.layers.0.input_layernorm"]},
         {"kind": "extern", "type": "matmul", "modules": []}]}
-    regions.unplaced(found, {"rmsnorm": ["model.layers.0.input_layernorm"]}, {"add_layernorm", "rmsnorm", "matmul"})
+    regions.unplaced(found, {"rmsnorm": ["model.layers.0.input_layernorm"], "add_layernorm": [], "matmul": []})
     assert [r["type"] for r in found["regions"]] == [None, "rmsnorm", "matmul"]  # externs: by their op
     assert found["regions"][0]["claimed_by"] == "add_layernorm"
 

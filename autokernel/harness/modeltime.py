@@ -94,11 +94,11 @@ def weighted_shapes(module, kept: list[dict]) -> list[tuple[dict, int]]:
 
 
 # ------------------------------------------------------------------------------ measuring
-def graph_time(fn, input_sets: list[tuple]) -> tuple[timing.Timing, list]:
-    """fn's GPU time replayed from CUDA graphs (one per input set), by timing.time_gpu; and the graphs,
-    whose replay(*inputs) runs the captured work on new inputs."""
+def graph_time(fn, input_sets: list[tuple], reps: int | None = None) -> tuple[timing.Timing, list]:
+    """fn's GPU time replayed from CUDA graphs (one per input set), by timing.time_gpu (reps: its runs, default
+    as many as its target time takes); and the graphs, whose replay(*inputs) runs the captured work on new inputs."""
     graphs = [timing.cuda_graphed(fn, inputs) for inputs in input_sets]
-    timed = timing.time_gpu(lambda k: graphs[k](), [(k,) for k in range(len(graphs))], keep_outputs=True)
+    timed = timing.time_gpu(lambda k: graphs[k](), [(k,) for k in range(len(graphs))], reps=reps, keep_outputs=True)
     return timed, graphs
 
 
@@ -155,8 +155,9 @@ def time_shape(fn, spec, make_inputs, shape: dict, calls: int, dtype, device: st
     _check(fn, spec, pristine, timed, graphs, make_inputs(), what)
     floor = None
     if device == "cuda":
-        perf._roofline_guard(timed.median_us * 1e-6, spec.bytes_moved(shape, dtype), spec.flops(shape))
-        floor = perf.roofline_s(spec.bytes_moved(shape, dtype), spec.flops(shape), dtype) * 1e6
+        nbytes, nflops = spec.bytes_moved(shape, dtype), spec.flops(shape)
+        perf._roofline_guard(timed.median_us * 1e-6, nbytes, nflops)
+        floor = perf.roofline_s(nbytes, nflops, dtype) * 1e6
     graphed = graphs is not None
     del graphs  # their memory pools go before the baselines capture theirs
     host = timing.host_cost_us(fn, make_inputs(), device)

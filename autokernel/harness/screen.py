@@ -85,13 +85,12 @@ class _Screen:
         """fn's median us per call at each model shape, over `reps` runs rotating the shape's input sets."""
         import torch
 
-        from autokernel.harness import timing
+        from autokernel.harness import modeltime, timing
 
         us = []
         for sets in self.inputs:
             if self.device == "cuda":
-                graphs = [timing.cuda_graphed(fn, inputs) for inputs in sets]
-                timed = timing.time_gpu(lambda k, g=graphs: g[k](), [(k,) for k in range(len(graphs))], reps=reps)
+                timed, graphs = modeltime.graph_time(fn, sets, reps)
                 del graphs  # each configuration's graph pools go before the next one captures
                 torch.cuda.synchronize()
             else:

@@ -46,14 +46,15 @@ def _references_standing_in(types: list[str]):
 
 
 def placed_modules(model) -> dict[str, list[str]]:
-    """{type: the module paths its module sites would take in `model`} for every type that deploys by module sites
-    (the probes run against the references, as in opt_in_types): what a region's "covered by" must agree with."""
+    """{type: the module paths its module sites would take in `model`, [] where they take none} for every type that
+    deploys by module sites (the probes run against the references, as in opt_in_types): what a region's "covered
+    by" must agree with."""
     wanted = [name for name, spec in registry.specs_where("deployment").items()
               if spec.deployment is not None and spec.deployment.module_site is not None]
     with _references_standing_in(wanted):
         sites = swap.build(model, wanted).module_sites
-    placed: dict[str, list[str]] = {}
+    placed: dict[str, list[str]] = {t: [] for t in wanted}
     for s in sites:
         if s.swapped:
-            placed.setdefault(s.kernel_type, []).append(s.where)
+            placed[s.kernel_type].append(s.where)
     return placed

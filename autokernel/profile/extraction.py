@@ -178,8 +178,7 @@ def extract_regions(plan: dict, top: int, out_dir: Path, root: Path) -> list[Ext
 
     model, origin = plan.get("model", "the model"), model_origin(plan)
     results = []
-    fused = [region for region in plan.get("regions", []) if region.get("code")]  # externs: attention, GEMMs
-    for k, region in enumerate(fused[:top], start=1):
+    for k, region in enumerate(cut_regions(plan)[:top], start=1):
         type_ = regiontype.type_name(region)
         shapes = [{"M": regiontype.rows_of(region)}]
         module = regiontype.module_path(type_, root)
@@ -198,12 +197,17 @@ def extract_regions(plan: dict, top: int, out_dir: Path, root: Path) -> list[Ext
     return results
 
 
+def cut_regions(plan: dict) -> list[dict]:
+    """The plan's regions whose subgraph could be cut out, the largest first: those extract can make types of (an
+    extern call, attention or a GEMM, has none)."""
+    return [region for region in plan.get("regions", []) if region.get("code")]
+
+
 def region_entries(plan: dict, extracted: list[Extracted]) -> list[dict]:
     """Plan entries for the region kernels written, ranked after the plan's types: what the loop takes."""
     from autokernel.profile.plan import amdahl_gain
 
-    fused = [region for region in plan.get("regions", []) if region.get("code")]
-    regions = {r.type: (r, region) for r, region in zip(extracted, fused) if r.path is not None}
+    regions = {r.type: (r, region) for r, region in zip(extracted, cut_regions(plan)) if r.path is not None}
     rank = max((e["rank"] for e in plan["entries"]), default=0)
     return [{"type": type_, "rank": rank + k, "f": region["f"], "s": REGION_SPEEDUP, "s_source": "default",
              "gain": amdahl_gain(region["f"], REGION_SPEEDUP), "time_us": region["time_us"], "calls": region["calls"],

@@ -77,6 +77,13 @@ def reference_source(nodes: list, name: str = "reference", casts: bool = False) 
     return "\n".join(line.rstrip() for line in code.splitlines() if line.strip()) + "\n", reads
 
 
+def reference_of(code: str):
+    """The `reference` function a region's code (reference_source) defines."""
+    namespace = {"torch": torch, "inf": float("inf"), "nan": float("nan")}
+    exec(compile(code, "<region>", "exec"), namespace)  # noqa: S102  (our own generated code)
+    return namespace["reference"]
+
+
 REDUCTIONS = {"sum", "mean", "var_mean", "amax", "amin"}  # over the last dimension: a row kernel's
 
 
@@ -84,9 +91,7 @@ def statements(code: str, rank: int = MAX_DIMS) -> tuple[list[str], list[str], l
     """(the reference's parameters, the Triton statements that compute it, the variables of its outputs, whether it
     reduces over rows) for a reference made of POINTWISE ops and REDUCTIONS over the last dimension of its
     rank-dimensional rows; a ValueError naming what is not."""
-    namespace = {"torch": torch, "inf": float("inf"), "nan": float("nan")}
-    exec(compile(code, "<region>", "exec"), namespace)  # noqa: S102  (our own generated code, traced below)
-    traced = torch.fx.symbolic_trace(namespace["reference"])
+    traced = torch.fx.symbolic_trace(reference_of(code))
     values, params, lines, reduces = {}, [], [], False
     for n in traced.graph.nodes:
         if n.op == "placeholder":
@@ -281,9 +286,7 @@ def row_layout(code: str, params: list[str], shapes: list[list[int]]) -> tuple[d
     """({parameter: "row", "col" or "per_row"}, a parameter of the rows' shape, each output's kind) for a row kernel:
     the outputs are rows of N or a value per row, and each input is rows of N (the widest output's shape), one row
     of N (a weight) or one value per row; a ValueError otherwise."""
-    namespace = {"torch": torch, "inf": float("inf"), "nan": float("nan")}
-    exec(compile(code, "<region>", "exec"), namespace)  # noqa: S102  (our own generated code)
-    made = namespace["reference"](*(torch.empty(shape, device="meta") for shape in shapes))
+    made = reference_of(code)(*(torch.empty(shape, device="meta") for shape in shapes))
     made = made if isinstance(made, tuple) else (made,)
     out = max((m.shape for m in made), key=len)  # the rows the kernel runs over: the widest output's
     n, rows = out[-1], out.numel() // max(out[-1], 1)

@@ -134,7 +134,7 @@ def capture(model, inputs, device: str, steps: int = 3, warmup: int = 2, types=N
                     compiled(*inputs)
             _sync(on_gpu)
     torch._dynamo.reset()
-    ops, total = attribution_ops(prof.events(), on_gpu)
+    ops, total = to_ops(prof.events(), [], on_gpu)  # own time: device time of the kernels, or self CPU time
     regions = regions_of(ops, seen.graphs, seen.kernels, steps, attribution._Rules(attribution._rules(types)))
     for r in regions:
         r.share = r.time_us / (total / steps) if total else 0.0
@@ -145,12 +145,6 @@ def capture(model, inputs, device: str, steps: int = 3, warmup: int = 2, types=N
 def _sync(on_gpu: bool) -> None:
     if on_gpu:
         torch.cuda.synchronize()
-
-
-def attribution_ops(events, on_gpu: bool) -> tuple[list, float]:
-    """The profiled ops with their own time (device time of the kernels they launched on a GPU, self CPU time on
-    the CPU) and the total per all steps."""
-    return to_ops(events, [], on_gpu)
 
 
 def regions_of(ops: list, graphs: list[dict], kernels: list[dict], steps: int, rules) -> list[Region]:
@@ -293,14 +287,14 @@ def _clean_path(path: str) -> str:
     return re.sub(r"\[(\d+)\]", r".\1", re.sub(r"\['([^']+)'\]", r".\1", path)).strip(".")
 
 
-def unplaced(found: dict | None, placed: dict[str, list[str]], by_modules: set[str]) -> None:
-    """A fused region claimed by the rules of a type that deploys by module sites (by_modules), none of whose
+def unplaced(found: dict | None, placed: dict[str, list[str]]) -> None:
+    """A fused region claimed by the rules of a type that deploys by module sites (placed's keys), none of whose
     modules a site of that type takes in this model (deployed.placed_modules), is covered by no type after all:
     its type becomes None, "claimed_by" keeps the rules' type (a GPT-NeoX layer's add and layer norm: add_layernorm's
     rules claim them, its sites do not take a parallel-residual block)."""
     for r in (found or {}).get("regions", []):
         t = r["type"]
-        if r["kind"] == "fused" and t in by_modules and not any(
+        if r["kind"] == "fused" and t in placed and not any(
                 m == p or m.startswith(p + ".") for m in r["modules"] for p in placed.get(t, [])):
             r["claimed_by"], r["type"] = t, None
 

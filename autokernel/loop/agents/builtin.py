@@ -53,8 +53,7 @@ class Move(NamedTuple):
     direction: int  # +1 further along the list, -1 back, 0 unordered
 
 
-def config_key(config: dict) -> str:
-    return json.dumps(config, sort_keys=True)
+config_key = search.key
 
 
 AUTO_VALUES = (0, "auto", None)  # "let the kernel's own heuristic choose", by the starters' convention

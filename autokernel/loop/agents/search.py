@@ -32,6 +32,7 @@ ELITE = 6  # the best screened configurations the next screen mutates
 
 
 def key(config: dict) -> str:
+    """A configuration as a string that names it whatever its order (the agent's memory keys on it)."""
     return json.dumps(config, sort_keys=True)
 
 
