@@ -4,6 +4,7 @@ is compiled once for its rows."""
 
 import math
 import random
+import types
 
 import pytest
 import torch
@@ -11,7 +12,8 @@ from helpers import SharedForward
 
 from autokernel.harness import timing
 from autokernel.ops import swap
-from autokernel.verify import endtoend, noise
+from autokernel.ops.customops import CallSites
+from autokernel.verify import endtoend, noise, regional
 
 BASE_MS = 10.0
 
@@ -242,3 +244,35 @@ def test_block_trials_compile_the_model_whole_only_for_the_last_check(monkeypatc
     assert not dropped and not errors and {"compile", "optimized_compile"} <= set(rows)
     assert whole_in_prune == 2 and graphs.count(5) == 2  # the original and the kept set; the rows reuse them
     assert set(graphs) == {1, 5}  # every other compile was of one block
+
+
+def test_a_block_compiled_copy_of_an_optimized_model_runs_its_compiled_blocks_with_the_patches():
+    """The compiled prune's trials are copies of optimize()'s model with their blocks compiled: the copy runs its own
+    compiled blocks, with the kernels' function patches around the call (a copy that kept module()'s forward ran the
+    model's uncompiled tree: every compiled trial timed eager code)."""
+    owner = types.SimpleNamespace(op=torch.neg)  # a function a kernel type patches
+
+    class Patched(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList(Block() for _ in range(4))
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = layer(x)
+            return owner.op(x)
+
+    graphs = []
+
+    def counting_backend(gm, example):
+        graphs.append(gm)
+        return gm.forward
+    optimized = swap.Optimized(Patched(), [(owner, "op", torch.exp)], [], [], CallSites(), [])
+    torch._dynamo.reset()
+    copy = regional.with_compiled_blocks(optimized.module(), counting_backend)
+    out = copy(torch.zeros(4))
+    torch._dynamo.reset()
+    assert graphs  # the blocks ran compiled
+    assert torch.equal(out, torch.ones(4))  # exp(0), the patch, not neg(0)
+    assert owner.op is torch.neg  # taken out after the call
+    assert optimized.module()(torch.zeros(4)).sum() == 4 and len(graphs) == 1  # the model's own tree: not compiled

@@ -194,9 +194,19 @@ class Optimized:
         patches for the call's duration, so model(...), model.generate(...), torch.compile(model) (dynamo
         traces the patches: no graph break) and CUDA graphs all run the kernels. `.autokernel` is this."""
         model = self.model
-        if "forward" in vars(model):
-            return model
-        inner, patches = model.forward, self.patches
+        if "forward" not in vars(model):
+            self.over(model)
+        return model
+
+    def over(self, tree: nn.Module) -> nn.Module:
+        """tree, a copy of the model's module tree (its blocks compiled, say), called as module() calls the model:
+        its own forward with the function patches around it. A copy of module() made by copy.copy would keep
+        module()'s forward, which runs the model's tree, not the copy's."""
+        inner, patches = tree.forward, self.patches
+        wrapped = getattr(inner, "model_forward", None)  # tree copies module()'s model: the forward that one wraps
+        if wrapped is not None:
+            own = getattr(wrapped, "__func__", None) is type(tree).forward  # the class's, bound to the model
+            inner = type(tree).forward.__get__(tree) if own else wrapped
         traced = self.traced.module() if self.traced is not None else None
 
         @functools.wraps(inner)  # generate() reads forward's signature
@@ -212,9 +222,10 @@ class Optimized:
                 for (owner, name, _), old in zip(patches, saved):
                     setattr(owner, name, old)
 
-        model.forward = forward
-        model.autokernel = self  # a plain attribute (not a submodule): state_dict and .to() ignore it
-        return model
+        forward.model_forward = inner
+        tree.forward = forward
+        tree.autokernel = self  # a plain attribute (not a submodule): state_dict and .to() ignore it
+        return tree
 
     @contextmanager
     def patched(self):
