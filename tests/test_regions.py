@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from autokernel.profile import regions
+from autokernel.profile import regionkernel, regions
+from autokernel.types import _region
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "fixtures" / "softcap_model.py"
@@ -260,3 +261,27 @@ def test_a_region_with_several_outputs_becomes_a_kernel_the_compiled_model_calls
     finally:
         autokernel.uninstall_regions()
         torch._dynamo.reset()
+
+
+MAKES_ITS_OWN = '''def reference(in0):
+    iota = torch.ops.prims.iota.default(16, start = 0, step = 1, dtype = torch.int64, \\
+        device = device(type='{dev}'), requires_grad = False)
+    le = torch.ops.aten.le.Scalar(iota, inf)
+    where = torch.ops.aten.where.ScalarOther(le, in0, nan)
+    return where
+'''
+
+
+@pytest.mark.parametrize("dev", ["cpu", "cuda:7"])
+def test_a_region_whose_code_makes_tensors_on_a_device_gets_no_starter_and_says_why(dev):
+    """Inductor prints a device, inf and nan as names (a causal mask's iota on the profile's GPU): extract lists such a
+    region without a starter, with a reason, wherever it runs (it once stopped on a NameError)."""
+    code = MAKES_ITS_OWN.format(dev=dev)
+    with pytest.raises(ValueError, match="tensors of its own|does not trace"):
+        regionkernel.statements(code)
+    if dev == "cpu":  # the type module, read-only in workspace/regions, imports the names the code uses
+        namespace = {}
+        region = {"name": "r", "code": code, "ops": ["aten::iota", "aten::le", "aten::where"], "share": 0.1, "calls": 1,
+                  "inputs": [{"shape": [16], "dtype": "torch.float32"}]}
+        exec(compile(_region.module_source(region, "m"), "<m>", "exec"), namespace)  # noqa: S102
+        assert torch.equal(namespace["reference"](torch.ones(16)), torch.ones(16))

@@ -79,7 +79,7 @@ def reference_source(nodes: list, name: str = "reference", casts: bool = False) 
 
 def reference_of(code: str):
     """The `reference` function a region's code (reference_source) defines."""
-    namespace = {"torch": torch, "inf": float("inf"), "nan": float("nan")}
+    namespace = {"torch": torch, "device": torch.device, "inf": float("inf"), "nan": float("nan")}  # as printed
     exec(compile(code, "<region>", "exec"), namespace)  # noqa: S102  (our own generated code)
     return namespace["reference"]
 
@@ -91,7 +91,10 @@ def statements(code: str, rank: int = MAX_DIMS) -> tuple[list[str], list[str], l
     """(the reference's parameters, the Triton statements that compute it, the variables of its outputs, whether it
     reduces over rows) for a reference made of POINTWISE ops and REDUCTIONS over the last dimension of its
     rank-dimensional rows; a ValueError naming what is not."""
-    traced = torch.fx.symbolic_trace(reference_of(code))
+    try:
+        traced = torch.fx.symbolic_trace(reference_of(code))
+    except Exception as e:  # ops that make tensors of their own on a device this machine lacks (iota on a GPU)
+        raise ValueError(f"its code does not trace here ({type(e).__name__}: {str(e).splitlines()[0]})") from e
     values, params, lines, reduces = {}, [], [], False
     for n in traced.graph.nodes:
         if n.op == "placeholder":
@@ -105,6 +108,8 @@ def statements(code: str, rank: int = MAX_DIMS) -> tuple[list[str], list[str], l
         elif n.op == "call_function":
             lines.append(f"v{len(lines)} = {_expression(n, values)}")
             values[n.name] = f"v{len(lines) - 1}"
+        elif n.op == "get_attr":  # a tensor the code made of its own (an iota, a mask): not an input's element
+            raise ValueError("it makes tensors of its own (an index or a mask), which a starter does not compute")
         elif n.op == "output":
             results = n.args[0] if isinstance(n.args[0], (tuple, list)) else (n.args[0],)
             return params, lines, [values[r.name] for r in results], reduces

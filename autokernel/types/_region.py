@@ -41,6 +41,7 @@ left out): the oracle of the kernel files of type "{type_name}". Read-only; the 
 """
 
 import torch
+from torch import device, inf, nan  # noqa: F401  (names the captured code prints)
 
 from autokernel.types._region import region_spec
 
