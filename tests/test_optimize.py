@@ -137,6 +137,12 @@ def test_optimize_follows_the_prune_of_verify_report_for_this_model(llama, tmp_p
     optimized = autokernel.optimize(llama, kernels, ["rmsnorm", "matmul"], quiet=True).autokernel
     assert optimized.types == ["rmsnorm"] and optimized.traced_types() == ["matmul"]
     assert "(compile_graph mode)" in optimized.left_out_compiled["rmsnorm"]
+    # a type no site ran when verify checked the model: verify timed the model without it, so it runs without it
+    report.update(pruned={}, prune={"mode": "eager,compile_graph"}, unused_types=["matmul"])
+    (tmp_path / "verify.json").write_text(json.dumps(report))
+    optimized = autokernel.optimize(llama, kernels, ["rmsnorm", "matmul"], quiet=True).autokernel
+    assert optimized.types == ["rmsnorm"] == optimized.traced_types()
+    assert "no site" in optimized.left_out["matmul"] and "no site" in optimized.left_out_compiled["matmul"]
 
 
 def test_where_a_gradient_is_wanted_the_original_ops_run_and_train(llama, tmp_path):

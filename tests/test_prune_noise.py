@@ -5,6 +5,7 @@ is compiled once for its rows."""
 import math
 import random
 import types
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -205,10 +206,10 @@ class Block(torch.nn.Module):
         return (x * 3 / 3).abs()
 
 
-class Layered(SharedForward):  # a kernel set of a model of four repeated blocks
+class Layered(SharedForward):  # a kernel set of a model of six repeated blocks
     def __init__(self, types):
         super().__init__(types)
-        self.layers = torch.nn.ModuleList(Block() for _ in range(4))
+        self.layers = torch.nn.ModuleList(Block() for _ in range(6))
 
     def forward(self, x):
         for layer in self.layers:
@@ -216,40 +217,61 @@ class Layered(SharedForward):  # a kernel set of a model of four repeated blocks
         return super().forward(x)
 
 
-def test_block_trials_compile_the_model_whole_only_for_the_last_check(monkeypatch):
-    """With block_trials each trial compiles the repeated block (once for all four), and only the original and the
-    kept set, for the last check and the rows, are compiled whole: two whole compiles whatever the number of types."""
+def shallow_prune(monkeypatch, ms: Callable) -> tuple:
+    """A compiled prune of Layered kernel sets with shallow trials, each model timed ms(its types, its blocks) on a
+    backend that counts the blocks of each graph it compiles, then the rows: (optimized, dropped, rows, errors,
+    blocks of each compiled graph, blocks of the graphs compiled by the prune)."""
     graphs = []
 
     def counting_backend(gm, example):
-        graphs.append(sum(str(n.target).endswith("abs") for n in gm.graph.nodes))  # a block: 1; the model: 5
+        graphs.append(sum(str(n.target).endswith("abs") for n in gm.graph.nodes) - 1)  # each block has one abs
         return gm.forward
     monkeypatch.setattr(endtoend, "backend_for", lambda device: counting_backend)
     monkeypatch.setattr(swap, "build", lambda model, types, traced=None: Layered(types))
 
     def time_turns(fns, sets, device, turns, latency=False):
-        ms = {name: fn(*sets[0]) is not None and 10.0 - 0.5 * len(fn.types) for name, fn in fns.items()}
-        return {name: [ms[name] * 1e3] * turns for name in fns}
+        got = {name: fn(*sets[0]) is not None and ms(fn.types, len(fn.layers)) for name, fn in fns.items()}
+        return {name: [got[name] * 1e3] * turns for name in fns}
 
     monkeypatch.setattr(timing, "time_turns", time_turns)
     reuse = {}
     torch._dynamo.reset()
     with torch.no_grad():
         optimized, dropped = endtoend.prune(Layered([]), Layered(["type0", "type1", "type2"]), lambda seed: (
-            torch.ones(4),), "cpu", modes="compile", reuse=reuse, block_trials=True)
-        whole_in_prune = graphs.count(5)
+            torch.ones(4),), "cpu", modes="compile", reuse=reuse, shallow_trials=True)
+        in_prune = list(graphs)
         rows, errors = endtoend.time_models(Layered([]), optimized, lambda seed: (torch.ones(4),), "cpu",
                                             with_compile=True, reuse=reuse)
     torch._dynamo.reset()
+    return optimized, dropped, rows, errors, graphs, in_prune
+
+
+def test_shallow_trials_compile_the_model_whole_only_for_the_last_check(monkeypatch):
+    """With shallow_trials each trial compiles the model cut to one and to two blocks, and only the original and the
+    kept set, for the last check and the rows, are compiled whole: two whole compiles whatever the number of types."""
+    optimized, dropped, rows, errors, graphs, in_prune = shallow_prune(monkeypatch, lambda types, blocks: 10.0 - len(
+        types))
     assert not dropped and not errors and {"compile", "optimized_compile"} <= set(rows)
-    assert whole_in_prune == 2 and graphs.count(5) == 2  # the original and the kept set; the rows reuse them
-    assert set(graphs) == {1, 5}  # every other compile was of one block
+    assert in_prune.count(6) == 2 and graphs.count(6) == 2  # the original and the kept set; the rows reuse them
+    assert set(graphs) == {1, 2, 6}  # every other compile was of a cut copy
 
 
-def test_a_block_compiled_copy_of_an_optimized_model_runs_its_compiled_blocks_with_the_patches():
-    """The compiled prune's trials are copies of optimize()'s model with their blocks compiled: the copy runs its own
-    compiled blocks, with the kernels' function patches around the call (a copy that kept module()'s forward ran the
-    model's uncompiled tree: every compiled trial timed eager code)."""
+def test_shallow_trials_decide_on_the_whole_model_s_time_not_the_cut_copies(monkeypatch):
+    """type0 saves 0.3 ms outside the blocks and costs 0.1 ms in each: the copy of two blocks runs faster with it, the
+    whole model of six slower. type1 saves 0.3 ms a block. The cut copies' times, extrapolated turn by turn to six
+    blocks, decide as the whole model would."""
+    def ms(types, blocks):
+        return 10.0 - 0.3 * ("type0" in types) + blocks * (1.0 + 0.1 * ("type0" in types) - 0.3 * ("type1" in types))
+    assert ms(["type0"], 2) < ms([], 2) and ms(["type0"], 6) > ms([], 6)
+    optimized, dropped, rows, errors, graphs, in_prune = shallow_prune(monkeypatch, ms)
+    assert list(dropped) == ["type0"] and "compile" in dropped["type0"]
+    assert optimized.types == ["type1", "type2"]
+
+
+def test_a_cut_copy_of_an_optimized_model_runs_its_own_blocks_with_the_patches():
+    """The compiled prune's shallow trials are cut copies of optimize()'s model: a copy runs its own blocks, with the
+    kernels' function patches around the call (a copy that kept module()'s forward ran the model's tree instead:
+    every compiled trial of the first regional prune timed the eager model)."""
     owner = types.SimpleNamespace(op=torch.neg)  # a function a kernel type patches
 
     class Patched(torch.nn.Module):
@@ -269,10 +291,52 @@ def test_a_block_compiled_copy_of_an_optimized_model_runs_its_compiled_blocks_wi
         return gm.forward
     optimized = swap.Optimized(Patched(), [(owner, "op", torch.exp)], [], [], CallSites(), [])
     torch._dynamo.reset()
-    copy = regional.with_compiled_blocks(optimized.module(), counting_backend)
-    out = copy(torch.zeros(4))
+    cut = regional.truncated(optimized.module(), 2)
+    out = torch.compile(cut, backend=counting_backend)(torch.zeros(4))
     torch._dynamo.reset()
-    assert graphs  # the blocks ran compiled
+    assert [sum(str(n.target).endswith("abs") for n in gm.graph.nodes) for gm in graphs] == [2]  # two blocks
     assert torch.equal(out, torch.ones(4))  # exp(0), the patch, not neg(0)
     assert owner.op is torch.neg  # taken out after the call
-    assert optimized.module()(torch.zeros(4)).sum() == 4 and len(graphs) == 1  # the model's own tree: not compiled
+    assert len(optimized.module().layers) == 4  # the model itself keeps its blocks
+
+
+class WithIdle(SharedForward):  # optimize()'s model: every type with a file, one of them run by no site
+    def swapped_types(self):
+        return [t for t in self.types if t != "type9"]
+
+
+def test_the_prune_times_the_kernels_deploy_installs_not_the_types_no_site_ran(monkeypatch):
+    """optimize() loads every type with a file, and one no site runs can still act (an attention type's patch of
+    transformers' causal mask made a GPT-NeoX 1.2 ms faster graphed); deploy from the report installs only the types
+    a site ran. Every model the prune times is built from those: it once kept a set that, deployed, ran 0.93x."""
+    monkeypatch.setattr(swap, "build", lambda model, types, traced=None: SharedForward(types))
+    timed = []
+
+    def time_turns(fns, sets, device, turns, latency=False):
+        timed.extend(fn.types for fn in fns.values())
+        return {name: [(10.0 - 0.5 * len(fn.types)) * 1e3] * turns for name, fn in fns.items()}
+
+    monkeypatch.setattr(timing, "time_turns", time_turns)
+    optimized, dropped = endtoend.prune(SharedForward([]), WithIdle(["type0", "type1", "type9"]),
+                                        lambda seed: (torch.ones(4),), "cpu", modes="eager")
+    assert not dropped and optimized.types == ["type0", "type1"]
+    assert timed and all("type9" not in types for types in timed)
+
+
+def test_an_hf_decoder_cut_to_its_first_blocks_runs_and_keeps_its_kernels():
+    """A cut copy of optimize()'s HF Llama (four layers) runs one layer or two, over the same weights, with the
+    model's kernels; the model keeps its four layers."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                                      num_key_value_heads=2, vocab_size=256)
+    model = transformers.LlamaForCausalLM(config).eval()
+    ids = torch.randint(0, 256, (1, 8), generator=torch.Generator().manual_seed(0))
+    optimized = swap.build(model, []).module()
+    shallow = regional.ShallowTrials(optimized, "eager", [(ids,)])
+    assert shallow.usable() and shallow.blocks == 4
+    with torch.no_grad():
+        one = regional.truncated(optimized, 1)
+        assert len(one.model.layers) == 1 and len(optimized.model.layers) == 4
+        assert one.model.layers[0].mlp.up_proj.weight is model.model.layers[0].mlp.up_proj.weight
+        assert one(ids).logits.shape == model(ids).logits.shape
+    assert shallow.whole(1.5, 2.0) == 2.0 + 2 * 0.5

@@ -102,6 +102,31 @@ def test_under_torch_compile_the_kernel_is_one_node_of_the_graph(interpreter, tm
     assert not any("scaled_dot_product" in op for op in ops)
 
 
+@pytest.mark.slow(3)
+def test_flash_attention_alone_also_takes_the_attention_where_transformers_would_build_a_mask(interpreter, tmp_path):
+    """A GPT-NeoX attention is no rope_attention site (partial rotary), so flash_attention takes its SDPA call; under
+    torch.compile (and in a CUDA graph's capture) transformers builds the causal mask a plain forward leaves out, and
+    a call given a mask falls back. flash_attention carries the same create_causal_mask patch: one kernel node per
+    layer, the original's output (without it the graphed model ran 0.93x of the original on an H100)."""
+    torch.manual_seed(0)
+    config = transformers.GPTNeoXConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                        num_attention_heads=4, vocab_size=256, rotary_pct=0.25)
+    model, ids = transformers.GPTNeoXForCausalLM(config).eval(), _ids()
+    graphs = []
+
+    def backend(gm, example):
+        graphs.append(gm)
+        return gm.forward
+
+    with torch.no_grad():
+        optimized = _optimize(model, tmp_path / "none", ["flash_attention"])
+        got = torch.compile(optimized, backend=backend, fullgraph=True)(ids, use_cache=False).logits
+        torch.testing.assert_close(got, model(ids, use_cache=False).logits, atol=1e-4, rtol=1e-4)
+    ops = [str(n.target) for g in graphs for n in g.graph.nodes if n.op == "call_function"]
+    assert sum("autokernel.flash_attention" in op for op in ops) == 2  # one per layer
+    assert not any("scaled_dot_product" in op for op in ops)
+
+
 @pytest.mark.gpu
 def test_inductor_launches_the_kernel_from_its_own_code(tmp_path):
     """Inductor passes a Python float to a user kernel as fp64 (the score scale): the file keeps its loop's

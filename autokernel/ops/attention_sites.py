@@ -19,8 +19,9 @@ rotated once more, eagerly, for the cache, since the kernel rotates K only insid
 (loss evaluation) pass use_cache=False and save that. Everything else runs the original forward, and the site
 says why. The projections stay as they are (with matmul requested, F.linear's patch still takes them).
 
-Under torch.compile, transformers (5.x with torch < 2.14) builds an explicit causal mask tensor even where it
-would pass None in eager mode, and a layer given a mask falls back. So the type also patches HF's
+Under torch.compile, and while a CUDA graph captures the forward, transformers (5.x with torch < 2.14) builds an
+explicit causal mask tensor even where it would pass None in eager mode, and a layer given a mask falls back. So
+the type (and flash_attention, for the SDPA calls of attention modules no site takes) also patches HF's
 create_causal_mask where the model's modules import it (causal_mask_patches): with no attention_mask, no past
 positions, SDPA as the implementation and no extra mask functions it returns None, as transformers itself does
 in eager mode for that case (SDPA then runs with is_causal=True; nothing is padded, so nothing is lost).

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from autokernel.kerneltype import Deployment, KernelSpec, Profiling, SuiteTarget
-from autokernel.ops import customops
+from autokernel.ops import attention_sites, customops
 from autokernel.ops.customops import KERNEL_DTYPES, CallSites, grad_reason, in_eager
 from autokernel.types._common import esize, numel, randn
 
@@ -146,5 +146,5 @@ SPEC = KernelSpec(
     suite_target=SuiteTarget("0.9x SDPA", lambda r, b: r["speedup_vs_pytorch"] / 0.9),
     deployment=Deployment("(Tensor Q, Tensor K, Tensor V, bool causal, float? sm_scale) -> Tensor",
                           lambda Q, K, V, causal, sm_scale: (*Q.shape[:-1], V.shape[-1]),
-                          functions=replace_sdpa),
+                          functions=replace_sdpa, model_functions=attention_sites.causal_mask_patches),
 )

@@ -16,6 +16,7 @@ runs the compiled side's where torch.compile traces it (swap.build's `traced`).
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import statistics
 import time
@@ -167,12 +168,12 @@ def wrong_output(fn: Callable, model, args: tuple) -> str | None:
 
 def prune_deployed(model, optimized: swap.Optimized, inputs: Callable, device: str, modes: list[str],
                    progress: Callable[[str], None] | None = None, decisions: dict | None = None,
-                   reuse: dict | None = None, block_trials: bool = False):
+                   reuse: dict | None = None, shallow_trials: bool = False):
     """prune() on each side of `modes` (verification.deploy_modes): the types kept in the eager modes (eager,
     graph) run eagerly, those kept in the compiled ones (compile, compile_graph) where torch.compile traces the
     model. Returns (optimized, {type: why} left out eagerly, {type: why} left out under torch.compile); modes of
     one side decide both. progress: called with a line per type tried, with the time spent and an estimate of
-    what is left; decisions, if given, gets {side's modes: prune()'s decisions}; reuse and block_trials: prune()'s,
+    what is left; decisions, if given, gets {side's modes: prune()'s decisions}; reuse and shallow_trials: prune()'s,
     for the compiled side."""
     eager, compiled = sides(modes)
     types = optimized.swapped_types()
@@ -181,12 +182,12 @@ def prune_deployed(model, optimized: swap.Optimized, inputs: Callable, device: s
     if not eager or not compiled:
         side = deciding_modes(modes)
         optimized, dropped = prune(model, optimized, inputs, device, side, clock, decisions.setdefault(
-            ",".join(side), {}), reuse, block_trials)
+            ",".join(side), {}), reuse, shallow_trials)
         return optimized, dropped, dropped
     _, dropped = prune(model, optimized, inputs, device, eager, clock, decisions.setdefault(",".join(eager), {}))
     side = deciding_modes(compiled)
     _, dropped_traced = prune(model, optimized, inputs, device, side, clock, decisions.setdefault(",".join(side), {}),
-                              reuse, block_trials)
+                              reuse, shallow_trials)
     both = swap.build(model, [t for t in types if t not in dropped],
                       traced=[t for t in types if t not in dropped_traced])
     return both, dropped, dropped_traced
@@ -220,7 +221,7 @@ def _duration(seconds: float) -> str:
 
 def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes: str | list[str] = "eager",
           progress: Callable[[str], None] | None = None, decisions: dict | None = None, reuse: dict | None = None,
-          block_trials: bool = False):
+          shallow_trials: bool = False):
     """Leave out, one type at a time, each kernel whose removal makes the whole model faster in one of `modes`.
 
     A kernel that beats PyTorch at the harness's shape can still lose at this model's shapes (a
@@ -239,20 +240,21 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes
     with the figures that decided it; decisions, if given, gets {type: {mode: noise.Verdict as a dict}, "kept
     together": ...}. reuse, if given on the compiled side, gets the original and the kept set as compiled and
     graphed for the last comparison ({"original": {mode: fn}, "kept": ...}), for time_models' rows to time
-    without compiling them again (dynamo's cache is then kept, not emptied, at the end). block_trials: on the
-    compiled side each trial compiles the model's repeated block, not the whole model (regional.py); the last
-    check compiles both models whole.
+    without compiling them again (dynamo's cache is then kept, not emptied, at the end). shallow_trials: on the
+    compiled side each trial compiles copies of the model cut to one and two of its blocks and takes the whole
+    model's time from theirs (regional.py); the last check compiles both models whole.
     """
     modes, compiled = _one_side(modes)
-    trials = _Trials(model, modes, compiled, inputs, device, block_trials)
+    trials = _Trials(model, modes, compiled, inputs, device, shallow_trials)
     keep, dropped = optimized.swapped_types(), {}
+    optimized = swap.build(model, keep)  # what deploy installs from the report: the types a site ran, no others
     decided = {} if decisions is None else decisions
-    reusing = compiled and reuse is not None
-    with _compiling_each_once(len(keep) + 2, reset_after=not reusing) if compiled else contextlib.nullcontext():
+    reusing, traces = compiled and reuse is not None, (len(keep) + 2) * (1 + len(regional.DEPTHS))  # cut copies too
+    with _compiling_each_once(traces, reset_after=not reusing) if compiled else contextlib.nullcontext():
         for kernel_type in list(keep):
             optimized = _try_without(trials, optimized, kernel_type, keep, dropped, progress, decided)
-        if trials.regional:  # the last check and the rows: whole models
-            trials.regional = False
+        if trials.shallow is not None:  # the last check and the rows: whole models
+            trials.shallow = None
             trials.ready.clear()
         module = optimized.module()
         verdicts = trials.compare(model, against=module) if keep else {}
@@ -344,11 +346,13 @@ class _Trials:
     or to run counts as infinitely slow; failures[fn] says why."""
 
     def __init__(self, model, modes: list[str], compiled: bool, inputs: Callable, device: str,
-                 block_trials: bool = False):
+                 shallow_trials: bool = False):
         self.model, self.modes, self.compiled, self.device = model, modes, compiled, device
-        self.regional = compiled and block_trials  # trials compile the repeated block (regional.py)
         self.sets = [inputs(TIMING_SEED + i) for i in range(TIMING_INPUTS)]
         self.backend = backend_for(device)
+        self.timed = functools.partial(latency_turns, sets=self.sets, device=device)  # fns -> their samples in turns
+        shallow = regional.ShallowTrials(model, self.backend, self.sets) if compiled and shallow_trials else None
+        self.shallow = shallow if shallow is not None and shallow.usable() else None  # trials on cut copies
         self.failures = {}
         # fn -> deployed(fn): the kept set, deployed for one trial, is the `against` of the next one too
         self.ready = {}
@@ -358,23 +362,20 @@ class _Trials:
         """{mode: fn as deployed in it} (one compile for both compiled modes), each having given the original's
         output; None (the failure kept) otherwise."""
         try:
-            ran = self._compile(fn) if self.compiled else fn
-            self.runs[fn] = ran
-            ready = {m: timing.cuda_graphed(ran, self.sets[0]) if m.endswith("graph") else ran for m in self.modes}
-            wrong = None if fn is self.model else next(
-                filter(None, (wrong_output(r, self.model, self.sets[-1]) for r in ready.values())), None)
+            if self.shallow is not None:  # a trial: the model's cut copies (the original runs in the last check only)
+                ready, wrong = self.shallow.deploy(fn, self.modes, timing.cuda_graphed, wrong_output)
+            else:
+                ran = torch.compile(fn, backend=self.backend) if self.compiled else fn
+                self.runs[fn] = ran
+                ready = {m: timing.cuda_graphed(ran, self.sets[0]) if m.endswith("graph") else ran for m in self.modes}
+                wrong = None if fn is self.model else next(
+                    filter(None, (wrong_output(r, self.model, self.sets[-1]) for r in ready.values())), None)
         except Exception as e:
             wrong = _error_line(e)
         if wrong:
             self.failures[fn] = wrong
             return None
         return ready
-
-    def _compile(self, fn):
-        """fn compiled whole, or with its repeated blocks compiled (regional: the original, timed in the last check
-        only, always whole)."""
-        blocks = regional.with_compiled_blocks(fn, self.backend) if self.regional and fn is not self.model else None
-        return blocks if blocks is not None else torch.compile(fn, backend=self.backend)
 
     def as_rows(self, fn) -> dict[str, Callable]:
         """fn deployed for time_models' rows ({"compile": compiled fn, "compile_graph": its graph}, what was made of
@@ -400,11 +401,14 @@ class _Trials:
         if ready is None:
             return dict.fromkeys(self.modes, math.inf)
         try:
-            return {m: timing.time_fn(r, self.sets, self.device, latency=True).median_us / 1e3
+            return {m: self.shallow.alone(r, self._ms) if isinstance(r, dict) else self._ms(r)
                     for m, r in ready.items()}
         except Exception as e:
             self.failures[fn] = _error_line(e)
             return dict.fromkeys(self.modes, math.inf)
+
+    def _ms(self, fn) -> float:
+        return timing.time_fn(fn, self.sets, self.device, latency=True).median_us / 1e3
 
     def compare(self, fn, against) -> dict[str, noise.Verdict]:
         """{mode: the verdict on fn (the model without a kernel) against `against` (with it)}, timed in turns: a
@@ -417,7 +421,8 @@ class _Trials:
         try:
             for _ in range(PRUNE_ROUNDS):
                 for m in [m for m in self.modes if _undecided(samples[m])]:
-                    turns = latency_turns({"without": without[m], "with": with_[m]}, self.sets, self.device)
+                    sides = {"without": without[m], "with": with_[m]}
+                    turns = self.shallow.turns(sides, self.timed) if self.shallow is not None else self.timed(sides)
                     for side in ("without", "with"):
                         samples[m][side] += turns[side]
         except Exception:  # one of them fails in a mode: each timed alone, to know which

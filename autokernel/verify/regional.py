@@ -1,22 +1,27 @@
-"""Regional compilation for the compiled side of a prune: each trial compiles the model's repeated block, not the
-whole model.
+"""Shallow trials for the compiled side of a prune: each trial compiles copies of the model cut to its first one
+and two blocks, not the whole model, and the two times give the whole model's.
 
 A compiled prune times one model per kernel type (the kept set without that type), each compiled: on a deep model,
-a minute per compile and most of verify.py's wall time. A decoder is one block repeated (its layers): torch.compile
-applied to each block compiles the block's code once and every layer reuses it, so a trial costs one block's
-compile. What it decides on is each layer fused as Inductor fuses a layer; what it misses is fusion across two
-layers (a residual add with the next layer's first norm), so the last check of a prune (the kept set against the
-original) and verify's rows still compile the whole model.
+a minute per compile and most of verify.py's wall time. A decoder is one block repeated (its layers) between a
+head and a tail (the embedding; the final norm, the LM head and the loss). Cut to its first d blocks, the model
+runs in t(d) = rest + d x block, every part compiled as torch.compile compiles the whole model: the head and the
+tail too, and the fusion across two layers (a layer's residual add with the next layer's first norm, which a norm
+kernel breaks). So the whole model's time is t(2) + (L - 2) x (t(2) - t(1)) for its L blocks, taken turn by turn
+from copies that compile in a fraction of the time. The last check of a prune (the kept set against the original)
+and verify's rows still compile the whole model. Compiling each block on its own would be cheaper still, but it
+misses the head, the tail and the fusion across layers: exactly where a kernel can lose under torch.compile.
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
-MIN_BLOCKS = 2  # a list of fewer blocks saves nothing over compiling the whole model
+MIN_BLOCKS = 3  # a model of fewer blocks compiles as fast as its cut copies
+DEPTHS = (1, 2)  # the copies' blocks: t(2) - t(1) is one block and one junction between two
 
 
 def repeated_blocks(module: nn.Module) -> tuple[str, nn.ModuleList] | None:
@@ -27,21 +32,20 @@ def repeated_blocks(module: nn.Module) -> tuple[str, nn.ModuleList] | None:
     return max(lists, key=lambda item: len(item[1])) if lists else None
 
 
-def with_compiled_blocks(module: nn.Module, backend) -> nn.Module | None:
-    """A copy of the module (over the same weights, nothing of it changed) whose repeated blocks are each
-    torch.compile'd, or None when it has none. The copy is shallow along the path to the blocks' list."""
+def truncated(module: nn.Module, depth: int) -> nn.Module | None:
+    """A copy of the module (over the same weights, nothing of it changed) with only the first `depth` of its
+    repeated blocks, or None when it has none. The copy is shallow along the path to the blocks' list; a model
+    optimize() made keeps its kernels' patches around the copy's forward (swap.Optimized.over)."""
     found = repeated_blocks(module)
     if found is None:
         return None
-    path, _ = found
-    top = _copy(module)
-    node = top
-    for name in filter(None, path.split(".")):
-        node._modules[name] = _copy(node._modules[name])
-        node = node._modules[name]
-    for key, block in list(node._modules.items()):
-        node._modules[key] = torch.compile(block, backend=backend)
-    optimized = vars(module).get("autokernel")  # optimize()'s model: its forward, with the patches, over the copy
+    path, blocks = found
+    *parents, last = path.split(".")
+    top = node = _copy(module)
+    for name in parents:
+        node._modules[name] = node = _copy(node._modules[name])
+    node._modules[last] = nn.ModuleList(list(blocks)[:depth])
+    optimized = vars(module).get("autokernel")
     return optimized.over(top) if optimized is not None else top
 
 
@@ -49,3 +53,46 @@ def _copy(module: nn.Module) -> nn.Module:
     clone = copy.copy(module)
     clone._modules = dict(module._modules)
     return clone
+
+
+class ShallowTrials:
+    """The models of a compiled prune's trials as their cut copies, each compiled, graphed in the graphed modes and
+    checked against the original cut alike; their times in turns, extrapolated to the whole model turn by turn."""
+
+    def __init__(self, model: nn.Module, backend, sets: list):
+        found = repeated_blocks(model)
+        self.blocks = len(found[1]) if found else 0
+        self.backend, self.sets = backend, sets
+        self.originals = {d: truncated(model, d) for d in DEPTHS} if found else {}
+
+    def usable(self) -> bool:
+        """Whether the model has repeated blocks and runs cut (a forward that counts its layers from its config
+        does not: its trials compile it whole)."""
+        try:
+            with torch.no_grad():
+                return bool(self.originals) and all(m(*self.sets[0]) is not None for m in self.originals.values())
+        except Exception:
+            return False
+
+    def deploy(self, fn: nn.Module, modes: list[str], graphed: Callable,
+               wrong_output: Callable) -> tuple[dict, str | None]:
+        """({mode: {depth: fn's cut copy as deployed in it}}, what is wrong with its output or None)."""
+        ran = {d: torch.compile(truncated(fn, d), backend=self.backend) for d in DEPTHS}
+        ready = {m: {d: graphed(r, self.sets[0]) if m.endswith("graph") else r for d, r in ran.items()} for m in modes}
+        wrong = next(filter(None, (wrong_output(r, self.originals[d], self.sets[-1])
+                                   for by_depth in ready.values() for d, r in by_depth.items())), None)
+        return ready, wrong
+
+    def turns(self, sides: dict[str, dict], time_turns: Callable) -> dict[str, list[float]]:
+        """{side: the whole model's time per turn}, from the cut copies of each side ({side: {depth: fn}}) timed
+        in one set of turns."""
+        runs = time_turns({f"{side} {d}": fn for side, by_depth in sides.items() for d, fn in by_depth.items()})
+        return {side: [self.whole(*t) for t in zip(*(runs[f"{side} {d}"] for d in DEPTHS))] for side in sides}
+
+    def whole(self, one: float, two: float) -> float:
+        """The whole model's time from its copies' with one and two blocks."""
+        return two + (self.blocks - 2) * (two - one)
+
+    def alone(self, by_depth: dict, time_one: Callable) -> float:
+        """The whole model's time from its cut copies ({depth: fn}) each timed alone by time_one."""
+        return self.whole(*(time_one(by_depth[d]) for d in DEPTHS))

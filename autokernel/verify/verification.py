@@ -38,7 +38,7 @@ class Request:
     cuda_graph: bool = False
     deploy: str | None = None  # a mode, or an eager and a compiled one ("eager,compile"); None: from the flags
     keep_all: bool = False
-    block_trials: bool = False  # the compiled prune's trials compile the repeated block, not the model
+    shallow_trials: bool = False  # the compiled prune's trials compile the model cut to 1 and 2 blocks
     against: str | None = None  # "extracted", "starters" or a directory
     export: Path | None = None
     package_name: str = "autokernel_kernels"
@@ -187,6 +187,7 @@ def _measure(request: Request, model, optimized, choices: dict, inputs, device: 
     --against, and under --compile its graph breaks."""
     import torch
 
+    from autokernel.ops import swap
     from autokernel.verify import correctness, endtoend
 
     timed = not request.no_timing and passed
@@ -197,7 +198,9 @@ def _measure(request: Request, model, optimized, choices: dict, inputs, device: 
     if decided:
         optimized, pruned, pruned_traced = endtoend.prune_deployed(model, optimized, inputs, device,
                                                                    deploy_modes(mode), _progress, decisions, reuse,
-                                                                   request.block_trials)
+                                                                   request.shallow_trials)
+    elif timed:  # the rows time what optimize() installs by this report: the types a site ran, no others
+        optimized = swap.build(model, optimized.swapped_types())
     graphs = request.cuda_graph and device == "cuda"
     timings, errors = endtoend.time_models(model, optimized, inputs, device, request.compile, graphs, reuse) \
         if timed else ({}, {})
