@@ -285,3 +285,14 @@ def test_a_region_whose_code_makes_tensors_on_a_device_gets_no_starter_and_says_
                   "inputs": [{"shape": [16], "dtype": "torch.float32"}]}
         exec(compile(_region.module_source(region, "m"), "<m>", "exec"), namespace)  # noqa: S102
         assert torch.equal(namespace["reference"](torch.ones(16)), torch.ones(16))
+
+
+def test_the_attention_a_compiled_graph_calls_through_cudnn_is_flash_attention_s_region():
+    """On an H100 a compiled GPT-NeoX calls aten::_cudnn_attention_forward (34% of its forward): that extern region is
+    the attention flash_attention places, not work no type covers."""
+    from autokernel.profile import attribution
+    from autokernel.profile.attribution import Op
+
+    call = Op("aten::_cudnn_attention_forward", "op", self_us=72.0, shapes=[[1, 16, 2048, 64]] * 3)
+    found = regions.regions_of([call], [], [], 1, attribution._Rules(attribution._rules()))
+    assert [(r.kind, r.type, r.calls) for r in found] == [("extern", "flash_attention", 1)]

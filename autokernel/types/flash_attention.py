@@ -52,6 +52,7 @@ ATTENTION_OPS = {
     "aten::_scaled_dot_product_cudnn_attention": (6, 8),
     "aten::_flash_attention_forward": (None, None),
     "aten::_efficient_attention_forward": (None, None),
+    "aten::_cudnn_attention_forward": (None, None),  # what a compiled graph calls for cuDNN's SDPA (torch 2.11)
 }
 
 
