@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# GPU: verify.py --compile --cuda-graph on HF configs of benchmarks/hf/, run after run, each a fresh process with its
+# wall time; one log per run and one line per run (wall, kept sets, speedups) in LOGDIR/walls.txt. Stops starting
+# runs when fewer than 100 s are left of BUDGET seconds (default 570: one 10-minute device command).
+#
+#   bash scripts/verify_runs.sh LOGDIR "EXTRA FLAGS" TAG:CONFIG [TAG:CONFIG ...]
+#   bash scripts/verify_runs.sh $OUT "--shallow-trials" tl1:tinyllama neox1:pythia-410m
+set -uo pipefail
+LOG=${1:?usage: verify_runs.sh LOGDIR "EXTRA FLAGS" TAG:CONFIG ...}
+FLAGS=${2-}
+shift 2 || { echo "usage: verify_runs.sh LOGDIR \"EXTRA FLAGS\" TAG:CONFIG ..."; exit 2; }
+mkdir -p "$LOG"
+T0=$(date +%s)
+BUDGET=${BUDGET:-570}
+for spec in "$@"; do
+  tag=${spec%%:*}
+  cfg=${spec#*:}
+  left=$((BUDGET - ($(date +%s) - T0)))
+  if [ "$left" -le 100 ]; then
+    echo "$tag: not run, ${left}s left" | tee -a "$LOG/walls.txt"
+    continue
+  fi
+  s=$(date +%s)
+  # shellcheck disable=SC2086  # FLAGS is a list of flags
+  timeout "$left" python3 verify.py --module transformers --class-name AutoModelForCausalLM \
+    --config "benchmarks/hf/$cfg" --input-shape 1,2048 --compile --cuda-graph $FLAGS \
+    --report "/tmp/verify_$tag.json" > "$LOG/$tag.log" 2>&1
+  rc=$?
+  echo "$tag $cfg rc=$rc wall=$(($(date +%s) - s))s $(grep -E '^(swapped_types|pruned|compiled_types|pruned_compiled|graph_speedup_vs_eager|compiled_speedup_vs_compile):' "$LOG/$tag.log" | tr '\n' ' ')" | tee -a "$LOG/walls.txt"
+done
