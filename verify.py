@@ -182,6 +182,8 @@ def show(report: dict) -> None:
         console.print(line)
     if report["timing"]:
         console.print(_timing_table(report))
+    for line in report.get("disagreements") or ():
+        console.print(f"[yellow]warning[/yellow]: {line}")
     for row, error in report["timing_errors"].items():
         console.print(f"[red]not timed[/red]: {row}: {error}")
     if report.get("against"):
