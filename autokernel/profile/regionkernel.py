@@ -163,7 +163,9 @@ STARTER = '''"""A region kernel of {model}: {share:.1%} of its compiled forward,
 
 It computes {ops}.
 Written by extract.py from the region's subgraph; workspace/regions/{module}.py holds its reference, read-only.
-One program per BLOCK elements of the output, each input loaded through its broadcast strides, the math in fp32.
+One program per BLOCK elements of the output, the math in fp32. Where every input is laid out as the output
+(contiguous, nothing broadcast: the usual call) each is read at the output's own offsets; otherwise through its
+broadcast strides, four index divisions per element. Offsets are 32-bit below 2**31 elements.
 Inductor's own kernel for the region is what to beat (the baseline torch.compile makes of the reference).
 """
 
@@ -179,15 +181,22 @@ TUNABLES = {{"BLOCK": [256, 512, 1024, 2048, 4096], "NUM_WARPS": [1, 2, 4, 8]}}
 
 
 @triton.jit
-def _region({outputs}, {pointers}, n, S1, S2, S3, {strides}, BLOCK: tl.constexpr):
-    flat = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+def _region({outputs}, {pointers}, n, S1, S2, S3, {strides}, BLOCK: tl.constexpr, FLAT: tl.constexpr,
+            WIDE: tl.constexpr):
+    pid = tl.program_id(0)
+    if WIDE:  # more elements than 32-bit offsets reach
+        pid = pid.to(tl.int64)
+    flat = pid * BLOCK + tl.arange(0, BLOCK)
     mask = flat < n
-    i3 = flat % S3
-    rest = flat // S3
-    i2 = rest % S2
-    rest = rest // S2
-    i1 = rest % S1
-    i0 = rest // S1
+    if FLAT:  # every input laid out as the output
+{flat_loads}
+    else:
+        i3 = flat % S3
+        rest = flat // S3
+        i2 = rest % S2
+        rest = rest // S2
+        i1 = rest % S1
+        i0 = rest // S1
 {loads}
 {body}
 {stores}
@@ -204,8 +213,10 @@ def kernel_fn({params}):
     outs = [torch.empty(shape, dtype={first}.dtype, device={first}.device) for _ in range({n_outputs})]
     sizes = [1] * (4 - len(shape)) + list(shape)
     strides = [s for x in ({params},) for s in _strides(x, shape)]
-    _region[(triton.cdiv(outs[0].numel(), BLOCK),)](*outs, {params}, outs[0].numel(), sizes[1], sizes[2], sizes[3],
-                                                   *strides, BLOCK=BLOCK, num_warps=NUM_WARPS)
+    flat = all(x.shape == shape and x.stride() == outs[0].stride() for x in ({params},))
+    n = outs[0].numel()
+    _region[(triton.cdiv(n, BLOCK),)](*outs, {params}, n, sizes[1], sizes[2], sizes[3], *strides, BLOCK=BLOCK,
+                                     FLAT=flat, WIDE=n + BLOCK >= 2**31, num_warps=NUM_WARPS)
     return {returned}
 '''
 
@@ -281,10 +292,13 @@ def starter_source(region: dict, type_name: str, module: str, model: str) -> str
         allocs = "".join(f"{ALLOCS[kind]}, " for kind in written)
         return ROW_STARTER.format(**{**common, "stores": stores}, loads=loads, row=row, arguments=arguments,
                                   allocs=allocs)
-    loads = "\n".join(f"    x_{p} = tl.load({p}_ptr + i0 * {p}_s0 + i1 * {p}_s1 + i2 * {p}_s2 + i3 * {p}_s3, "
+    loads = "\n".join(f"        x_{p} = tl.load({p}_ptr + i0 * {p}_s0 + i1 * {p}_s1 + i2 * {p}_s2 + i3 * {p}_s3, "
                       "mask=mask, other=0.0).to(tl.float32)" for p in params)
+    flat_loads = "\n".join(f"        x_{p} = tl.load({p}_ptr + flat, mask=mask, other=0.0).to(tl.float32)"
+                           for p in params)
     strides = ", ".join(f"{p}_s{d}" for p in params for d in range(MAX_DIMS))
-    return STARTER.format(**common, loads=loads, strides=strides, shapes=", ".join(f"{p}.shape" for p in params))
+    return STARTER.format(**common, loads=loads, flat_loads=flat_loads, strides=strides,
+                          shapes=", ".join(f"{p}.shape" for p in params))
 
 
 def row_layout(code: str, params: list[str], shapes: list[list[int]]) -> tuple[dict[str, str], str, list[str]]:
