@@ -358,3 +358,41 @@ def test_verify_warns_where_its_rows_and_the_prune_timed_different_models():
     assert len(lines) == 1 and lines[0].startswith("graph:") and "1.094x" in lines[0] and "0.933x" in lines[0]
     timing["optimized_graph"]["ms"] = 7.0
     assert disagreements(decisions, timing) == []
+
+
+def test_a_shallow_prune_of_an_hf_decoder_compiles_cut_copies_and_the_whole_model_for_the_last_check(monkeypatch):
+    """optimize()'s HF Llama (four layers) through a compiled prune with shallow trials: every trial compiles the
+    model cut to one layer and to two, the last check the original and the kept set whole (four layers each)."""
+    import re
+
+    from autokernel.models import example_inputs
+    from autokernel.verify.deploy import optimize
+
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                                      num_key_value_heads=2, vocab_size=256)
+    model = transformers.LlamaForCausalLM(config).eval()
+    layers = []
+
+    def counting_backend(gm, example):  # the decoder layers each compiled graph holds
+        names = " ".join(n.name for n in gm.graph.nodes)
+        layers.append(len(set(re.findall(r"layers_(?:modules_)?(\d+)_", names))))
+        return gm.forward
+
+    def time_turns(fns, sets, device, turns, latency=False):  # each kernel saves 1 ms
+        ms = {name: fn(*sets[0]) is not None and 10.0 - len(getattr(getattr(fn, "autokernel", None), "types", []))
+              for name, fn in fns.items()}
+        return {name: [ms[name] * 1e3] * turns for name in fns}
+
+    monkeypatch.setattr(endtoend, "backend_for", lambda device: counting_backend)
+    monkeypatch.setattr(timing, "time_turns", time_turns)
+    inputs = lambda seed: example_inputs(model, (1, 16), "cpu", torch.float32, seed=seed)  # noqa: E731
+    torch._dynamo.reset()
+    with torch.no_grad():
+        optimized = optimize(model, "kernels", ["rmsnorm", "add_rmsnorm"], verified=None, quiet=True).autokernel
+        optimized(*inputs(0))  # the sites' calls: what the prune tries
+        kept, dropped = endtoend.prune(model, optimized, inputs, "cpu", modes="compile", shallow_trials=True)
+    torch._dynamo.reset()
+    assert not dropped and sorted(kept.types) == ["add_rmsnorm", "rmsnorm"]
+    assert sorted(layers) == [1, 1, 1, 2, 2, 2, 4, 4]  # the full set and two trials, cut twice; then two whole
