@@ -360,6 +360,7 @@ def test_verify_warns_where_its_rows_and_the_prune_timed_different_models():
     assert disagreements(decisions, timing) == []
 
 
+@pytest.mark.slow(15)
 def test_a_shallow_prune_of_an_hf_decoder_compiles_cut_copies_and_the_whole_model_for_the_last_check(monkeypatch):
     """optimize()'s HF Llama (four layers) through a compiled prune with shallow trials: every trial compiles the
     model cut to one layer and to two, the last check the original and the kept set whole (four layers each)."""
