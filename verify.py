@@ -36,7 +36,7 @@ torch.compile. The eager modes (eager, graph) and the compiled ones (compile, co
 apart: the model runs the kernels kept eagerly in eager calls (and CUDA graphs captured from them),
 those kept compiled where torch.compile traces it. --keep-all times them all. --against extracted (the
 files the loop began from), starters or DIR times the kept types with those files in turns with this
-run's (endtoend.paired: each side replayed from its own CUDA graph, PAIRED_ROUNDS turns of one run
+run's (paired.paired: each side replayed from its own CUDA graph, PAIRED_ROUNDS turns of one run
 each, a sign test over them), for differences smaller than two runs' drift.
 Without a GPU the kernels run through Triton's CPU interpreter and the compiler
 backend is aot_eager (inductor's C++ build would dominate a test run): those timings only show that

@@ -17,7 +17,7 @@ import verify
 from autokernel import compat
 from autokernel.ops import customops, swap
 from autokernel.types import rmsnorm
-from autokernel.verify import deploy, endtoend, verification
+from autokernel.verify import deploy, endtoend, paired, verification
 
 MODELS = {  # model file -> (class, input shape, the kernel types that must have run in it)
     "llama": ("LlamaModel", "1,8", {"matmul", "rmsnorm", "fused_mlp", "rotary_embedding", "flash_attention",
@@ -616,7 +616,7 @@ def test_against_times_the_loops_kernels_in_turns_with_the_ones_it_began_from(re
     assert report["kernels"]["rmsnorm"]["path"].endswith("01_rmsnorm_optimized.py")
     a = report["against"]
     assert a["kernels"]["rmsnorm"].endswith("01_rmsnorm.py") and a["differs"] == ["rmsnorm"]
-    assert a["rounds"] == endtoend.CPU_PAIRED_ROUNDS and a["ms"] > 0 and a["against_ms"] > 0
+    assert a["rounds"] == paired.CPU_PAIRED_ROUNDS and a["ms"] > 0 and a["against_ms"] > 0
     assert a["verdict"] in ("faster", "slower", "no measurable difference")
     summary = dict(line.split(": ", 1) for line in printed.out.split("\n---\n", 1)[1].splitlines() if ": " in line)
     assert summary["against_verdict"] == a["verdict"]

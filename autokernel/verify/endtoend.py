@@ -26,16 +26,16 @@ import torch
 
 from autokernel import compat
 from autokernel.harness import timing
-from autokernel.ops import customops, swap
+from autokernel.ops import swap
 from autokernel.verify import noise, regional
 from autokernel.verify.correctness import CHECK_INPUTS, CHECK_SEED, blame, check, compare_outputs, forward, main_output
 from autokernel.verify.noise import paired_verdict
 from autokernel.verify.origin import origin_warnings
 from autokernel.verify.verification import DEPLOY_MODES, sides
 
-__all__ = ["CHECK_INPUTS", "CHECK_SEED", "CPU_PAIRED_ROUNDS", "PAIRED_ROUNDS", "TIMING_SEED", "backend_for", "blame",
-           "check", "compare_outputs", "forward", "latency_turns", "main_output", "origin_warnings",
-           "paired", "paired_verdict", "prune", "prune_deployed", "time_models", "wrong_output"]
+__all__ = ["CHECK_INPUTS", "CHECK_SEED", "TIMING_SEED", "backend_for", "blame", "check", "compare_outputs", "forward",
+           "latency_turns", "main_output", "origin_warnings", "paired_verdict", "prune", "prune_deployed",
+           "time_models", "wrong_output"]
 
 TIMING_INPUTS = 2  # input sets the timed runs rotate through
 TIMING_SEED = 1000  # seed of the first timed input set (distinct from the checked ones, correctness.CHECK_SEED)
@@ -47,8 +47,6 @@ PRUNE_ROUNDS = 3  # rounds of turns a close call may take (noise.close_call) bef
 # percent apart for one pair of models (docs/timing.md)
 LATENCY_TURNS_MS = 1000
 LATENCY_MAX_TURNS = 400
-PAIRED_ROUNDS = 200  # turns of a paired comparison: each times one run of both kernel sets
-CPU_PAIRED_ROUNDS = 2  # in the interpreter: enough to run the path, the figures mean nothing there
 
 
 def backend_for(device: str) -> str:
@@ -214,6 +212,11 @@ class _Clock:
         left = spent / self.done * max(self.trials - self.done, 0)
         self.progress(f"[{self.done}/{self.trials}, {_duration(spent)} spent, ~{_duration(left)} left] {line}")
 
+    def note(self, line: str) -> None:
+        """A line about the step under way (a long compile), counted as no trial."""
+        if self.progress is not None:
+            self.progress(f"[{self.done}/{self.trials}, {_duration(time.monotonic() - self.started)} spent] {line}")
+
 
 def _duration(seconds: float) -> str:
     return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
@@ -257,6 +260,9 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes
             trials.shallow = None
             trials.ready.clear()
         module = optimized.module()
+        if keep and compiled and progress is not None:  # two whole compiles: minutes on a deep model
+            getattr(progress, "note", progress)(f"prune ({', '.join(modes)}): compiling the original and the kept "
+                                                "set whole for the last check")
         verdicts = trials.compare(model, against=module) if keep else {}
         if reusing:
             reuse["original"] = trials.as_rows(model)
@@ -458,42 +464,6 @@ def _compiling_each_once(models: int, reset_after: bool = True):
 def _versus(verdicts: dict) -> str:
     """'eager 9.100 ms without, 9.000 with (1.011x, ...); graph ...': what a prune compared, in each mode."""
     return "; ".join(f"{m} {v.text()}" for m, v in verdicts.items())
-
-
-def paired(model, module, ours: dict, theirs: dict, inputs: Callable, device: str,
-           rounds: int = PAIRED_ROUNDS) -> dict:
-    """The optimized model with our kernels against the same model with theirs (customops.installed() of the
-    same types), timed in turns in one process (timing.time_turns: one run of each per turn), so that a
-    difference of a few tenths of a percent is not lost in the drift between two runs. On a GPU each side is
-    replayed from its own CUDA graph (GPU time, what the loop optimizes), captured while its kernels were
-    installed. Each side's output is checked against the original's first: a wrong one is an error, not a
-    figure."""
-    sets = [inputs(TIMING_SEED + i) for i in range(TIMING_INPUTS)]
-    sides = {"ours": ours, "theirs": theirs}
-    fns = {}
-    try:
-        for name, kernels in sides.items():
-            customops.reinstall(kernels)
-            fns[name] = timing.cuda_graphed(module, sets[0]) if device == "cuda" else _installing(kernels, module)
-            wrong = wrong_output(fns[name], model, sets[-1])
-            if wrong:
-                return {"error": f"{name}: {wrong}"}
-        samples = timing.time_turns(fns, sets, device, rounds)
-    except Exception as e:
-        return {"error": _error_line(e)}
-    finally:
-        customops.reinstall(ours)
-    ms = {name: [us / 1e3 for us in runs] for name, runs in samples.items()}
-    return {"mode": "graph" if device == "cuda" else "eager", **paired_verdict(ms["ours"], ms["theirs"])}
-
-
-def _installing(kernels: dict, module) -> Callable:
-    """The eager module run with these kernels installed (a graph replays what it captured; eager code
-    calls whatever is installed at the time)."""
-    def run(*args):
-        customops.reinstall(kernels)
-        return module(*args)
-    return run
 
 
 def _error_line(e: Exception) -> str:

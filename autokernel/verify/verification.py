@@ -229,9 +229,9 @@ def _about(request: Request, model, device: str, shape, dtype) -> dict:
 
 def _time_against(request, model, optimized, choices: dict, inputs, device: str) -> dict:
     """The kept types with this run's kernels against the same types with the files --against names
-    (endtoend.paired): did the loop's winners make the model faster than the kernels it began from?"""
+    (paired.paired): did the loop's winners make the model faster than the kernels it began from?"""
     from autokernel.ops import customops
-    from autokernel.verify import endtoend
+    from autokernel.verify import paired
     from autokernel.verify.deploy import load_kernels
 
     types = optimized.swapped_types()
@@ -248,8 +248,8 @@ def _time_against(request, model, optimized, choices: dict, inputs, device: str)
     result = {"against": request.against, "kernels": files, "differs": differs}
     if not differs:
         return {**result, "note": "the same source for every kept type: nothing to compare"}
-    rounds = endtoend.PAIRED_ROUNDS if device == "cuda" else endtoend.CPU_PAIRED_ROUNDS  # the interpreter is slow
-    return {**result, **endtoend.paired(model, optimized.module(), ours, theirs, inputs, device, rounds)}
+    rounds = paired.PAIRED_ROUNDS if device == "cuda" else paired.CPU_PAIRED_ROUNDS  # the interpreter is slow
+    return {**result, **paired.paired(model, optimized.module(), ours, theirs, inputs, device, rounds)}
 
 
 def _against_dir(request) -> Path:
