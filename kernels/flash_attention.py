@@ -1,6 +1,7 @@
 """Flash attention starter (forward): O = softmax(Q K^T * sm_scale [+ causal mask]) V.
 
-Compute-bound. Q, K, V, O are [B, H, S, D]; one call does 4*B*H*S*S*D FLOPs (half when causal) and
+Compute-bound. Q, K, V, O are [B, H, S, D], or K and V [B, H/G, S, D] (grouped-query attention: query head h reads
+K/V head h // G, no copy of K and V); one call does 4*B*H*S*S*D FLOPs (half when causal) and
 must move 4*B*H*S*D*element_size bytes: the S x S score matrix never leaves the chip. At the bench
 shape (B=2, H=32, S=2048, D=128, causal, fp16) that is 69 GFLOP against 67 MB: on an H100 SXM
 (989 TFLOP/s dense fp16, 3.35 TB/s) the floor is ~70 us of tensor-core time vs ~20 us of memory.
@@ -119,7 +120,7 @@ def _attn_blocks(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_
 
 
 @triton.jit
-def _flash_attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, S, H, qk_scale,
+def _flash_attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, S, H, GROUP, qk_scale,
                             stride_qb, stride_qh, stride_qs, stride_qd,
                             stride_kb, stride_kh, stride_ks, stride_kd,
                             stride_vb, stride_vh, stride_vs, stride_vd,
@@ -134,8 +135,9 @@ def _flash_attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, S, H, qk_scale,
     b = tl.program_id(1) // H
     h = tl.program_id(1) % H
     q_base = q_ptr + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
-    k_base = k_ptr + b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh
-    v_base = v_ptr + b.to(tl.int64) * stride_vb + h.to(tl.int64) * stride_vh
+    hk = h // GROUP  # grouped-query attention: GROUP query heads share one K/V head
+    k_base = k_ptr + b.to(tl.int64) * stride_kb + hk.to(tl.int64) * stride_kh
+    v_base = v_ptr + b.to(tl.int64) * stride_vb + hk.to(tl.int64) * stride_vh
     o_base = o_ptr + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, D_PAD)
@@ -163,12 +165,12 @@ def _flash_attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, S, H, qk_scale,
 
 
 @triton.jit
-def _attn_tma_blocks(acc, l_i, m_i, q, k_desc, v_desc, row0, offs_m, lo, hi, qk_scale,
+def _attn_tma_blocks(acc, l_i, m_i, q, k_desc, v_desc, kv_row0, offs_m, lo, hi, qk_scale,
                      BLOCK_N: tl.constexpr, CAUSAL_MASK: tl.constexpr):
-    """Fold keys [lo, hi) of one (batch, head), whose rows start at row0, into (acc, l, m)."""
+    """Fold keys [lo, hi) of one (batch, head), whose K/V rows start at kv_row0, into (acc, l, m)."""
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
-        k = k_desc.load([row0 + start_n, 0])
+        k = k_desc.load([kv_row0 + start_n, 0])
         qk = tl.dot(q, tl.trans(k))
         if CAUSAL_MASK:
             keep = offs_m[:, None] >= start_n + tl.arange(0, BLOCK_N)[None, :]
@@ -182,29 +184,31 @@ def _attn_tma_blocks(acc, l_i, m_i, q, k_desc, v_desc, row0, offs_m, lo, hi, qk_
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
-        v = v_desc.load([row0 + start_n, 0])
+        v = v_desc.load([kv_row0 + start_n, 0])
         acc = tl.dot(p.to(v.dtype), v, acc)
         m_i = m_new
     return acc, l_i, m_i
 
 
 @triton.jit
-def _flash_attention_tma_kernel(q_desc, k_desc, v_desc, o_desc, S, qk_scale, rows,
+def _flash_attention_tma_kernel(q_desc, k_desc, v_desc, o_desc, S, H, GROUP, qk_scale, rows,
                                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                                 CAUSAL: tl.constexpr, REVERSE: tl.constexpr, ON_DEVICE: tl.constexpr):
     qk_scale = tl.full([], qk_scale, tl.float32)  # under torch.compile Inductor passes a Python float as fp64
-    # Descriptors view Q, K, V, O as [B*H*S, HEAD_DIM]; S % BLOCK_M == 0, so no tile crosses a head.
+    # Descriptors view Q and O as [B*H*S, HEAD_DIM], K and V as [B*(H/GROUP)*S, HEAD_DIM]; S % BLOCK_M == 0, so no
+    # tile crosses a head.
     # ON_DEVICE: the *_desc arguments are pointers to dense tensors of `rows` rows, the descriptors are made here
     # (a compile-time branch: with host descriptors none of it is generated).
     if ON_DEVICE:
         q_desc = tl.make_tensor_descriptor(q_desc, [rows, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_M, HEAD_DIM])
-        k_desc = tl.make_tensor_descriptor(k_desc, [rows, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_N, HEAD_DIM])
-        v_desc = tl.make_tensor_descriptor(v_desc, [rows, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_N, HEAD_DIM])
+        k_desc = tl.make_tensor_descriptor(k_desc, [rows // GROUP, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_N, HEAD_DIM])
+        v_desc = tl.make_tensor_descriptor(v_desc, [rows // GROUP, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_N, HEAD_DIM])
         o_desc = tl.make_tensor_descriptor(o_desc, [rows, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_M, HEAD_DIM])
     start_m = tl.program_id(0)
     if REVERSE:
         start_m = tl.num_programs(0) - 1 - start_m
     row0 = tl.program_id(1) * S
+    kv_row0 = (tl.program_id(1) // H * (H // GROUP) + tl.program_id(1) % H // GROUP) * S  # its K/V head's rows
     first = start_m * BLOCK_M
     offs_m = first + tl.arange(0, BLOCK_M)
     q = q_desc.load([row0 + first, 0])
@@ -212,12 +216,12 @@ def _flash_attention_tma_kernel(q_desc, k_desc, v_desc, o_desc, S, qk_scale, row
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     if CAUSAL:  # blocks left of the diagonal unmasked, then the BLOCK_M-wide diagonal masked
-        acc, l_i, m_i = _attn_tma_blocks(acc, l_i, m_i, q, k_desc, v_desc, row0, offs_m, 0, first, qk_scale,
+        acc, l_i, m_i = _attn_tma_blocks(acc, l_i, m_i, q, k_desc, v_desc, kv_row0, offs_m, 0, first, qk_scale,
                                          BLOCK_N, False)
-        acc, l_i, m_i = _attn_tma_blocks(acc, l_i, m_i, q, k_desc, v_desc, row0, offs_m, first, first + BLOCK_M,
+        acc, l_i, m_i = _attn_tma_blocks(acc, l_i, m_i, q, k_desc, v_desc, kv_row0, offs_m, first, first + BLOCK_M,
                                          qk_scale, BLOCK_N, True)
     else:
-        acc, l_i, m_i = _attn_tma_blocks(acc, l_i, m_i, q, k_desc, v_desc, row0, offs_m, 0, S, qk_scale,
+        acc, l_i, m_i = _attn_tma_blocks(acc, l_i, m_i, q, k_desc, v_desc, kv_row0, offs_m, 0, S, qk_scale,
                                          BLOCK_N, False)
     o_desc.store([row0 + first, 0], (acc / l_i[:, None]).to(o_desc.dtype))
 
@@ -237,16 +241,16 @@ def _capability_major(device_index: int) -> int:  # once per device: the query c
 
 
 def _tma_applies(q, k, v, block_m, scale):
-    """TMA needs Hopper+, 16-bit dense [B, H, S, D] tensors with 16-byte aligned bases, D in {64, 128},
-    S a multiple of BLOCK_M (tiles of the [B*H*S, D] view never straddle two heads) and a positive scale
-    (the unmasked blocks take the row max before scaling)."""
+    """TMA needs Hopper+, 16-bit dense [B, H, S, D] tensors (K and V with H or H / group heads) with 16-byte
+    aligned bases, D in {64, 128}, S a multiple of BLOCK_M (tiles of the [B*H*S, D] view never straddle two heads)
+    and a positive scale (the unmasked blocks take the row max before scaling)."""
     if TensorDescriptor is None or not q.is_cuda or _capability_major(q.get_device()) < 9:
         return False
     if q.dtype not in (torch.float16, torch.bfloat16) or q.shape[-1] not in (64, 128):
         return False
     if q.numel() == 0 or q.shape[2] % block_m or scale <= 0:
         return False
-    return all(t.shape == q.shape and t.is_contiguous() and _address(t) % 16 == 0 for t in (q, k, v))
+    return all(t.is_contiguous() and _address(t) % 16 == 0 for t in (q, k, v))
 
 
 def _address(t):
@@ -283,7 +287,7 @@ def _launch_tma(q, k, v, out, causal, qk_scale, cfg):
         descs = (q_desc, k_desc, v_desc, o_desc)
     grid = (seq // block_m, batch * heads)
     _flash_attention_tma_kernel[grid](
-        *descs, seq, qk_scale, batch * heads * seq,
+        *descs, seq, heads, heads // k.shape[1], qk_scale, batch * heads * seq,
         BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, CAUSAL=bool(causal),
         REVERSE=bool(causal) and REVERSE_CAUSAL_ORDER, ON_DEVICE=on_device, num_warps=warps, num_stages=stages)
 
@@ -293,7 +297,7 @@ def _launch_pointers(q, k, v, out, causal, qk_scale, cfg, d_pad):
     batch, heads, seq, head_dim = q.shape
     grid = ((seq + block_m - 1) // block_m, batch * heads)  # not triton.cdiv: a slow host call on triton 3.6
     _flash_attention_kernel[grid](
-        q, k, v, out, seq, heads, qk_scale,
+        q, k, v, out, seq, heads, heads // k.shape[1], qk_scale,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
         BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, D_PAD=d_pad, CAUSAL=bool(causal),
         EVEN_D=head_dim == d_pad, SPLIT=VARIANT != "single_loop", REVERSE=bool(causal) and REVERSE_CAUSAL_ORDER,
@@ -303,6 +307,8 @@ def _launch_pointers(q, k, v, out, causal, qk_scale, cfg, d_pad):
 
 def kernel_fn(Q, K, V, causal=True, sm_scale=None):
     batch, heads, seq, head_dim = Q.shape
+    if K.shape != V.shape or heads % K.shape[1]:  # K/V heads: H (multi-head), or H / group (grouped-query)
+        raise ValueError(f"K {tuple(K.shape)} and V {tuple(V.shape)}: one shape, heads dividing Q's {heads}")
     # contiguous output: like Q when Q is (empty_like is the cheaper call), else allocated so
     out = torch.empty_like(Q) if Q.is_contiguous() else torch.empty(Q.shape, dtype=Q.dtype, device=Q.device)
     scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(head_dim)

@@ -17,22 +17,27 @@ NAME = "flash_attention"
 
 
 def flash_attention_ref(Q, K, V, causal: bool = True, sm_scale: float | None = None):
-    """Scaled dot-product attention; Q, K, V are [batch, heads, seq, head_dim]."""
+    """Scaled dot-product attention; Q is [batch, heads, seq, head_dim], K and V the same or with heads / group heads
+    (grouped-query attention: query head h reads K/V head h // group)."""
     scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(Q.shape[-1])
-    return F.scaled_dot_product_attention(Q, K, V, is_causal=causal, scale=scale)
+    return F.scaled_dot_product_attention(Q, K, V, is_causal=causal, scale=scale, enable_gqa=K.shape[1] != Q.shape[1])
 
 
 def _inputs(scale: float = 1.0):
     def make(shape, dtype, device, gen):
-        dims = (shape["B"], shape["H"], shape["S"], shape["D"])
-        q, k, v = (randn(dims, dtype, device, gen, scale if i < 2 else 1.0) for i in range(3))
+        heads = (shape["H"], shape.get("Hkv", shape["H"]), shape.get("Hkv", shape["H"]))  # Q's, K's, V's
+        q, k, v = (randn((shape["B"], h, shape["S"], shape["D"]), dtype, device, gen, scale if i < 2 else 1.0)
+                   for i, h in enumerate(heads))
         return q, k, v, shape["causal"], shape.get("sm_scale")
     return make
 
 
 def _noncontiguous(inputs):
-    # Q, K, V sliced out of one packed [B, S, 3, H, D] projection, as models produce them.
+    # Q, K, V sliced out of one packed [B, S, 3, H, D] projection, as models produce them; with grouped K/V heads,
+    # each in the [B, S, H, D] layout of its own projection
     q, k, v = inputs[:3]
+    if k.shape != q.shape:
+        return tuple(t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v)) + tuple(inputs[3:])
     packed = torch.stack([t.transpose(1, 2) for t in (q, k, v)], dim=2).contiguous()
     return tuple(packed[:, :, i].transpose(1, 2) for i in range(3)) + tuple(inputs[3:])
 
@@ -62,6 +67,9 @@ def attention_shape(op) -> dict:
     causal_at, scale_at = ATTENTION_OPS.get(op.name, (None, None))
     causal = bool(op.args[causal_at]) if causal_at is not None and causal_at < len(op.args) else True
     shape = {"B": b, "H": h, "S": s, "D": d, "causal": causal}
+    kv_heads = op.shapes[1][1] if len(op.shapes) > 1 and len(op.shapes[1] or ()) == 4 else h
+    if kv_heads != h:  # grouped-query attention (SDPA with enable_gqa)
+        shape = {"B": b, "H": h, "Hkv": kv_heads, "S": s, "D": d, "causal": causal}
     scale = op.args[scale_at] if scale_at is not None and scale_at < len(op.args) else None
     if isinstance(scale, float) and not math.isclose(scale, 1 / math.sqrt(d)):
         shape["sm_scale"] = scale
@@ -100,10 +108,7 @@ def replace_sdpa(sites: CallSites) -> dict:
         if reason:
             extra = {"enable_gqa": True} if enable_gqa else {}
             return _F_SDPA(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, **extra)
-        if key.shape[1] != query.shape[1]:  # grouped-query attention: expand K/V to every query head
-            groups = query.shape[1] // key.shape[1]
-            key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
-        return kernel(query, key, value, bool(is_causal), scale)
+        return kernel(query, key, value, bool(is_causal), scale)  # grouped K/V heads as they are: no copy
 
     return {_F_SDPA: scaled_dot_product_attention}
 
@@ -119,20 +124,25 @@ SPEC = KernelSpec(
             {"B": 1, "H": 32, "S": 512, "D": 128, "causal": True},
             {"B": 2, "H": 12, "S": 1024, "D": 64, "causal": True, "sm_scale": 0.1},
             {"B": 8, "H": 16, "S": 256, "D": 64, "causal": False},
-            {"B": 1, "H": 8, "S": 8192, "D": 128, "causal": True}],
+            {"B": 1, "H": 8, "S": 8192, "D": 128, "causal": True},
+            {"B": 1, "H": 32, "Hkv": 4, "S": 2048, "D": 64, "causal": True},  # TinyLlama's grouped heads
+            {"B": 1, "H": 16, "Hkv": 8, "S": 2048, "D": 128, "causal": True}],  # Qwen3-0.6B's
     small_shapes=[{"B": 1, "H": 1, "S": 16, "D": 16, "causal": True},
                   {"B": 1, "H": 2, "S": 32, "D": 32, "causal": False},
                   {"B": 2, "H": 2, "S": 64, "D": 16, "causal": True},
-                  {"B": 1, "H": 1, "S": 48, "D": 64, "causal": False, "sm_scale": 0.2}],
+                  {"B": 1, "H": 1, "S": 48, "D": 64, "causal": False, "sm_scale": 0.2},
+                  {"B": 1, "H": 4, "Hkv": 2, "S": 32, "D": 32, "causal": True}],
     edge_shapes=[{"B": 1, "H": 4, "S": 1023, "D": 64, "causal": True},
                  {"B": 1, "H": 2, "S": 1537, "D": 128, "causal": False},
                  {"B": 1, "H": 2, "S": 4097, "D": 64, "causal": True},
-                 {"B": 1, "H": 4, "S": 1000, "D": 80, "causal": True}],
+                 {"B": 1, "H": 4, "S": 1000, "D": 80, "causal": True},
+                 {"B": 1, "H": 8, "Hkv": 2, "S": 1023, "D": 64, "causal": True}],
     small_edge_shapes=[{"B": 1, "H": 1, "S": 1023, "D": 16, "causal": True},
-                       {"B": 1, "H": 1, "S": 97, "D": 80, "causal": False}],
+                       {"B": 1, "H": 1, "S": 97, "D": 80, "causal": False},
+                       {"B": 1, "H": 3, "Hkv": 1, "S": 33, "D": 16, "causal": True}],
     bench_shape={"B": 2, "H": 32, "S": 2048, "D": 128, "causal": True},
     small_bench_shape={"B": 1, "H": 2, "S": 128, "D": 64, "causal": True},
-    bytes_moved=lambda s, dt: 4 * numel(s, "B", "H", "S", "D") * esize(dt),
+    bytes_moved=lambda s, dt: 2 * (s["H"] + s.get("Hkv", s["H"])) * numel(s, "B", "S", "D") * esize(dt),
     flops=_flops,
     # scores of +-64 sigma: exp() without a running max overflows even in fp32
     adversarial={"large_scores": _inputs(scale=8.0)},
@@ -140,7 +150,7 @@ SPEC = KernelSpec(
     # 1e-4 fp32 tolerance; overflow still gives NaN or O(1) errors
     adversarial_tolerance={"large_scores": 4.0},
     noncontiguous=_noncontiguous,
-    description="scaled dot-product attention, causal or not, [batch, heads, seq, head_dim]",
+    description="scaled dot-product attention, causal or not, [batch, heads, seq, head_dim], K/V heads grouped or not",
     profiling=Profiling(ops=frozenset(ATTENTION_OPS), kernels=re.compile(r"flash|fmha|attention|attn", re.I),
                         op_shape=attention_shape, precedence=-3),
     default_speedup=1.05,  # PyTorch's SDPA already runs FlashAttention-2 or cuDNN

@@ -1,6 +1,7 @@
 """Scaled dot-product attention (FlashAttention-2 style), CUDA C++ starter, causal or not.
 
-Q, K, V are [batch, heads, seq, head_dim]. 4 * B * H * S^2 * D FLOPs (half of it when causal), and at
+Q, K, V are [batch, heads, seq, head_dim] (K and V may have heads / group: grouped-query attention, query head h
+reads K/V head h / group). 4 * B * H * S^2 * D FLOPs (half of it when causal), and at
 least 4 * B * H * S * D * element_size bytes: the S x S scores never leave the chip.
 
 One block per tile of WARPS x ROWS query rows of one (batch, head); every warp owns ROWS rows. Keys and
@@ -60,7 +61,7 @@ static_assert(MAX_HEAD_DIM % 32 == 0, "MAX_HEAD_DIM must be a multiple of 32");
 template <typename T>
 __global__ void __launch_bounds__(WARPS * 32) flash_attention_kernel(
     const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V, T* __restrict__ O, int64_t heads,
-    int64_t S, int D, int64_t qb, int64_t qh, int64_t qs, int64_t kb, int64_t kh, int64_t ks, int64_t vb,
+    int64_t group, int64_t S, int D, int64_t qb, int64_t qh, int64_t qs, int64_t kb, int64_t kh, int64_t ks, int64_t vb,
     int64_t vh, int64_t vs, float scale, bool causal) {
   extern __shared__ float smem[];
   float* Qs = smem;                                  // [QROWS][MAX_HEAD_DIM], scaled
@@ -70,8 +71,8 @@ __global__ void __launch_bounds__(WARPS * 32) flash_attention_kernel(
   const int64_t bh = blockIdx.y, b = bh / heads, h = bh % heads;
   const int64_t q0 = (int64_t)blockIdx.x * QROWS;
   const T* Qp = Q + b * qb + h * qh;
-  const T* Kp = K + b * kb + h * kh;
-  const T* Vp = V + b * vb + h * vh;
+  const T* Kp = K + b * kb + (h / group) * kh;  // grouped-query attention: group query heads per K/V head
+  const T* Vp = V + b * vb + (h / group) * vh;
   for (int idx = threadIdx.x; idx < QROWS * MAX_HEAD_DIM; idx += blockDim.x) {
     const int r = idx / MAX_HEAD_DIM, d = idx % MAX_HEAD_DIM;
     Qs[idx] = (q0 + r < S && d < D) ? ak::to_f(Qp[(q0 + r) * qs + d]) * scale : 0.f;
@@ -161,7 +162,7 @@ __device__ __forceinline__ void load_rows(T* dst, const T* src, int64_t stride, 
 template <typename T, int HD>
 __global__ void __launch_bounds__(NW * 32, 2) flash_wmma_kernel(
     const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V, T* __restrict__ O, int64_t heads,
-    int64_t S, int64_t qb, int64_t qh, int64_t qs, int64_t kb, int64_t kh, int64_t ks, int64_t vb, int64_t vh,
+    int64_t group, int64_t S, int64_t qb, int64_t qh, int64_t qs, int64_t kb, int64_t kh, int64_t ks, int64_t vb, int64_t vh,
     int64_t vs, float scale_log2, bool causal) {
   using L = Smem<HD>;
   constexpr int LD = L::LD, LDO = L::LDO, ND = HD / 16;
@@ -185,8 +186,8 @@ __global__ void __launch_bounds__(NW * 32, 2) flash_wmma_kernel(
 #pragma unroll
   for (int k = 0; k < ND; ++k) wmma::load_matrix_sync(qf[k], Qs + warp * 16 * LD + k * 16, LD);
   const int64_t kv_end = causal ? (q0 + BQ < S ? q0 + BQ : S) : S;
-  const T* Kp = K + b * kb + h * kh;
-  const T* Vp = V + b * vb + h * vh;
+  const T* Kp = K + b * kb + (h / group) * kh;  // grouped-query attention: group query heads per K/V head
+  const T* Vp = V + b * vb + (h / group) * vh;
   for (int64_t j0 = 0; j0 < kv_end; j0 += BK) {
     __syncthreads();  // every warp is done with the previous K and V tiles
     load_rows<T, HD>(Ks, Kp + j0 * ks, ks, S - j0, BK);
@@ -261,18 +262,19 @@ __global__ void __launch_bounds__(NW * 32, 2) flash_wmma_kernel(
 }
 
 template <typename T, int HD>
-void launch(const T* q, const T* k, const T* v, T* o, int64_t batch, int64_t heads, int64_t S, const int64_t* st,
+void launch(const T* q, const T* k, const T* v, T* o, int64_t batch, int64_t heads, int64_t group, int64_t S,
+            const int64_t* st,
             float scale, bool causal, cudaStream_t s) {
   auto kernel = &flash_wmma_kernel<T, HD>;
   ak::allow_shared_memory(kernel, Smem<HD>::BYTES);
   const dim3 grid((unsigned)((S + BQ - 1) / BQ), (unsigned)(batch * heads));
-  kernel<<<grid, NW * 32, Smem<HD>::BYTES, s>>>(q, k, v, o, heads, S, st[0], st[1], st[2], st[3], st[4], st[5],
+  kernel<<<grid, NW * 32, Smem<HD>::BYTES, s>>>(q, k, v, o, heads, group, S, st[0], st[1], st[2], st[3], st[4], st[5],
                                                 st[6], st[7], st[8], scale * ak::LOG2E, causal);
 }
 }  // namespace tc
 
 template <typename T>
-void launch(const T* q, const T* k, const T* v, T* o, int64_t batch, int64_t heads, int64_t S, int D,
+void launch(const T* q, const T* k, const T* v, T* o, int64_t batch, int64_t heads, int64_t group, int64_t S, int D,
             const int64_t* st, float scale, bool causal, cudaStream_t s) {
   constexpr int smem = SMEM_FLOATS * (int)sizeof(float);
   if (smem > 48 * 1024) {  // more than 48 KB of shared memory must be requested (per device, so every call)
@@ -282,12 +284,12 @@ void launch(const T* q, const T* k, const T* v, T* o, int64_t batch, int64_t hea
       throw std::runtime_error(std::string("flash_attention shared memory: ") + cudaGetErrorString(e));
   }
   const dim3 grid((unsigned)((S + QROWS - 1) / QROWS), (unsigned)(batch * heads));
-  flash_attention_kernel<T><<<grid, WARPS * 32, smem, s>>>(q, k, v, o, heads, S, D, st[0], st[1], st[2], st[3],
+  flash_attention_kernel<T><<<grid, WARPS * 32, smem, s>>>(q, k, v, o, heads, group, S, D, st[0], st[1], st[2], st[3],
                                                            st[4], st[5], st[6], st[7], st[8], scale, causal);
 }
 
 void flash_attention_launch(int dtype, int64_t q, int64_t k, int64_t v, int64_t o, int64_t batch, int64_t heads,
-                            int64_t seq, int64_t head_dim, int64_t qb, int64_t qh, int64_t qs, int64_t kb, int64_t kh,
+                            int64_t group, int64_t seq, int64_t head_dim, int64_t qb, int64_t qh, int64_t qs, int64_t kb, int64_t kh,
                             int64_t ks, int64_t vb, int64_t vh, int64_t vs, double scale, bool causal,
                             bool aligned, int64_t stream) {
   const int64_t strides[9] = {qb, qh, qs, kb, kh, ks, vb, vh, vs};
@@ -296,9 +298,9 @@ void flash_attention_launch(int dtype, int64_t q, int64_t k, int64_t v, int64_t 
       if constexpr (!std::is_same<scalar_t, float>::value) {
         const auto qp = ak::ptr<const scalar_t>(q), kp = ak::ptr<const scalar_t>(k), vp = ak::ptr<const scalar_t>(v);
         const auto op = ak::ptr<scalar_t>(o);
-        if (head_dim == 64) tc::launch<scalar_t, 64>(qp, kp, vp, op, batch, heads, seq, strides, (float)scale, causal,
+        if (head_dim == 64) tc::launch<scalar_t, 64>(qp, kp, vp, op, batch, heads, group, seq, strides, (float)scale, causal,
                                                      ak::as_stream(stream));
-        else tc::launch<scalar_t, 128>(qp, kp, vp, op, batch, heads, seq, strides, (float)scale, causal,
+        else tc::launch<scalar_t, 128>(qp, kp, vp, op, batch, heads, group, seq, strides, (float)scale, causal,
                                        ak::as_stream(stream));
       }
     });
@@ -307,7 +309,7 @@ void flash_attention_launch(int dtype, int64_t q, int64_t k, int64_t v, int64_t 
   }
   AK_DISPATCH(dtype, {
     launch<scalar_t>(ak::ptr<const scalar_t>(q), ak::ptr<const scalar_t>(k), ak::ptr<const scalar_t>(v),
-                     ak::ptr<scalar_t>(o), batch, heads, seq, (int)head_dim, strides, (float)scale, causal,
+                     ak::ptr<scalar_t>(o), batch, heads, group, seq, (int)head_dim, strides, (float)scale, causal,
                      ak::as_stream(stream));
   });
   ak::check_launch("flash_attention_kernel");
@@ -315,7 +317,7 @@ void flash_attention_launch(int dtype, int64_t q, int64_t k, int64_t v, int64_t 
 """
 
 PROTOTYPES = ["void flash_attention_launch(int dtype, int64_t q, int64_t k, int64_t v, int64_t o, int64_t batch, "
-              "int64_t heads, int64_t seq, int64_t head_dim, int64_t qb, int64_t qh, int64_t qs, int64_t kb, "
+              "int64_t heads, int64_t group, int64_t seq, int64_t head_dim, int64_t qb, int64_t qh, int64_t qs, int64_t kb, "
               "int64_t kh, int64_t ks, int64_t vb, int64_t vh, int64_t vs, double scale, bool causal, "
               "bool aligned, int64_t stream)"]
 
@@ -333,9 +335,9 @@ def _module():
 
 def kernel_fn(Q, K, V, causal=True, sm_scale=None):
     batch, heads, seq, head_dim = Q.shape
-    if K.shape != Q.shape or V.shape != Q.shape:
-        raise ValueError(f"this starter needs Q, K and V of one shape, got {tuple(Q.shape)}, {tuple(K.shape)}, "
-                         f"{tuple(V.shape)}")
+    if K.shape != V.shape or (K.shape[0], *K.shape[2:]) != (batch, seq, head_dim) or heads % K.shape[1]:
+        raise ValueError(f"Q {tuple(Q.shape)}, K {tuple(K.shape)}, V {tuple(V.shape)}: K and V of one shape, with "
+                         "Q's batch, length and head dim, and heads dividing Q's (grouped-query attention)")
     if head_dim > MAX_HEAD_DIM:
         raise ValueError(f"head_dim {head_dim} > MAX_HEAD_DIM = {MAX_HEAD_DIM}: raise MAX_HEAD_DIM in this file")
     if batch * heads > 65535:
@@ -349,6 +351,6 @@ def kernel_fn(Q, K, V, causal=True, sm_scale=None):
     strides = [s for t in (Q, K, V) for s in t.stride()[:3]]
     aligned = all(s % 8 == 0 for s in strides) and all(t.data_ptr() % 16 == 0 for t in (Q, K, V))  # 16-byte rows
     _module().flash_attention_launch(cuda_build.dtype_code(Q), Q.data_ptr(), K.data_ptr(), V.data_ptr(),
-                                     out.data_ptr(), batch, heads, seq, head_dim, *strides, float(scale),
+                                     out.data_ptr(), batch, heads, heads // K.shape[1], seq, head_dim, *strides, float(scale),
                                      bool(causal), aligned, cuda_build.stream_of(Q))
     return out

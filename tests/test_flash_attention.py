@@ -1,0 +1,56 @@
+"""flash_attention with grouped K/V heads (grouped-query attention): query head h reads K/V head h // group, with no
+copy of K and V, in the kernel, the harness's shapes, the profiler's shape and the SDPA site."""
+
+import pytest
+import torch
+
+import autokernel
+from autokernel.harness.runner import run_bench
+from autokernel.profile import attribution
+from autokernel.profile.attribution import Op
+from autokernel.registry import get_spec
+
+TYPE = "flash_attention"
+
+
+def test_the_harness_checks_grouped_heads_and_a_kernel_that_reads_the_wrong_kv_head_fails(repo_root, tmp_path):
+    assert any(s.get("Hkv", s["H"]) < s["H"] for s in get_spec(TYPE).small_shapes)
+    source = (repo_root / "kernels" / f"{TYPE}.py").read_text()
+    old, new = "hk = h // GROUP", "hk = h % (H // GROUP)"  # a grouping that is right for one head per group only
+    assert old in source, "the planted bug no longer fits the starter"
+    path = tmp_path / f"{TYPE}.py"
+    path.write_text(source.replace(old, new))
+    result = run_bench(path, device="cpu", timed=False)
+    assert result["status"] == "fail" and result["failed_stage"] in ("smoke", "shape_sweep")
+
+
+def test_the_profiler_records_the_grouped_heads_of_an_sdpa_call():
+    ops = [Op("autokernel.step", "step"),
+           Op("aten::_scaled_dot_product_flash_attention", "op", parent=0, self_us=20.0,
+              shapes=[[1, 32, 64, 64], [1, 4, 64, 64], [1, 4, 64, 64]], args=[None, None, None, 0.0, True],
+              kernels=("pytorch_flash::flash_fwd_kernel",))]
+    sdpa = next(g for g in attribution.attribute(ops) if g.type == TYPE)
+    assert attribution.group_shape(sdpa, ops) == {"B": 1, "H": 32, "Hkv": 4, "S": 64, "D": 64, "causal": True}
+
+
+def test_the_sdpa_site_of_a_grouped_query_llama_runs_the_kernel_on_the_grouped_heads(interpreter, tmp_path,
+                                                                                     monkeypatch):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=8,
+                                      num_key_value_heads=2, vocab_size=256)
+    model = transformers.LlamaForCausalLM(config).eval()
+    ids = torch.randint(0, 256, (2, 24), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = model(ids, use_cache=False).logits
+        optimized = autokernel.optimize(model, tmp_path / "none", [TYPE], verified=None, quiet=True)
+        copies = []
+        repeat = torch.Tensor.repeat_interleave
+        monkeypatch.setattr(torch.Tensor, "repeat_interleave", lambda t, *a, **k: copies.append(t.shape) or repeat(
+            t, *a, **k))
+        got = optimized(ids, use_cache=False).logits
+        monkeypatch.undo()
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    sites = [s for s in optimized.autokernel.sites() if s.kernel_type == TYPE]
+    assert sites and all(s.calls == 2 and not s.fallbacks for s in sites)
+    assert not copies  # the K/V heads as the model grouped them, not copied to one per query head
