@@ -1,7 +1,10 @@
 """Flash attention starter (forward): O = softmax(Q K^T * sm_scale [+ causal mask]) V.
 
 Compute-bound. Q, K, V, O are [B, H, S, D], or K and V [B, H/G, S, D] (grouped-query attention: query head h reads
-K/V head h // G, no copy of K and V); one call does 4*B*H*S*S*D FLOPs (half when causal) and
+K/V head h // G, no copy of K and V). kernel_fn's window (a causal sliding window: query i sees keys i - window < j
+<= i; Mistral, Gemma-2) and softcap (scores become softcap * tanh(score / softcap); Gemma-2) run the pointer kernel
+with those masks and the cap as compile-time switches, every block masked, from the window's first block; 0 is
+none. One call does 4*B*H*S*S*D FLOPs (half when causal) and
 must move 4*B*H*S*D*element_size bytes: the S x S score matrix never leaves the chip. At the bench
 shape (B=2, H=32, S=2048, D=128, causal, fp16) that is 69 GFLOP against 67 MB: on an H100 SXM
 (989 TFLOP/s dense fp16, 3.35 TB/s) the floor is ~70 us of tensor-core time vs ~20 us of memory.
@@ -96,22 +99,30 @@ def _load_tile(base, offs_r, offs_d, stride_r, stride_d, n_rows,
 
 @triton.jit
 def _attn_blocks(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                 offs_m, offs_d, lo, hi, S, qk_scale,
+                 offs_m, offs_d, lo, hi, S, qk_scale, window, cap,
                  BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, EVEN_D: tl.constexpr,
-                 CAUSAL_MASK: tl.constexpr, KEY_MASK: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Fold keys [lo, hi) into the running (acc, l, m); masks are compile-time switches."""
+                 CAUSAL_MASK: tl.constexpr, KEY_MASK: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                 WINDOW_MASK: tl.constexpr, CAPPED: tl.constexpr):
+    """Fold keys [lo, hi) into the running (acc, l, m); masks and the soft cap are compile-time switches."""
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         k = _load_tile(k_base, offs_n, offs_d, stride_kn, stride_kd, S, HEAD_DIM, KEY_MASK, EVEN_D)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        if CAPPED:  # cap * tanh(score / cap) in the scores' log2 units (cap too); tanh(x) = 2 sigmoid(2x) - 1
+            qk = cap * (2.0 * tl.sigmoid(2.0 * qk / cap) - 1.0)
         if CAUSAL_MASK:
             qk = tl.where(offs_m[:, None] >= offs_n[None, :], qk, float("-inf"))
         if KEY_MASK:
             qk = tl.where(offs_n[None, :] < S, qk, float("-inf"))
-        # Every row sees at least one live key in its first block, so m_new is finite.
+        if WINDOW_MASK:  # a sliding window: key j is seen by the rows i with i - j < window
+            qk = tl.where(offs_m[:, None] - offs_n[None, :] < window, qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
-        p = tl.math.exp2(qk - m_new[:, None])
-        alpha = tl.math.exp2(m_i - m_new)
+        if WINDOW_MASK:  # a block at a window's edge can hold no live key for a row: its max stays -inf
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:  # every row sees at least one live key in its first block, so m_new is finite
+            m_use = m_new
+        p = tl.math.exp2(qk - m_use[:, None])
+        alpha = tl.math.exp2(m_i - m_use)
         l_i = l_i * alpha + tl.sum(p, 1)
         v = _load_tile(v_base, offs_n, offs_d, stride_vn, stride_vd, S, HEAD_DIM, KEY_MASK, EVEN_D)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
@@ -120,15 +131,17 @@ def _attn_blocks(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_
 
 
 @triton.jit
-def _flash_attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, S, H, GROUP, qk_scale,
+def _flash_attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, S, H, GROUP, qk_scale, window, cap,
                             stride_qb, stride_qh, stride_qs, stride_qd,
                             stride_kb, stride_kh, stride_ks, stride_kd,
                             stride_vb, stride_vh, stride_vs, stride_vd,
                             stride_ob, stride_oh, stride_os, stride_od,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                             D_PAD: tl.constexpr, CAUSAL: tl.constexpr, SPLIT: tl.constexpr,
-                            EVEN_D: tl.constexpr, REVERSE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                            EVEN_D: tl.constexpr, REVERSE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                            WINDOWED: tl.constexpr, CAPPED: tl.constexpr):
     qk_scale = tl.full([], qk_scale, tl.float32)  # under torch.compile Inductor passes a Python float as fp64
+    cap = tl.full([], cap, tl.float32)
     start_m = tl.program_id(0)
     if REVERSE:
         start_m = tl.num_programs(0) - 1 - start_m
@@ -153,12 +166,18 @@ def _flash_attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, S, H, GROUP, qk_scale,
     else:
         end = S
         free = (S // BLOCK_N) * BLOCK_N if SPLIT else 0
-    acc, l_i, m_i = _attn_blocks(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_kd, stride_vs, stride_vd,
-                                 offs_m, offs_d, 0, free, S, qk_scale,
-                                 BLOCK_N, HEAD_DIM, EVEN_D, False, False, DOT_PRECISION)
-    acc, l_i, m_i = _attn_blocks(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_kd, stride_vs, stride_vd,
-                                 offs_m, offs_d, free, end, S, qk_scale,
-                                 BLOCK_N, HEAD_DIM, EVEN_D, CAUSAL, True, DOT_PRECISION)
+    if WINDOWED:  # causal, from the first block that holds a key of the block's first row's window: every block masked
+        lo = tl.maximum(start_m * BLOCK_M - window + 1, 0) // BLOCK_N * BLOCK_N
+        acc, l_i, m_i = _attn_blocks(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_kd, stride_vs, stride_vd,
+                                     offs_m, offs_d, lo, end, S, qk_scale, window, cap,
+                                     BLOCK_N, HEAD_DIM, EVEN_D, True, True, DOT_PRECISION, True, CAPPED)
+    else:
+        acc, l_i, m_i = _attn_blocks(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_kd, stride_vs, stride_vd,
+                                     offs_m, offs_d, 0, free, S, qk_scale, window, cap,
+                                     BLOCK_N, HEAD_DIM, EVEN_D, False, False, DOT_PRECISION, False, CAPPED)
+        acc, l_i, m_i = _attn_blocks(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_kd, stride_vs, stride_vd,
+                                     offs_m, offs_d, free, end, S, qk_scale, window, cap,
+                                     BLOCK_N, HEAD_DIM, EVEN_D, CAUSAL, True, DOT_PRECISION, False, CAPPED)
     out = acc / l_i[:, None]
     o_ptrs = o_base + offs_m[:, None] * stride_os + offs_d[None, :] * stride_od
     tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=(offs_m[:, None] < S) & (offs_d[None, :] < HEAD_DIM))
@@ -262,7 +281,9 @@ def _address(t):
         return t.storage_offset() * t.element_size()
 
 
-def _use_tma(q, k, v, causal, block_m, scale):
+def _use_tma(q, k, v, causal, block_m, scale, plain):
+    if not plain:  # a sliding window or a soft cap: the pointer kernel has them
+        return False
     batch, heads, seq, head_dim = q.shape
     flops = 4 * batch * heads * seq * seq * head_dim // (2 if causal else 1)
     wanted = VARIANT == "tma" or (VARIANT == "auto" and flops >= TMA_MIN_FLOPS)
@@ -292,23 +313,25 @@ def _launch_tma(q, k, v, out, causal, qk_scale, cfg):
         REVERSE=bool(causal) and REVERSE_CAUSAL_ORDER, ON_DEVICE=on_device, num_warps=warps, num_stages=stages)
 
 
-def _launch_pointers(q, k, v, out, causal, qk_scale, cfg, d_pad):
+def _launch_pointers(q, k, v, out, causal, qk_scale, cfg, d_pad, window=0, softcap=0.0):
     block_m, block_n, warps, stages = cfg
     batch, heads, seq, head_dim = q.shape
     grid = ((seq + block_m - 1) // block_m, batch * heads)  # not triton.cdiv: a slow host call on triton 3.6
     _flash_attention_kernel[grid](
-        q, k, v, out, seq, heads, heads // k.shape[1], qk_scale,
+        q, k, v, out, seq, heads, heads // k.shape[1], qk_scale, window, softcap * LOG2E,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
         BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, D_PAD=d_pad, CAUSAL=bool(causal),
         EVEN_D=head_dim == d_pad, SPLIT=VARIANT != "single_loop", REVERSE=bool(causal) and REVERSE_CAUSAL_ORDER,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", WINDOWED=window > 0, CAPPED=softcap > 0,
         num_warps=warps, num_stages=stages)
 
 
-def kernel_fn(Q, K, V, causal=True, sm_scale=None):
+def kernel_fn(Q, K, V, causal=True, sm_scale=None, window=0, softcap=0.0):
     batch, heads, seq, head_dim = Q.shape
     if K.shape != V.shape or heads % K.shape[1]:  # K/V heads: H (multi-head), or H / group (grouped-query)
         raise ValueError(f"K {tuple(K.shape)} and V {tuple(V.shape)}: one shape, heads dividing Q's {heads}")
+    if window < 0 or (window and not causal) or softcap < 0:
+        raise ValueError(f"window {window} (a causal attention's, 0: none), softcap {softcap} (0: none)")
     # contiguous output: like Q when Q is (empty_like is the cheaper call), else allocated so
     out = torch.empty_like(Q) if Q.is_contiguous() else torch.empty(Q.shape, dtype=Q.dtype, device=Q.device)
     scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(head_dim)
@@ -317,8 +340,8 @@ def kernel_fn(Q, K, V, causal=True, sm_scale=None):
     block_m, block_n, warps, stages = (c or a for c, a in zip((BLOCK_M, BLOCK_N, NUM_WARPS, NUM_STAGES), auto))
     # The split causal loop hands whole BLOCK_M diagonals to the masked part: BLOCK_N must divide it.
     cfg = (block_m, min(block_n, block_m), warps, stages)
-    if _use_tma(Q, K, V, causal, block_m, scale):
+    if _use_tma(Q, K, V, causal, block_m, scale, not window and not softcap):
         _launch_tma(Q, K, V, out, causal, scale * LOG2E, cfg)
     else:  # "tma" or "auto" where TMA does not apply run the split loop
-        _launch_pointers(Q, K, V, out, causal, scale * LOG2E, cfg, d_pad)
+        _launch_pointers(Q, K, V, out, causal, scale * LOG2E, cfg, d_pad, int(window), float(softcap))
     return out

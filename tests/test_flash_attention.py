@@ -1,5 +1,6 @@
-"""flash_attention with grouped K/V heads (grouped-query attention): query head h reads K/V head h // group, with no
-copy of K and V, in the kernel, the harness's shapes, the profiler's shape and the SDPA site."""
+"""flash_attention's variants: grouped K/V heads (grouped-query attention: query head h reads K/V head h // group,
+with no copy of K and V), a causal sliding window and a logit soft cap, in the kernel and the harness's shapes; the
+grouped heads also in the profiler's shape and the SDPA site."""
 
 import pytest
 import torch
@@ -13,10 +14,24 @@ from autokernel.registry import get_spec
 TYPE = "flash_attention"
 
 
-def test_the_harness_checks_grouped_heads_and_a_kernel_that_reads_the_wrong_kv_head_fails(repo_root, tmp_path):
-    assert any(s.get("Hkv", s["H"]) < s["H"] for s in get_spec(TYPE).small_shapes)
+# planted bugs, each a one-line edit of the starter: (what is replaced, what replaces it)
+BUGS = {
+    "the wrong kv head": ("hk = h // GROUP", "hk = h % (H // GROUP)"),  # right for one head per group only
+    "the window ignored": ("WINDOWED=window > 0", "WINDOWED=False"),
+    "the soft cap ignored": ("CAPPED=softcap > 0", "CAPPED=False"),
+}
+
+
+def test_the_small_shapes_cover_grouped_heads_a_window_and_a_soft_cap():
+    shapes = get_spec(TYPE).small_shapes
+    assert any(s.get("Hkv", s["H"]) < s["H"] for s in shapes)
+    assert any(s.get("window") for s in shapes) and any(s.get("softcap") for s in shapes)
+
+
+@pytest.mark.parametrize("bug", sorted(BUGS))
+def test_a_kernel_that_gets_a_variant_wrong_fails_the_harness(repo_root, tmp_path, bug):
+    old, new = BUGS[bug]
     source = (repo_root / "kernels" / f"{TYPE}.py").read_text()
-    old, new = "hk = h // GROUP", "hk = h % (H // GROUP)"  # a grouping that is right for one head per group only
     assert old in source, "the planted bug no longer fits the starter"
     path = tmp_path / f"{TYPE}.py"
     path.write_text(source.replace(old, new))

@@ -16,11 +16,26 @@ from autokernel.types._common import esize, numel, randn
 NAME = "flash_attention"
 
 
-def flash_attention_ref(Q, K, V, causal: bool = True, sm_scale: float | None = None):
+def flash_attention_ref(Q, K, V, causal: bool = True, sm_scale: float | None = None, window: int = 0,
+                        softcap: float = 0.0):
     """Scaled dot-product attention; Q is [batch, heads, seq, head_dim], K and V the same or with heads / group heads
-    (grouped-query attention: query head h reads K/V head h // group)."""
+    (grouped-query attention: query head h reads K/V head h // group). window: a causal sliding window (query i sees
+    keys j with i - window < j <= i; Mistral, Gemma-2), 0 for none; softcap: scores become softcap * tanh(score /
+    softcap) before the mask and the softmax (Gemma-2), 0 for none."""
     scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(Q.shape[-1])
-    return F.scaled_dot_product_attention(Q, K, V, is_causal=causal, scale=scale, enable_gqa=K.shape[1] != Q.shape[1])
+    if not window and not softcap:
+        return F.scaled_dot_product_attention(Q, K, V, is_causal=causal, scale=scale,
+                                              enable_gqa=K.shape[1] != Q.shape[1])
+    group = Q.shape[1] // K.shape[1]
+    scores = Q @ K.repeat_interleave(group, 1).transpose(-1, -2) * scale
+    if softcap:
+        scores = softcap * torch.tanh(scores / softcap)
+    i = torch.arange(Q.shape[2], device=Q.device)[:, None]
+    j = torch.arange(K.shape[2], device=Q.device)[None, :]
+    keep = (j <= i) if causal else torch.ones_like(i - j, dtype=torch.bool)
+    if window:
+        keep = keep & (i - j < window)
+    return scores.masked_fill(~keep, float("-inf")).softmax(-1) @ V.repeat_interleave(group, 1)
 
 
 def _inputs(scale: float = 1.0):
@@ -28,7 +43,8 @@ def _inputs(scale: float = 1.0):
         heads = (shape["H"], shape.get("Hkv", shape["H"]), shape.get("Hkv", shape["H"]))  # Q's, K's, V's
         q, k, v = (randn((shape["B"], h, shape["S"], shape["D"]), dtype, device, gen, scale if i < 2 else 1.0)
                    for i, h in enumerate(heads))
-        return q, k, v, shape["causal"], shape.get("sm_scale")
+        variant = (shape.get("window", 0), shape.get("softcap", 0.0))  # passed only where the shape has them
+        return (q, k, v, shape["causal"], shape.get("sm_scale"), *(variant if any(variant) else ()))
     return make
 
 
@@ -44,6 +60,9 @@ def _noncontiguous(inputs):
 
 def _flops(s):
     full = 4 * s["B"] * s["H"] * s["S"] * s["S"] * s["D"]
+    window = min(s.get("window") or s["S"], s["S"])
+    if window < s["S"]:  # causal: row i sees min(i + 1, window) keys
+        return 4 * s["B"] * s["H"] * s["D"] * (s["S"] * window - window * (window - 1) // 2)
     return full // 2 if s["causal"] else full
 
 
@@ -120,18 +139,20 @@ SPEC = KernelSpec(
     shapes=[{"B": 2, "H": 32, "S": 2048, "D": 128, "causal": True},
             {"B": 2, "H": 32, "S": 2048, "D": 128, "causal": False},
             {"B": 1, "H": 16, "S": 4096, "D": 64, "causal": True},
-            {"B": 4, "H": 8, "S": 1024, "D": 64, "causal": False},
-            {"B": 1, "H": 32, "S": 512, "D": 128, "causal": True},
             {"B": 2, "H": 12, "S": 1024, "D": 64, "causal": True, "sm_scale": 0.1},
             {"B": 8, "H": 16, "S": 256, "D": 64, "causal": False},
             {"B": 1, "H": 8, "S": 8192, "D": 128, "causal": True},
             {"B": 1, "H": 32, "Hkv": 4, "S": 2048, "D": 64, "causal": True},  # TinyLlama's grouped heads
-            {"B": 1, "H": 16, "Hkv": 8, "S": 2048, "D": 128, "causal": True}],  # Qwen3-0.6B's
+            {"B": 1, "H": 16, "Hkv": 8, "S": 2048, "D": 128, "causal": True},  # Qwen3-0.6B's
+            {"B": 1, "H": 32, "Hkv": 8, "S": 8192, "D": 128, "causal": True, "window": 4096},  # Mistral's window
+            {"B": 1, "H": 8, "Hkv": 4, "S": 4096, "D": 128, "causal": True, "window": 1024, "softcap": 50.0}],
     small_shapes=[{"B": 1, "H": 1, "S": 16, "D": 16, "causal": True},
                   {"B": 1, "H": 2, "S": 32, "D": 32, "causal": False},
                   {"B": 2, "H": 2, "S": 64, "D": 16, "causal": True},
                   {"B": 1, "H": 1, "S": 48, "D": 64, "causal": False, "sm_scale": 0.2},
-                  {"B": 1, "H": 4, "Hkv": 2, "S": 32, "D": 32, "causal": True}],
+                  {"B": 1, "H": 4, "Hkv": 2, "S": 32, "D": 32, "causal": True},
+                  {"B": 1, "H": 2, "Hkv": 1, "S": 64, "D": 32, "causal": True, "window": 16},
+                  {"B": 1, "H": 2, "S": 48, "D": 16, "causal": False, "softcap": 5.0}],
     edge_shapes=[{"B": 1, "H": 4, "S": 1023, "D": 64, "causal": True},
                  {"B": 1, "H": 2, "S": 1537, "D": 128, "causal": False},
                  {"B": 1, "H": 2, "S": 4097, "D": 64, "causal": True},
@@ -139,7 +160,8 @@ SPEC = KernelSpec(
                  {"B": 1, "H": 8, "Hkv": 2, "S": 1023, "D": 64, "causal": True}],
     small_edge_shapes=[{"B": 1, "H": 1, "S": 1023, "D": 16, "causal": True},
                        {"B": 1, "H": 1, "S": 97, "D": 80, "causal": False},
-                       {"B": 1, "H": 3, "Hkv": 1, "S": 33, "D": 16, "causal": True}],
+                       {"B": 1, "H": 3, "Hkv": 1, "S": 33, "D": 16, "causal": True},
+                       {"B": 1, "H": 2, "S": 97, "D": 32, "causal": True, "window": 7, "softcap": 2.0}],
     bench_shape={"B": 2, "H": 32, "S": 2048, "D": 128, "causal": True},
     small_bench_shape={"B": 1, "H": 2, "S": 128, "D": 64, "causal": True},
     bytes_moved=lambda s, dt: 2 * (s["H"] + s.get("Hkv", s["H"])) * numel(s, "B", "S", "D") * esize(dt),
@@ -150,7 +172,8 @@ SPEC = KernelSpec(
     # 1e-4 fp32 tolerance; overflow still gives NaN or O(1) errors
     adversarial_tolerance={"large_scores": 4.0},
     noncontiguous=_noncontiguous,
-    description="scaled dot-product attention, causal or not, [batch, heads, seq, head_dim], K/V heads grouped or not",
+    description="scaled dot-product attention, causal or not, [batch, heads, seq, head_dim], K/V heads grouped or "
+                "not, with a sliding window and a logit soft cap or not",
     profiling=Profiling(ops=frozenset(ATTENTION_OPS), kernels=re.compile(r"flash|fmha|attention|attn", re.I),
                         op_shape=attention_shape, precedence=-3),
     default_speedup=1.05,  # PyTorch's SDPA already runs FlashAttention-2 or cuDNN

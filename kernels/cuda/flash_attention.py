@@ -11,7 +11,8 @@ are broadcast from shared memory), the warp takes the tile's row max and sum wit
 online softmax rescales the running output, of which each lane holds head_dim/32 columns: no S x S
 matrix, one pass over K and V per query tile. Causal blocks stop at their last row's diagonal and mask
 keys beyond each row. All math is scalar fp32 (expf, fmaf) in a fixed order: bitwise reproducible and
-within the fp32 tolerance. This kernel serves fp32, head dims other than 64 and 128, and unaligned views.
+within the fp32 tolerance. This kernel serves fp32, head dims other than 64 and 128, unaligned views, and a
+causal sliding window (window: keys i - window < j <= i) or a logit soft cap (softcap * tanh(score / softcap)).
 Q, K and V may be strided views (a packed QKV projection): their strides are kernel arguments.
 
 fp16/bf16 with head_dim 64 or 128 and 16-byte aligned rows (TENSOR_CORES = 1): a tensor-core kernel
@@ -58,11 +59,14 @@ constexpr int DC = MAX_HEAD_DIM / 32;   // output columns per lane
 constexpr int SMEM_FLOATS = QROWS * MAX_HEAD_DIM + KV * (MAX_HEAD_DIM + 1) + KV * MAX_HEAD_DIM;
 static_assert(MAX_HEAD_DIM % 32 == 0, "MAX_HEAD_DIM must be a multiple of 32");
 
-template <typename T>
-__global__ void __launch_bounds__(WARPS * 32) flash_attention_kernel(
-    const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V, T* __restrict__ O, int64_t heads,
-    int64_t group, int64_t S, int D, int64_t qb, int64_t qh, int64_t qs, int64_t kb, int64_t kh, int64_t ks, int64_t vb,
-    int64_t vh, int64_t vs, float scale, bool causal) {
+#define FA_PARAMS                                                                                                \
+  const T *__restrict__ Q, const T *__restrict__ K, const T *__restrict__ V, T *__restrict__ O, int64_t heads,      \
+      int64_t group, int64_t S, int D, int64_t qb, int64_t qh, int64_t qs, int64_t kb, int64_t kh, int64_t ks,      \
+      int64_t vb, int64_t vh, int64_t vs, float scale, bool causal, int window, float softcap
+#define FA_ARGS Q, K, V, O, heads, group, S, D, qb, qh, qs, kb, kh, ks, vb, vh, vs, scale, causal, window, softcap
+
+template <typename T, bool VARIANT>  // VARIANT: a sliding window or a soft cap
+__device__ __forceinline__ void attend(FA_PARAMS) {
   extern __shared__ float smem[];
   float* Qs = smem;                                  // [QROWS][MAX_HEAD_DIM], scaled
   float* Ks = Qs + QROWS * MAX_HEAD_DIM;             // [KV][MAX_HEAD_DIM + 1]
@@ -86,7 +90,9 @@ __global__ void __launch_bounds__(WARPS * 32) flash_attention_kernel(
     for (int c = 0; c < DC; ++c) acc[r][c] = 0.f;
   }
   const int64_t kv_end = causal ? (q0 + QROWS < S ? q0 + QROWS : S) : S;
-  for (int64_t j0 = 0; j0 < kv_end; j0 += KV) {
+  // a sliding window (causal): the first tile holding a key of the block's first row's window
+  const int64_t kv_begin = VARIANT && window > 0 && q0 - window + 1 > 0 ? (q0 - window + 1) / KV * KV : 0;
+  for (int64_t j0 = kv_begin; j0 < kv_end; j0 += KV) {
     __syncthreads();  // Qs written; the previous K/V tile fully used
     for (int idx = threadIdx.x; idx < KV * MAX_HEAD_DIM; idx += blockDim.x) {
       const int r = idx / MAX_HEAD_DIM, d = idx % MAX_HEAD_DIM;
@@ -104,7 +110,11 @@ __global__ void __launch_bounds__(WARPS * 32) flash_attention_kernel(
       const float* krow = Ks + lane * (MAX_HEAD_DIM + 1);
       float sc = 0.f;
       for (int d = 0; d < D; ++d) sc = fmaf(qrow[d], krow[d], sc);
-      const bool valid = j < S && (!causal || j <= q);
+      bool valid = j < S && (!causal || j <= q);
+      if constexpr (VARIANT) {
+        if (softcap > 0.f) sc = softcap * tanhf(sc / softcap);  // logit soft-capping (Gemma-2)
+        valid = valid && (window <= 0 || (int)(q - j) < window);
+      }
       sc = valid ? sc : -INFINITY;
       const float tile_max = ak::warp_reduce(sc, ak::Max());
       if (tile_max == -INFINITY) continue;  // the same in every lane: the warp skips together
@@ -133,6 +143,12 @@ __global__ void __launch_bounds__(WARPS * 32) flash_attention_kernel(
     }
   }
 }
+
+// the plain kernel as it was tuned; the variant's own launch bounds give it the registers the window and the cap need
+template <typename T>
+__global__ void __launch_bounds__(WARPS * 32) flash_attention_kernel(FA_PARAMS) { attend<T, false>(FA_ARGS); }
+template <typename T>
+__global__ void __launch_bounds__(WARPS * 32, 4) flash_attention_variant_kernel(FA_PARAMS) { attend<T, true>(FA_ARGS); }
 
 // ---- tensor cores (fp16/bf16, head_dim HD = 64 or 128, 16-byte aligned rows) ----
 #include <mma.h>
@@ -275,25 +291,26 @@ void launch(const T* q, const T* k, const T* v, T* o, int64_t batch, int64_t hea
 
 template <typename T>
 void launch(const T* q, const T* k, const T* v, T* o, int64_t batch, int64_t heads, int64_t group, int64_t S, int D,
-            const int64_t* st, float scale, bool causal, cudaStream_t s) {
+            const int64_t* st, float scale, bool causal, int64_t window, float softcap, cudaStream_t s) {
   constexpr int smem = SMEM_FLOATS * (int)sizeof(float);
+  auto kernel = window > 0 || softcap > 0.f ? &flash_attention_variant_kernel<T> : &flash_attention_kernel<T>;
   if (smem > 48 * 1024) {  // more than 48 KB of shared memory must be requested (per device, so every call)
-    const cudaError_t e =
-        cudaFuncSetAttribute(flash_attention_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess)
       throw std::runtime_error(std::string("flash_attention shared memory: ") + cudaGetErrorString(e));
   }
   const dim3 grid((unsigned)((S + QROWS - 1) / QROWS), (unsigned)(batch * heads));
-  flash_attention_kernel<T><<<grid, WARPS * 32, smem, s>>>(q, k, v, o, heads, group, S, D, st[0], st[1], st[2], st[3],
-                                                           st[4], st[5], st[6], st[7], st[8], scale, causal);
+  kernel<<<grid, WARPS * 32, smem, s>>>(q, k, v, o, heads, group, S, D, st[0], st[1], st[2], st[3], st[4], st[5], st[6],
+                                        st[7], st[8], scale, causal, (int)window, softcap);
 }
 
 void flash_attention_launch(int dtype, int64_t q, int64_t k, int64_t v, int64_t o, int64_t batch, int64_t heads,
                             int64_t group, int64_t seq, int64_t head_dim, int64_t qb, int64_t qh, int64_t qs, int64_t kb, int64_t kh,
                             int64_t ks, int64_t vb, int64_t vh, int64_t vs, double scale, bool causal,
-                            bool aligned, int64_t stream) {
+                            int64_t window, double softcap, bool aligned, int64_t stream) {
   const int64_t strides[9] = {qb, qh, qs, kb, kh, ks, vb, vh, vs};
-  if (TENSOR_CORES && aligned && dtype != 0 && (head_dim == 64 || head_dim == 128)) {
+  const bool plain = window <= 0 && softcap <= 0;  // the tensor-core kernel has no window and no soft cap
+  if (TENSOR_CORES && plain && aligned && dtype != 0 && (head_dim == 64 || head_dim == 128)) {
     AK_DISPATCH(dtype, {
       if constexpr (!std::is_same<scalar_t, float>::value) {
         const auto qp = ak::ptr<const scalar_t>(q), kp = ak::ptr<const scalar_t>(k), vp = ak::ptr<const scalar_t>(v);
@@ -310,7 +327,7 @@ void flash_attention_launch(int dtype, int64_t q, int64_t k, int64_t v, int64_t 
   AK_DISPATCH(dtype, {
     launch<scalar_t>(ak::ptr<const scalar_t>(q), ak::ptr<const scalar_t>(k), ak::ptr<const scalar_t>(v),
                      ak::ptr<scalar_t>(o), batch, heads, group, seq, (int)head_dim, strides, (float)scale, causal,
-                     ak::as_stream(stream));
+                     window, (float)softcap, ak::as_stream(stream));
   });
   ak::check_launch("flash_attention_kernel");
 }
@@ -319,7 +336,7 @@ void flash_attention_launch(int dtype, int64_t q, int64_t k, int64_t v, int64_t 
 PROTOTYPES = ["void flash_attention_launch(int dtype, int64_t q, int64_t k, int64_t v, int64_t o, int64_t batch, "
               "int64_t heads, int64_t group, int64_t seq, int64_t head_dim, int64_t qb, int64_t qh, int64_t qs, int64_t kb, "
               "int64_t kh, int64_t ks, int64_t vb, int64_t vh, int64_t vs, double scale, bool causal, "
-              "bool aligned, int64_t stream)"]
+              "int64_t window, double softcap, bool aligned, int64_t stream)"]
 
 
 def cuda_source() -> str:
@@ -333,8 +350,10 @@ def _module():
     return cuda_build.load(KERNEL_TYPE, cuda_source(), PROTOTYPES)
 
 
-def kernel_fn(Q, K, V, causal=True, sm_scale=None):
+def kernel_fn(Q, K, V, causal=True, sm_scale=None, window=0, softcap=0.0):
     batch, heads, seq, head_dim = Q.shape
+    if window < 0 or (window and not causal) or softcap < 0:
+        raise ValueError(f"window {window} (a causal attention's, 0: none), softcap {softcap} (0: none)")
     if K.shape != V.shape or (K.shape[0], *K.shape[2:]) != (batch, seq, head_dim) or heads % K.shape[1]:
         raise ValueError(f"Q {tuple(Q.shape)}, K {tuple(K.shape)}, V {tuple(V.shape)}: K and V of one shape, with "
                          "Q's batch, length and head dim, and heads dividing Q's (grouped-query attention)")
@@ -352,5 +371,5 @@ def kernel_fn(Q, K, V, causal=True, sm_scale=None):
     aligned = all(s % 8 == 0 for s in strides) and all(t.data_ptr() % 16 == 0 for t in (Q, K, V))  # 16-byte rows
     _module().flash_attention_launch(cuda_build.dtype_code(Q), Q.data_ptr(), K.data_ptr(), V.data_ptr(),
                                      out.data_ptr(), batch, heads, heads // K.shape[1], seq, head_dim, *strides, float(scale),
-                                     bool(causal), aligned, cuda_build.stream_of(Q))
+                                     bool(causal), int(window), float(softcap), aligned, cuda_build.stream_of(Q))
     return out
