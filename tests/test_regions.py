@@ -296,3 +296,15 @@ def test_the_attention_a_compiled_graph_calls_through_cudnn_is_flash_attention_s
     call = Op("aten::_cudnn_attention_forward", "op", self_us=72.0, shapes=[[1, 16, 2048, 64]] * 3)
     found = regions.regions_of([call], [], [], 1, attribution._Rules(attribution._rules()))
     assert [(r.kind, r.type, r.calls) for r in found] == [("extern", "flash_attention", 1)]
+
+
+def test_a_region_of_a_batch_of_one_sweeps_no_input_past_its_element_budget():
+    """A region's leading dimension is often the batch: the sweep's 128 rows of a [1, 2048, 50304] region would be
+    26 GB a tensor. Rows past the budget are left out of the sweep, the model's own shape kept."""
+    spec = _region.region_spec("r", lambda x: x * 2, [((1, 2048, 50304), "float16")], rows=1)
+    widest = [max(torch.Size(s).numel() for s in (x.shape for x in spec.make_inputs(shape, torch.float16, "meta",
+                                                                                     None))) for shape in spec.shapes]
+    assert {"M": 1} in spec.shapes and max(widest) <= _region.SWEEP_ELEMENTS
+    assert all(s["M"] * 2048 * 50304 <= _region.SWEEP_ELEMENTS for s in spec.edge_shapes if s["M"] > 1)
+    small = _region.region_spec("r", lambda x: x * 2, [((64, 32), "float16")], rows=64)
+    assert [s["M"] for s in small.shapes] == [1, 16, 64, 128] and [s["M"] for s in small.edge_shapes] == [7, 33]

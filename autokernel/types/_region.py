@@ -27,6 +27,7 @@ import torch
 from autokernel.kerneltype import KernelSpec
 
 PREFIX = "region/"
+SWEEP_ELEMENTS = 2**28  # the most elements an input of a region's sweep has, the model's own shape aside
 DIR = Path("workspace") / "regions"  # under the project root
 PROJECT_ROOT = Path(__file__).resolve().parent.parent.parent
 ENV_DIR = "AUTOKERNEL_REGIONS"  # a folder of region modules other than the project's workspace/regions
@@ -112,11 +113,16 @@ def region_spec(name: str, reference, inputs: tuple, rows: int, ops: int = 1) ->
             return tuple(x * factor + offset for x in make_inputs(shape, torch.float32, device, gen))
         return lambda shape, dtype, device, gen: tuple(x.to(dtype) for x in make(shape, dtype, device, gen))
 
+    def fits(m: int) -> bool:  # no input of m rows past SWEEP_ELEMENTS (a leading dimension is often the batch:
+        return m * max(torch.Size(s).numel() for s in shapes_at(1)) <= SWEEP_ELEMENTS  # 128 [1, 2048, 50304] = 26 GB
+
     small = sorted({1, 3, min(rows, 8)})
     return KernelSpec(
         name=name, reference=reference, make_inputs=make_inputs,
-        shapes=[{"M": m} for m in sorted({1, 16, 128, rows, 2 * rows})], small_shapes=[{"M": m} for m in small],
-        edge_shapes=[{"M": 7}, {"M": 33}], small_edge_shapes=[{"M": 5}], bench_shape={"M": rows},
+        shapes=[{"M": m} for m in sorted({rows, *filter(fits, (1, 16, 128, 2 * rows))})],
+        small_shapes=[{"M": m} for m in small],
+        edge_shapes=[{"M": m} for m in filter(fits, (7, 33))] or [{"M": 1}], small_edge_shapes=[{"M": 5}],
+        bench_shape={"M": rows},
         small_bench_shape={"M": min(rows, 16)}, bytes_moved=bytes_moved, flops=flops,
         adversarial={"large values": scaled(100.0), "nearly equal values": scaled(1e-3, 1.0)},
         description=f"a region of a model, captured from torch.compile's graph ({rows} rows)")
