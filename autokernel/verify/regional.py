@@ -77,7 +77,10 @@ class ShallowTrials:
     def deploy(self, fn: nn.Module, modes: list[str], graphed: Callable,
                wrong_output: Callable) -> tuple[dict, str | None]:
         """({mode: {depth: fn's cut copy as deployed in it}}, what is wrong with its output or None)."""
-        ran = {d: torch.compile(truncated(fn, d), backend=self.backend) for d in DEPTHS}
+        cut = {d: truncated(fn, d) for d in DEPTHS}
+        if any(c is None for c in cut.values()):  # a site replaced some blocks with another class: none repeats
+            raise ValueError("the kernel set's model has no repeated blocks to cut")
+        ran = {d: torch.compile(c, backend=self.backend) for d, c in cut.items()}
         ready = {m: {d: graphed(r, self.sets[0]) if m.endswith("graph") else r for d, r in ran.items()} for m in modes}
         wrong = next(filter(None, (wrong_output(r, self.originals[d], self.sets[-1])
                                    for by_depth in ready.values() for d, r in by_depth.items())), None)
