@@ -234,7 +234,7 @@ def _time_against(request, model, optimized, choices: dict, inputs, device: str)
     from autokernel.verify import paired
     from autokernel.verify.deploy import load_kernels
 
-    types = optimized.swapped_types()
+    types = list(optimized.types)  # the kept set, as the prune (or the rows) built it from the types a site ran
     ours = customops.installed(types)
     where = _against_dir(request)
     try:
