@@ -281,9 +281,7 @@ def _address(t):
         return t.storage_offset() * t.element_size()
 
 
-def _use_tma(q, k, v, causal, block_m, scale, plain):
-    if not plain:  # a sliding window or a soft cap: the pointer kernel has them
-        return False
+def _use_tma(q, k, v, causal, block_m, scale):
     batch, heads, seq, head_dim = q.shape
     flops = 4 * batch * heads * seq * seq * head_dim // (2 if causal else 1)
     wanted = VARIANT == "tma" or (VARIANT == "auto" and flops >= TMA_MIN_FLOPS)
@@ -340,7 +338,7 @@ def kernel_fn(Q, K, V, causal=True, sm_scale=None, window=0, softcap=0.0):
     block_m, block_n, warps, stages = (c or a for c, a in zip((BLOCK_M, BLOCK_N, NUM_WARPS, NUM_STAGES), auto))
     # The split causal loop hands whole BLOCK_M diagonals to the masked part: BLOCK_N must divide it.
     cfg = (block_m, min(block_n, block_m), warps, stages)
-    if _use_tma(Q, K, V, causal, block_m, scale, not window and not softcap):
+    if not window and not softcap and _use_tma(Q, K, V, causal, block_m, scale):  # the variants: pointers only
         _launch_tma(Q, K, V, out, causal, scale * LOG2E, cfg)
     else:  # "tma" or "auto" where TMA does not apply run the split loop
         _launch_pointers(Q, K, V, out, causal, scale * LOG2E, cfg, d_pad, int(window), float(softcap))

@@ -169,7 +169,8 @@ def _function_patches(model: nn.Module, types, sites: CallSites) -> tuple[list, 
         deployment = customops.deployment(t)
         if deployment.model_functions is not None:
             found, rejected = deployment.model_functions(model, sites)
-            found = [p for p in found if (id(p[0]), p[1]) not in {(id(o), n) for o, n, _ in patches}]  # one per name
+            taken = {(id(owner), name) for owner, name, _ in patches}  # a name two types patch: the first's
+            found = [p for p in found if (id(p[0]), p[1]) not in taken]
             patches += found
             notes += rejected
             type_of.update({id(wrapper): t for _, _, wrapper in found})

@@ -113,8 +113,12 @@ def region_spec(name: str, reference, inputs: tuple, rows: int, ops: int = 1) ->
             return tuple(x * factor + offset for x in make_inputs(shape, torch.float32, device, gen))
         return lambda shape, dtype, device, gen: tuple(x.to(dtype) for x in make(shape, dtype, device, gen))
 
-    def fits(m: int) -> bool:  # no input of m rows past SWEEP_ELEMENTS (a leading dimension is often the batch:
-        return m * max(torch.Size(s).numel() for s in shapes_at(1)) <= SWEEP_ELEMENTS  # 128 [1, 2048, 50304] = 26 GB
+    # no input of the sweep past SWEEP_ELEMENTS (a leading dimension is often the batch: 128 rows of a
+    # [1, 2048, 50304] region are 26 GB a tensor)
+    widest_row = max(torch.Size(s).numel() for s in shapes_at(1))
+
+    def fits(m: int) -> bool:
+        return m * widest_row <= SWEEP_ELEMENTS
 
     small = sorted({1, 3, min(rows, 8)})
     return KernelSpec(

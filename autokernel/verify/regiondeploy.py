@@ -29,8 +29,8 @@ import torch
 from autokernel import kernelfile
 from autokernel.kerneltype import Deployment
 from autokernel.ops import customops
+from autokernel.types._region import PREFIX
 
-PREFIX = "region/"
 _STATE: dict = {}  # "pass": the installed _RegionPass, "previous": the custom pass it took the place of
 
 
