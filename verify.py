@@ -91,11 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
     how.add_argument("--keep-all", action="store_true",
                      help="GPU: time every correct kernel plugged in, even those the model is faster without "
                           "(by default each is left out in turn and kept only if it helps)")
-    how.add_argument("--shallow-trials", action="store_true",
-                     help="GPU, with --compile: each trial of the compiled prune compiles copies of the model cut to "
-                          "one and two of its repeated blocks (a decoder's layers) instead of the whole model, and "
-                          "takes the whole model's time from theirs: minutes faster on a deep model; the last check "
-                          "and the rows still compile it whole")
+    how.add_argument("--whole-trials", dest="shallow_trials", action="store_false",
+                     help="GPU, with --compile: each trial of the compiled prune compiles the whole model (by default "
+                          "it compiles copies of the model cut to one and two of its repeated blocks, a decoder's "
+                          "layers, and takes the whole model's time from theirs: minutes faster on a deep model; the "
+                          "last check and the rows compile it whole either way)")
     how.add_argument("--against", metavar="KERNELS",
                      help="GPU: also time the kept types with other kernel files, in turns with this run's in one "
                           "process, each side replayed from its CUDA graph: 'extracted' (the files the loop began "

@@ -4,7 +4,7 @@
 # runs when fewer than 100 s are left of BUDGET seconds (default 570: one 10-minute device command).
 #
 #   bash scripts/verify_runs.sh LOGDIR "EXTRA FLAGS" TAG:CONFIG [TAG:CONFIG ...]
-#   bash scripts/verify_runs.sh $OUT "--shallow-trials" tl1:tinyllama neox1:pythia-410m
+#   bash scripts/verify_runs.sh $OUT "" tl1:tinyllama tl2:tinyllama neox1:pythia-410m
 set -uo pipefail
 LOG=${1:?usage: verify_runs.sh LOGDIR "EXTRA FLAGS" TAG:CONFIG ...}
 FLAGS=${2-}

@@ -229,6 +229,7 @@ def _define(kernel_type: str) -> None:
         return opaque_op(*args)
 
     traced.__signature__ = _signature(deployment.schema)  # triton_op infers its schema from the signature
+    compat.memoize_kernel_analysis()  # each layer's launches traced alike: one write analysis for all of them
     _DEFINED[kernel_type] = (opaque, torch.library.triton_op(name, traced, mutates_args=()))
 
 

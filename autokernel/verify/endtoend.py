@@ -47,6 +47,8 @@ PRUNE_ROUNDS = 3  # rounds of turns a close call may take (noise.close_call) bef
 # percent apart for one pair of models (docs/timing.md)
 LATENCY_TURNS_MS = 1000
 LATENCY_MAX_TURNS = 400
+# a prune's trial in a graphed mode: GPU time replayed, a fraction of a percent of noise (more rounds where close)
+GRAPHED_TURNS_MS = 250
 
 
 def backend_for(device: str) -> str:
@@ -142,12 +144,13 @@ def _once(make: Callable) -> Callable:
     return lambda: made[0] if made else made.append(make()) or made[0]
 
 
-def latency_turns(fns: dict[str, Callable], sets: list, device: str) -> dict[str, list[float]]:
-    """Latency samples of each function in turns, about LATENCY_TURNS_MS of each by the slowest one's probe run."""
+def latency_turns(fns: dict[str, Callable], sets: list, device: str,
+                  window_ms: float = LATENCY_TURNS_MS) -> dict[str, list[float]]:
+    """Latency samples of each function in turns, about window_ms of each by the slowest one's probe run."""
     if device != "cuda":
         return timing.time_turns(fns, sets, device, timing.CPU_RUNS)
     probe = timing.time_turns(fns, sets, device, 1, latency=True)
-    turns = timing.runs_for(max(us[0] for us in probe.values()) / 1e3, LATENCY_TURNS_MS, LATENCY_MAX_TURNS)
+    turns = timing.runs_for(max(us[0] for us in probe.values()) / 1e3, window_ms, LATENCY_MAX_TURNS)
     return timing.time_turns(fns, sets, device, turns, latency=True)
 
 
@@ -231,7 +234,8 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes
     Triton matmul against cuBLAS at N=256), or in the mode the model is deployed in (under
     torch.compile, against Inductor's fused kernels); the end-to-end time in that mode is what
     counts. modes: one mode, or the two of one side, which run the same kernels (eager and graph; compile and
-    compile_graph, timed on one compile): a kernel stays only if the model is faster without it in none. A
+    compile_graph, timed on one compile): a kernel leaves when the model is faster without it in one, unless the other
+    runs it slower without by more (noise.deciding_mode). A
     model that fails to run in a mode counts as infinitely slow there, so a type that breaks a mode is left out
     too. Greedy, in the order of the types, each trial timed in turns with the model it would replace (a
     host-bound model timed alone, one run after another, drifts by more than the differences a prune decides),
@@ -299,7 +303,7 @@ def _try_without(trials: _Trials, optimized: swap.Optimized, kernel_type: str, k
     verdicts = trials.compare(trial.module(), against=optimized.module())
     decided[kernel_type] = {m: v.to_dict() for m, v in verdicts.items()}
     failed = trials.failures.get(optimized.module())
-    mode = _faster_in(verdicts)
+    mode = noise.deciding_mode(verdicts)
     if mode:
         dropped[kernel_type] = _why(mode, verdicts[mode], failed)
         keep.remove(kernel_type)
@@ -307,8 +311,7 @@ def _try_without(trials: _Trials, optimized: swap.Optimized, kernel_type: str, k
     trials.forget_all_but(optimized.module())
     if progress:
         progress(f"prune ({', '.join(trials.modes)}): {kernel_type} " + (
-            f"left out: {dropped[kernel_type]}" if mode else
-            f"kept: the model is not faster without it ({_versus(verdicts)})"))
+            f"left out: {dropped[kernel_type]}" if mode else f"kept: {_why_kept(verdicts)} ({_versus(verdicts)})"))
     return optimized
 
 
@@ -318,11 +321,12 @@ def _original_wins(trials: _Trials, module, keep: list[str], dropped: dict, verd
     of the modes, outside the noise: then every kept type goes into `dropped`, with why. progress hears it."""
     decided["kept together"] = {m: v.to_dict() for m, v in verdicts.items()}
     failed = trials.failures.get(module)
-    mode = _faster_in(verdicts)
+    mode = noise.deciding_mode(verdicts)
     if not mode:
         if progress:
-            progress(f"prune ({', '.join(trials.modes)}): {', '.join(keep)} kept: together not slower than the "
-                     f"original ({_versus(verdicts)})")
+            together = ("the original is faster in one mode, and slower by more in another" if any(
+                v.outcome == noise.FASTER for v in verdicts.values()) else "together not slower than the original")
+            progress(f"prune ({', '.join(trials.modes)}): {', '.join(keep)} kept: {together} ({_versus(verdicts)})")
         return False
     v = verdicts[mode]
     for kernel_type in keep:
@@ -334,9 +338,10 @@ def _original_wins(trials: _Trials, module, keep: list[str], dropped: dict, verd
     return True
 
 
-def _faster_in(verdicts: dict) -> str | None:
-    """The first mode whose verdict is that the model runs faster without (None: in none, or only within noise)."""
-    return next((m for m, v in verdicts.items() if v.outcome == noise.FASTER), None)
+def _why_kept(verdicts: dict) -> str:
+    if any(v.outcome == noise.FASTER for v in verdicts.values()):
+        return "the model runs faster without it in one mode, and slower without it by more in another"
+    return "the model is not faster without it"
 
 
 def _why(mode: str, verdict: noise.Verdict, failed: str | None) -> str:
@@ -428,7 +433,9 @@ class _Trials:
             for _ in range(PRUNE_ROUNDS):
                 for m in [m for m in self.modes if _undecided(samples[m])]:
                     sides = {"without": without[m], "with": with_[m]}
-                    turns = self.shallow.turns(sides, self.timed) if self.shallow is not None else self.timed(sides)
+                    timed = functools.partial(self.timed, window_ms=GRAPHED_TURNS_MS if m.endswith("graph")
+                                              else LATENCY_TURNS_MS)
+                    turns = self.shallow.turns(sides, timed) if self.shallow is not None else timed(sides)
                     for side in ("without", "with"):
                         samples[m][side] += turns[side]
         except Exception:  # one of them fails in a mode: each timed alone, to know which

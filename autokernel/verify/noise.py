@@ -72,6 +72,27 @@ def compare(without_us: list[float], with_us: list[float], margin: float) -> Ver
     return Verdict(without_ms, with_ms, ratio, low, high, len(ratios), outcome)
 
 
+def deciding_mode(verdicts: dict) -> str | None:
+    """The mode that leaves a type out ({mode: Verdict, or its dict}): the one where the model runs the most faster
+    without it, outside the noise; None where there is none, or where another mode runs it slower without by more.
+    Modes of one side run the same kernels, so a conflict (GPT-NeoX's layernorm: 1.5% slower eagerly, where the
+    launches bound the forward, and 2% faster graphed) follows the larger effect, each taken at its interval's
+    bound nearest to 1; a threshold on the smaller one alone would flip run after run."""
+    found = {m: v if isinstance(v, dict) else v.to_dict() for m, v in verdicts.items()}
+    faster = [m for m, v in found.items() if v["outcome"] == FASTER]
+    if not faster:
+        return None
+    mode = max(faster, key=lambda m: _speedup(1.0, found[m]["high"]))
+    outweighed = any(v["outcome"] == SLOWER and _speedup(v["low"], 1.0) > _speedup(1.0, found[mode]["high"])
+                     for v in found.values())
+    return None if outweighed else mode
+
+
+def _speedup(without: float, with_: float) -> float:
+    """How much faster one side runs, from a bound on without / with (0: the model failed with the kernel)."""
+    return math.inf if with_ == 0 else without / with_
+
+
 def close_call(verdict: Verdict, margin: float) -> bool:
     """Within noise, but more turns could still decide it: the interval reaches past the margin on a side."""
     return verdict.outcome == WITHIN_NOISE and (verdict.low < 1 - margin or verdict.high > 1 + margin)

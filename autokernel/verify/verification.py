@@ -13,6 +13,7 @@ from pathlib import Path
 
 from autokernel import cli
 from autokernel.compat import ROOT
+from autokernel.verify import noise
 
 CHECK_INPUTS = 3  # fresh inputs the optimized model must match the original on (endtoend.CHECK_INPUTS)
 DEPLOY_MODES = ("eager", "graph", "compile", "compile_graph")  # how a user runs the model; the prune's yardstick
@@ -39,7 +40,7 @@ class Request:
     cuda_graph: bool = False
     deploy: str | None = None  # a mode, or an eager and a compiled one ("eager,compile"); None: from the flags
     keep_all: bool = False
-    shallow_trials: bool = False  # the compiled prune's trials compile the model cut to 1 and 2 blocks
+    shallow_trials: bool = True  # the compiled prune's trials compile the model cut to 1 and 2 blocks
     against: str | None = None  # "extracted", "starters" or a directory
     export: Path | None = None
     package_name: str = "autokernel_kernels"
@@ -316,10 +317,10 @@ def decision_lines(decisions: dict) -> list[str]:
     lines = []
     for side, types in decisions.items():
         for kernel_type, verdicts in types.items():
-            clear = [m for m, v in verdicts.items() if v["outcome"] == "faster"]
-            fate = ("left out" if clear else "kept") if kernel_type != "kept together" else (
-                "the original won" if clear else "not slower than the original")
-            shown = clear[:1] or list(verdicts)
+            mode = noise.deciding_mode(verdicts)
+            fate = ("left out" if mode else "kept") if kernel_type != "kept together" else (
+                "the original won" if mode else "not slower than the original")
+            shown = [mode] if mode else list(verdicts)
             figures = "; ".join(f"{m} {v['without_ms']:.3f} ms without, {v['with_ms']:.3f} with ({v['ratio']:.3f}x, "
                                 f"interval {v['low']:.3f}-{v['high']:.3f}, {v['turns']} turns, {v['outcome']})"
                                 for m, v in verdicts.items() if m in shown)
@@ -339,7 +340,7 @@ def disagreements(decisions: dict, timing: dict) -> list[str]:
     for types in decisions.values():
         for mode, v in types.get("kept together", {}).items():
             original, optimized = (timing.get(row) for row in ROWS_OF.get(mode, ("", "")))
-            if v["outcome"] == "faster" or not (original and optimized) or math.isinf(v["with_ms"]):
+            if noise.deciding_mode(types["kept together"]) or not (original and optimized) or math.isinf(v["with_ms"]):
                 continue  # the original won: the rows time it on both sides
             rows = original["ms"] / optimized["ms"]
             if abs(rows / v["ratio"] - 1) > AGREE_WITHIN:

@@ -1,0 +1,70 @@
+"""One analysis per kernel and arguments when torch.compile traces a Triton launch, not one per launch.
+
+Each Triton launch inside a triton_op becomes a graph node, and torch finds the tensors it writes by compiling the
+kernel to Triton's IR and walking its stores: twice per launch (functionalization, then Inductor's IR), each a
+Triton front-end compile. A decoder calls the same few kernels with the same arguments in every layer, so a
+22-layer model with our kernels paid that a few hundred times, most of a minute-long compile. The answer depends
+on the kernel and on what its arguments are (which are tensors, of which dtype; the scalars and compile-time
+constants that steer its code), not on the call site: one analysis per such key serves every layer.
+
+The function has moved between torch releases (identify_mutated_tensors, then identify_accessed_tensors); each one
+found in torch._higher_order_ops.triton_kernel_wrap is memoized, where both callers look it up at call time.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+
+ANALYSES = ("identify_mutated_tensors", "identify_accessed_tensors")  # torch's name for it, by release
+MAX_ENTRIES = 4096  # per analysis; past that the memo restarts (a model has a few kernels and shapes)
+
+
+def memoize_kernel_analysis() -> None:
+    """Memoize torch's write analysis of traced Triton launches (idempotent; a torch without it is left alone)."""
+    try:
+        import torch._higher_order_ops.triton_kernel_wrap as wrap
+    except ImportError:
+        return
+    for name in ANALYSES:
+        analysis = getattr(wrap, name, None)
+        if analysis is not None and not getattr(analysis, "memoized", False):
+            setattr(wrap, name, _memoized(analysis))
+
+
+def _memoized(analysis):
+    memo = {}
+
+    @functools.wraps(analysis)
+    def memoized(kernel, kwargs, *rest, **options):
+        try:
+            key = (id(kernel), tuple(sorted((k, _arg_key(v)) for k, v in kwargs.items())), repr(rest),
+                   repr(sorted(options.items())))
+            hash(key)
+        except Exception:  # an argument we cannot key: analysed afresh
+            return analysis(kernel, kwargs, *rest, **options)
+        if key not in memo:
+            if len(memo) >= MAX_ENTRIES:
+                memo.clear()
+            # the kernel kept alive with its answer: its id stays its own
+            memo[key] = (kernel, analysis(kernel, kwargs, *rest, **options))
+        return copy.deepcopy(memo[key][1])  # callers own what they get, as from the analysis itself
+
+    memoized.memoized = True
+    return memoized
+
+
+def _arg_key(value):
+    """What of an argument the analysis can depend on: a tensor's kind, dtype and rank (Inductor's TensorBox and
+    fake tensors alike); any other value itself, by repr where it does not hash (sympy and symbolic sizes)."""
+    dtype = getattr(value, "dtype", None)
+    if dtype is None and hasattr(value, "get_dtype"):
+        dtype = value.get_dtype()
+    if dtype is not None:
+        size = value.get_size() if hasattr(value, "get_size") else getattr(value, "shape", ())
+        return ("tensor", type(value).__name__, str(dtype), len(size))
+    try:
+        hash(value)
+        return value
+    except TypeError:
+        return repr(value)

@@ -1,0 +1,48 @@
+"""compat.memoize_kernel_analysis: torch's write analysis of a traced Triton launch, once per kernel and arguments."""
+
+import torch
+import torch._higher_order_ops.triton_kernel_wrap as wrap
+
+from autokernel import compat
+from autokernel.compat import tracing
+
+
+def counting_analysis(monkeypatch):
+    """torch's analysis (under whichever name this torch has) replaced by one that counts its calls and answers
+    the written tensors' names; then memoized as customops memoizes it."""
+    name = next(n for n in tracing.ANALYSES if hasattr(wrap, n))
+    calls = []
+
+    def analysis(kernel, kwargs, tma_metadata):
+        calls.append(kernel)
+        return [k for k, v in kwargs.items() if isinstance(v, torch.Tensor) and k.startswith("out")]
+
+    monkeypatch.setattr(wrap, name, analysis)
+    compat.memoize_kernel_analysis()
+    compat.memoize_kernel_analysis()  # twice: still one memo around the analysis
+    return getattr(wrap, name), calls
+
+
+def test_each_layer_s_launch_is_analysed_once(monkeypatch):
+    analyse, calls = counting_analysis(monkeypatch)
+    kernel = object()
+    for _ in range(22):  # a decoder's layers launch the same kernel with the same arguments
+        got = analyse(kernel, {"x": torch.empty(4, 8), "out": torch.empty(4, 8), "n": 8, "BLOCK": 64}, {})
+    assert got == ["out"] and len(calls) == 1
+    got.append("spoiled")  # what a caller does with its answer never reaches the next caller
+    assert analyse(kernel, {"x": torch.empty(4, 8), "out": torch.empty(4, 8), "n": 8, "BLOCK": 64}, {}) == ["out"]
+
+
+def test_what_can_change_the_answer_is_analysed_again(monkeypatch):
+    analyse, calls = counting_analysis(monkeypatch)
+    kernel, other = object(), object()
+    base = {"x": torch.empty(4, 8), "out": torch.empty(4, 8), "n": 8, "BLOCK": 64}
+    analyse(kernel, base, {})
+    analyse(other, base, {})  # another kernel
+    analyse(kernel, {**base, "BLOCK": 128}, {})  # another compile-time constant
+    analyse(kernel, {**base, "x": torch.empty(4, 8, dtype=torch.float16)}, {})  # another dtype
+    analyse(kernel, {**base, "x": torch.empty(32)}, {})  # another rank
+    analyse(kernel, {**base, "out": 3}, {})  # a scalar where a tensor was
+    assert len(calls) == 6
+    analyse(kernel, {**base, "x": torch.empty(9, 9)}, {})  # only the sizes differ: the same code, the same answer
+    assert len(calls) == 6
