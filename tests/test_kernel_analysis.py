@@ -46,3 +46,28 @@ def test_what_can_change_the_answer_is_analysed_again(monkeypatch):
     assert len(calls) == 6
     analyse(kernel, {**base, "x": torch.empty(9, 9)}, {})  # only the sizes differ: the same code, the same answer
     assert len(calls) == 6
+
+
+def test_a_module_that_imported_the_analysis_by_name_calls_the_memo(monkeypatch):
+    """Inductor's IR may hold torch's analysis under its own name, imported before the memo: it gets the memo too,
+    or every layer's launch is analysed again there."""
+    import sys
+    import types as pytypes
+
+    name = next(n for n in tracing.ANALYSES if hasattr(wrap, n))
+    calls = []
+
+    def analysis(kernel, kwargs, tma_metadata):
+        calls.append(kernel)
+        return []
+
+    analysis.__name__ = name
+    holder = pytypes.ModuleType("torch._autokernel_test_holder")
+    setattr(holder, name, analysis)
+    monkeypatch.setitem(sys.modules, holder.__name__, holder)
+    monkeypatch.setattr(wrap, name, analysis)
+    compat.memoize_kernel_analysis()
+    kernel = object()
+    for _ in range(4):
+        getattr(holder, name)(kernel, {"x": torch.empty(2)}, {})
+    assert len(calls) == 1 and getattr(holder, name) is getattr(wrap, name)

@@ -8,13 +8,15 @@ on the kernel and on what its arguments are (which are tensors, of which dtype; 
 constants that steer its code), not on the call site: one analysis per such key serves every layer.
 
 The function has moved between torch releases (identify_mutated_tensors, then identify_accessed_tensors); each one
-found in torch._higher_order_ops.triton_kernel_wrap is memoized, where both callers look it up at call time.
+found in torch._higher_order_ops.triton_kernel_wrap is memoized there and in every torch module that imported it by
+name (a module imported later takes the memoized one).
 """
 
 from __future__ import annotations
 
 import copy
 import functools
+import sys
 
 ANALYSES = ("identify_mutated_tensors", "identify_accessed_tensors")  # torch's name for it, by release
 MAX_ENTRIES = 4096  # per analysis; past that the memo restarts (a model has a few kernels and shapes)
@@ -29,7 +31,17 @@ def memoize_kernel_analysis() -> None:
     for name in ANALYSES:
         analysis = getattr(wrap, name, None)
         if analysis is not None and not getattr(analysis, "memoized", False):
-            setattr(wrap, name, _memoized(analysis))
+            memoized = _memoized(analysis)
+            for module in _holders(analysis):  # Inductor's IR may have imported it by name already
+                setattr(module, name, memoized)
+            setattr(wrap, name, memoized)
+
+
+def _holders(function) -> list:
+    """torch's modules that hold `function` under its name (imported with `from ... import`): a patch of its own
+    module alone would miss the calls they make."""
+    return [module for key, module in list(sys.modules.items()) if key.startswith("torch")
+            and getattr(module, function.__name__, None) is function]
 
 
 def _memoized(analysis):
