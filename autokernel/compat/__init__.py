@@ -39,9 +39,9 @@ __all__ = ["DESCRIPTOR_EXPANSION_TRITON", "DIRECT_LAUNCH_TRITON", "FAST_LAUNCH_T
            "compile_for", "count_launches", "descriptor_expansion", "fast_launch_enabled", "has_triton_op",
            "interpreting", "is_host_descriptor", "is_jit_kernel", "is_jit_or_interpreted", "is_triton_kernel",
            "launch_arguments", "launch_hooks_probe", "launcher", "load_root_module", "memoize_kernel_analysis",
-           "native_compile_enabled",
-           "prepare_interpreter", "provenance_options", "raw_launcher", "recompile_limit_option", "replay_enabled",
-           "scratch_allocator", "set_scratch_allocator", "stream_of", "triton_version", "wrap_triton_enabled"]
+           "native_compile_enabled", "prepare_interpreter", "provenance_options", "raw_launcher",
+           "recompile_limit_option", "replay_enabled", "scratch_allocator", "set_scratch_allocator", "stream_of",
+           "triton_version", "wrap_triton_enabled"]
 
 
 def interpreting() -> bool:
