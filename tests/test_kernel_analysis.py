@@ -7,9 +7,10 @@ from autokernel import compat
 from autokernel.compat import tracing
 
 
-def counting_analysis(monkeypatch):
+def counting_analysis(monkeypatch, holder=None):
     """torch's analysis (under whichever name this torch has) replaced by one that counts its calls and answers
-    the written tensors' names; then memoized as customops memoizes it."""
+    the written tensors' names, held by `holder` too if given (a module that imported it by name); then memoized
+    as customops memoizes it."""
     name = next(n for n in tracing.ANALYSES if hasattr(wrap, n))
     calls = []
 
@@ -17,7 +18,10 @@ def counting_analysis(monkeypatch):
         calls.append(kernel)
         return [k for k, v in kwargs.items() if isinstance(v, torch.Tensor) and k.startswith("out")]
 
+    analysis.__name__ = name
     monkeypatch.setattr(wrap, name, analysis)
+    if holder is not None:
+        setattr(holder, name, analysis)
     compat.memoize_kernel_analysis()
     compat.memoize_kernel_analysis()  # twice: still one memo around the analysis
     return getattr(wrap, name), calls
@@ -54,20 +58,10 @@ def test_a_module_that_imported_the_analysis_by_name_calls_the_memo(monkeypatch)
     import sys
     import types as pytypes
 
-    name = next(n for n in tracing.ANALYSES if hasattr(wrap, n))
-    calls = []
-
-    def analysis(kernel, kwargs, tma_metadata):
-        calls.append(kernel)
-        return []
-
-    analysis.__name__ = name
     holder = pytypes.ModuleType("torch._autokernel_test_holder")
-    setattr(holder, name, analysis)
     monkeypatch.setitem(sys.modules, holder.__name__, holder)
-    monkeypatch.setattr(wrap, name, analysis)
-    compat.memoize_kernel_analysis()
+    analyse, calls = counting_analysis(monkeypatch, holder)
     kernel = object()
     for _ in range(4):
-        getattr(holder, name)(kernel, {"x": torch.empty(2)}, {})
-    assert len(calls) == 1 and getattr(holder, name) is getattr(wrap, name)
+        getattr(holder, analyse.__name__)(kernel, {"x": torch.empty(2)}, {})
+    assert len(calls) == 1 and getattr(holder, analyse.__name__) is analyse

@@ -52,10 +52,10 @@ def _memoized(analysis):
         try:
             key = (id(kernel), tuple(sorted((k, _arg_key(v)) for k, v in kwargs.items())), repr(rest),
                    repr(sorted(options.items())))
-            hash(key)
+            known = key in memo
         except Exception:  # an argument we cannot key: analysed afresh
             return analysis(kernel, kwargs, *rest, **options)
-        if key not in memo:
+        if not known:
             if len(memo) >= MAX_ENTRIES:
                 memo.clear()
             # the kernel kept alive with its answer: its id stays its own

@@ -324,8 +324,8 @@ def _original_wins(trials: _Trials, module, keep: list[str], dropped: dict, verd
     mode = noise.deciding_mode(verdicts)
     if not mode:
         if progress:
-            together = ("the original is faster in one mode, and slower by more in another" if any(
-                v.outcome == noise.FASTER for v in verdicts.values()) else "together not slower than the original")
+            together = ("the original is faster in one mode, and slower by more in another" if _outweighed(verdicts)
+                        else "together not slower than the original")
             progress(f"prune ({', '.join(trials.modes)}): {', '.join(keep)} kept: {together} ({_versus(verdicts)})")
         return False
     v = verdicts[mode]
@@ -339,9 +339,14 @@ def _original_wins(trials: _Trials, module, keep: list[str], dropped: dict, verd
 
 
 def _why_kept(verdicts: dict) -> str:
-    if any(v.outcome == noise.FASTER for v in verdicts.values()):
+    if _outweighed(verdicts):
         return "the model runs faster without it in one mode, and slower without it by more in another"
     return "the model is not faster without it"
+
+
+def _outweighed(verdicts: dict) -> bool:
+    """A mode ran faster without, and noise.deciding_mode kept the kernel all the same: another ran slower by more."""
+    return any(v.outcome == noise.FASTER for v in verdicts.values())
 
 
 def _why(mode: str, verdict: noise.Verdict, failed: str | None) -> str:
