@@ -2,6 +2,8 @@
 
 import torch
 import torch._higher_order_ops.triton_kernel_wrap as wrap
+import triton.language as tl
+from triton.runtime.jit import JITFunction
 
 from autokernel import compat
 from autokernel.compat import tracing
@@ -65,3 +67,24 @@ def test_a_module_that_imported_the_analysis_by_name_calls_the_memo(monkeypatch)
     for _ in range(4):
         getattr(holder, analyse.__name__)(kernel, {"x": torch.empty(2)}, {})
     assert len(calls) == 1 and getattr(holder, analyse.__name__) is analyse
+
+
+def _store(x_ptr, N: tl.constexpr):
+    tl.store(x_ptr, N)
+
+
+def _store_twice(x_ptr, N: tl.constexpr):
+    tl.store(x_ptr, N)
+    tl.store(x_ptr + 1, N)
+
+
+def test_one_kernel_in_two_objects_is_analysed_once(monkeypatch):
+    """torch hands the analysis a different kernel object for one @triton.jit function from layer to layer: the
+    memo knows the kernel by what it compiles, and a kernel with other code is analysed afresh."""
+    analyse, calls = counting_analysis(monkeypatch)
+    args = {"x_ptr": torch.empty(4), "N": 8}
+    for _ in range(3):
+        analyse(JITFunction(_store), dict(args), {})  # what @triton.jit makes outside the interpreter
+    assert len(calls) == 1
+    analyse(JITFunction(_store_twice), dict(args), {})
+    assert len(calls) == 2

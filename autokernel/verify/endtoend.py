@@ -188,10 +188,16 @@ def prune_deployed(model, optimized: swap.Optimized, inputs: Callable, device: s
     _, dropped = prune(model, optimized, inputs, device, eager, clock, decisions.setdefault(",".join(eager), {}))
     side = deciding_modes(compiled)
     _, dropped_traced = prune(model, optimized, inputs, device, side, clock, decisions.setdefault(",".join(side), {}),
-                              reuse, shallow_trials)
+                              reuse, shallow_trials, prior=_costs(decisions[",".join(eager)]))
     both = swap.build(model, [t for t in types if t not in dropped],
                       traced=[t for t in types if t not in dropped_traced])
     return both, dropped, dropped_traced
+
+
+def _costs(decided: dict) -> dict[str, float]:
+    """{type: the lowest without / with ratio of its trial over the modes of one side} from prune()'s decisions."""
+    return {t: min(v["ratio"] for v in verdicts.values()) for t, verdicts in decided.items()
+            if t != "kept together" and verdicts}
 
 
 def deciding_modes(modes: list[str]) -> list[str]:
@@ -227,7 +233,7 @@ def _duration(seconds: float) -> str:
 
 def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes: str | list[str] = "eager",
           progress: Callable[[str], None] | None = None, decisions: dict | None = None, reuse: dict | None = None,
-          shallow_trials: bool = False):
+          shallow_trials: bool = False, prior: dict[str, float] | None = None):
     """Leave out, one type at a time, each kernel whose removal makes the whole model faster in one of `modes`.
 
     A kernel that beats PyTorch at the harness's shape can still lose at this model's shapes (a
@@ -237,7 +243,8 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes
     compile_graph, timed on one compile): a kernel leaves when the model is faster without it in one, unless the other
     runs it slower without by more (noise.deciding_mode). A
     model that fails to run in a mode counts as infinitely slow there, so a type that breaks a mode is left out
-    too. Greedy, in the order of the types, each trial timed in turns with the model it would replace (a
+    too. Greedy, the types likeliest to leave tried first (_trial_order; prior: {type: without / with ratio} from
+    the other side's prune), each trial timed in turns with the model it would replace (a
     host-bound model timed alone, one run after another, drifts by more than the differences a prune decides),
     and decided only outside the noise of its turns (noise.compare: a mode within its noise decides nothing);
     then, if the original itself is faster still in a mode, timed in turns with what is kept, every kernel goes.
@@ -255,6 +262,7 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes
     trials = _Trials(model, modes, compiled, inputs, device, shallow_trials)
     keep, dropped = optimized.swapped_types(), {}
     optimized = swap.build(model, keep)  # what deploy installs from the report: the types a site ran, no others
+    keep = _trial_order(optimized, keep, prior or {})
     decided = {} if decisions is None else decisions
     reusing, traces = compiled and reuse is not None, (len(keep) + 2) * (1 + len(regional.DEPTHS))  # cut copies too
     with _compiling_each_once(traces, reset_after=not reusing) if compiled else contextlib.nullcontext():
@@ -280,6 +288,15 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes
         if reuse:  # the rows' optimized model is now the original
             reuse["kept"] = reuse["original"]
     return optimized, dropped
+
+
+def _trial_order(optimized: swap.Optimized, types: list[str], prior: dict[str, float]) -> list[str]:
+    """The order a greedy prune tries types in: the likeliest to leave first, so that the others are timed against
+    the model they end up in (without linear_gelu, GPT-NeoX's MLP projection falls to the matmul type while it is in,
+    not to cuBLAS: timed before matmul, linear_gelu stayed or went by the noise). By the prior's ratio (lowest first),
+    then types placed by function patches (they take what module sites leave), then as given (by name)."""
+    patched = set(getattr(optimized, "patch_types", {}).values())
+    return sorted(types, key=lambda t: (prior.get(t, 1.0), t not in patched))
 
 
 def _one_side(modes: str | list[str]) -> tuple[list[str], bool]:
