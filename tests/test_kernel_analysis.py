@@ -2,6 +2,7 @@
 
 import torch
 import torch._higher_order_ops.triton_kernel_wrap as wrap
+import triton
 import triton.language as tl
 from triton.runtime.jit import JITFunction
 
@@ -88,3 +89,9 @@ def test_one_kernel_in_two_objects_is_analysed_once(monkeypatch):
     assert len(calls) == 1
     analyse(JITFunction(_store_twice), dict(args), {})
     assert len(calls) == 2
+    # torch wraps a launch that passes num_warps in an autotuner of one config, a new one per launch
+    for _ in range(3):
+        analyse(triton.autotune([triton.Config({}, num_warps=4)], key=[])(JITFunction(_store)), dict(args), {})
+    assert len(calls) == 3
+    analyse(triton.autotune([triton.Config({}, num_warps=8)], key=[])(JITFunction(_store)), dict(args), {})
+    assert len(calls) == 4  # another config

@@ -6,9 +6,9 @@ Triton front-end compile. A decoder calls the same few kernels with the same arg
 22-layer model with our kernels paid that a few hundred times, most of a minute-long compile. The answer depends
 on the kernel and on what its arguments are (which are tensors, of which dtype; the scalars and compile-time
 constants that steer its code), not on the call site: one analysis per such key serves every layer. The kernel
-is keyed by what it compiles (Triton's own cache key: its source and its helpers'), not by the object: torch hands
-the analysis a different kernel object for the same @triton.jit function from one layer to the next (measured on
-torch 2.11 a memo keyed by identity missed 68 of the 128 analyses of a 3-layer TinyLlama's compile).
+is keyed by what it compiles (Triton's own cache key: its source and its helpers'; an autotuner's configs), not by
+the object: torch wraps each launch that passes num_warps in an autotuner of its own (on torch 2.11 a memo keyed
+by identity missed 68 of the 128 analyses of a 3-layer TinyLlama's compile).
 
 The function has moved between torch releases (identify_mutated_tensors, then identify_accessed_tensors); each one
 found in torch._higher_order_ops.triton_kernel_wrap is memoized there and in every torch module that imported it by
@@ -70,13 +70,17 @@ def _memoized(analysis):
 
 
 def _kernel_key(kernel):
-    """A plain @triton.jit kernel by Triton's cache key (the hash of its source, its helpers' and the globals it
-    reads: what Triton itself compiles by), so two objects for one kernel share an analysis; any other kernel
-    (autotuned, heuristics: their configs steer the code) by identity."""
+    """A @triton.jit kernel by Triton's cache key (the hash of its source, its helpers' and the globals it reads:
+    what Triton itself compiles by); an autotuned one by that and its configs (torch wraps a launch that passes
+    num_warps or num_stages in an autotuner of one config of its own, a new one per launch); so two objects for one
+    kernel share an analysis. Any other kernel (heuristics: functions steer its code) by identity."""
+    from triton.runtime.autotuner import Autotuner
     from triton.runtime.jit import JITFunction
 
     if isinstance(kernel, JITFunction):
         return ("jit", kernel.cache_key)
+    if isinstance(kernel, Autotuner):
+        return ("autotuned", _kernel_key(kernel.fn), tuple(str(config) for config in kernel.configs))
     return ("object", id(kernel))
 
 
