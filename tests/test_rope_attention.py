@@ -170,7 +170,7 @@ def test_the_causal_mask_patch_reads_the_call_by_its_names(original):
     from autokernel.ops import attention_sites
 
     cache_name = list(inspect.signature(original).parameters)[3]
-    patched = attention_sites._causal_mask_wrapper(original)
+    patched = attention_sites._causal_mask_wrapper(original, attention_sites.MASKS["create_causal_mask"])
     sdpa, x = SimpleNamespace(_attn_implementation="sdpa"), torch.zeros(1, 4, 8)
     plain = {"config": sdpa, "inputs_embeds": x, "attention_mask": None, cache_name: None}
     assert patched(**plain) is None and patched(sdpa, x, None, None) is None  # eager transformers' "no mask"

@@ -24,7 +24,9 @@ explicit causal mask tensor even where it would pass None in eager mode, and a l
 the type (and flash_attention, for the SDPA calls of attention modules no site takes) also patches HF's
 create_causal_mask where the model's modules import it (causal_mask_patches): with no attention_mask, no past
 positions, SDPA as the implementation and no extra mask functions it returns None, as transformers itself does
-in eager mode for that case (SDPA then runs with is_causal=True; nothing is padded, so nothing is lost).
+in eager mode for that case (SDPA then runs with is_causal=True; nothing is padded, so nothing is lost). A model
+switched to the attention interface's kernel (attention_interface.py) gets create_sliding_window_causal_mask patched
+alike: the kernel takes the window itself.
 
 A layer the kernel runs never calls apply_rotary_pos_emb or F.scaled_dot_product_attention, so the
 rotary_embedding and flash_attention types do not claim it as well; they see only the calls of layers that fell
@@ -39,6 +41,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
+from autokernel.ops import attention_interface
 from autokernel.ops.customops import KERNEL_DTYPES, PerTables, Site, grad_reason, in_eager
 from autokernel.ops.swap import PROBE_SEQ, REL_L2_TOLERANCE, KernelModule, dtype_device, f64, model_modules, rel_l2
 
@@ -250,40 +253,50 @@ def module_site(name, m, kernel_type: str, reference):
 
 
 # ------------------------------------------------------------------------------ the causal mask under compile
-def _no_mask_needed(config, attention_mask, cache, extra) -> bool:
-    """True where transformers' eager path passes no mask to SDPA: plain causal attention over the whole sequence."""
+def _no_mask_needed(config, attention_mask, cache, extra, implementations) -> bool:
+    """True where the attention needs no mask: plain causal attention over the whole sequence (windowed, for the
+    sliding mask), and the model's implementation one of `implementations` (SDPA then runs with is_causal=True; the
+    attention interface's kernel takes the window itself)."""
     if attention_mask is not None or any(extra.get(k) is not None for k in ("or_mask_function", "and_mask_function",
                                                                               "block_sequence_ids")):
         return False
     if extra.get("allow_is_causal_skip") is False or (cache is not None and _cached_length(cache, 0) != 0):
         return False
-    return getattr(config, "_attn_implementation", None) == "sdpa"
+    return getattr(config, "_attn_implementation", None) in implementations
 
 
-def _causal_mask_wrapper(original):
+def _causal_mask_wrapper(original, implementations):
     signature = inspect.signature(original)
     config_name, _, mask_name, cache_name = list(signature.parameters)[:4]  # causal_mask_patches checked them
 
-    def create_causal_mask(*args, **kwargs):
+    def create_mask(*args, **kwargs):
         given = signature.bind(*args, **kwargs).arguments  # the call by name, positional or keyword
-        if _no_mask_needed(given[config_name], given[mask_name], given[cache_name], given):
+        if _no_mask_needed(given[config_name], given[mask_name], given[cache_name], given, implementations):
             return None
         return original(*args, **kwargs)
-    return create_causal_mask
+    return create_mask
+
+
+# transformers' mask builders patched, and the implementations for which each leaves the mask out: a window's mask
+# only for the attention interface's kernel (SDPA needs it)
+MASKS = {"create_causal_mask": ("sdpa", *attention_interface.IMPLEMENTATIONS.values()),
+         "create_sliding_window_causal_mask": tuple(attention_interface.IMPLEMENTATIONS.values())}
 
 
 def causal_mask_patches(model: nn.Module, sites) -> tuple[list, list[Site]]:
-    """Model functions of the attention sites: transformers' create_causal_mask in the model's modules (see the
+    """Model functions of the attention sites: transformers' mask builders (MASKS) in the model's modules (see the
     docstring)."""
     try:
         from transformers import masking_utils
     except ImportError:
         return [], []
-    original = getattr(masking_utils, "create_causal_mask", None)
-    leading = list(inspect.signature(original).parameters)[:4] if original is not None else []
-    if len(leading) < 4 or leading[:3] != ["config", "inputs_embeds", "attention_mask"] \
-            or leading[3] not in CACHE_NAMES:
-        return [], []  # another transformers: its masks are left alone (layers with a mask fall back)
-    wrapper = _causal_mask_wrapper(original)
-    return [(module, "create_causal_mask", wrapper) for module in model_modules(model)
-            if vars(module).get("create_causal_mask") is original], []
+    patches = []
+    for name, implementations in MASKS.items():
+        original = getattr(masking_utils, name, None)
+        leading = list(inspect.signature(original).parameters)[:4] if original is not None else []
+        if len(leading) < 4 or leading[:3] != ["config", "inputs_embeds", "attention_mask"] \
+                or leading[3] not in CACHE_NAMES:
+            continue  # another transformers: its masks are left alone (layers with a mask fall back)
+        wrapper = _causal_mask_wrapper(original, implementations)
+        patches += [(module, name, wrapper) for module in model_modules(model) if vars(module).get(name) is original]
+    return patches, []

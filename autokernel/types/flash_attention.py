@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from autokernel.kerneltype import Deployment, KernelSpec, Profiling, SuiteTarget
-from autokernel.ops import attention_sites, customops
+from autokernel.ops import attention_interface, attention_sites, customops
 from autokernel.ops.customops import KERNEL_DTYPES, CallSites, grad_reason, in_eager
 from autokernel.types._common import esize, numel, randn
 
@@ -127,7 +127,7 @@ def replace_sdpa(sites: CallSites) -> dict:
         if reason:
             extra = {"enable_gqa": True} if enable_gqa else {}
             return _F_SDPA(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, **extra)
-        return kernel(query, key, value, bool(is_causal), scale)  # grouped K/V heads as they are: no copy
+        return kernel(query, key, value, bool(is_causal), scale, 0, 0.0)  # grouped K/V heads as they are: no copy
 
     return {_F_SDPA: scaled_dot_product_attention}
 
@@ -178,7 +178,9 @@ SPEC = KernelSpec(
                         op_shape=attention_shape, precedence=-3),
     default_speedup=1.05,  # PyTorch's SDPA already runs FlashAttention-2 or cuDNN
     suite_target=SuiteTarget("0.9x SDPA", lambda r, b: r["speedup_vs_pytorch"] / 0.9),
-    deployment=Deployment("(Tensor Q, Tensor K, Tensor V, bool causal, float? sm_scale) -> Tensor",
-                          lambda Q, K, V, causal, sm_scale: (*Q.shape[:-1], V.shape[-1]),
-                          functions=replace_sdpa, model_functions=attention_sites.causal_mask_patches),
+    deployment=Deployment("(Tensor Q, Tensor K, Tensor V, bool causal, float? sm_scale, int window, float softcap) "
+                          "-> Tensor",
+                          lambda Q, K, V, causal, sm_scale, window, softcap: (*Q.shape[:-1], V.shape[-1]),
+                          functions=replace_sdpa, model_functions=attention_sites.causal_mask_patches,
+                          model_site=lambda model: attention_interface.interface_site(model, NAME, customops.op(NAME))),
 )
