@@ -107,3 +107,27 @@ def test_under_torch_compile_each_layer_runs_the_kernel(interpreter, tmp_path):
     ops = [str(n.target) for g in graphs for n in g.graph.nodes if n.op == "call_function"]
     assert sum("autokernel.flash_attention" in op for op in ops) == 2
     torch._dynamo.reset()
+
+
+@pytest.mark.gpu
+def test_gemma2_s_head_dim_256_runs_the_kernel_on_the_gpu_eagerly_and_compiled(tmp_path):
+    """Gemma-2's shape of the variants on the GPU: head_dim 256, a window of 128 in a 512-token sequence, a soft cap
+    of 50, grouped K/V heads, fp16; eagerly and under torch.compile, the original's logits."""
+    torch.manual_seed(0)
+    config = transformers.Gemma2Config(hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2, head_dim=256, vocab_size=1024,
+                                       sliding_window=128, attn_logit_softcapping=50.0, query_pre_attn_scalar=256,
+                                       attn_implementation="eager")
+    model = transformers.Gemma2ForCausalLM(config).to("cuda", torch.float16).eval()
+    ids = torch.randint(0, 1024, (1, 512), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+
+    def rel_l2(got, want):
+        return ((got.float() - want.float()).norm() / want.float().norm()).item()
+
+    with torch.no_grad():
+        want = model(ids, use_cache=False).logits
+        optimized = autokernel.optimize(model, tmp_path / "none", ["flash_attention"], verified=None, quiet=True)
+        assert rel_l2(optimized(ids, use_cache=False).logits, want) < 1e-2
+        assert _site(optimized).calls == 2 and not _site(optimized).fallbacks
+        assert rel_l2(torch.compile(optimized)(ids, use_cache=False).logits, want) < 1e-2
+    torch._dynamo.reset()
