@@ -64,10 +64,19 @@ def test_a_padding_mask_and_decoding_keep_the_model_s_own_attention(interpreter,
         assert torch.equal(new, model.generate(ids[:1, :12], max_new_tokens=4, do_sample=False))
 
 
-def test_a_call_the_kernel_refuses_gets_the_mask_the_interface_left_out(interpreter, tmp_path):
-    """A window's mask is left out for the kernel; a call the kernel cannot run (a gradient is wanted) runs the
-    model's eager attention with the window made explicit, not a full causal attention."""
-    model, ids = _gemma2(), _ids()
+def _llama_eager():
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=256,
+                                      attn_implementation="eager")
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+@pytest.mark.parametrize("make", [_gemma2, _llama_eager], ids=["gemma2", "llama-eager"])
+def test_a_call_the_kernel_refuses_gets_the_mask_the_interface_left_out(interpreter, tmp_path, make):
+    """The causal (and window's) mask is left out for the kernel; a call the kernel cannot run (a gradient is
+    wanted) runs the model's eager attention with the mask made explicit, not an unmasked attention."""
+    model, ids = make(), _ids()
     optimized = autokernel.optimize(model, tmp_path / "none", ["flash_attention"], verified=None, quiet=True)
     optimized.model.embed_tokens.weight.requires_grad_(True)
     got = optimized(ids, use_cache=False).logits

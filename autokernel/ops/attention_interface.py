@@ -106,8 +106,8 @@ def _attention_function(op, original: str):
             site.fallbacks += bool(reason)
             site.reason = reason or site.reason
         if reason:
-            if attention_mask is None and query.shape[2] == key.shape[2] and (window or not causal or cap):
-                attention_mask = _explicit_mask(query, window, causal)  # what our mask function left out
+            if attention_mask is None and query.shape[2] == key.shape[2]:  # what our mask function left out
+                attention_mask = _explicit_mask(query, window, causal)
             return _original_function(module, original)(module, query, key, value, attention_mask, dropout=dropout,
                                                         scaling=scaling, sliding_window=sliding_window,
                                                         softcap=softcap, **kwargs)
