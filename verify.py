@@ -229,6 +229,7 @@ def summary(report: dict) -> dict:
             "deploy_mode": report["prune"]["mode"],
             "speedup_vs_eager": speedup("optimized", "eager"), "speedup_vs_compile": speedup("optimized", "compile"),
             "compiled_speedup_vs_compile": speedup("optimized_compile", "compile"),
+            "compiled_graph_speedup_vs_compile_graph": speedup("optimized_compile_graph", "compile"),
             "graph_speedup_vs_eager": speedup("optimized_graph", "eager"),
             "graph_speedup_vs_compile": speedup("optimized_graph", "compile"),
             "timing_errors": ",".join(report.get("timing_errors") or {}) or None,

@@ -593,6 +593,19 @@ def test_the_gpu_scripts_summarize_a_report_in_a_few_lines(repo_root, tmp_path, 
     assert summary.main([str(tmp_path / "missing.json")]) == 1
 
 
+def test_the_summary_gives_each_deploy_mode_s_speedup(repo_root, tmp_path, capsys, interpreter):
+    """One greppable line per mode's speedup over the original in that mode: the compiled, graphed one included
+    (the mode the compiled side is decided in), not only the host-bound compiled row."""
+    code, report, printed = run_verify(repo_root, tmp_path, capsys, "custom", "--types", "softmax", "--no-timing")
+    assert code == 0, printed.out + printed.err
+    report["timing"] = {"optimized_compile": {"ms": 1.6, "speedup_vs_compile": 1.25},
+                        "optimized_graph": {"ms": 1.0, "speedup_vs_eager": 1.5},
+                        "optimized_compile_graph": {"ms": 0.8, "speedup_vs_compile": 1.3}}
+    got = verify.summary(report)
+    assert (got["compiled_speedup_vs_compile"], got["graph_speedup_vs_eager"],
+            got["compiled_graph_speedup_vs_compile_graph"]) == (1.25, 1.5, 1.3)
+
+
 # ------------------------------------------------------------------------------ --against: two kernel sets in turns
 def against_kernels(repo_root, tmp_path, extracted_factor: str = ""):
     """A kernels directory as the loop leaves it: the extracted rmsnorm (optionally made wrong by a factor) and
