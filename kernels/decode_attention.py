@@ -145,5 +145,6 @@ def kernel_fn(Q, K, V, seqlens, sm_scale=None):
     out = torch.empty((batch, heads, tokens, head_dim), dtype=Q.dtype, device=Q.device)
     _combine_kernel[(batch * heads * tokens,)](
         part, stats, out, heads, tokens, splits, *out.stride(),
-        SPLITS_PAD=_pow2(splits), HEAD_DIM=head_dim, D_PAD=d_pad, num_warps=NUM_WARPS)
+        SPLITS_PAD=_pow2(splits), HEAD_DIM=head_dim, D_PAD=d_pad,
+        num_warps=max(NUM_WARPS, min(16, _pow2(splits) * d_pad // 2048)))  # the splits' tile: ~64 fp32 per thread
     return out
