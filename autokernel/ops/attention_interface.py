@@ -51,8 +51,8 @@ def interface_site(model: nn.Module, kernel_type: str, op):
     attention, masks = interfaces
     attention.register(IMPLEMENTATIONS[original], _attention_function(op, original))
     masks.register(IMPLEMENTATIONS[original], _mask_function(original))
-    site = Site("model.config", f"transformers attention interface ({original}, "
-                f"{'windows or soft caps' if variant else 'eager'})", kernel_type, True)
+    site = Site("model.config", f"AttentionInterface({original}, {'windows or soft caps' if variant else 'eager'})",
+                kernel_type, True)  # transformers' attention interface; optimize()'s summary says AttentionInterface x1
     for m in modules:
         setattr(m, ATTRIBUTE, site)
     config._attn_implementation = IMPLEMENTATIONS[original]
