@@ -56,6 +56,7 @@ import sys
 from pathlib import Path
 
 from autokernel import cli
+from autokernel.verify.noise import CONFIDENCE  # torch-free
 from autokernel.verify.verification import (  # torch-free
     CHECK_INPUTS,
     DEFAULT_KERNELS,
@@ -100,6 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="GPU: also time the kept types with other kernel files, in turns with this run's in one "
                           "process, each side replayed from its CUDA graph: 'extracted' (the files the loop began "
                           "from: --kernels without its *_optimized winners), 'starters' (kernels/) or a directory")
+    how.add_argument("--generate", metavar="N", type=int, default=0,
+                     help="also time model.generate() of N new tokens with a static cache (greedy, a transformers "
+                          "model), the original against the optimized model in turns: tokens per second eagerly and, "
+                          "with --compile, with the forward compiled (default 0: not timed)")
     how.add_argument("--checks", type=int, default=CHECK_INPUTS,
                      help=f"fresh inputs to compare outputs on (default {CHECK_INPUTS})")
     how.add_argument("--no-timing", action="store_true", help="check correctness only")
@@ -186,8 +191,8 @@ def show(report: dict) -> None:
         console.print(f"[yellow]warning[/yellow]: {line}")
     for row, error in report["timing_errors"].items():
         console.print(f"[red]not timed[/red]: {row}: {error}")
-    if report.get("against"):
-        console.print(against_line(report["against"], report["cpu_mode"]))
+    for line in comparison_lines(report):
+        console.print(line)
     if report["graph"]:
         g = report["graph"]
         console.print(f"torch.compile of the optimized model: {g['graphs']} graph(s), {g['graph_breaks']} break(s)"
@@ -232,12 +237,39 @@ def summary(report: dict) -> dict:
             "compiled_graph_speedup_vs_compile_graph": speedup("optimized_compile_graph", "compile"),
             "graph_speedup_vs_eager": speedup("optimized_graph", "eager"),
             "graph_speedup_vs_compile": speedup("optimized_graph", "compile"),
+            "generate_speedup": (report.get("generation") or {}).get("eager", {}).get("speedup"),
+            "generate_compiled_speedup": (report.get("generation") or {}).get("compile", {}).get("speedup"),
             "timing_errors": ",".join(report.get("timing_errors") or {}) or None,
             "against_speedup": (report.get("against") or {}).get("speedup"),
             "against_verdict": (report.get("against") or {}).get("verdict"),
             "graph_breaks": g.get("graph_breaks"),
             "region_kernels": ",".join(report["regions"]["types"]) if (report.get("regions") or {}).get("kept")
             else None, "device": report["gpu"] or "cpu", "cpu_mode": report["cpu_mode"]}
+
+
+def comparison_lines(report: dict) -> list[str]:
+    """--against's line and --generate's lines, where they ran."""
+    against = [against_line(report["against"], report["cpu_mode"])] if report.get("against") else []
+    return against + generation_lines(report.get("generation"))
+
+
+def generation_lines(generation: dict | None) -> list[str]:
+    """One line per mode of --generate: tokens per second of each model, the speedup with its interval."""
+    if not generation:
+        return []
+    if "error" in generation:
+        return [f"generate: not timed: {generation['error']}"]
+    lines = []
+    for mode, r in generation.items():
+        if "error" in r:
+            lines.append(f"generate ({mode}): not timed: {r['error']}")
+            continue
+        low, high = r["speedup_interval"]
+        lines.append(f"generate ({mode}, {r['new_tokens']} new tokens, static cache): original "
+                     f"{r['original_tokens_per_s']:.1f} tokens/s, optimized {r['optimized_tokens_per_s']:.1f} "
+                     f"({r['speedup']:.3f}x, {CONFIDENCE:.0%} interval {low:.3f}-{high:.3f}); "
+                     f"{r['same_tokens']} of {r['new_tokens']} tokens as the original's")
+    return lines
 
 
 def _kernel_table(report):

@@ -42,6 +42,7 @@ class Request:
     keep_all: bool = False
     shallow_trials: bool = True  # the compiled prune's trials compile the model cut to 1 and 2 blocks
     against: str | None = None  # "extracted", "starters" or a directory
+    generate: int = 0  # new tokens of a timed generate() with a static cache (generation.py); 0: none
     export: Path | None = None
     package_name: str = "autokernel_kernels"
     command: str = ""  # how the run was asked for, recorded in the report
@@ -135,7 +136,8 @@ def verify(request: Request) -> dict:
                   "left_out_compiled": measured["pruned_traced"],  # under torch.compile: decided apart when `split`
                   "split": all(sides(mode.split(","))), "decisions": measured["decisions"]},
         "unused_types": sorted(set(choices) - set(checked_types)), "correctness": correctness,
-        **{key: measured[key] for key in ("timing", "timing_errors", "against", "graph")}, "export": exported,
+        **{key: measured[key] for key in ("timing", "timing_errors", "against", "graph", "generation")},
+        "export": exported,
         "disagreements": disagreements(measured["decisions"], measured["timing"]),
         "regions": regions,  # region kernels under torch.compile (regionverify.py), None without any or --compile
         "compile_backend": endtoend.backend_for(device), "torch": torch.__version__, "triton": _triton_version(),
@@ -150,6 +152,8 @@ def _checked(request: Request) -> tuple[str, str]:
     mode = deploy_mode(request)
     if request.checks < 1:
         raise cli.UsageError("--checks must be at least 1")
+    if request.generate < 0:
+        raise cli.UsageError("--generate takes a number of new tokens, 0 or more")
     if not request.kernels.is_dir() and request.kernels != DEFAULT_KERNELS:
         raise cli.UsageError(f"--kernels {request.kernels}: no such directory")
     if request.export and not (request.package_name.isidentifier() and request.package_name.isascii()):
@@ -191,7 +195,7 @@ def _measure(request: Request, model, optimized, choices: dict, inputs, device: 
     import torch
 
     from autokernel.ops import swap
-    from autokernel.verify import correctness, endtoend
+    from autokernel.verify import correctness, endtoend, generation
 
     timed = not request.no_timing and passed
     decided = timed and device == "cuda" and not request.keep_all
@@ -212,9 +216,11 @@ def _measure(request: Request, model, optimized, choices: dict, inputs, device: 
         torch._dynamo.reset()
     against = _time_against(request, model, optimized, choices, inputs, device) if timed and request.against else None
     graph = correctness.graph_breaks(optimized, inputs(endtoend.CHECK_SEED)) if request.compile and passed else None
+    generated = generation.measure(model, optimized.module(), inputs(endtoend.TIMING_SEED)[0][:1], request.generate,
+                                   device, endtoend.backend_for(device), request.compile, endtoend.PRUNE_MARGIN) \
+        if timed and request.generate > 0 else None
     return {"decided": decided, "pruned": pruned, "pruned_traced": pruned_traced, "decisions": decisions,
-            "timing": timings,
-            "timing_errors": errors, "against": against, "graph": graph}
+            "timing": timings, "timing_errors": errors, "against": against, "graph": graph, "generation": generated}
 
 
 def _about(request: Request, model, device: str, shape, dtype) -> dict:

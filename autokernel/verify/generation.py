@@ -1,0 +1,79 @@
+"""verify.py --generate N: what generation gets from the kernels. Tokens per second of the model's generate() with a
+static cache, greedy, N new tokens after the checked input's first sequence, the original and the optimized model
+timed in turns (as the forward's rows are); eagerly, and with --compile with the forward compiled as transformers
+compiles it for a static cache (the user's model is given back as it was).
+
+The prune chose the kernels on the forward. Decoding runs other shapes, one token against the cache, where a call
+the kernels do not cover runs the original code: this row says whether generation gains or loses, with the same
+interval as every other row, and how many of the N tokens the optimized model chose as the original did (random
+weights make near ties: a few differing tokens are rounding, not a wrong kernel; the check proves the forward).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+
+import torch
+
+from autokernel.harness import timing
+from autokernel.verify import noise
+
+TURNS = 5  # generate() calls of each model in turns, on a GPU (each is N forwards)
+CPU_TURNS = 2
+
+
+def measure(model, optimized: torch.nn.Module, prompt: torch.Tensor, new_tokens: int, device: str, backend,
+            with_compile: bool, margin: float) -> dict:
+    """{mode: {original_tokens_per_s, optimized_tokens_per_s, speedup, speedup_interval, same_tokens, new_tokens}}
+    for eager (and compile), a mode that fails as {"error": ...}; {"error": ...} for a model without generate()."""
+    if not callable(getattr(model, "generate", None)):
+        return {"error": "the model has no generate() (a transformers model has)"}
+    modes = {"eager": contextlib.nullcontext}
+    if with_compile:
+        modes["compile"] = lambda m: _forward_compiled(m, backend)
+    rows = {}
+    for mode, wrapped in modes.items():
+        try:
+            with wrapped(model), wrapped(optimized):
+                rows[mode] = _row(model, optimized, prompt, new_tokens, device, margin)
+        except Exception as e:  # a mode that cannot generate is reported; the other is still timed
+            rows[mode] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+        if mode == "compile":
+            torch._dynamo.reset()
+    return rows
+
+
+def _row(model, optimized, prompt, new_tokens: int, device: str, margin: float) -> dict:
+    fns = {"original": _generating(model, new_tokens), "optimized": _generating(optimized, new_tokens)}
+    tokens = {name: fn(prompt) for name, fn in fns.items()}  # also the warm-up: a compile happens here
+    samples = timing.time_turns(fns, [(prompt,)], device, TURNS if device == "cuda" else CPU_TURNS, latency=True)
+    v = noise.compare(samples["original"], samples["optimized"], margin)
+    per_s = {name: new_tokens / (statistics.median(us) / 1e6) for name, us in samples.items()}
+    same = int((tokens["original"] == tokens["optimized"]).sum()) if tokens["original"].shape == \
+        tokens["optimized"].shape else 0
+    return {"original_tokens_per_s": per_s["original"], "optimized_tokens_per_s": per_s["optimized"],
+            "speedup": v.ratio, "speedup_interval": [v.low, v.high], "same_tokens": same, "new_tokens": new_tokens}
+
+
+def _generating(model, new_tokens: int):
+    """prompt -> the new tokens of a greedy generate() with a static cache, exactly new_tokens of them."""
+    def generate(prompt):
+        out = model.generate(prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                             cache_implementation="static", pad_token_id=0)
+        return out[:, prompt.shape[1]:]
+    return generate
+
+
+@contextlib.contextmanager
+def _forward_compiled(model, backend):
+    """model with its forward compiled (transformers' recipe for a static cache), its own forward back after."""
+    own = vars(model).get("forward")  # an instance's forward (the optimized model's patches), else the class's
+    model.forward = torch.compile(model.forward, backend=backend)
+    try:
+        yield model
+    finally:
+        if own is not None:
+            model.forward = own
+        else:
+            del model.forward

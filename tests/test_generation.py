@@ -1,0 +1,68 @@
+"""verify.py --generate: tokens per second of generate() with a static cache, the original against the optimized
+model in turns, eagerly and with the forward compiled; the user's model handed back as it was. CPU: the interpreter."""
+
+import pytest
+import torch
+
+import autokernel
+import verify
+from autokernel.verify import endtoend, generation
+
+transformers = pytest.importorskip("transformers")
+
+
+def _tiny_llama():
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=256)
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+@pytest.mark.slow(8)
+def test_generate_is_timed_in_both_modes_and_the_models_are_given_back(interpreter, tmp_path):
+    model = _tiny_llama()
+    prompt = torch.randint(0, 256, (1, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        optimized = autokernel.optimize(model, tmp_path / "none", ["rmsnorm", "flash_attention"], verified=None,
+                                        quiet=True)
+        forward = optimized.forward
+        rows = generation.measure(model, optimized, prompt, 3, "cpu", endtoend.backend_for("cpu"), True,
+                                  endtoend.PRUNE_MARGIN)
+    for mode in ("eager", "compile"):
+        r = rows[mode]
+        assert "error" not in r, r
+        assert r["original_tokens_per_s"] > 0 and r["optimized_tokens_per_s"] > 0 and r["new_tokens"] == 3
+        low, high = r["speedup_interval"]
+        assert low <= r["speedup"] <= high and 0 <= r["same_tokens"] <= 3
+    assert "forward" not in vars(model) and optimized.forward is forward  # compiled forwards taken off again
+    lines = verify.generation_lines(rows)
+    assert len(lines) == 2 and lines[1].startswith("generate (compile, 3 new tokens, static cache): original ")
+
+
+def test_a_model_without_generate_and_a_failing_mode_are_reported_not_raised():
+    plain = torch.nn.Linear(4, 4)
+    assert "no generate()" in generation.measure(plain, plain, torch.zeros(1, 4), 3, "cpu", "eager", False,
+                                                 0.01)["error"]
+    model = _tiny_llama()
+    rows = generation.measure(model, model, torch.zeros(1, 4), 3, "cpu", "eager", False, 0.01)  # float ids
+    assert "error" in rows["eager"]
+    assert verify.generation_lines(rows)[0].startswith("generate (eager): not timed: ")
+
+
+@pytest.mark.slow(15)
+def test_verify_reports_generation_beside_the_forward(tmp_path, capsys, interpreter):
+    import json
+
+    _tiny_llama().config.save_pretrained(tmp_path / "cfg")
+    out = tmp_path / "report.json"
+    code = verify.main(["--module", "transformers", "--class-name", "AutoModelForCausalLM", "--config",
+                        str(tmp_path / "cfg"), "--input-shape", "1,16", "--device", "cpu", "--checks", "1",
+                        "--types", "rmsnorm", "--generate", "2", "--report", str(out)])
+    printed = capsys.readouterr()
+    assert code == 0, printed.out + printed.err
+    report = json.loads(out.read_text())
+    assert report["generation"]["eager"]["new_tokens"] == 2 and "compile" not in report["generation"]
+    assert "generate (eager, 2 new tokens, static cache): original " in printed.out
+    assert verify.main(["--module", "transformers", "--class-name", "AutoModelForCausalLM", "--config",
+                        str(tmp_path / "cfg"), "--generate", "-1"]) == 2  # a one-line error, before any load
+    assert "--generate" in capsys.readouterr().err
