@@ -1,7 +1,9 @@
 """verify.py --generate N: what generation gets from the kernels. Tokens per second of the model's generate() with a
 static cache, greedy, N new tokens after the checked input's first sequence, the original and the optimized model
-timed in turns (as the forward's rows are); eagerly, and with --compile with the forward compiled as transformers
-compiles it for a static cache (the user's model is given back as it was).
+timed in turns (as the forward's rows are); eagerly (transformers' own compile of a static cache's decoding turned
+off), and with --compile with the forward compiled as transformers compiles it for a static cache by default: on a
+GPU in torch.compile's reduce-overhead mode, CUDA graphs (the row "compile_graph"; "compile" on the CPU). The
+user's model is given back as it was.
 
 The prune chose the kernels on the forward. Decoding runs other shapes, one token against the cache, where a call
 the kernels do not cover runs the original code: this row says whether generation gains or loses, with the same
@@ -26,12 +28,14 @@ CPU_TURNS = 2
 def measure(model, optimized: torch.nn.Module, prompt: torch.Tensor, new_tokens: int, device: str, backend,
             with_compile: bool, margin: float) -> dict:
     """{mode: {original_tokens_per_s, optimized_tokens_per_s, speedup, speedup_interval, same_tokens, new_tokens}}
-    for eager (and compile), a mode that fails as {"error": ...}; {"error": ...} for a model without generate()."""
+    for eager (and compile or compile_graph), a mode that fails as {"error": ...}; {"error": ...} for a model
+    without generate()."""
     if not callable(getattr(model, "generate", None)):
         return {"error": "the model has no generate() (a transformers model has)"}
     modes = {"eager": contextlib.nullcontext}
+    graphs = device == "cuda"
     if with_compile:
-        modes["compile"] = lambda m: _forward_compiled(m, backend)
+        modes["compile_graph" if graphs else "compile"] = lambda m: _forward_compiled(m, backend, graphs)
     rows = {}
     for mode, wrapped in modes.items():
         try:
@@ -39,7 +43,7 @@ def measure(model, optimized: torch.nn.Module, prompt: torch.Tensor, new_tokens:
                 rows[mode] = _row(model, optimized, prompt, new_tokens, device, margin)
         except Exception as e:  # a mode that cannot generate is reported; the other is still timed
             rows[mode] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
-        if mode == "compile":
+        if mode != "eager":
             torch._dynamo.reset()
     return rows
 
@@ -60,16 +64,17 @@ def _generating(model, new_tokens: int):
     """prompt -> the new tokens of a greedy generate() with a static cache, exactly new_tokens of them."""
     def generate(prompt):
         out = model.generate(prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-                             cache_implementation="static", pad_token_id=0)
+                             cache_implementation="static", pad_token_id=0, disable_compile=True)  # ours or none
         return out[:, prompt.shape[1]:]
     return generate
 
 
 @contextlib.contextmanager
-def _forward_compiled(model, backend):
-    """model with its forward compiled (transformers' recipe for a static cache), its own forward back after."""
+def _forward_compiled(model, backend, graphs: bool):
+    """model with its forward compiled (in CUDA graphs: transformers' default for a static cache), its own forward
+    back after."""
     own = vars(model).get("forward")  # an instance's forward (the optimized model's patches), else the class's
-    model.forward = torch.compile(model.forward, backend=backend)
+    model.forward = torch.compile(model.forward, backend=backend, mode="reduce-overhead" if graphs else None)
     try:
         yield model
     finally:
