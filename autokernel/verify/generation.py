@@ -1,5 +1,6 @@
 """verify.py --generate N: what generation gets from the kernels. Tokens per second of the model's generate() with a
-static cache, greedy, N new tokens after the checked input's first sequence, the original and the optimized model
+static cache, greedy, N new tokens after the checked input's first sequence (the prompt's prefill included in the
+time), the original and the optimized model
 timed in turns (as the forward's rows are); eagerly (transformers' own compile of a static cache's decoding turned
 off), and with --compile with the forward compiled as transformers compiles it for a static cache by default: on a
 GPU in torch.compile's reduce-overhead mode, CUDA graphs (the row "compile_graph"; "compile" on the CPU). The
