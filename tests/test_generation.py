@@ -6,7 +6,7 @@ import torch
 
 import autokernel
 import verify
-from autokernel.verify import endtoend, generation
+from autokernel.verify import generation
 
 transformers = pytest.importorskip("transformers")
 
@@ -26,8 +26,7 @@ def test_generate_is_timed_in_both_modes_and_the_models_are_given_back(interpret
         optimized = autokernel.optimize(model, tmp_path / "none", ["rmsnorm", "flash_attention"], verified=None,
                                         quiet=True)
         forward = optimized.forward
-        rows = generation.measure(model, optimized, prompt, 3, "cpu", endtoend.backend_for("cpu"), True,
-                                  endtoend.PRUNE_MARGIN)
+        rows = generation.measure(model, optimized, prompt, 3, "cpu", True)
     for mode in ("eager", "compile"):
         r = rows[mode]
         assert "error" not in r, r
@@ -41,10 +40,9 @@ def test_generate_is_timed_in_both_modes_and_the_models_are_given_back(interpret
 
 def test_a_model_without_generate_and_a_failing_mode_are_reported_not_raised():
     plain = torch.nn.Linear(4, 4)
-    assert "no generate()" in generation.measure(plain, plain, torch.zeros(1, 4), 3, "cpu", "eager", False,
-                                                 0.01)["error"]
+    assert "no generate()" in generation.measure(plain, plain, torch.zeros(1, 4), 3, "cpu", False)["error"]
     model = _tiny_llama()
-    rows = generation.measure(model, model, torch.zeros(1, 4), 3, "cpu", "eager", False, 0.01)  # float ids
+    rows = generation.measure(model, model, torch.zeros(1, 4), 3, "cpu", False)  # float ids
     assert "error" in rows["eager"]
     assert verify.generation_lines(rows)[0].startswith("generate (eager): not timed: ")
 

@@ -20,14 +20,14 @@ import statistics
 import torch
 
 from autokernel.harness import timing
-from autokernel.verify import noise
+from autokernel.verify import endtoend, noise
 
 TURNS = 5  # generate() calls of each model in turns, on a GPU (each is N forwards)
 CPU_TURNS = 2
 
 
-def measure(model, optimized: torch.nn.Module, prompt: torch.Tensor, new_tokens: int, device: str, backend,
-            with_compile: bool, margin: float) -> dict:
+def measure(model, optimized: torch.nn.Module, prompt: torch.Tensor, new_tokens: int, device: str,
+            with_compile: bool) -> dict:
     """{mode: {original_tokens_per_s, optimized_tokens_per_s, speedup, speedup_interval, same_tokens, new_tokens}}
     for eager (and compile or compile_graph), a mode that fails as {"error": ...}; {"error": ...} for a model
     without generate()."""
@@ -36,24 +36,25 @@ def measure(model, optimized: torch.nn.Module, prompt: torch.Tensor, new_tokens:
     modes = {"eager": contextlib.nullcontext}
     graphs = device == "cuda"
     if with_compile:
+        backend = endtoend.backend_for(device)
         modes["compile_graph" if graphs else "compile"] = lambda m: _forward_compiled(m, backend, graphs)
     rows = {}
     for mode, wrapped in modes.items():
         try:
             with wrapped(model), wrapped(optimized):
-                rows[mode] = _row(model, optimized, prompt, new_tokens, device, margin)
+                rows[mode] = _row(model, optimized, prompt, new_tokens, device)
         except Exception as e:  # a mode that cannot generate is reported; the other is still timed
-            rows[mode] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+            rows[mode] = {"error": endtoend._error_line(e)}
         if mode != "eager":
             torch._dynamo.reset()
     return rows
 
 
-def _row(model, optimized, prompt, new_tokens: int, device: str, margin: float) -> dict:
+def _row(model, optimized, prompt, new_tokens: int, device: str) -> dict:
     fns = {"original": _generating(model, new_tokens), "optimized": _generating(optimized, new_tokens)}
     tokens = {name: fn(prompt) for name, fn in fns.items()}  # also the warm-up: a compile happens here
     samples = timing.time_turns(fns, [(prompt,)], device, TURNS if device == "cuda" else CPU_TURNS, latency=True)
-    v = noise.compare(samples["original"], samples["optimized"], margin)
+    v = noise.compare(samples["original"], samples["optimized"], endtoend.PRUNE_MARGIN)  # as every row's
     per_s = {name: new_tokens / (statistics.median(us) / 1e6) for name, us in samples.items()}
     same = int((tokens["original"] == tokens["optimized"]).sum()) if tokens["original"].shape == \
         tokens["optimized"].shape else 0

@@ -217,8 +217,7 @@ def _measure(request: Request, model, optimized, choices: dict, inputs, device: 
     against = _time_against(request, model, optimized, choices, inputs, device) if timed and request.against else None
     graph = correctness.graph_breaks(optimized, inputs(endtoend.CHECK_SEED)) if request.compile and passed else None
     generated = generation.measure(model, optimized.module(), inputs(endtoend.TIMING_SEED)[0][:1], request.generate,
-                                   device, endtoend.backend_for(device), request.compile, endtoend.PRUNE_MARGIN) \
-        if timed and request.generate > 0 else None
+                                   device, request.compile) if timed and request.generate > 0 else None
     return {"decided": decided, "pruned": pruned, "pruned_traced": pruned_traced, "decisions": decisions,
             "timing": timings, "timing_errors": errors, "against": against, "graph": graph, "generation": generated}
 
