@@ -14,7 +14,7 @@ from helpers import SharedForward
 from autokernel.harness import timing
 from autokernel.ops import swap
 from autokernel.ops.customops import CallSites
-from autokernel.verify import endtoend, noise, regional
+from autokernel.verify import endtoend, noise, pruning, regional
 
 BASE_MS = 10.0
 
@@ -58,7 +58,7 @@ def noisy_host(monkeypatch, seed: int, jitter: dict, drift: float = 0.3, cost: d
     monkeypatch.setattr(timing, "cuda_graphed", lambda fn, example: Deployed(fn.made, "graph"))
     monkeypatch.setattr(endtoend, "wrong_output", lambda fn, model, args: None)
     monkeypatch.setattr(swap, "build", lambda model, types, traced=None: Made(types, cost))
-    monkeypatch.setattr(endtoend._Trials, "deployed", lambda self, fn: {m: Deployed(fn, m) for m in self.modes})
+    monkeypatch.setattr(endtoend.Trials, "deployed", lambda self, fn: {m: Deployed(fn, m) for m in self.modes})
 
 
 COST = {"eager": {"rmsnorm": -2.0, "matmul": +1.5, "rotary_embedding": -0.5, "fused_mlp": +0.05},
@@ -70,7 +70,7 @@ def test_the_kept_set_is_the_same_whatever_the_host_does(monkeypatch, modes):
     kept = set()
     for seed in range(5):
         noisy_host(monkeypatch, seed, jitter={"eager": 0.03, "graph": 0.005}, cost=COST)
-        optimized, dropped = endtoend.prune(Made([], COST), Made(list(COST["eager"]), COST), lambda seed: (),
+        optimized, dropped = pruning.prune(Made([], COST), Made(list(COST["eager"]), COST), lambda seed: (),
                                             "cuda", modes)
         kept.add(tuple(optimized.types))
         assert list(dropped) == ["matmul"], dropped
@@ -84,7 +84,7 @@ def test_a_mode_within_its_noise_does_not_overrule_a_clear_one(monkeypatch):
     for seed in range(3):
         noisy_host(monkeypatch, seed, jitter={"eager": 0.3, "graph": 0.005}, drift=0.5, cost=cost)
         decisions, lines = {}, []
-        optimized, dropped = endtoend.prune(Made([], cost), Made(["flash_attention"], cost), lambda seed: (),
+        optimized, dropped = pruning.prune(Made([], cost), Made(["flash_attention"], cost), lambda seed: (),
                                             "cuda", ["eager", "graph"], lines.append, decisions)
         assert optimized.types == ["flash_attention"] and not dropped, lines
         assert decisions["flash_attention"]["graph"]["outcome"] == noise.SLOWER  # slower without it: clear
@@ -95,7 +95,7 @@ def test_a_mode_within_its_noise_does_not_overrule_a_clear_one(monkeypatch):
 def test_a_clear_loss_in_one_mode_still_leaves_the_kernel_out(monkeypatch):
     cost = {"eager": {"matmul": +1.0}, "graph": {"matmul": -0.5}}
     noisy_host(monkeypatch, 0, jitter={"eager": 0.01, "graph": 0.005}, cost=cost)
-    optimized, dropped = endtoend.prune(Made([], cost), Made(["matmul"], cost), lambda seed: (), "cuda",
+    optimized, dropped = pruning.prune(Made([], cost), Made(["matmul"], cost), lambda seed: (), "cuda",
                                         ["eager", "graph"])
     assert optimized.types == [] and "faster without it in eager mode" in dropped["matmul"]
 
@@ -107,7 +107,7 @@ def test_a_close_call_gets_more_turns_and_a_clear_one_does_not(monkeypatch):
     real = endtoend.latency_turns
     monkeypatch.setattr(endtoend, "latency_turns", lambda fns, sets, device, **kw: calls.append(1) or real(
         fns, sets, device, **kw))
-    trials = endtoend._Trials(None, ["eager"], False, lambda seed: (), "cuda")
+    trials = endtoend.Trials(None, ["eager"], False, lambda seed: (), "cuda")
     cost = {"eager": {"softmax": +0.12, "rmsnorm": -3.0}, "graph": {}}
     clear = trials.compare(Made([], cost), against=Made(["rmsnorm"], cost))["eager"]
     assert clear.outcome == noise.SLOWER and len(calls) == 1
@@ -162,7 +162,7 @@ def test_the_compiled_side_is_decided_graphed_and_every_line_says_how_far_along(
     cost = {m: {"rmsnorm": -1.0, "matmul": +1.0} for m in ("eager", "graph", "compile", "compile_graph")}
     noisy_host(monkeypatch, 0, jitter=dict.fromkeys(cost, 0.005), cost=cost)
     decisions, lines = {}, []
-    optimized, dropped, dropped_traced = endtoend.prune_deployed(
+    optimized, dropped, dropped_traced = pruning.prune_deployed(
         Made([], cost), Made(["rmsnorm", "matmul"], cost), lambda seed: (), "cuda",
         ["eager", "graph", "compile", "compile_graph"], lines.append, decisions)
     assert list(decisions) == ["eager,graph", "compile_graph"]  # compile without graphs decides nothing
@@ -193,7 +193,7 @@ def test_the_type_others_fall_back_to_is_decided_first(monkeypatch):
     for seed in range(3):
         noisy_host(monkeypatch, seed, jitter={"eager": 0.01, "graph": 0.005}, cost=STANDING)
         monkeypatch.setattr(swap, "build", lambda model, types, traced=None: Standing(types, STANDING))
-        optimized, dropped = endtoend.prune(Standing([], STANDING), Standing(list(STANDING["eager"]), STANDING),
+        optimized, dropped = pruning.prune(Standing([], STANDING), Standing(list(STANDING["eager"]), STANDING),
                                             lambda seed: (), "cuda", ["eager", "graph"])
         assert optimized.types == ["rmsnorm"] and list(dropped) == ["matmul", "linear_gelu"]
 
@@ -203,7 +203,7 @@ def test_the_compiled_side_tries_first_what_cost_most_on_the_eager_side(monkeypa
                                                                               "compile_graph")}
     noisy_host(monkeypatch, 0, jitter=dict.fromkeys(cost, 0.005), cost=cost)
     lines = []
-    endtoend.prune_deployed(Made([], cost), Made(["rmsnorm", "matmul", "add_rmsnorm"], cost), lambda seed: (),
+    pruning.prune_deployed(Made([], cost), Made(["rmsnorm", "matmul", "add_rmsnorm"], cost), lambda seed: (),
                             "cuda", ["eager", "graph", "compile", "compile_graph"], lines.append)
     tried = [line.split("): ")[1].split(" ")[0] for line in lines if "(compile_graph): " in line][:3]
     assert tried == ["matmul", "add_rmsnorm", "rmsnorm"]  # matmul cost 10% eagerly, add_rmsnorm 5%
@@ -224,7 +224,7 @@ def prune_then_rows(monkeypatch, ms_per_type: float):
     inputs, reuse = (lambda seed: (torch.ones(4),)), {}
     torch._dynamo.reset()
     with torch.no_grad():
-        optimized, dropped = endtoend.prune(SharedForward([]), SharedForward(["type0", "type1"]), inputs, "cpu",
+        optimized, dropped = pruning.prune(SharedForward([]), SharedForward(["type0", "type1"]), inputs, "cpu",
                                             modes="compile", reuse=reuse)
         compiled = len(graphs)
         rows, errors = endtoend.time_models(SharedForward([]), optimized, inputs, "cpu", with_compile=True,
@@ -241,7 +241,7 @@ def test_the_rows_time_the_compiled_prune_s_models_without_compiling_them_again(
 
 
 def test_where_every_kernel_goes_the_rows_reuse_the_compiled_original_for_both(monkeypatch):
-    # every type costs 0.8%: each alone under the margin, together 1.6%
+    # every type costs 0.8%: each alone under the margin, together 1.6% (the joint trial of the two)
     optimized, dropped, reuse, rows, errors, compiled, compiles = prune_then_rows(monkeypatch, 0.08)
     assert optimized.types == [] and sorted(dropped) == ["type0", "type1"]  # together they lose 1.6%
     assert reuse["kept"] is reuse["original"] and not errors and compiles == compiled
@@ -283,7 +283,7 @@ def shallow_prune(monkeypatch, ms: Callable) -> tuple:
     reuse = {}
     torch._dynamo.reset()
     with torch.no_grad():
-        optimized, dropped = endtoend.prune(Layered([]), Layered(["type0", "type1", "type2"]), lambda seed: (
+        optimized, dropped = pruning.prune(Layered([]), Layered(["type0", "type1", "type2"]), lambda seed: (
             torch.ones(4),), "cpu", modes="compile", reuse=reuse, shallow_trials=True)
         in_prune = list(graphs)
         rows, errors = endtoend.time_models(Layered([]), optimized, lambda seed: (torch.ones(4),), "cpu",
@@ -363,7 +363,7 @@ def test_the_prune_times_the_kernels_deploy_installs_not_the_types_no_site_ran(m
         return {name: [(10.0 - 0.5 * len(fn.types)) * 1e3] * turns for name, fn in fns.items()}
 
     monkeypatch.setattr(timing, "time_turns", time_turns)
-    optimized, dropped = endtoend.prune(SharedForward([]), WithIdle(["type0", "type1", "type9"]),
+    optimized, dropped = pruning.prune(SharedForward([]), WithIdle(["type0", "type1", "type9"]),
                                         lambda seed: (torch.ones(4),), "cpu", modes="eager")
     assert not dropped and optimized.types == ["type0", "type1"]
     assert timed and all("type9" not in types for types in timed)
@@ -441,7 +441,7 @@ def test_a_shallow_prune_of_an_hf_decoder_compiles_cut_copies_and_the_whole_mode
     with torch.no_grad():
         optimized = optimize(model, "kernels", ["rmsnorm", "add_rmsnorm"], verified=None, quiet=True).autokernel
         optimized(*inputs(0))  # the sites' calls: what the prune tries
-        kept, dropped = endtoend.prune(model, optimized, inputs, "cpu", modes="compile", shallow_trials=True)
+        kept, dropped = pruning.prune(model, optimized, inputs, "cpu", modes="compile", shallow_trials=True)
     torch._dynamo.reset()
     assert not dropped and sorted(kept.types) == ["add_rmsnorm", "rmsnorm"]
     assert sorted(layers) == [1, 1, 1, 2, 2, 2, 4, 4]  # the full set and two trials, cut twice; then two whole
@@ -457,7 +457,7 @@ def test_a_conflict_between_modes_follows_the_larger_effect_every_time(monkeypat
     for seed in range(4):
         noisy_host(monkeypatch, seed, jitter={"eager": 0.02, "graph": 0.002}, drift=0.1, cost=cost)
         decisions, lines = {}, []
-        optimized, dropped = endtoend.prune(Made([], cost), Made(["layernorm"], cost), lambda seed: (), "cuda",
+        optimized, dropped = pruning.prune(Made([], cost), Made(["layernorm"], cost), lambda seed: (), "cuda",
                                             ["eager", "graph"], lines.append, decisions)
         assert optimized.types == ["layernorm"] and not dropped, lines
         assert decisions["layernorm"]["graph"]["outcome"] == noise.SLOWER
@@ -467,6 +467,6 @@ def test_a_conflict_between_modes_follows_the_larger_effect_every_time(monkeypat
     assert eager_outcomes == {noise.FASTER, noise.WITHIN_NOISE}  # the threshold alone would have flipped
     flipped = {"eager": {"layernorm": +0.3}, "graph": {"layernorm": -0.1}}  # 3% lost eagerly, 1% won graphed
     noisy_host(monkeypatch, 0, jitter={"eager": 0.02, "graph": 0.002}, drift=0.1, cost=flipped)
-    optimized, dropped = endtoend.prune(Made([], flipped), Made(["layernorm"], flipped), lambda seed: (), "cuda",
+    optimized, dropped = pruning.prune(Made([], flipped), Made(["layernorm"], flipped), lambda seed: (), "cuda",
                                         ["eager", "graph"])
     assert optimized.types == [] and "faster without it in eager mode" in dropped["layernorm"]

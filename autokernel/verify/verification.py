@@ -195,7 +195,7 @@ def _measure(request: Request, model, optimized, choices: dict, inputs, device: 
     import torch
 
     from autokernel.ops import swap
-    from autokernel.verify import correctness, endtoend, generation
+    from autokernel.verify import correctness, endtoend, generation, pruning
 
     timed = not request.no_timing and passed
     decided = timed and device == "cuda" and not request.keep_all
@@ -203,7 +203,7 @@ def _measure(request: Request, model, optimized, choices: dict, inputs, device: 
     decisions = {}  # side's deciding modes -> type -> mode -> the verdict it was decided on
     reuse = {}  # the compiled prune's original and kept set, compiled and captured: the rows time them as they are
     if decided:
-        optimized, pruned, pruned_traced = endtoend.prune_deployed(model, optimized, inputs, device,
+        optimized, pruned, pruned_traced = pruning.prune_deployed(model, optimized, inputs, device,
                                                                    deploy_modes(mode), _progress, decisions, reuse,
                                                                    request.shallow_trials)
     elif timed:  # the rows time what optimize() installs by this report: the types a site ran, no others
@@ -321,9 +321,12 @@ def decision_lines(decisions: dict) -> list[str]:
     ("decided in compile_graph: rmsnorm kept: 9.100 ms without, 9.000 with (1.011x, ..., within noise)")."""
     lines = []
     for side, types in decisions.items():
+        together = {t: joint for joint, verdicts in types.items() if "+" in joint and noise.deciding_mode(verdicts)
+                    for t in joint.split("+")}  # types left out together (pruning._try_together), each kept alone
         for kernel_type, verdicts in types.items():
             mode = noise.deciding_mode(verdicts)
-            fate = ("left out" if mode else "kept") if kernel_type != "kept together" else (
+            fate = ("left out" if mode else f"left out with the others of {together[kernel_type]}, not alone"
+                    if kernel_type in together else "kept") if kernel_type != "kept together" else (
                 "the original won" if mode else "not slower than the original")
             shown = [mode] if mode else list(verdicts)
             figures = "; ".join(f"{m} {v['without_ms']:.3f} ms without, {v['with_ms']:.3f} with ({v['ratio']:.3f}x, "

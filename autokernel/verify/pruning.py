@@ -1,0 +1,273 @@
+"""The prune behind verify.py: which kernel types stay in the mode the user deploys the model in.
+
+A kernel that wins at the harness's shape can lose in the model (a Triton matmul against cuBLAS at N=256), or in
+the deploy mode (under torch.compile, against Inductor's fused kernels); the whole model's time in that mode is
+what counts. Each side of the modes (eager and graph; compile and compile_graph) is pruned on its own: greedy, one
+type at a time, the likeliest to leave first, each trial timed in turns with the model it would replace
+(endtoend.Trials) and decided only outside the noise (noise.py); then the types that each lean out inside the noise,
+together; then the kept set against the original. docs/deploy-and-prune.md says why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+
+import torch
+
+from autokernel.ops import swap
+from autokernel.verify import noise, regional
+from autokernel.verify.endtoend import PRUNE_MARGIN, Trials, compiling_each_once
+from autokernel.verify.verification import DEPLOY_MODES, sides
+
+__all__ = ["deciding_modes", "prune", "prune_deployed"]
+
+
+def prune_deployed(model, optimized: swap.Optimized, inputs: Callable, device: str, modes: list[str],
+                   progress: Callable[[str], None] | None = None, decisions: dict | None = None,
+                   reuse: dict | None = None, shallow_trials: bool = False):
+    """prune() on each side of `modes` (verification.deploy_modes): the types kept in the eager modes (eager,
+    graph) run eagerly, those kept in the compiled ones (compile, compile_graph) where torch.compile traces the
+    model. Returns (optimized, {type: why} left out eagerly, {type: why} left out under torch.compile); modes of
+    one side decide both. progress: called with a line per type tried, with the time spent and an estimate of
+    what is left; decisions, if given, gets {side's modes: prune()'s decisions}; reuse and shallow_trials: prune()'s,
+    for the compiled side."""
+    eager, compiled = sides(modes)
+    types = optimized.swapped_types()
+    clock = _Clock(progress, trials=(len(types) + 1) * (2 if eager and compiled else 1))
+    decisions = {} if decisions is None else decisions
+    if not eager or not compiled:
+        side = deciding_modes(modes)
+        optimized, dropped = prune(model, optimized, inputs, device, side, clock, decisions.setdefault(
+            ",".join(side), {}), reuse, shallow_trials)
+        return optimized, dropped, dropped
+    _, dropped = prune(model, optimized, inputs, device, eager, clock, decisions.setdefault(",".join(eager), {}))
+    side = deciding_modes(compiled)
+    _, dropped_traced = prune(model, optimized, inputs, device, side, clock, decisions.setdefault(",".join(side), {}),
+                              reuse, shallow_trials, prior=_costs(decisions[",".join(eager)]))
+    both = swap.build(model, [t for t in types if t not in dropped],
+                      traced=[t for t in types if t not in dropped_traced])
+    return both, dropped, dropped_traced
+
+
+def _costs(decided: dict) -> dict[str, float]:
+    """{type: the lowest without / with ratio of its trial over the modes of one side} from prune()'s decisions."""
+    return {t: min(v["ratio"] for v in verdicts.values()) for t, verdicts in decided.items()
+            if t != "kept together" and verdicts}
+
+
+def deciding_modes(modes: list[str]) -> list[str]:
+    """The modes of one side that decide its kernels: compile_graph alone where the compiled side runs graphed too
+    (its figure is GPU time; the compile row without graphs is host-bound and moves with the host, and both run the
+    same traced kernels), else every mode given."""
+    return ["compile_graph"] if {"compile", "compile_graph"} <= set(modes) else list(modes)
+
+
+class _Clock:
+    """progress() with each line prefixed by the trials done, the time spent and an estimate of what is left."""
+
+    def __init__(self, progress: Callable[[str], None] | None, trials: int):
+        self.progress, self.trials, self.done, self.started = progress, max(trials, 1), 0, time.monotonic()
+
+    def __call__(self, line: str) -> None:
+        self.done += 1
+        self.trials = max(self.trials, self.done)  # a joint trial (_try_together) is one more than counted
+        if self.progress is None:
+            return
+        spent = time.monotonic() - self.started
+        left = spent / self.done * max(self.trials - self.done, 0)
+        self.progress(f"[{self.done}/{self.trials}, {_duration(spent)} spent, ~{_duration(left)} left] {line}")
+
+    def note(self, line: str) -> None:
+        """A line about the step under way (a long compile), counted as no trial."""
+        if self.progress is not None:
+            self.progress(f"[{self.done}/{self.trials}, {_duration(time.monotonic() - self.started)} spent] {line}")
+
+
+def _duration(seconds: float) -> str:
+    return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+
+
+def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes: str | list[str] = "eager",
+          progress: Callable[[str], None] | None = None, decisions: dict | None = None, reuse: dict | None = None,
+          shallow_trials: bool = False, prior: dict[str, float] | None = None):
+    """Leave out, one type at a time, each kernel whose removal makes the whole model faster in one of `modes`.
+
+    A kernel that beats PyTorch at the harness's shape can still lose at this model's shapes (a
+    Triton matmul against cuBLAS at N=256), or in the mode the model is deployed in (under
+    torch.compile, against Inductor's fused kernels); the end-to-end time in that mode is what
+    counts. modes: one mode, or the two of one side, which run the same kernels (eager and graph; compile and
+    compile_graph, timed on one compile): a kernel leaves when the model is faster without it in one, unless the other
+    runs it slower without by more (noise.deciding_mode). A
+    model that fails to run in a mode counts as infinitely slow there, so a type that breaks a mode is left out
+    too. Greedy, the types likeliest to leave tried first (_trial_order; prior: {type: without / with ratio} from
+    the other side's prune), each trial timed in turns with the model it would replace (a
+    host-bound model timed alone, one run after another, drifts by more than the differences a prune decides),
+    and decided only outside the noise of its turns (noise.compare: a mode within its noise decides nothing);
+    then, if the original itself is faster still in a mode, timed in turns with what is kept, every kernel goes.
+    On the compiled side each model is compiled once, the set kept so far reused by the next trial (dynamo's
+    recompile limit raised to hold them all): one compile per trial, minutes on a large model.
+    Returns (optimized, {type: why it was left out}); progress, if given, hears each type's verdict as it falls,
+    with the figures that decided it; decisions, if given, gets {type: {mode: noise.Verdict as a dict}, "kept
+    together": ...}. reuse, if given on the compiled side, gets the original and the kept set as compiled and
+    graphed for the last comparison ({"original": {mode: fn}, "kept": ...}), for time_models' rows to time
+    without compiling them again (dynamo's cache is then kept, not emptied, at the end). shallow_trials: on the
+    compiled side each trial compiles copies of the model cut to one and two of its blocks and takes the whole
+    model's time from theirs (regional.py); the last check compiles both models whole.
+    """
+    modes, compiled = _one_side(modes)
+    trials = Trials(model, modes, compiled, inputs, device, shallow_trials)
+    keep, dropped = optimized.swapped_types(), {}
+    optimized = swap.build(model, keep)  # what deploy installs from the report: the types a site ran, no others
+    keep = _trial_order(optimized, keep, prior or {})
+    decided = {} if decisions is None else decisions
+    reusing, traces = compiled and reuse is not None, (len(keep) + 2) * (1 + len(regional.DEPTHS))  # cut copies too
+    with compiling_each_once(traces, reset_after=not reusing) if compiled else contextlib.nullcontext():
+        for kernel_type in list(keep):
+            optimized = _try_without(trials, optimized, kernel_type, keep, dropped, progress, decided)
+        optimized = _try_together(trials, optimized, keep, dropped, progress, decided)
+        if trials.shallow is not None:  # the last check and the rows: whole models
+            trials.shallow = None
+            trials.ready.clear()
+        module = optimized.module()
+        if keep and compiled and progress is not None:  # two whole compiles: minutes on a deep model
+            getattr(progress, "note", progress)(f"prune ({', '.join(modes)}): compiling the original and the kept "
+                                                "set whole for the last check")
+        verdicts = trials.compare(model, against=module) if keep else {}
+        if reusing:
+            trials.deployed_once(model)  # compiled by the last check, or here where nothing is kept: the rows' own
+            reuse["original"] = trials.as_rows(model)
+            reuse["kept"] = trials.as_rows(module) if keep else reuse["original"]
+            if not (reuse["original"] and reuse["kept"]):  # one failed: the rows compile afresh, from a clean cache
+                reuse.clear()
+                torch._dynamo.reset()
+        trials.ready.clear()
+    if keep and _original_wins(trials, module, keep, dropped, verdicts, progress, decided):
+        optimized = swap.build(model, [])
+        if reuse:  # the rows' optimized model is now the original
+            reuse["kept"] = reuse["original"]
+    return optimized, dropped
+
+
+def _trial_order(optimized: swap.Optimized, types: list[str], prior: dict[str, float]) -> list[str]:
+    """The order a greedy prune tries types in: the likeliest to leave first, so that the others are timed against
+    the model they end up in (without linear_gelu, GPT-NeoX's MLP projection falls to the matmul type while it is in,
+    not to cuBLAS: timed before matmul, linear_gelu stayed or went by the noise). By the prior's ratio (lowest first),
+    then types placed by function patches (they take what module sites leave), then as given (by name)."""
+    patched = set(getattr(optimized, "patch_types", {}).values())
+    return sorted(types, key=lambda t: (prior.get(t, 1.0), t not in patched))
+
+
+def _one_side(modes: str | list[str]) -> tuple[list[str], bool]:
+    """(the modes as a list, whether they are the compiled side's); a ValueError for an unknown mode or modes of
+    both sides (one prune times the modes of one side)."""
+    modes = [modes] if isinstance(modes, str) else list(modes)
+    if not modes or any(m not in DEPLOY_MODES for m in modes):
+        raise ValueError(f"deploy mode {','.join(modes)!r}: one of {', '.join(DEPLOY_MODES)}")
+    eager_modes, compiled_modes = sides(modes)
+    if eager_modes and compiled_modes:
+        raise ValueError(f"deploy modes {','.join(modes)!r}: one prune times the modes of one side, eager or compiled")
+    return modes, bool(compiled_modes)
+
+
+def _try_without(trials: Trials, optimized: swap.Optimized, kernel_type: str, keep: list[str], dropped: dict,
+                 progress: Callable[[str], None] | None, decided: dict) -> swap.Optimized:
+    """One greedy step of a prune: the model without kernel_type, timed in turns with the kernels kept so far.
+    When it runs faster in one of the modes, outside the noise, kernel_type leaves `keep` for `dropped` (with why)
+    and the trial is what goes on; else `optimized` does."""
+    trial = swap.build(trials.model, [t for t in keep if t != kernel_type])
+    verdicts = trials.compare(trial.module(), against=optimized.module())
+    decided[kernel_type] = {m: v.to_dict() for m, v in verdicts.items()}
+    failed = trials.failures.get(optimized.module())
+    mode = noise.deciding_mode(verdicts)
+    if mode:
+        dropped[kernel_type] = _why(mode, verdicts[mode], failed)
+        keep.remove(kernel_type)
+        optimized = trial
+    trials.forget_all_but(optimized.module())
+    if progress:
+        progress(f"prune ({', '.join(trials.modes)}): {kernel_type} " + (
+            f"left out: {dropped[kernel_type]}" if mode else f"kept: {_why_kept(verdicts)} ({_versus(verdicts)})"))
+    return optimized
+
+
+def _try_together(trials: Trials, optimized: swap.Optimized, keep: list[str], dropped: dict,
+                  progress: Callable[[str], None] | None, decided: dict) -> swap.Optimized:
+    """The kept types that each leaned out inside the noise (_leans_out), tried out together: Mistral's fused_mlp
+    (0.987x) and rmsnorm (0.992x, timed with fused_mlp in) stayed one by one, and together cost 4% under
+    torch.compile (rmsnorm alone read 0.972x without fused_mlp). They leave together when the model runs faster
+    without them, outside the noise; decided gets the trial under their names joined by '+'."""
+    leaning = [t for t in keep if _leans_out(decided.get(t, {}))]
+    if len(leaning) < 2:
+        return optimized
+    trial = swap.build(trials.model, [t for t in keep if t not in leaning])
+    verdicts = trials.compare(trial.module(), against=optimized.module())
+    decided["+".join(leaning)] = {m: v.to_dict() for m, v in verdicts.items()}
+    mode = noise.deciding_mode(verdicts)
+    if mode:
+        for kernel_type in leaning:
+            keep.remove(kernel_type)
+            others = ", ".join(t for t in leaning if t != kernel_type)
+            dropped[kernel_type] = (f"left out with {others}: " + _why(mode, verdicts[mode],
+                                                                       trials.failures.get(optimized.module())))
+        optimized = trial
+    trials.forget_all_but(optimized.module())
+    if progress:
+        progress(f"prune ({', '.join(trials.modes)}): {', '.join(leaning)} " + (
+            f"left out together: {_why(mode, verdicts[mode], None)}" if mode else
+            f"kept together: {_why_kept(verdicts)} ({_versus(verdicts)})"))
+    return optimized
+
+
+def _leans_out(verdicts: dict) -> bool:
+    """A type kept inside the noise that the model ran faster without by half the margin or more in a mode."""
+    return bool(verdicts) and all(v["outcome"] == noise.WITHIN_NOISE for v in verdicts.values()) and any(
+        v["ratio"] < 1 - PRUNE_MARGIN / 2 for v in verdicts.values())
+
+
+def _original_wins(trials: Trials, module, keep: list[str], dropped: dict, verdicts: dict,
+                   progress: Callable[[str], None] | None, decided: dict) -> bool:
+    """Whether the original model beats the kept kernels together (module, timed in turns with it: verdicts) in one
+    of the modes, outside the noise: then every kept type goes into `dropped`, with why. progress hears it."""
+    decided["kept together"] = {m: v.to_dict() for m, v in verdicts.items()}
+    failed = trials.failures.get(module)
+    mode = noise.deciding_mode(verdicts)
+    if not mode:
+        if progress:
+            together = ("the original is faster in one mode, and slower by more in another" if _outweighed(verdicts)
+                        else "together not slower than the original")
+            progress(f"prune ({', '.join(trials.modes)}): {', '.join(keep)} kept: {together} ({_versus(verdicts)})")
+        return False
+    v = verdicts[mode]
+    for kernel_type in keep:
+        dropped[kernel_type] = _why(mode, v, failed) if failed else (
+            f"together the kernels lose in {mode} mode (original {v.without_ms:.3f} ms vs {v.with_ms:.3f} ms, "
+            f"{v.ratio:.3f}x, {noise.CONFIDENCE:.0%} interval {v.low:.3f}-{v.high:.3f})")
+    if progress:
+        progress(f"prune ({', '.join(trials.modes)}): {', '.join(keep)} left out too: {dropped[keep[0]]}")
+    return True
+
+
+def _why_kept(verdicts: dict) -> str:
+    if _outweighed(verdicts):
+        return "the model runs faster without it in one mode, and slower without it by more in another"
+    return "the model is not faster without it"
+
+
+def _outweighed(verdicts: dict) -> bool:
+    """A mode ran faster without, and noise.deciding_mode kept the kernel all the same: another ran slower by more."""
+    return any(v.outcome == noise.FASTER for v in verdicts.values())
+
+
+def _why(mode: str, verdict: noise.Verdict, failed: str | None) -> str:
+    """Why a prune left a type out: the model failed with it in `mode`, or ran faster without it there."""
+    if failed:
+        return f"the model fails in {mode} mode with it ({failed})"
+    return f"the model is faster without it in {mode} mode ({verdict.text()})"
+
+
+
+def _versus(verdicts: dict) -> str:
+    """'eager 9.100 ms without, 9.000 with (1.011x, ...); graph ...': what a prune compared, in each mode."""
+    return "; ".join(f"{m} {v.text()}" for m, v in verdicts.items())
