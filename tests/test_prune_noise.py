@@ -92,6 +92,27 @@ def test_a_mode_within_its_noise_does_not_overrule_a_clear_one(monkeypatch):
         assert decisions["kept together"]["eager"]["outcome"] != noise.FASTER
 
 
+def test_a_mode_the_original_cannot_run_in_leaves_the_decision_to_the_others(monkeypatch):
+    """HF's Gemma-2 is not capturable in a CUDA graph (its forward copies from the host): every trial failed in
+    graph mode on both sides, and nothing was decided, not even eagerly where matmul loses."""
+    noisy_host(monkeypatch, 0, jitter={"eager": 0.01, "graph": 0.005}, cost=COST)
+
+    def deployed(self, fn):
+        if "graph" in self.modes:
+            self.failures[fn] = "RuntimeError: Cannot copy between CPU and CUDA tensors during CUDA graph capture"
+            return None
+        return {m: Deployed(fn, m) for m in self.modes}
+
+    monkeypatch.setattr(endtoend.Trials, "deployed", deployed)
+    lines, decisions = [], {}
+    optimized, dropped = pruning.prune(Made([], COST), Made(list(COST["eager"]), COST), lambda seed: (), "cuda",
+                                       ["eager", "graph"], lines.append, decisions)
+    assert list(dropped) == ["matmul"] and "faster without it in eager mode" in dropped["matmul"]
+    assert lines[0].startswith("prune (eager, graph): decided in eager alone, the original fails in graph mode "
+                               "(graph: RuntimeError: Cannot copy")
+    assert all(list(verdicts) == ["eager"] for verdicts in decisions.values())
+
+
 def test_a_clear_loss_in_one_mode_still_leaves_the_kernel_out(monkeypatch):
     cost = {"eager": {"matmul": +1.0}, "graph": {"matmul": -0.5}}
     noisy_host(monkeypatch, 0, jitter={"eager": 0.01, "graph": 0.005}, cost=cost)

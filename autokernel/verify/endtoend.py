@@ -202,6 +202,19 @@ class Trials:
             return None
         return ready
 
+    def modes_that_fail(self, fn) -> dict[str, str]:
+        """{mode: why} for each mode where fn, deployed in it alone, fails: HF's Gemma-2 copies from the host in its
+        forward, which no CUDA graph captures, while it runs eagerly."""
+        failing, modes = {}, self.modes
+        try:
+            for mode in modes:
+                self.modes = [mode]
+                if self.deployed(fn) is None:
+                    failing[mode] = self.failures.pop(fn)
+        finally:
+            self.modes = modes
+        return failing
+
     def as_rows(self, fn) -> dict[str, Callable]:
         """fn deployed for time_models' rows ({"compile": compiled fn, "compile_graph": its graph}, what was made of
         it), {} where it failed."""

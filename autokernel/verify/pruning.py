@@ -118,6 +118,8 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes
     """
     modes, compiled = _one_side(modes)
     trials = Trials(model, modes, compiled, inputs, device, shallow_trials)
+    if not compiled and len(modes) > 1:  # (the compiled side's original compiles whole only for the last check)
+        _decide_where_the_original_runs(trials, model, progress)
     keep, dropped = optimized.swapped_types(), {}
     optimized = swap.build(model, keep)  # what deploy installs from the report: the types a site ran, no others
     keep = _trial_order(optimized, keep, prior or {})
@@ -148,6 +150,20 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes
         if reuse:  # the rows' optimized model is now the original
             reuse["kept"] = reuse["original"]
     return optimized, dropped
+
+
+def _decide_where_the_original_runs(trials: Trials, model, progress: Callable[[str], None] | None) -> None:
+    """Leave out of the trials' modes those where the original model itself fails (a forward no CUDA graph
+    captures): every trial would fail there on both sides and decide nothing, while the others can."""
+    failing = trials.modes_that_fail(model)
+    if not failing or len(failing) == len(trials.modes):
+        return
+    modes = trials.modes
+    trials.modes = [m for m in modes if m not in failing]
+    if progress is not None:
+        why = "; ".join(f"{m}: {failing[m]}" for m in failing)
+        getattr(progress, "note", progress)(f"prune ({', '.join(modes)}): decided in {', '.join(trials.modes)} "
+                                            f"alone, the original fails in {', '.join(failing)} mode ({why})")
 
 
 def _trial_order(optimized: swap.Optimized, types: list[str], prior: dict[str, float]) -> list[str]:
