@@ -113,6 +113,51 @@ def test_a_mode_the_original_cannot_run_in_leaves_the_decision_to_the_others(mon
     assert all(list(verdicts) == ["eager"] for verdicts in decisions.values())
 
 
+class NoisyCopies:  # cut copies whose whole model reads +-15% per turn cut to 1 and 2 blocks, +-0.5% cut deeper
+    def __init__(self):
+        self.depths, self.deployed, self.rng = regional.DEPTHS, [], random.Random(0)
+
+    def deploy(self, fn, modes, graphed, wrong_output):
+        self.deployed.append((tuple(fn.types), self.depths))
+        return {m: fn for m in modes}, None
+
+    def deepen(self):
+        if self.depths[1] >= regional.DEEPER[0]:
+            return False
+        self.depths = (1, regional.DEEPER[0])
+        return True
+
+    def turns(self, sides, timed):
+        spread = 0.15 if self.depths == regional.DEPTHS else 0.005
+        return {side: [fn.ms("compile_graph") * (1 + self.rng.gauss(0, spread)) * 1e3 for _ in range(40)]
+                for side, fn in sides.items()}
+
+
+def test_a_trial_too_noisy_on_shallow_copies_is_timed_again_on_deeper_ones(monkeypatch):
+    """Gemma-2 2B at 1x8192: copies of one and two of its 26 layers read intervals 10-13% wide, and a 5% loss stayed
+    within noise. The trial is deployed again on deeper copies, and decided there."""
+    cost = {"compile_graph": {"matmul": +0.2}}
+    trials = endtoend.Trials(None, ["compile_graph"], True, lambda seed: (), "cuda")
+    trials.shallow = copies = NoisyCopies()
+    verdict = trials.compare(Made([], cost), against=Made(["matmul"], cost))["compile_graph"]
+    assert verdict.outcome == noise.FASTER and verdict.high - verdict.low < 0.01
+    assert copies.deployed == [((), (1, 2)), (("matmul",), (1, 2)), ((), (1, 4)), (("matmul",), (1, 4))]
+    clear = {"compile_graph": {"matmul": +1.0}}  # 10%: decided on the shallow copies, which stay as they are
+    trials.shallow = copies = NoisyCopies()
+    assert trials.compare(Made([], clear), against=Made(["matmul"], clear))["compile_graph"].outcome == noise.FASTER
+    assert {depths for _, depths in copies.deployed} == {(1, 2)}
+
+
+def test_deeper_copies_give_the_whole_model_s_time_alike():
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ModuleList([torch.nn.Linear(2, 2)] * 26))
+    shallow = regional.ShallowTrials(model, None, [])
+    head, block = 3.0, 0.5  # a model of 26 blocks runs 3 + 26 x 0.5 = 16
+    assert shallow.whole(head + block, head + 2 * block) == 16.0
+    assert shallow.deepen() and shallow.depths == (1, 4) and sorted(shallow.originals) == [1, 4]
+    assert shallow.whole(head + block, head + 4 * block) == 16.0
+    assert shallow.deepen() and shallow.depths == (1, 8) and not shallow.deepen()  # 8 blocks at most: 26 / 2 > 8
+
+
 def test_a_clear_loss_in_one_mode_still_leaves_the_kernel_out(monkeypatch):
     cost = {"eager": {"matmul": +1.0}, "graph": {"matmul": -0.5}}
     noisy_host(monkeypatch, 0, jitter={"eager": 0.01, "graph": 0.005}, cost=cost)

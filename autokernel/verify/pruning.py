@@ -23,6 +23,10 @@ from autokernel.verify.verification import DEPLOY_MODES, sides
 
 __all__ = ["deciding_modes", "prune", "prune_deployed"]
 
+# dynamo traces a compiled prune makes of one kernel set: the model and its cut copies, cut again deeper where
+# the trials read too wide (regional.ShallowTrials.deepen)
+TRACES_PER_MODEL = (1 + len(regional.DEPTHS)) * (1 + len(regional.DEEPER))
+
 
 def prune_deployed(model, optimized: swap.Optimized, inputs: Callable, device: str, modes: list[str],
                    progress: Callable[[str], None] | None = None, decisions: dict | None = None,
@@ -118,13 +122,12 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes
     """
     modes, compiled = _one_side(modes)
     trials = Trials(model, modes, compiled, inputs, device, shallow_trials)
-    if not compiled and len(modes) > 1:  # (the compiled side's original compiles whole only for the last check)
-        _decide_where_the_original_runs(trials, model, progress)
+    _decide_where_the_original_runs(trials, model, progress)
     keep, dropped = optimized.swapped_types(), {}
     optimized = swap.build(model, keep)  # what deploy installs from the report: the types a site ran, no others
     keep = _trial_order(optimized, keep, prior or {})
     decided = {} if decisions is None else decisions
-    reusing, traces = compiled and reuse is not None, (len(keep) + 2) * (1 + len(regional.DEPTHS))  # cut copies too
+    reusing, traces = compiled and reuse is not None, (len(keep) + 2) * TRACES_PER_MODEL
     with compiling_each_once(traces, reset_after=not reusing) if compiled else contextlib.nullcontext():
         for kernel_type in list(keep):
             optimized = _try_without(trials, optimized, kernel_type, keep, dropped, progress, decided)
@@ -154,7 +157,10 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes
 
 def _decide_where_the_original_runs(trials: Trials, model, progress: Callable[[str], None] | None) -> None:
     """Leave out of the trials' modes those where the original model itself fails (a forward no CUDA graph
-    captures): every trial would fail there on both sides and decide nothing, while the others can."""
+    captures): every trial would fail there on both sides and decide nothing, while the others can. The eager
+    side's (the compiled side's original compiles whole only for its last check)."""
+    if trials.compiled or len(trials.modes) < 2:
+        return
     failing = trials.modes_that_fail(model)
     if not failing or len(failing) == len(trials.modes):
         return
@@ -204,8 +210,17 @@ def _try_without(trials: Trials, optimized: swap.Optimized, kernel_type: str, ke
     trials.forget_all_but(optimized.module())
     if progress:
         progress(f"prune ({', '.join(trials.modes)}): {kernel_type} " + (
-            f"left out: {dropped[kernel_type]}" if mode else f"kept: {_why_kept(verdicts)} ({_versus(verdicts)})"))
+            f"left out: {dropped[kernel_type]}" if mode else f"kept: {_why_kept(verdicts)} ({_versus(verdicts)})")
+            + _deeper(trials))
     return optimized
+
+
+def _deeper(trials: Trials) -> str:
+    """' (timed on copies cut to 1 and 4 blocks)' once a trial read too wide on the first cut (regional.deepen)."""
+    shallow = trials.shallow
+    if shallow is None or shallow.depths == regional.DEPTHS:
+        return ""
+    return f" (timed on copies cut to {shallow.depths[0]} and {shallow.depths[1]} blocks)"
 
 
 def _try_together(trials: Trials, optimized: swap.Optimized, keep: list[str], dropped: dict,
@@ -232,7 +247,7 @@ def _try_together(trials: Trials, optimized: swap.Optimized, keep: list[str], dr
     if progress:
         progress(f"prune ({', '.join(trials.modes)}): {', '.join(leaning)} " + (
             f"left out together: {_why(mode, verdicts[mode], None)}" if mode else
-            f"kept together: {_why_kept(verdicts)} ({_versus(verdicts)})"))
+            f"kept together: {_why_kept(verdicts)} ({_versus(verdicts)})") + _deeper(trials))
     return optimized
 
 

@@ -7,7 +7,10 @@ head and a tail (the embedding; the final norm, the LM head and the loss). Cut t
 runs in t(d) = rest + d x block, every part compiled as torch.compile compiles the whole model: the head and the
 tail too, and the fusion across two layers (a layer's residual add with the next layer's first norm, which a norm
 kernel breaks). So the whole model's time is t(2) + (L - 2) x (t(2) - t(1)) for its L blocks, taken turn by turn
-from copies that compile in a fraction of the time. The last check of a prune (the kept set against the original)
+from copies that compile in a fraction of the time. The difference's noise is multiplied by L - 2 with it: on a
+deep model whose head and tail weigh a lot (Gemma-2 2B, 26 layers, a 256k vocabulary, 1x8192) the intervals read
++-5-7% and decided nothing, so a trial that ends that wide cuts deeper copies (deepen(): 1 and 4 blocks, then 8),
+each step dividing the factor by about three. The last check of a prune (the kept set against the original)
 and verify's rows still compile the whole model. Compiling each block on its own would be cheaper still, but it
 misses the head, the tail and the fusion across layers: exactly where a kernel can lose under torch.compile.
 """
@@ -22,6 +25,7 @@ from torch import nn
 
 MIN_BLOCKS = 3  # a model of fewer blocks compiles as fast as its cut copies
 DEPTHS = (1, 2)  # the copies' blocks: t(2) - t(1) is one block and one junction between two
+DEEPER = (4, 8)  # the deeper copy's blocks, step by step, where the trials read too wide (at most half the model)
 
 
 def repeated_blocks(module: nn.Module) -> tuple[str, nn.ModuleList] | None:
@@ -62,8 +66,19 @@ class ShallowTrials:
     def __init__(self, model: nn.Module, backend, sets: list):
         found = repeated_blocks(model)
         self.blocks = len(found[1]) if found else 0
-        self.backend, self.sets = backend, sets
+        self.backend, self.sets, self.model = backend, sets, model
+        self.depths = DEPTHS
         self.originals = {d: truncated(model, d) for d in DEPTHS} if found else {}
+
+    def deepen(self) -> bool:
+        """Cut the copies deeper from now on (the next of DEEPER, at most half the model's blocks): whether it
+        could. The copies deployed before are of the old depth: deploy again."""
+        deeper = next((d for d in DEEPER if self.depths[1] < d <= self.blocks // 2), None)
+        if deeper is None:
+            return False
+        self.depths = (self.depths[0], deeper)
+        self.originals = {d: truncated(self.model, d) for d in self.depths}
+        return True
 
     def usable(self) -> bool:
         """Whether the model has repeated blocks and runs cut (a forward that counts its layers from its config
@@ -77,7 +92,7 @@ class ShallowTrials:
     def deploy(self, fn: nn.Module, modes: list[str], graphed: Callable,
                wrong_output: Callable) -> tuple[dict, str | None]:
         """({mode: {depth: fn's cut copy as deployed in it}}, what is wrong with its output or None)."""
-        cut = {d: truncated(fn, d) for d in DEPTHS}
+        cut = {d: truncated(fn, d) for d in self.depths}
         if any(c is None for c in cut.values()):  # a site replaced some blocks with another class: none repeats
             raise ValueError("the kernel set's model has no repeated blocks to cut")
         ran = {d: torch.compile(c, backend=self.backend) for d, c in cut.items()}
@@ -90,12 +105,13 @@ class ShallowTrials:
         """{side: the whole model's time per turn}, from the cut copies of each side ({side: {depth: fn}}) timed
         in one set of turns."""
         runs = time_turns({f"{side} {d}": fn for side, by_depth in sides.items() for d, fn in by_depth.items()})
-        return {side: [self.whole(*t) for t in zip(*(runs[f"{side} {d}"] for d in DEPTHS))] for side in sides}
+        return {side: [self.whole(*t) for t in zip(*(runs[f"{side} {d}"] for d in self.depths))] for side in sides}
 
-    def whole(self, one: float, two: float) -> float:
-        """The whole model's time from its copies' with one and two blocks."""
-        return two + (self.blocks - 2) * (two - one)
+    def whole(self, shallow: float, deep: float) -> float:
+        """The whole model's time from its copies' (self.depths blocks: one and two, unless deepened)."""
+        a, b = self.depths
+        return deep + (self.blocks - b) * (deep - shallow) / (b - a)
 
     def alone(self, by_depth: dict, time_one: Callable) -> float:
         """The whole model's time from its cut copies ({depth: fn}) each timed alone by time_one."""
-        return self.whole(*(time_one(by_depth[d]) for d in DEPTHS))
+        return self.whole(*(time_one(by_depth[d]) for d in self.depths))
