@@ -6,7 +6,8 @@ swap.REL_L2_TOLERANCE; on a mismatch the types that alone exceed the tolerance a
 kernel file extracted for another model or input.
 
 Timing (here): one protocol (autokernel.harness.timing) for every row, in the four modes a user deploys a model in:
-eager, graphed (replayed from a CUDA graph), compiled (torch.compile) and compiled + graphed. The
+eager, graphed (replayed from a CUDA graph), compiled (torch.compile) and compiled + graphed; and the trials of
+the prune (pruning.py: Trials, each model deployed once and timed in turns with the one it would replace). The
 prune decides in the mode the user deploys (`DEPLOY_MODES`): a kernel that wins eager, where it saves
 launches, can lose under torch.compile, whose own kernels fuse across what ours cannot. Deployed in eager
 and compiled modes (verify.py's default: every mode it times), each side decides its own types, and the model

@@ -98,27 +98,26 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes
           shallow_trials: bool = False, prior: dict[str, float] | None = None):
     """Leave out, one type at a time, each kernel whose removal makes the whole model faster in one of `modes`.
 
-    A kernel that beats PyTorch at the harness's shape can still lose at this model's shapes (a
-    Triton matmul against cuBLAS at N=256), or in the mode the model is deployed in (under
-    torch.compile, against Inductor's fused kernels); the end-to-end time in that mode is what
-    counts. modes: one mode, or the two of one side, which run the same kernels (eager and graph; compile and
-    compile_graph, timed on one compile): a kernel leaves when the model is faster without it in one, unless the other
-    runs it slower without by more (noise.deciding_mode). A
-    model that fails to run in a mode counts as infinitely slow there, so a type that breaks a mode is left out
-    too. Greedy, the types likeliest to leave tried first (_trial_order; prior: {type: without / with ratio} from
-    the other side's prune), each trial timed in turns with the model it would replace (a
-    host-bound model timed alone, one run after another, drifts by more than the differences a prune decides),
-    and decided only outside the noise of its turns (noise.compare: a mode within its noise decides nothing);
-    then, if the original itself is faster still in a mode, timed in turns with what is kept, every kernel goes.
+    modes: one mode, or the two of one side, which run the same kernels (eager and graph; compile and
+    compile_graph, timed on one compile): a kernel leaves when the model is faster without it in one, unless the
+    other runs it slower without by more (noise.deciding_mode). A model that fails to run in a mode counts as
+    infinitely slow there, so a type that breaks a mode is left out too. Greedy, the types likeliest to leave
+    tried first (_trial_order; prior: {type: without / with ratio} from the other side's prune), each trial timed
+    in turns with the model it would replace (a host-bound model timed alone drifts by more than the differences
+    a prune decides), and decided only outside the noise of its turns (noise.compare); then the kept types that
+    each leaned out inside the noise, together (_try_together); then, if the original itself is faster still in a
+    mode, timed in turns with what is kept, every kernel goes. Modes where the original itself fails (a forward no
+    CUDA graph captures) decide nothing on the eager side.
     On the compiled side each model is compiled once, the set kept so far reused by the next trial (dynamo's
     recompile limit raised to hold them all): one compile per trial, minutes on a large model.
     Returns (optimized, {type: why it was left out}); progress, if given, hears each type's verdict as it falls,
     with the figures that decided it; decisions, if given, gets {type: {mode: noise.Verdict as a dict}, "kept
-    together": ...}. reuse, if given on the compiled side, gets the original and the kept set as compiled and
-    graphed for the last comparison ({"original": {mode: fn}, "kept": ...}), for time_models' rows to time
-    without compiling them again (dynamo's cache is then kept, not emptied, at the end). shallow_trials: on the
-    compiled side each trial compiles copies of the model cut to one and two of its blocks and takes the whole
-    model's time from theirs (regional.py); the last check compiles both models whole.
+    together": ..., "<type>+<type>": the joint trial}. reuse, if given on the compiled side, gets the original
+    and the kept set as compiled and graphed for the last comparison ({"original": {mode: fn}, "kept": ...}), for
+    time_models' rows to time without compiling them again (dynamo's cache is then kept, not emptied, at the end).
+    shallow_trials: on the compiled side each trial compiles copies of the model cut to one and two of its blocks
+    (deeper where that reads too wide) and takes the whole model's time from theirs (regional.py); the last check
+    compiles both models whole.
     """
     modes, compiled = _one_side(modes)
     trials = Trials(model, modes, compiled, inputs, device, shallow_trials)
