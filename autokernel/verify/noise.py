@@ -9,7 +9,7 @@ does): "faster" (the model is faster without the kernel) when the whole interval
 when it lies above 1 + margin, and "within noise" otherwise, which decides nothing: a difference smaller than the
 margin, or one the turns cannot tell from the noise, gives the same verdict run after run. A close call (the
 interval reaching past the margin on either side) earns more turns before it is left undecided (endtoend's
-_Trials.compare). docs/deploy-and-prune.md says why.
+Trials.compare). docs/deploy-and-prune.md says why.
 
 One run's interval holds that run's noise only. Another run (another process, another machine: Inductor picks its
 kernels' configurations by timing them, the GPU's clocks differ) reads the same comparison a few tenths of a

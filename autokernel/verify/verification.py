@@ -204,8 +204,8 @@ def _measure(request: Request, model, optimized, choices: dict, inputs, device: 
     reuse = {}  # the compiled prune's original and kept set, compiled and captured: the rows time them as they are
     if decided:
         optimized, pruned, pruned_traced = pruning.prune_deployed(model, optimized, inputs, device,
-                                                                   deploy_modes(mode), _progress, decisions, reuse,
-                                                                   request.shallow_trials)
+                                                                  deploy_modes(mode), _progress, decisions, reuse,
+                                                                  request.shallow_trials)
     elif timed:  # the rows time what optimize() installs by this report: the types a site ran, no others
         optimized = swap.build(model, optimized.swapped_types())
     graphs = request.cuda_graph and device == "cuda"
