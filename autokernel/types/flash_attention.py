@@ -2,6 +2,7 @@
 model runs it (F.scaled_dot_product_attention calls without a mask). The SDPA rules of the profiler
 (ATTENTION_OPS, attention_shape) are here too: rope_attention reads its shape through them."""
 
+import functools
 import math
 import re
 
@@ -56,6 +57,41 @@ def _noncontiguous(inputs):
         return tuple(t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v)) + tuple(inputs[3:])
     packed = torch.stack([t.transpose(1, 2) for t in (q, k, v)], dim=2).contiguous()
     return tuple(packed[:, :, i].transpose(1, 2) for i in range(3)) + tuple(inputs[3:])
+
+
+def flex_attention_call(flex, Q, K, V, causal: bool = True, sm_scale: float | None = None, window: int = 0,
+                        softcap: float = 0.0):
+    """The reference's variant as torch's flex_attention computes it: the soft cap as a score modification, causal
+    and window as a block mask (made once per shape, as a model would). flex: flex_attention, compiled or not."""
+    score = _softcap_mod(softcap) if softcap else None
+    mask = _block_mask(Q.shape[2], K.shape[2], causal, window, Q.device) if causal or window else None
+    return flex(Q, K, V, score_mod=score, block_mask=mask, scale=sm_scale, enable_gqa=K.shape[1] != Q.shape[1])
+
+
+@functools.lru_cache(maxsize=16)
+def _softcap_mod(softcap: float):
+    return lambda score, b, h, q, k: softcap * torch.tanh(score / softcap)
+
+
+@functools.lru_cache(maxsize=16)
+def _block_mask(q_len: int, kv_len: int, causal: bool, window: int, device):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    def keep(b, h, q, k):
+        kept = (k <= q) if causal else (k >= 0)
+        return kept & (q - k < window) if window else kept
+
+    return create_block_mask(keep, None, None, q_len, kv_len, device=device)
+
+
+def _flex_baseline(liger) -> dict:
+    """torch.nn.attention.flex_attention compiled, with the variant's soft cap and mask: the bar where SDPA has no
+    native path for the variant (a window, a soft cap), where torch offers one at all."""
+    try:
+        from torch.nn.attention.flex_attention import flex_attention
+    except ImportError:
+        return {}
+    return {"flex_attention": functools.partial(flex_attention_call, torch.compile(flex_attention, dynamic=False))}
 
 
 def _flops(s):
@@ -172,6 +208,7 @@ SPEC = KernelSpec(
     # 1e-4 fp32 tolerance; overflow still gives NaN or O(1) errors
     adversarial_tolerance={"large_scores": 4.0},
     noncontiguous=_noncontiguous,
+    extra_baselines=_flex_baseline,
     description="scaled dot-product attention, causal or not, [batch, heads, seq, head_dim], K/V heads grouped or "
                 "not, with a sliding window and a logit soft cap or not",
     profiling=Profiling(ops=frozenset(ATTENTION_OPS), kernels=re.compile(r"flash|fmha|attention|attn", re.I),
