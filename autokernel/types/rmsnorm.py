@@ -66,15 +66,26 @@ def _baselines(liger) -> dict:
 
 # ------------------------------------------------------------------------------ where a model runs it
 class KernelRMSNorm(KernelModule):
-    def __init__(self, original, site, eps: float):
+    """An RMSNorm module's replacement; unit_offset: the module scales by 1 + weight (Gemma's), the kernel by a copy
+    of 1 + weight in the weight's dtype, made again when the weight changes."""
+
+    def __init__(self, original, site, eps: float, unit_offset: bool = False):
         super().__init__(original, site, NAME)
-        self.eps = eps
+        self.eps, self.unit_offset = eps, unit_offset
+        self._scale, self._scale_of = None, None
 
     def forward(self, x):
         w = self._original.weight
         if not self._fits(x, w):
             return self._original(x)
-        return self.op(x, w, self.eps)
+        return self.op(x, self._scale_from(w) if self.unit_offset else w, self.eps)
+
+    def _scale_from(self, w):
+        if torch.compiler.is_compiling():  # traced: one small op the graph keeps
+            return (1.0 + w.float()).to(w.dtype)
+        if self._scale_of != (w.data_ptr(), w._version):
+            self._scale, self._scale_of = (1.0 + w.detach().float()).to(w.dtype), (w.data_ptr(), w._version)
+        return self._scale
 
 
 def rmsnorm_probed(name, m) -> tuple[Site, float | None]:
@@ -95,11 +106,16 @@ def rmsnorm_probed(name, m) -> tuple[Site, float | None]:
 
 
 def rmsnorm_module_site(name, m):
-    """A module whose class is named *RMSNorm* and passes the probe."""
+    """A module whose class is named *RMSNorm* and passes the probe, as LLaMA's or with a unit offset: x * rsqrt(
+    mean(x^2) + eps) * (1 + weight), Gemma's (whose weights start at zero)."""
     if "RMSNorm" not in type(m).__name__:
         return None
     site, eps = rmsnorm_probed(name, m)
-    return site, (KernelRMSNorm(m, site, eps) if site.swapped else None)
+    offset = not site.swapped and eps is not None and isinstance(getattr(m, "weight", None), torch.Tensor) and probe(
+        m, m.weight.shape[0], lambda x: rmsnorm_ref(x, 1 + f64(m.weight), eps)) is None
+    if offset:
+        site.swapped, site.reason, site.what = True, "", f"{site.what}, 1 + weight"
+    return site, (KernelRMSNorm(m, site, eps, offset) if site.swapped else None)
 
 
 _F_RMS_NORM = customops.original(F, "rms_norm")  # torch >= 2.4 has it
