@@ -9,6 +9,7 @@ import re
 import torch
 import torch.nn.functional as F
 
+from autokernel import compat
 from autokernel.kerneltype import Deployment, KernelSpec, Profiling, SuiteTarget
 from autokernel.ops import attention_interface, attention_sites, customops
 from autokernel.ops.customops import KERNEL_DTYPES, CallSites, grad_reason, in_eager
@@ -91,6 +92,10 @@ def _flex_baseline(liger) -> dict:
         from torch.nn.attention.flex_attention import flex_attention
     except ImportError:
         return {}
+    # compiled for each shape and variant as a model would (past dynamo's limit of 8 it would run uncompiled); a
+    # benchmark's process only asks for baselines
+    limit = compat.recompile_limit_option()
+    setattr(torch._dynamo.config, limit, max(getattr(torch._dynamo.config, limit), 64))
     return {"flex_attention": functools.partial(flex_attention_call, torch.compile(flex_attention, dynamic=False))}
 
 
