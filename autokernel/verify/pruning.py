@@ -156,8 +156,8 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes
 
 def _decide_where_the_original_runs(trials: Trials, model, progress: Callable[[str], None] | None) -> None:
     """Leave out of the trials' modes those where the original model itself fails (a forward no CUDA graph
-    captures): every trial would fail there on both sides and decide nothing, while the others can. The eager
-    side's (the compiled side's original compiles whole only for its last check)."""
+    captures): every trial would fail there on both sides and decide nothing, while the others can. On the eager
+    side only: the compiled side's original is compiled whole for its last check alone."""
     if trials.compiled or len(trials.modes) < 2:
         return
     failing = trials.modes_that_fail(model)
