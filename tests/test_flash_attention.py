@@ -39,7 +39,7 @@ def test_a_kernel_that_gets_a_variant_wrong_fails_the_harness(repo_root, tmp_pat
     assert result["status"] == "fail" and result["failed_stage"] in ("smoke", "shape_sweep")
 
 
-def test_the_flex_attention_baseline_computes_each_variant_as_the_reference_does(monkeypatch):
+def test_the_flex_attention_baseline_computes_each_variant_as_the_reference_does():
     """shape_table's flex_attention column (torch's flex_attention with the variant's soft cap and mask): checked
     here eagerly, on the CPU, on every small and small edge shape: windows, soft caps, grouped heads."""
     flex_attention = pytest.importorskip("torch.nn.attention.flex_attention").flex_attention
@@ -47,9 +47,9 @@ def test_the_flex_attention_baseline_computes_each_variant_as_the_reference_does
     from autokernel.types.flash_attention import flex_attention_call
 
     limit = compat.recompile_limit_option()  # the baseline raises dynamo's limit for its compiles: put back after
-    monkeypatch.setattr(torch._dynamo.config, limit, getattr(torch._dynamo.config, limit))
-    spec = get_spec(TYPE)
-    assert "flex_attention" in spec.extra_baselines(None)
+    with torch._dynamo.config.patch(**{limit: getattr(torch._dynamo.config, limit)}):
+        spec = get_spec(TYPE)
+        assert "flex_attention" in spec.extra_baselines(None)
     for shape in spec.small_shapes + spec.small_edge_shapes:
         inputs = spec.make_inputs(shape, torch.float32, "cpu", torch.Generator().manual_seed(0))
         got = flex_attention_call(flex_attention, *inputs)
