@@ -1,6 +1,7 @@
 """What several test modules share: a copy of the project in a fresh git repository, `orchestrate.py run`
 on it, the check that its branch matches results.tsv, the process tree of a run, waiting on an event, reading
 printed output, importing a file as a module, a kernel file's launches compiled for a GPU target with no device;
+the ops torch.compile traces of an optimized HF model, a tiny Gemma-2;
 the loop's stand-in harness and repositories (FakeBench), and a chat endpoint on loopback.
 
 Test modules import these from here (tests/ is on sys.path while pytest runs), never from each other.
@@ -103,6 +104,32 @@ def starter_source(kernel_type: str, old: str | None = None, new: str | None = N
         assert old in source, "the planted change no longer fits the starter"
         source = source.replace(old, new)
     return source
+
+
+def compiled_ops(optimized, model, ids) -> list[str]:
+    """The targets of the call_function nodes torch.compile traces of an optimized HF causal LM (whole: fullgraph,
+    on a backend that records its graphs), having checked its logits against the original model's."""
+    graphs = []
+
+    def backend(gm, example):
+        graphs.append(gm)
+        return gm.forward
+
+    got = torch.compile(optimized, backend=backend, fullgraph=True)(ids, use_cache=False).logits
+    torch.testing.assert_close(got, model(ids, use_cache=False).logits, atol=1e-4, rtol=1e-4)
+    return [str(n.target) for g in graphs for n in g.graph.nodes if n.op == "call_function"]
+
+
+def tiny_gemma2(implementation: str = "eager"):
+    """A seeded two-layer HF Gemma-2: a sliding window on every other layer, soft-capped logits."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.Gemma2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=256,
+                                       sliding_window=8, attn_logit_softcapping=2.0, query_pre_attn_scalar=16,
+                                       attn_implementation=implementation)
+    return transformers.Gemma2ForCausalLM(config).eval()
 
 
 def sites_of(optimized, kernel_type: str) -> dict:

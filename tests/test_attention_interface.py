@@ -4,20 +4,12 @@ output; padding and decoding keep the model's own masks and attention. CPU: Trit
 
 import pytest
 import torch
+from helpers import compiled_ops, tiny_gemma2
 
 import autokernel
 from autokernel.ops import attention_interface
 
 transformers = pytest.importorskip("transformers")
-
-
-def _gemma2(implementation="eager"):
-    torch.manual_seed(0)
-    config = transformers.Gemma2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=256,
-                                       sliding_window=8, attn_logit_softcapping=2.0, query_pre_attn_scalar=16,
-                                       attn_implementation=implementation)
-    return transformers.Gemma2ForCausalLM(config).eval()
 
 
 def _mistral():
@@ -36,7 +28,7 @@ def _site(optimized):
     return next(s for s in optimized.autokernel.sites() if s.where == "model.config")
 
 
-@pytest.mark.parametrize("make", [_gemma2, _mistral], ids=["gemma2", "mistral"])
+@pytest.mark.parametrize("make", [tiny_gemma2, _mistral], ids=["gemma2", "mistral"])
 def test_windows_and_soft_caps_run_the_kernel_with_the_original_s_output(interpreter, tmp_path, make):
     model, ids = make(), _ids()
     with torch.no_grad():
@@ -50,7 +42,7 @@ def test_windows_and_soft_caps_run_the_kernel_with_the_original_s_output(interpr
 
 
 def test_a_padding_mask_and_decoding_keep_the_model_s_own_attention(interpreter, tmp_path):
-    model, ids = _gemma2(), _ids()
+    model, ids = tiny_gemma2(), _ids()
     padding = torch.ones_like(ids)
     padding[0, :5] = 0  # the first sequence is left-padded
     with torch.no_grad():
@@ -72,7 +64,7 @@ def _llama_eager():
     return transformers.LlamaForCausalLM(config).eval()
 
 
-@pytest.mark.parametrize("make", [_gemma2, _llama_eager], ids=["gemma2", "llama-eager"])
+@pytest.mark.parametrize("make", [tiny_gemma2, _llama_eager], ids=["gemma2", "llama-eager"])
 def test_a_call_the_kernel_refuses_gets_the_mask_the_interface_left_out(interpreter, tmp_path, make):
     """The causal (and window's) mask is left out for the kernel; a call the kernel cannot run (a gradient is
     wanted) runs the model's eager attention with the mask made explicit, not an unmasked attention."""
@@ -102,18 +94,10 @@ def test_a_model_without_windows_or_caps_on_sdpa_is_left_to_the_sdpa_patch(inter
 def test_under_torch_compile_each_layer_runs_the_kernel(interpreter, tmp_path):
     """Traced, HF builds masks it would leave out eagerly; the interface's mask function leaves them out traced too:
     one kernel node per layer, windowed and soft-capped as the original."""
-    model, ids = _gemma2(), _ids()
-    graphs = []
-
-    def backend(gm, example):
-        graphs.append(gm)
-        return gm.forward
-
+    model, ids = tiny_gemma2(), _ids()
     with torch.no_grad():
         optimized = autokernel.optimize(model, tmp_path / "none", ["flash_attention"], verified=None, quiet=True)
-        got = torch.compile(optimized, backend=backend, fullgraph=True)(ids, use_cache=False).logits
-        torch.testing.assert_close(got, model(ids, use_cache=False).logits, atol=1e-4, rtol=1e-4)
-    ops = [str(n.target) for g in graphs for n in g.graph.nodes if n.op == "call_function"]
+        ops = compiled_ops(optimized, model, ids)
     assert sum("autokernel.flash_attention" in op for op in ops) == 2
     torch._dynamo.reset()
 

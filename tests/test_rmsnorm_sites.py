@@ -4,6 +4,7 @@ left alone: test_verify.py)."""
 
 import pytest
 import torch
+from helpers import tiny_gemma2
 
 import autokernel
 
@@ -11,11 +12,7 @@ transformers = pytest.importorskip("transformers")
 
 
 def _gemma2():
-    torch.manual_seed(0)
-    config = transformers.Gemma2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=256,
-                                       sliding_window=8, attn_logit_softcapping=2.0, query_pre_attn_scalar=16)
-    model = transformers.Gemma2ForCausalLM(config).eval()
+    model = tiny_gemma2()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:  # trained norms are not at their zero start

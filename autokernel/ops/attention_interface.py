@@ -135,15 +135,20 @@ def _unfit(module, q, k, v, mask, dropout, causal, window, kwargs) -> str | None
     return grad_reason(q, k, v)
 
 
+def sees(i, j, causal: bool, window: int):
+    """Whether query position i sees key position j (tensors, broadcast): j <= i when causal, and i - j < window
+    with a window (0: none). The kernel's variants as the reference, the explicit mask and flex_attention's mask
+    read them."""
+    seen = (j <= i) if causal else (j >= 0)  # positions are never negative: every key
+    return seen & (i - j < window) if window else seen
+
+
 def _explicit_mask(query, window: int, causal: bool) -> torch.Tensor:
-    """[1, 1, S, S] additive mask: 0 where query i sees key j (j <= i when causal, i - j < window), else the dtype's
-    lowest value (what HF's eager and SDPA attention add to the scores)."""
-    i = torch.arange(query.shape[2], device=query.device)[:, None]
-    j = torch.arange(query.shape[2], device=query.device)[None, :]
-    seen = (j <= i) if causal else torch.ones_like(i - j, dtype=torch.bool)
-    if window:
-        seen = seen & (i - j < window)
+    """[1, 1, S, S] additive mask: 0 where query i sees key j, else the dtype's lowest value (what HF's eager and
+    SDPA attention add to the scores)."""
+    positions = torch.arange(query.shape[2], device=query.device)
     zero = torch.zeros((), dtype=query.dtype, device=query.device)
+    seen = sees(positions[:, None], positions[None, :], causal, window)
     return torch.where(seen, zero, torch.finfo(query.dtype).min)[None, None]
 
 

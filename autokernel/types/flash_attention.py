@@ -34,9 +34,7 @@ def flash_attention_ref(Q, K, V, causal: bool = True, sm_scale: float | None = N
         scores = softcap * torch.tanh(scores / softcap)
     i = torch.arange(Q.shape[2], device=Q.device)[:, None]
     j = torch.arange(K.shape[2], device=Q.device)[None, :]
-    keep = (j <= i) if causal else torch.ones_like(i - j, dtype=torch.bool)
-    if window:
-        keep = keep & (i - j < window)
+    keep = attention_interface.sees(i, j, causal, window)
     return scores.masked_fill(~keep, float("-inf")).softmax(-1) @ V.repeat_interleave(group, 1)
 
 
@@ -78,11 +76,8 @@ def _softcap_mod(softcap: float):
 def _block_mask(q_len: int, kv_len: int, causal: bool, window: int, device):
     from torch.nn.attention.flex_attention import create_block_mask
 
-    def keep(b, h, q, k):
-        kept = (k <= q) if causal else (k >= 0)
-        return kept & (q - k < window) if window else kept
-
-    return create_block_mask(keep, None, None, q_len, kv_len, device=device)
+    return create_block_mask(lambda b, h, q, k: attention_interface.sees(q, k, causal, window), None, None, q_len,
+                             kv_len, device=device)
 
 
 def _flex_baseline(liger) -> dict:

@@ -111,7 +111,7 @@ def rmsnorm_module_site(name, m):
     if "RMSNorm" not in type(m).__name__:
         return None
     site, eps = rmsnorm_probed(name, m)
-    offset = not site.swapped and eps is not None and isinstance(getattr(m, "weight", None), torch.Tensor) and probe(
+    offset = not site.swapped and eps is not None and probe(  # an eps: a 1-D weight too (rmsnorm_probed)
         m, m.weight.shape[0], lambda x: rmsnorm_ref(x, 1 + f64(m.weight), eps)) is None
     if offset:
         site.swapped, site.reason, site.what = True, "", f"{site.what}, 1 + weight"

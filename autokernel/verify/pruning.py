@@ -58,7 +58,7 @@ def prune_deployed(model, optimized: swap.Optimized, inputs: Callable, device: s
 def _costs(decided: dict) -> dict[str, float]:
     """{type: the lowest without / with ratio of its trial over the modes of one side} from prune()'s decisions."""
     return {t: min(v["ratio"] for v in verdicts.values()) for t, verdicts in decided.items()
-            if t != "kept together" and verdicts}
+            if t != "kept together" and "+" not in t and verdicts}
 
 
 def deciding_modes(modes: list[str]) -> list[str]:
@@ -129,7 +129,7 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes
     reusing, traces = compiled and reuse is not None, (len(keep) + 2) * TRACES_PER_MODEL
     with compiling_each_once(traces, reset_after=not reusing) if compiled else contextlib.nullcontext():
         for kernel_type in list(keep):
-            optimized = _try_without(trials, optimized, kernel_type, keep, dropped, progress, decided)
+            optimized = _try_without(trials, optimized, [kernel_type], keep, dropped, progress, decided)
         optimized = _try_together(trials, optimized, keep, dropped, progress, decided)
         if trials.shallow is not None:  # the last check and the rows: whole models
             trials.shallow = None
@@ -192,25 +192,29 @@ def _one_side(modes: str | list[str]) -> tuple[list[str], bool]:
     return modes, bool(compiled_modes)
 
 
-def _try_without(trials: Trials, optimized: swap.Optimized, kernel_type: str, keep: list[str], dropped: dict,
+def _try_without(trials: Trials, optimized: swap.Optimized, types: list[str], keep: list[str], dropped: dict,
                  progress: Callable[[str], None] | None, decided: dict) -> swap.Optimized:
-    """One greedy step of a prune: the model without kernel_type, timed in turns with the kernels kept so far.
-    When it runs faster in one of the modes, outside the noise, kernel_type leaves `keep` for `dropped` (with why)
-    and the trial is what goes on; else `optimized` does."""
-    trial = swap.build(trials.model, [t for t in keep if t != kernel_type])
+    """One step of a prune: the model without `types` (one type: a greedy step; several: _try_together's), timed in
+    turns with the kernels kept so far. When it runs faster in one of the modes, outside the noise, they leave
+    `keep` for `dropped` (with why) and the trial is what goes on; else `optimized` does. decided gets the trial
+    under the types' names joined by '+'."""
+    trial = swap.build(trials.model, [t for t in keep if t not in types])
     verdicts = trials.compare(trial.module(), against=optimized.module())
-    decided[kernel_type] = {m: v.to_dict() for m, v in verdicts.items()}
+    decided["+".join(types)] = {m: v.to_dict() for m, v in verdicts.items()}
     failed = trials.failures.get(optimized.module())
     mode = noise.deciding_mode(verdicts)
     if mode:
-        dropped[kernel_type] = _why(mode, verdicts[mode], failed)
-        keep.remove(kernel_type)
+        for kernel_type in types:
+            keep.remove(kernel_type)
+            others = ", ".join(t for t in types if t != kernel_type)
+            dropped[kernel_type] = (f"left out with {others}: " if others else "") + _why(mode, verdicts[mode], failed)
         optimized = trial
     trials.forget_all_but(optimized.module())
     if progress:
-        progress(f"prune ({', '.join(trials.modes)}): {kernel_type} " + (
-            f"left out: {dropped[kernel_type]}" if mode else f"kept: {_why_kept(verdicts)} ({_versus(verdicts)})")
-            + _deeper(trials))
+        together = " together" if len(types) > 1 else ""
+        progress(f"prune ({', '.join(trials.modes)}): {', '.join(types)} " + (
+            f"left out{together}: {_why(mode, verdicts[mode], failed)}" if mode else
+            f"kept{together}: {_why_kept(verdicts)} ({_versus(verdicts)})") + _deeper(trials))
     return optimized
 
 
@@ -227,27 +231,10 @@ def _try_together(trials: Trials, optimized: swap.Optimized, keep: list[str], dr
     """The kept types that each leaned out inside the noise (_leans_out), tried out together: Mistral's fused_mlp
     (0.987x) and rmsnorm (0.992x, timed with fused_mlp in) stayed one by one, and together cost 4% under
     torch.compile (rmsnorm alone read 0.972x without fused_mlp). They leave together when the model runs faster
-    without them, outside the noise; decided gets the trial under their names joined by '+'."""
+    without them, outside the noise."""
     leaning = [t for t in keep if _leans_out(decided.get(t, {}))]
-    if len(leaning) < 2:
-        return optimized
-    trial = swap.build(trials.model, [t for t in keep if t not in leaning])
-    verdicts = trials.compare(trial.module(), against=optimized.module())
-    decided["+".join(leaning)] = {m: v.to_dict() for m, v in verdicts.items()}
-    mode = noise.deciding_mode(verdicts)
-    if mode:
-        for kernel_type in leaning:
-            keep.remove(kernel_type)
-            others = ", ".join(t for t in leaning if t != kernel_type)
-            dropped[kernel_type] = (f"left out with {others}: " + _why(mode, verdicts[mode],
-                                                                       trials.failures.get(optimized.module())))
-        optimized = trial
-    trials.forget_all_but(optimized.module())
-    if progress:
-        progress(f"prune ({', '.join(trials.modes)}): {', '.join(leaning)} " + (
-            f"left out together: {_why(mode, verdicts[mode], None)}" if mode else
-            f"kept together: {_why_kept(verdicts)} ({_versus(verdicts)})") + _deeper(trials))
-    return optimized
+    return _try_without(trials, optimized, leaning, keep, dropped, progress, decided) if len(leaning) > 1 \
+        else optimized
 
 
 def _leans_out(verdicts: dict) -> bool:
@@ -295,7 +282,6 @@ def _why(mode: str, verdict: noise.Verdict, failed: str | None) -> str:
     if failed:
         return f"the model fails in {mode} mode with it ({failed})"
     return f"the model is faster without it in {mode} mode ({verdict.text()})"
-
 
 
 def _versus(verdicts: dict) -> str:
