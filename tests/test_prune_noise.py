@@ -55,7 +55,7 @@ def noisy_host(monkeypatch, seed: int, jitter: dict, drift: float = 0.3, cost: d
 
     monkeypatch.setattr(timing, "time_turns", time_turns)
     monkeypatch.setattr(timing, "time_fn", lambda *a, **kw: pytest.fail("a model was timed alone"))
-    monkeypatch.setattr(timing, "cuda_graphed", lambda fn, example: Deployed(fn.made, "graph"))
+    monkeypatch.setattr(timing, "cuda_graphed", lambda fn, example, **kw: Deployed(fn.made, "graph"))
     monkeypatch.setattr(endtoend, "wrong_output", lambda fn, model, args: None)
     monkeypatch.setattr(swap, "build", lambda model, types, traced=None: Made(types, cost))
     monkeypatch.setattr(endtoend.Trials, "deployed", lambda self, fn: {m: Deployed(fn, m) for m in self.modes})
@@ -115,19 +115,20 @@ def test_a_mode_the_original_cannot_run_in_leaves_the_decision_to_the_others(mon
 
 class NoisyCopies:  # cut copies whose whole model reads +-15% per turn cut to 1 and 2 blocks, +-0.5% cut deeper
     def __init__(self):
-        self.depths, self.deployed, self.rng = regional.DEPTHS, [], random.Random(0)
+        self.depths, self.deployed, self.rounds, self.rng = regional.DEPTHS, [], [], random.Random(0)
 
     def deploy(self, fn, modes, graphed, wrong_output):
         self.deployed.append((tuple(fn.types), self.depths))
         return {m: fn for m in modes}, None
 
-    def deepen(self):
+    def deepen(self, width, wide):
         if self.depths[1] >= regional.DEEPER[0]:
             return False
         self.depths = (1, regional.DEEPER[0])
         return True
 
     def turns(self, sides, timed):
+        self.rounds.append(self.depths)
         spread = 0.15 if self.depths == regional.DEPTHS else 0.005
         return {side: [fn.ms("compile_graph") * (1 + self.rng.gauss(0, spread)) * 1e3 for _ in range(40)]
                 for side, fn in sides.items()}
@@ -142,6 +143,7 @@ def test_a_trial_too_noisy_on_shallow_copies_is_timed_again_on_deeper_ones(monke
     verdict = trials.compare(Made([], cost), against=Made(["matmul"], cost))["compile_graph"]
     assert verdict.outcome == noise.FASTER and verdict.high - verdict.low < 0.01
     assert copies.deployed == [((), (1, 2)), (("matmul",), (1, 2)), ((), (1, 4)), (("matmul",), (1, 4))]
+    assert copies.rounds[0] == (1, 2) and copies.rounds[1] == (1, 4)  # one round showed more could not decide
     clear = {"compile_graph": {"matmul": +1.0}}  # 10%: decided on the shallow copies, which stay as they are
     trials.shallow = copies = NoisyCopies()
     assert trials.compare(Made([], clear), against=Made(["matmul"], clear))["compile_graph"].outcome == noise.FASTER
@@ -153,9 +155,11 @@ def test_deeper_copies_give_the_whole_model_s_time_alike():
     shallow = regional.ShallowTrials(model, None, [])
     head, block = 3.0, 0.5  # a model of 26 blocks runs 3 + 26 x 0.5 = 16
     assert shallow.whole(head + block, head + 2 * block) == 16.0
-    assert shallow.deepen() and shallow.depths == (1, 4) and sorted(shallow.originals) == [1, 4]
+    assert shallow.deepen(0.06, 0.05) and shallow.depths == (1, 4) and sorted(shallow.originals) == [1, 4]
     assert shallow.whole(head + block, head + 4 * block) == 16.0
-    assert shallow.deepen() and shallow.depths == (1, 8) and not shallow.deepen()  # 8 blocks at most: 26 / 2 > 8
+    assert shallow.deepen(0.06, 0.05) and shallow.depths == (1, 8) and not shallow.deepen(0.06, 0.05)  # 26 / 2 > 8
+    at_once = regional.ShallowTrials(model, None, [])
+    assert at_once.deepen(0.12, 0.05) and at_once.depths == (1, 8)  # 4 blocks would still read 3.7% wide
 
 
 def test_a_clear_loss_in_one_mode_still_leaves_the_kernel_out(monkeypatch):
@@ -209,7 +213,7 @@ def test_time_models_compiles_each_model_once_for_both_compiled_rows(monkeypatch
         return gm.forward
 
     monkeypatch.setattr(endtoend, "backend_for", lambda device: counting_backend)
-    monkeypatch.setattr(timing, "cuda_graphed", lambda fn, example: fn)  # no CUDA here: the graph is the fn
+    monkeypatch.setattr(timing, "cuda_graphed", lambda fn, example, **kw: fn)  # no CUDA here: the graph is the fn
     model = torch.nn.Linear(4, 4)
     optimized = swap.build(model, [])
     torch._dynamo.reset()
@@ -536,3 +540,36 @@ def test_a_conflict_between_modes_follows_the_larger_effect_every_time(monkeypat
     optimized, dropped = pruning.prune(Made([], flipped), Made(["layernorm"], flipped), lambda seed: (), "cuda",
                                         ["eager", "graph"])
     assert optimized.types == [] and "faster without it in eager mode" in dropped["layernorm"]
+
+
+def test_every_graph_of_a_prune_shares_one_memory_pool(monkeypatch):
+    """A CUDA graph holds its forward's peak memory for as long as it lives, and a compiled trial keeps four alive:
+    Gemma-2 2B's at 1x8192 held 125 GiB of an H200, and a trial failed for the memory the others held."""
+    handles, pools = [], []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: handles.append(object()) or handles[-1])
+    monkeypatch.setattr(timing, "cuda_graphed", lambda fn, example, pool=None: pools.append(pool) or fn)
+    monkeypatch.setattr(endtoend, "wrong_output", lambda fn, model, args: None)
+    trials = endtoend.Trials(None, ["eager", "graph"], False, lambda seed: (), "cuda")
+    for types_ in ([], ["rmsnorm"], ["rmsnorm", "matmul"]):
+        assert trials.deployed_once(Made(types_, COST)) is not None
+    assert len(pools) == 3 and len(handles) == 1 and set(map(id, pools)) == {id(handles[0])}
+
+
+@pytest.mark.gpu
+def test_graphs_in_one_pool_hold_one_forward_s_memory_and_give_their_own_outputs():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (run on the GPU machine)")
+    scratch = 256 * 2**20 // 4  # each forward's intermediate: 256 MiB of fp32
+
+    def model(k):
+        return lambda x: (x.expand(scratch // x.numel(), -1).float() * k).sum(0)
+
+    x = torch.randn(1024, device="cuda")
+    pool, before = torch.cuda.graph_pool_handle(), torch.cuda.memory_reserved()
+    graphs = [timing.cuda_graphed(model(k), (x,), pool=pool) for k in (1.0, 2.0, 3.0)]
+    grew = torch.cuda.memory_reserved() - before  # a forward's 512 MiB for the warm-ups, once more for the pool
+    assert grew < 6 * scratch * 4, f"{grew / 2**20:.0f} MiB reserved for three graphs in one pool (2 GiB apart)"
+    for _ in range(2):
+        for k, graph in zip((1.0, 2.0, 3.0), graphs):
+            torch.testing.assert_close(graph(x), model(k)(x))

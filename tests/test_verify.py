@@ -463,7 +463,7 @@ def test_a_kernel_that_loses_in_one_of_the_modes_of_a_side_is_left_out(monkeypat
         return _Costed(fn.types, costs["compile"])
 
     made_up_compile(monkeypatch, fake_compile)
-    monkeypatch.setattr(timing, "cuda_graphed", lambda fn, example: _Costed(fn.types, costs["compile_graph"]))
+    monkeypatch.setattr(timing, "cuda_graphed", lambda fn, example, **kw: _Costed(fn.types, costs["compile_graph"]))
     optimized, dropped = pruning.prune(Candidate([]), Candidate(["rmsnorm", "matmul"]), lambda seed: (), "cuda",
                                         modes=["compile", "compile_graph"])
     assert optimized.types == ["rmsnorm"] and list(dropped) == ["matmul"]

@@ -276,14 +276,16 @@ def _spin_batch_us(fn, input_sets, calls: int, cycles: float) -> tuple[float, fl
     return (time.perf_counter() - t0) * 1e6, (queued - t0) * 1e6
 
 
-def cuda_graphed(fn: Callable, example: tuple, warmup: int = 3) -> Callable:
+def cuda_graphed(fn: Callable, example: tuple, warmup: int = 3, pool: tuple | None = None) -> Callable:
     """fn captured once in a CUDA graph: the returned callable copies its tensor arguments into the
     captured input buffers and replays the graph, so no Python or launch overhead is left in the loop.
 
     What a deployment that serves fixed shapes does (vLLM, TensorRT-LLM): timing both the original
     and the optimized model this way separates GPU time from host overhead. The output tensor is
     the graph's own buffer, overwritten by the next replay; `replay.inputs` are the captured input
-    buffers (what the graph reads, and what a kernel that writes its inputs leaves changed).
+    buffers (what the graph reads, and what a kernel that writes its inputs leaves changed). pool: a memory pool
+    (torch.cuda.graph_pool_handle()) shared with other graphs that replay one at a time, each output read before
+    another replays (a graph holds its forward's peak memory for as long as it lives, in its own pool without one).
     """
     static = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in example)
     side = torch.cuda.Stream()
@@ -293,7 +295,7 @@ def cuda_graphed(fn: Callable, example: tuple, warmup: int = 3) -> Callable:
             fn(*static)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, pool=pool):
         out = fn(*static)
 
     def replay(*args):

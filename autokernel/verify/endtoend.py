@@ -186,17 +186,18 @@ class Trials:
         # fn -> deployed(fn): the kept set, deployed for one trial, is the `against` of the next one too
         self.ready = {}
         self.runs = {}  # fn -> fn as it runs before any graph (compiled on the compiled side)
+        self.pool = None  # the CUDA graphs' one memory pool (graphed())
 
     def deployed(self, fn) -> dict[str, Callable] | None:
         """{mode: fn as deployed in it} (one compile for both compiled modes), each having given the original's
         output; None (the failure kept) otherwise."""
         try:
             if self.shallow is not None:  # a trial: the model's cut copies (the original runs in the last check only)
-                ready, wrong = self.shallow.deploy(fn, self.modes, timing.cuda_graphed, wrong_output)
+                ready, wrong = self.shallow.deploy(fn, self.modes, self.graphed, wrong_output)
             else:
                 ran = torch.compile(fn, backend=self.backend) if self.compiled else fn
                 self.runs[fn] = ran
-                ready = {m: timing.cuda_graphed(ran, self.sets[0]) if m.endswith("graph") else ran for m in self.modes}
+                ready = {m: self.graphed(ran, self.sets[0]) if m.endswith("graph") else ran for m in self.modes}
                 wrong = None if fn is self.model else next(
                     filter(None, (wrong_output(r, self.model, self.sets[-1]) for r in ready.values())), None)
         except Exception as e:
@@ -205,6 +206,15 @@ class Trials:
             self.failures[fn] = wrong
             return None
         return ready
+
+    def graphed(self, fn, example: tuple) -> Callable:
+        """fn captured in a CUDA graph in the prune's one memory pool. A graph holds its forward's peak memory for as
+        long as it lives, and a compiled trial keeps four alive (two models, each cut twice): Gemma-2 2B's at 1x8192
+        held 125 GiB of an H200, and a trial failed for the memory the others held. The prune's models replay one at
+        a time and each output is read before another replays (wrong_output), as a shared pool asks."""
+        if self.pool is None and torch.cuda.is_available():
+            self.pool = torch.cuda.graph_pool_handle()
+        return timing.cuda_graphed(fn, example, pool=self.pool)
 
     def modes_that_fail(self, fn) -> dict[str, str]:
         """{mode: why} for each mode where fn, deployed in it alone, fails: HF's Gemma-2 copies from the host in its
@@ -255,13 +265,14 @@ class Trials:
     def compare(self, fn, against) -> dict[str, noise.Verdict]:
         """{mode: the verdict on fn (the model without a kernel) against `against` (with it)}, timed in turns: a
         host that drifts between two separate timings does not decide between them. A close call gets more rounds
-        of turns, up to PRUNE_ROUNDS. A model that fails counts as infinitely slow, the other timed alone."""
+        of turns, up to PRUNE_ROUNDS; on cut copies that read too wide to decide, the trial starts again cut deeper
+        (_too_wide). A model that fails counts as infinitely slow, the other timed alone."""
         without, with_ = self.deployed_once(fn), self.deployed_once(against)
         if without is None or with_ is None:
             return self._failed(fn, without, against, with_)
-        samples = {m: {"without": [], "with": []} for m in self.modes}
+        samples, deepened = {m: {"without": [], "with": []} for m in self.modes}, False
         try:
-            for _ in range(PRUNE_ROUNDS):
+            for done in range(1, PRUNE_ROUNDS + 1):
                 for m in [m for m in self.modes if _undecided(samples[m])]:
                     sides = {"without": without[m], "with": with_[m]}
                     timed = functools.partial(self.timed, window_ms=GRAPHED_TURNS_MS if m.endswith("graph")
@@ -269,13 +280,27 @@ class Trials:
                     turns = self.shallow.turns(sides, timed) if self.shallow is not None else timed(sides)
                     for side in ("without", "with"):
                         samples[m][side] += turns[side]
+                width = self._too_wide(samples, done)
+                if width and (deepened := self.shallow.deepen(width, WIDE)):
+                    break
         except Exception:  # one of them fails in a mode: each timed alone, to know which
             return self._failed(fn, without, against, with_)
-        verdicts = {m: noise.compare(s["without"], s["with"], PRUNE_MARGIN) for m, s in samples.items()}
-        if self.shallow is not None and any(map(_too_wide, verdicts.values())) and self.shallow.deepen():
+        if deepened:
             self.ready.clear()  # the copies of the old depth
             return self.compare(fn, against)
-        return verdicts
+        return {m: noise.compare(s["without"], s["with"], PRUNE_MARGIN) for m, s in samples.items()}
+
+    def _too_wide(self, samples: dict, done: int) -> float:
+        """On cut copies, the widest interval of a close call that every round of turns would leave wider than WIDE
+        and still around 1 (the width falls as one over the square root of the turns), else 0: the copies' noise,
+        not the kernel's, cut deeper now rather than after rounds that cannot decide."""
+        if self.shallow is None:
+            return 0.0
+        shrink = math.sqrt(done / PRUNE_ROUNDS)
+        close = [noise.compare(s["without"], s["with"], PRUNE_MARGIN) for s in samples.values() if _undecided(s)]
+        wide = [v.high - v.low for v in close if (v.high - v.low) * shrink > WIDE
+                and abs(v.ratio - 1) < (v.high - v.low) * shrink / 2]
+        return max(wide, default=0.0)
 
     def _failed(self, fn, without, against, with_) -> dict[str, noise.Verdict]:
         without_ms, with_ms = self.alone(fn, without), self.alone(against, with_)
@@ -286,11 +311,6 @@ def _undecided(samples: dict) -> bool:
     """Not timed yet, or a close call so far."""
     return not samples["without"] or noise.close_call(noise.compare(samples["without"], samples["with"],
                                                                     PRUNE_MARGIN), PRUNE_MARGIN)
-
-
-def _too_wide(verdict: noise.Verdict) -> bool:
-    """Undecided after every round, on an interval wider than WIDE: the shallow copies' noise, not the kernel's."""
-    return noise.close_call(verdict, PRUNE_MARGIN) and verdict.high - verdict.low > WIDE
 
 
 @contextlib.contextmanager

@@ -9,10 +9,11 @@ tail too, and the fusion across two layers (a layer's residual add with the next
 kernel breaks). So the whole model's time is t(2) + (L - 2) x (t(2) - t(1)) for its L blocks, taken turn by turn
 from copies that compile in a fraction of the time. The difference's noise is multiplied by L - 2 with it: on a
 deep model whose head and tail weigh a lot (Gemma-2 2B, 26 layers, a 256k vocabulary, 1x8192) the intervals read
-+-5-7% and decided nothing, so a trial that ends that wide cuts deeper copies (deepen(): 1 and 4 blocks, then 8),
-each step dividing the factor by about three. The last check of a prune (the kept set against the original)
-and verify's rows still compile the whole model. Compiling each block on its own would be cheaper still, but it
-misses the head, the tail and the fusion across layers: exactly where a kernel can lose under torch.compile.
++-5-7% and decided nothing, so a trial that reads that wide cuts deeper copies (deepen(): 1 and 4 blocks, or 8,
+as deep as the width asks), each step dividing the factor by about three. The last check of a prune (the kept set
+against the original) and verify's rows still compile the whole model. Compiling each block on its own would be
+cheaper still, but it misses the head, the tail and the fusion across layers: exactly where a kernel can lose under
+torch.compile.
 """
 
 from __future__ import annotations
@@ -70,15 +71,23 @@ class ShallowTrials:
         self.depths = DEPTHS
         self.originals = {d: truncated(model, d) for d in DEPTHS} if found else {}
 
-    def deepen(self) -> bool:
-        """Cut the copies deeper from now on (the next of DEEPER, at most half the model's blocks): whether it
-        could. The copies deployed before are of the old depth: deploy again."""
-        deeper = next((d for d in DEEPER if self.depths[1] < d <= self.blocks // 2), None)
-        if deeper is None:
+    def deepen(self, width: float, wide: float) -> bool:
+        """Cut the copies deeper from now on, for a trial whose interval reads `width` wide and must read under
+        `wide`: to the shallowest of DEEPER (at most half the model's blocks) whose extrapolation factor brings the
+        width under wide / 2 (a deeper copy's own noise grows with it: Gemma-2's trials read 2.4 times narrower on 4
+        blocks than on 2, where the factor alone says 3.3), else the deepest. Whether it could. The copies deployed
+        before are of the old depth: deploy again."""
+        deeper = [d for d in DEEPER if self.depths[1] < d <= self.blocks // 2]
+        if not deeper:
             return False
-        self.depths = (self.depths[0], deeper)
+        fits = [d for d in deeper if width * self._factor(d) / self._factor(self.depths[1]) <= wide / 2]
+        self.depths = (self.depths[0], (fits or deeper)[0 if fits else -1])
         self.originals = {d: truncated(self.model, d) for d in self.depths}
         return True
+
+    def _factor(self, deep: int) -> float:
+        """What the difference between the copies' times is multiplied by in the whole model's (whole())."""
+        return (self.blocks - deep) / (deep - self.depths[0])
 
     def usable(self) -> bool:
         """Whether the model has repeated blocks and runs cut (a forward that counts its layers from its config
