@@ -211,10 +211,14 @@ class Trials:
         """fn captured in a CUDA graph in the prune's one memory pool. A graph holds its forward's peak memory for as
         long as it lives, and a compiled trial keeps four alive (two models, each cut twice): Gemma-2 2B's at 1x8192
         held 125 GiB of an H200, and a trial failed for the memory the others held. The prune's models replay one at
-        a time and each output is read before another replays (wrong_output), as a shared pool asks."""
+        a time and each output is read before another replays (wrong_output), as a shared pool asks. The pool is a
+        torch.cuda.MemPool held here: a bare graph_pool_handle() dies with the last graph captured into it, and the
+        next capture into it fails."""
         if self.pool is None and torch.cuda.is_available():
-            self.pool = torch.cuda.graph_pool_handle()
-        return timing.cuda_graphed(fn, example, pool=self.pool)
+            self.pool = torch.cuda.MemPool()
+        replay = timing.cuda_graphed(fn, example, pool=self.pool.id if self.pool is not None else None)
+        replay.pool = self.pool  # outlives the prune with the graph (verify's rows replay the last check's)
+        return replay
 
     def modes_that_fail(self, fn) -> dict[str, str]:
         """{mode: why} for each mode where fn, deployed in it alone, fails: HF's Gemma-2 copies from the host in its

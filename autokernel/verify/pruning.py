@@ -214,8 +214,14 @@ def _try_without(trials: Trials, optimized: swap.Optimized, types: list[str], ke
         together = " together" if len(types) > 1 else ""
         progress(f"prune ({', '.join(trials.modes)}): {', '.join(types)} " + (
             f"left out{together}: {_why(mode, verdicts[mode], failed)}" if mode else
-            f"kept{together}: {_why_kept(verdicts)} ({_versus(verdicts)})") + _deeper(trials))
+            f"kept{together}: {_why_kept(verdicts)} ({_versus(verdicts)}){_failing(trials, trial)}") + _deeper(trials))
     return optimized
+
+
+def _failing(trials: Trials, trial: swap.Optimized) -> str:
+    """' (the model fails without it: why)' for a type kept because its trial failed to run."""
+    failed = trials.failures.get(trial.module())
+    return f" (the model fails without it: {failed})" if failed else ""
 
 
 def _deeper(trials: Trials) -> str:
