@@ -2,11 +2,12 @@
 
 Compute-bound. Q, K, V, O are [B, H, S, D], or K and V [B, H/G, S, D] (grouped-query attention: query head h reads
 K/V head h // G, no copy of K and V). kernel_fn's window (a causal sliding window: query i sees keys i - window < j
-<= i; Mistral, Gemma-2) and softcap (scores become softcap * tanh(score / softcap); Gemma-2) run the pointer kernel
-with those masks and the cap as compile-time switches, every block masked, from the window's first block; 0 is
-none. One call does 4*B*H*S*S*D FLOPs (half when causal) and
-must move 4*B*H*S*D*element_size bytes: the S x S score matrix never leaves the chip. At the bench
-shape (B=2, H=32, S=2048, D=128, causal, fp16) that is 69 GFLOP against 67 MB: on an H100 SXM
+<= i; Mistral, Gemma-2), softcap (scores become softcap * tanh(score / softcap); Gemma-2) and alibi (None, or one
+slope m per query head: m * (j - i) added to the score; BLOOM, MPT) run the pointer kernel with those masks, the cap
+and the slope as compile-time switches (a window masks every block, from the window's first); 0 is none. One call
+does 4*B*H*S*S*D FLOPs (half when causal) and must move 4*B*H*S*D*element_size bytes: the S x S score matrix
+never leaves the chip. At the bench shape (B=2, H=32, S=2048, D=128, causal, fp16) that is 69 GFLOP against 67 MB:
+on an H100 SXM
 (989 TFLOP/s dense fp16, 3.35 TB/s) the floor is ~70 us of tensor-core time vs ~20 us of memory.
 PyTorch's SDPA there is cuDNN's warp-specialized WGMMA kernel, the yardstick (BENCHMARKS.md, the starter table).
 
@@ -99,17 +100,19 @@ def _load_tile(base, offs_r, offs_d, stride_r, stride_d, n_rows,
 
 @triton.jit
 def _attn_blocks(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                 offs_m, offs_d, lo, hi, S, qk_scale, window, cap,
+                 offs_m, offs_d, lo, hi, S, qk_scale, window, cap, slope,
                  BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, EVEN_D: tl.constexpr,
                  CAUSAL_MASK: tl.constexpr, KEY_MASK: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                 WINDOW_MASK: tl.constexpr, CAPPED: tl.constexpr):
-    """Fold keys [lo, hi) into the running (acc, l, m); masks and the soft cap are compile-time switches."""
+                 WINDOW_MASK: tl.constexpr, CAPPED: tl.constexpr, ALIBI: tl.constexpr):
+    """Fold keys [lo, hi) into the running (acc, l, m); masks, the soft cap and the slope are compile-time switches."""
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         k = _load_tile(k_base, offs_n, offs_d, stride_kn, stride_kd, S, HEAD_DIM, KEY_MASK, EVEN_D)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
         if CAPPED:  # cap * tanh(score / cap) in the scores' log2 units (cap too); tanh(x) = 2 sigmoid(2x) - 1
             qk = cap * (2.0 * tl.sigmoid(2.0 * qk / cap) - 1.0)
+        if ALIBI:  # the head's slope (log2 units) times the key's distance: slope * (j - i)
+            qk += slope * (offs_n[None, :] - offs_m[:, None]).to(tl.float32)
         if CAUSAL_MASK:
             qk = tl.where(offs_m[:, None] >= offs_n[None, :], qk, float("-inf"))
         if KEY_MASK:
@@ -131,7 +134,7 @@ def _attn_blocks(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_
 
 
 @triton.jit
-def _flash_attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, S, H, GROUP, qk_scale, window, cap,
+def _flash_attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, alibi_ptr, S, H, GROUP, qk_scale, window, cap,
                             stride_qb, stride_qh, stride_qs, stride_qd,
                             stride_kb, stride_kh, stride_ks, stride_kd,
                             stride_vb, stride_vh, stride_vs, stride_vd,
@@ -139,7 +142,7 @@ def _flash_attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, S, H, GROUP, qk_scale, w
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                             D_PAD: tl.constexpr, CAUSAL: tl.constexpr, SPLIT: tl.constexpr,
                             EVEN_D: tl.constexpr, REVERSE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                            WINDOWED: tl.constexpr, CAPPED: tl.constexpr):
+                            WINDOWED: tl.constexpr, CAPPED: tl.constexpr, ALIBI: tl.constexpr):
     qk_scale = tl.full([], qk_scale, tl.float32)  # under torch.compile Inductor passes a Python float as fp64
     cap = tl.full([], cap, tl.float32)
     start_m = tl.program_id(0)
@@ -152,6 +155,9 @@ def _flash_attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, S, H, GROUP, qk_scale, w
     k_base = k_ptr + b.to(tl.int64) * stride_kb + hk.to(tl.int64) * stride_kh
     v_base = v_ptr + b.to(tl.int64) * stride_vb + hk.to(tl.int64) * stride_vh
     o_base = o_ptr + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
+    slope = 0.0
+    if ALIBI:  # the head's ALiBi slope, in the scores' log2 units
+        slope = tl.load(alibi_ptr + h).to(tl.float32) * 1.4426950408889634
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, D_PAD)
 
@@ -169,15 +175,15 @@ def _flash_attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, S, H, GROUP, qk_scale, w
     if WINDOWED:  # causal, from the first block that holds a key of the block's first row's window: every block masked
         lo = tl.maximum(start_m * BLOCK_M - window + 1, 0) // BLOCK_N * BLOCK_N
         acc, l_i, m_i = _attn_blocks(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_kd, stride_vs, stride_vd,
-                                     offs_m, offs_d, lo, end, S, qk_scale, window, cap,
-                                     BLOCK_N, HEAD_DIM, EVEN_D, True, True, DOT_PRECISION, True, CAPPED)
+                                     offs_m, offs_d, lo, end, S, qk_scale, window, cap, slope,
+                                     BLOCK_N, HEAD_DIM, EVEN_D, True, True, DOT_PRECISION, True, CAPPED, ALIBI)
     else:
         acc, l_i, m_i = _attn_blocks(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_kd, stride_vs, stride_vd,
-                                     offs_m, offs_d, 0, free, S, qk_scale, window, cap,
-                                     BLOCK_N, HEAD_DIM, EVEN_D, False, False, DOT_PRECISION, False, CAPPED)
+                                     offs_m, offs_d, 0, free, S, qk_scale, window, cap, slope,
+                                     BLOCK_N, HEAD_DIM, EVEN_D, False, False, DOT_PRECISION, False, CAPPED, ALIBI)
         acc, l_i, m_i = _attn_blocks(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_kd, stride_vs, stride_vd,
-                                     offs_m, offs_d, free, end, S, qk_scale, window, cap,
-                                     BLOCK_N, HEAD_DIM, EVEN_D, CAUSAL, True, DOT_PRECISION, False, CAPPED)
+                                     offs_m, offs_d, free, end, S, qk_scale, window, cap, slope,
+                                     BLOCK_N, HEAD_DIM, EVEN_D, CAUSAL, True, DOT_PRECISION, False, CAPPED, ALIBI)
     out = acc / l_i[:, None]
     o_ptrs = o_base + offs_m[:, None] * stride_os + offs_d[None, :] * stride_od
     tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=(offs_m[:, None] < S) & (offs_d[None, :] < HEAD_DIM))
@@ -311,25 +317,29 @@ def _launch_tma(q, k, v, out, causal, qk_scale, cfg):
         REVERSE=bool(causal) and REVERSE_CAUSAL_ORDER, ON_DEVICE=on_device, num_warps=warps, num_stages=stages)
 
 
-def _launch_pointers(q, k, v, out, causal, qk_scale, cfg, d_pad, window=0, softcap=0.0):
+def _launch_pointers(q, k, v, out, causal, qk_scale, cfg, d_pad, window=0, softcap=0.0, alibi=None):
     block_m, block_n, warps, stages = cfg
     batch, heads, seq, head_dim = q.shape
     grid = ((seq + block_m - 1) // block_m, batch * heads)  # not triton.cdiv: a slow host call on triton 3.6
     _flash_attention_kernel[grid](
-        q, k, v, out, seq, heads, heads // k.shape[1], qk_scale, window, softcap * LOG2E,
+        q, k, v, out, q if alibi is None else alibi, seq, heads, heads // k.shape[1], qk_scale, window, softcap * LOG2E,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
         BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, D_PAD=d_pad, CAUSAL=bool(causal),
         EVEN_D=head_dim == d_pad, SPLIT=VARIANT != "single_loop", REVERSE=bool(causal) and REVERSE_CAUSAL_ORDER,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", WINDOWED=window > 0, CAPPED=softcap > 0,
-        num_warps=warps, num_stages=stages)
+        ALIBI=alibi is not None, num_warps=warps, num_stages=stages)
 
 
-def kernel_fn(Q, K, V, causal=True, sm_scale=None, window=0, softcap=0.0):
+def kernel_fn(Q, K, V, causal=True, sm_scale=None, window=0, softcap=0.0, alibi=None):
     batch, heads, seq, head_dim = Q.shape
     if K.shape != V.shape or heads % K.shape[1]:  # K/V heads: H (multi-head), or H / group (grouped-query)
         raise ValueError(f"K {tuple(K.shape)} and V {tuple(V.shape)}: one shape, heads dividing Q's {heads}")
     if window < 0 or (window and not causal) or softcap < 0:
         raise ValueError(f"window {window} (a causal attention's, 0: none), softcap {softcap} (0: none)")
+    if alibi is not None:  # one fp32 slope per query head
+        if alibi.numel() != heads:
+            raise ValueError(f"alibi: {alibi.numel()} slopes for {heads} query heads")
+        alibi = alibi.to(device=Q.device, dtype=torch.float32).contiguous()
     # contiguous output: like Q when Q is (empty_like is the cheaper call), else allocated so
     out = torch.empty_like(Q) if Q.is_contiguous() else torch.empty(Q.shape, dtype=Q.dtype, device=Q.device)
     scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(head_dim)
@@ -338,8 +348,8 @@ def kernel_fn(Q, K, V, causal=True, sm_scale=None, window=0, softcap=0.0):
     block_m, block_n, warps, stages = (c or a for c, a in zip((BLOCK_M, BLOCK_N, NUM_WARPS, NUM_STAGES), auto))
     # The split causal loop hands whole BLOCK_M diagonals to the masked part: BLOCK_N must divide it.
     cfg = (block_m, min(block_n, block_m), warps, stages)
-    if not window and not softcap and _use_tma(Q, K, V, causal, block_m, scale):  # the variants: pointers only
+    if not window and not softcap and alibi is None and _use_tma(Q, K, V, causal, block_m, scale):  # variants: pointers
         _launch_tma(Q, K, V, out, causal, scale * LOG2E, cfg)
     else:  # "tma" or "auto" where TMA does not apply run the split loop
-        _launch_pointers(Q, K, V, out, causal, scale * LOG2E, cfg, d_pad, int(window), float(softcap))
+        _launch_pointers(Q, K, V, out, causal, scale * LOG2E, cfg, d_pad, int(window), float(softcap), alibi)
     return out

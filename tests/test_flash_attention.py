@@ -1,5 +1,6 @@
 """flash_attention's variants: grouped K/V heads (grouped-query attention: query head h reads K/V head h // group,
-with no copy of K and V), a causal sliding window and a logit soft cap, in the kernel and the harness's shapes; the
+with no copy of K and V), a causal sliding window, a logit soft cap and ALiBi slopes, in the kernel and the harness's
+shapes; the
 grouped heads also in the profiler's shape and the SDPA site."""
 
 import pytest
@@ -19,13 +20,16 @@ BUGS = {
     "the wrong kv head": ("hk = h // GROUP", "hk = h % (H // GROUP)"),  # right for one head per group only
     "the window ignored": ("WINDOWED=window > 0", "WINDOWED=False"),
     "the soft cap ignored": ("CAPPED=softcap > 0", "CAPPED=False"),
+    "the slopes ignored": ("ALIBI=alibi is not None", "ALIBI=False"),
+    "the slope's distance reversed": ("(offs_n[None, :] - offs_m[:, None])", "(offs_m[:, None] - offs_n[None, :])"),
 }
 
 
-def test_the_small_shapes_cover_grouped_heads_a_window_and_a_soft_cap():
+def test_the_small_shapes_cover_grouped_heads_a_window_a_soft_cap_and_alibi():
     shapes = get_spec(TYPE).small_shapes
     assert any(s.get("Hkv", s["H"]) < s["H"] for s in shapes)
     assert any(s.get("window") for s in shapes) and any(s.get("softcap") for s in shapes)
+    assert {s["causal"] for s in shapes if s.get("alibi")} == {True, False}
 
 
 @pytest.mark.parametrize("bug", sorted(BUGS))

@@ -111,7 +111,7 @@ def _attention_function(op, original: str):
             return _original_function(module, original)(module, query, key, value, attention_mask, dropout=dropout,
                                                         scaling=scaling, sliding_window=sliding_window,
                                                         softcap=softcap, **kwargs)
-        out = op(query, key, value, causal, None if scaling is None else float(scaling), window, cap)
+        out = op(query, key, value, causal, None if scaling is None else float(scaling), window, cap, None)
         return out.transpose(1, 2).contiguous(), None
 
     return attention

@@ -19,23 +19,36 @@ NAME = "flash_attention"
 
 
 def flash_attention_ref(Q, K, V, causal: bool = True, sm_scale: float | None = None, window: int = 0,
-                        softcap: float = 0.0):
+                        softcap: float = 0.0, alibi=None):
     """Scaled dot-product attention; Q is [batch, heads, seq, head_dim], K and V the same or with heads / group heads
     (grouped-query attention: query head h reads K/V head h // group). window: a causal sliding window (query i sees
     keys j with i - window < j <= i; Mistral, Gemma-2), 0 for none; softcap: scores become softcap * tanh(score /
-    softcap) before the mask and the softmax (Gemma-2), 0 for none."""
+    softcap) before the mask and the softmax (Gemma-2), 0 for none; alibi: None, or each query head's slope m (a
+    [heads] tensor), adding m * (j - i) to the (capped) score of query i and key j (ALiBi: BLOOM, MPT), where SDPA
+    takes it as a float mask."""
     scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(Q.shape[-1])
-    if not window and not softcap:
-        return F.scaled_dot_product_attention(Q, K, V, is_causal=causal, scale=scale,
-                                              enable_gqa=K.shape[1] != Q.shape[1])
-    group = Q.shape[1] // K.shape[1]
-    scores = Q @ K.repeat_interleave(group, 1).transpose(-1, -2) * scale
-    if softcap:
-        scores = softcap * torch.tanh(scores / softcap)
+    gqa = K.shape[1] != Q.shape[1]
+    if not window and not softcap and alibi is None:
+        return F.scaled_dot_product_attention(Q, K, V, is_causal=causal, scale=scale, enable_gqa=gqa)
     i = torch.arange(Q.shape[2], device=Q.device)[:, None]
     j = torch.arange(K.shape[2], device=Q.device)[None, :]
     keep = attention_interface.sees(i, j, causal, window)
+    bias = None if alibi is None else alibi.to(Q.dtype)[:, None, None] * (j - i).to(Q.dtype)
+    if not softcap:  # SDPA takes the window and the slopes as one float mask
+        mask = torch.zeros(keep.shape, dtype=Q.dtype, device=Q.device) if bias is None else bias
+        mask = mask.masked_fill(~keep, float("-inf"))
+        return F.scaled_dot_product_attention(Q, K, V, attn_mask=mask, scale=scale, enable_gqa=gqa)
+    group = Q.shape[1] // K.shape[1]
+    scores = Q @ K.repeat_interleave(group, 1).transpose(-1, -2) * scale
+    scores = softcap * torch.tanh(scores / softcap)
+    if bias is not None:
+        scores = scores + bias
     return scores.masked_fill(~keep, float("-inf")).softmax(-1) @ V.repeat_interleave(group, 1)
+
+
+def alibi_slopes(heads: int) -> torch.Tensor:
+    """ALiBi's slopes for `heads` query heads: the geometric sequence 2^(-8 (h + 1) / heads) (Press et al.)."""
+    return torch.exp2(-8.0 * torch.arange(1, heads + 1, dtype=torch.float32) / heads)
 
 
 def _inputs(scale: float = 1.0):
@@ -43,8 +56,11 @@ def _inputs(scale: float = 1.0):
         heads = (shape["H"], shape.get("Hkv", shape["H"]), shape.get("Hkv", shape["H"]))  # Q's, K's, V's
         q, k, v = (randn((shape["B"], h, shape["S"], shape["D"]), dtype, device, gen, scale if i < 2 else 1.0)
                    for i, h in enumerate(heads))
-        variant = (shape.get("window", 0), shape.get("softcap", 0.0))  # passed only where the shape has them
-        return (q, k, v, shape["causal"], shape.get("sm_scale"), *(variant if any(variant) else ()))
+        alibi = alibi_slopes(shape["H"]).to(device) if shape.get("alibi") else None
+        variant = (shape.get("window", 0), shape.get("softcap", 0.0), alibi)  # passed only where the shape has them
+        while variant and (variant[-1] is None or isinstance(variant[-1], (int, float)) and not variant[-1]):
+            variant = variant[:-1]
+        return (q, k, v, shape["causal"], shape.get("sm_scale"), *variant)
     return make
 
 
@@ -59,17 +75,29 @@ def _noncontiguous(inputs):
 
 
 def flex_attention_call(flex, Q, K, V, causal: bool = True, sm_scale: float | None = None, window: int = 0,
-                        softcap: float = 0.0):
-    """The reference's variant as torch's flex_attention computes it: the soft cap as a score modification, causal
-    and window as a block mask (made once per shape, as a model would). flex: flex_attention, compiled or not."""
-    score = _softcap_mod(softcap) if softcap else None
+                        softcap: float = 0.0, alibi=None):
+    """The reference's variant as torch's flex_attention computes it: the soft cap and the ALiBi slopes as a score
+    modification, causal and window as a block mask (made once per shape, as a model would). flex: flex_attention,
+    compiled or not."""
+    score = _score_mod(softcap, alibi) if softcap or alibi is not None else None
     mask = _block_mask(Q.shape[2], K.shape[2], causal, window, Q.device) if causal or window else None
     return flex(Q, K, V, score_mod=score, block_mask=mask, scale=sm_scale, enable_gqa=K.shape[1] != Q.shape[1])
 
 
-@functools.lru_cache(maxsize=16)
-def _softcap_mod(softcap: float):
-    return lambda score, b, h, q, k: softcap * torch.tanh(score / softcap)
+_SCORE_MODS = {}  # (softcap, the slopes' tensor) -> its score_mod: one function per variant, or dynamo recompiles
+
+
+def _score_mod(softcap: float, alibi):
+    key = (softcap, None if alibi is None else (alibi.data_ptr(), alibi.dtype, alibi.device))
+    if key not in _SCORE_MODS:
+        if len(_SCORE_MODS) >= 32:  # each holds its slopes: a long process (the loop's screen) keeps a few
+            _SCORE_MODS.clear()
+        def score_mod(score, b, h, q, k):
+            if softcap:
+                score = softcap * torch.tanh(score / softcap)
+            return score if alibi is None else score + alibi[h] * (k - q)
+        _SCORE_MODS[key] = score_mod
+    return _SCORE_MODS[key]
 
 
 @functools.lru_cache(maxsize=16)
@@ -163,7 +191,7 @@ def replace_sdpa(sites: CallSites) -> dict:
         if reason:
             extra = {"enable_gqa": True} if enable_gqa else {}
             return _F_SDPA(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, **extra)
-        return kernel(query, key, value, bool(is_causal), scale, 0, 0.0)  # grouped K/V heads as they are: no copy
+        return kernel(query, key, value, bool(is_causal), scale, 0, 0.0, None)  # grouped K/V heads as they are
 
     return {_F_SDPA: scaled_dot_product_attention}
 
@@ -174,7 +202,7 @@ SPEC = KernelSpec(
     make_inputs=_inputs(),
     shapes=[{"B": 2, "H": 32, "S": 2048, "D": 128, "causal": True},
             {"B": 2, "H": 32, "S": 2048, "D": 128, "causal": False},
-            {"B": 1, "H": 16, "S": 4096, "D": 64, "causal": True},
+            {"B": 1, "H": 16, "S": 4096, "D": 64, "causal": True, "alibi": True},  # BLOOM-like slopes
             {"B": 2, "H": 12, "S": 1024, "D": 64, "causal": True, "sm_scale": 0.1},
             {"B": 8, "H": 16, "S": 256, "D": 64, "causal": False},
             {"B": 1, "H": 8, "S": 8192, "D": 128, "causal": True},
@@ -188,7 +216,9 @@ SPEC = KernelSpec(
                   {"B": 1, "H": 1, "S": 48, "D": 64, "causal": False, "sm_scale": 0.2},
                   {"B": 1, "H": 4, "Hkv": 2, "S": 32, "D": 32, "causal": True},
                   {"B": 1, "H": 2, "Hkv": 1, "S": 64, "D": 32, "causal": True, "window": 16},
-                  {"B": 1, "H": 2, "S": 48, "D": 16, "causal": False, "softcap": 5.0}],
+                  {"B": 1, "H": 2, "S": 48, "D": 16, "causal": False, "softcap": 5.0},
+                  {"B": 1, "H": 4, "Hkv": 2, "S": 64, "D": 32, "causal": True, "alibi": True},
+                  {"B": 1, "H": 2, "S": 48, "D": 16, "causal": False, "alibi": True}],
     edge_shapes=[{"B": 1, "H": 4, "S": 1023, "D": 64, "causal": True},
                  {"B": 1, "H": 2, "S": 1537, "D": 128, "causal": False},
                  {"B": 1, "H": 2, "S": 4097, "D": 64, "causal": True},
@@ -197,7 +227,8 @@ SPEC = KernelSpec(
     small_edge_shapes=[{"B": 1, "H": 1, "S": 1023, "D": 16, "causal": True},
                        {"B": 1, "H": 1, "S": 97, "D": 80, "causal": False},
                        {"B": 1, "H": 3, "Hkv": 1, "S": 33, "D": 16, "causal": True},
-                       {"B": 1, "H": 2, "S": 97, "D": 32, "causal": True, "window": 7, "softcap": 2.0}],
+                       {"B": 1, "H": 2, "S": 97, "D": 32, "causal": True, "window": 7, "softcap": 2.0},
+                       {"B": 1, "H": 3, "Hkv": 1, "S": 97, "D": 32, "causal": True, "softcap": 3.0, "alibi": True}],
     bench_shape={"B": 2, "H": 32, "S": 2048, "D": 128, "causal": True},
     small_bench_shape={"B": 1, "H": 2, "S": 128, "D": 64, "causal": True},
     bytes_moved=lambda s, dt: 2 * (s["H"] + s.get("Hkv", s["H"])) * numel(s, "B", "S", "D") * esize(dt),
@@ -210,14 +241,14 @@ SPEC = KernelSpec(
     noncontiguous=_noncontiguous,
     extra_baselines=_flex_baseline,
     description="scaled dot-product attention, causal or not, [batch, heads, seq, head_dim], K/V heads grouped or "
-                "not, with a sliding window and a logit soft cap or not",
+                "not, with a sliding window, a logit soft cap and ALiBi slopes or not",
     profiling=Profiling(ops=frozenset(ATTENTION_OPS), kernels=re.compile(r"flash|fmha|attention|attn", re.I),
                         op_shape=attention_shape, precedence=-3),
     default_speedup=1.05,  # PyTorch's SDPA already runs FlashAttention-2 or cuDNN
     suite_target=SuiteTarget("0.9x SDPA", lambda r, b: r["speedup_vs_pytorch"] / 0.9),
-    deployment=Deployment("(Tensor Q, Tensor K, Tensor V, bool causal, float? sm_scale, int window, float softcap) "
-                          "-> Tensor",
-                          lambda Q, K, V, causal, sm_scale, window, softcap: (*Q.shape[:-1], V.shape[-1]),
+    deployment=Deployment("(Tensor Q, Tensor K, Tensor V, bool causal, float? sm_scale, int window, float softcap, "
+                          "Tensor? alibi) -> Tensor",
+                          lambda Q, K, V, causal, sm_scale, window, softcap, alibi: (*Q.shape[:-1], V.shape[-1]),
                           functions=replace_sdpa, model_functions=attention_sites.causal_mask_patches,
                           model_site=lambda model: attention_interface.interface_site(model, NAME, customops.op(NAME))),
 )

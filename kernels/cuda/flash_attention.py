@@ -12,7 +12,8 @@ online softmax rescales the running output, of which each lane holds head_dim/32
 matrix, one pass over K and V per query tile. Causal blocks stop at their last row's diagonal and mask
 keys beyond each row. All math is scalar fp32 (expf, fmaf) in a fixed order: bitwise reproducible and
 within the fp32 tolerance. This kernel serves fp32, head dims other than 64 and 128, unaligned views, and a
-causal sliding window (window: keys i - window < j <= i) or a logit soft cap (softcap * tanh(score / softcap)).
+causal sliding window (window: keys i - window < j <= i), a logit soft cap (softcap * tanh(score / softcap)) and
+ALiBi slopes (alibi: slope[h] * (j - i) added to each score).
 Q, K and V may be strided views (a packed QKV projection): their strides are kernel arguments.
 
 fp16/bf16 with head_dim 64 or 128 and 16-byte aligned rows (TENSOR_CORES = 1): a tensor-core kernel
@@ -62,10 +63,12 @@ static_assert(MAX_HEAD_DIM % 32 == 0, "MAX_HEAD_DIM must be a multiple of 32");
 #define FA_PARAMS                                                                                                \
   const T *__restrict__ Q, const T *__restrict__ K, const T *__restrict__ V, T *__restrict__ O, int64_t heads,      \
       int64_t group, int64_t S, int D, int64_t qb, int64_t qh, int64_t qs, int64_t kb, int64_t kh, int64_t ks,      \
-      int64_t vb, int64_t vh, int64_t vs, float scale, bool causal, int window, float softcap
-#define FA_ARGS Q, K, V, O, heads, group, S, D, qb, qh, qs, kb, kh, ks, vb, vh, vs, scale, causal, window, softcap
+      int64_t vb, int64_t vh, int64_t vs, float scale, bool causal, int window, float softcap,                     \
+      const float *__restrict__ alibi
+#define FA_ARGS \
+  Q, K, V, O, heads, group, S, D, qb, qh, qs, kb, kh, ks, vb, vh, vs, scale, causal, window, softcap, alibi
 
-template <typename T, bool VARIANT>  // VARIANT: a sliding window or a soft cap
+template <typename T, bool VARIANT>  // VARIANT: a sliding window, a soft cap or ALiBi slopes
 __device__ __forceinline__ void attend(FA_PARAMS) {
   extern __shared__ float smem[];
   float* Qs = smem;                                  // [QROWS][MAX_HEAD_DIM], scaled
@@ -113,6 +116,7 @@ __device__ __forceinline__ void attend(FA_PARAMS) {
       bool valid = j < S && (!causal || j <= q);
       if constexpr (VARIANT) {
         if (softcap > 0.f) sc = softcap * tanhf(sc / softcap);  // logit soft-capping (Gemma-2)
+        if (alibi != nullptr) sc += alibi[h] * (float)(j - q);  // ALiBi: the head's slope times the key's distance
         valid = valid && (window <= 0 || (int)(q - j) < window);
       }
       sc = valid ? sc : -INFINITY;
@@ -291,9 +295,11 @@ void launch(const T* q, const T* k, const T* v, T* o, int64_t batch, int64_t hea
 
 template <typename T>
 void launch(const T* q, const T* k, const T* v, T* o, int64_t batch, int64_t heads, int64_t group, int64_t S, int D,
-            const int64_t* st, float scale, bool causal, int64_t window, float softcap, cudaStream_t s) {
+            const int64_t* st, float scale, bool causal, int64_t window, float softcap, const float* alibi,
+            cudaStream_t s) {
   constexpr int smem = SMEM_FLOATS * (int)sizeof(float);
-  auto kernel = window > 0 || softcap > 0.f ? &flash_attention_variant_kernel<T> : &flash_attention_kernel<T>;
+  const bool variant = window > 0 || softcap > 0.f || alibi != nullptr;
+  auto kernel = variant ? &flash_attention_variant_kernel<T> : &flash_attention_kernel<T>;
   if (smem > 48 * 1024) {  // more than 48 KB of shared memory must be requested (per device, so every call)
     const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess)
@@ -301,15 +307,15 @@ void launch(const T* q, const T* k, const T* v, T* o, int64_t batch, int64_t hea
   }
   const dim3 grid((unsigned)((S + QROWS - 1) / QROWS), (unsigned)(batch * heads));
   kernel<<<grid, WARPS * 32, smem, s>>>(q, k, v, o, heads, group, S, D, st[0], st[1], st[2], st[3], st[4], st[5], st[6],
-                                        st[7], st[8], scale, causal, (int)window, softcap);
+                                        st[7], st[8], scale, causal, (int)window, softcap, alibi);
 }
 
 void flash_attention_launch(int dtype, int64_t q, int64_t k, int64_t v, int64_t o, int64_t batch, int64_t heads,
                             int64_t group, int64_t seq, int64_t head_dim, int64_t qb, int64_t qh, int64_t qs, int64_t kb, int64_t kh,
                             int64_t ks, int64_t vb, int64_t vh, int64_t vs, double scale, bool causal,
-                            int64_t window, double softcap, bool aligned, int64_t stream) {
+                            int64_t window, double softcap, int64_t alibi, bool aligned, int64_t stream) {
   const int64_t strides[9] = {qb, qh, qs, kb, kh, ks, vb, vh, vs};
-  const bool plain = window <= 0 && softcap <= 0;  // the tensor-core kernel has no window and no soft cap
+  const bool plain = window <= 0 && softcap <= 0 && alibi == 0;  // the tensor-core kernel has none of the variants
   if (TENSOR_CORES && plain && aligned && dtype != 0 && (head_dim == 64 || head_dim == 128)) {
     AK_DISPATCH(dtype, {
       if constexpr (!std::is_same<scalar_t, float>::value) {
@@ -327,7 +333,7 @@ void flash_attention_launch(int dtype, int64_t q, int64_t k, int64_t v, int64_t 
   AK_DISPATCH(dtype, {
     launch<scalar_t>(ak::ptr<const scalar_t>(q), ak::ptr<const scalar_t>(k), ak::ptr<const scalar_t>(v),
                      ak::ptr<scalar_t>(o), batch, heads, group, seq, (int)head_dim, strides, (float)scale, causal,
-                     window, (float)softcap, ak::as_stream(stream));
+                     window, (float)softcap, ak::ptr<const float>(alibi), ak::as_stream(stream));
   });
   ak::check_launch("flash_attention_kernel");
 }
@@ -336,7 +342,7 @@ void flash_attention_launch(int dtype, int64_t q, int64_t k, int64_t v, int64_t 
 PROTOTYPES = ["void flash_attention_launch(int dtype, int64_t q, int64_t k, int64_t v, int64_t o, int64_t batch, "
               "int64_t heads, int64_t group, int64_t seq, int64_t head_dim, int64_t qb, int64_t qh, int64_t qs, int64_t kb, "
               "int64_t kh, int64_t ks, int64_t vb, int64_t vh, int64_t vs, double scale, bool causal, "
-              "int64_t window, double softcap, bool aligned, int64_t stream)"]
+              "int64_t window, double softcap, int64_t alibi, bool aligned, int64_t stream)"]
 
 
 def cuda_source() -> str:
@@ -350,7 +356,7 @@ def _module():
     return cuda_build.load(KERNEL_TYPE, cuda_source(), PROTOTYPES)
 
 
-def kernel_fn(Q, K, V, causal=True, sm_scale=None, window=0, softcap=0.0):
+def kernel_fn(Q, K, V, causal=True, sm_scale=None, window=0, softcap=0.0, alibi=None):
     batch, heads, seq, head_dim = Q.shape
     if window < 0 or (window and not causal) or softcap < 0:
         raise ValueError(f"window {window} (a causal attention's, 0: none), softcap {softcap} (0: none)")
@@ -361,6 +367,10 @@ def kernel_fn(Q, K, V, causal=True, sm_scale=None, window=0, softcap=0.0):
         raise ValueError(f"head_dim {head_dim} > MAX_HEAD_DIM = {MAX_HEAD_DIM}: raise MAX_HEAD_DIM in this file")
     if batch * heads > 65535:
         raise ValueError(f"batch * heads = {batch * heads} exceeds the grid's y limit of 65535")
+    if alibi is not None:  # one fp32 slope per query head
+        if alibi.numel() != heads:
+            raise ValueError(f"alibi: {alibi.numel()} slopes for {heads} query heads")
+        alibi = alibi.to(device=Q.device, dtype=torch.float32).contiguous()
     Q, K, V = (t if t.stride(-1) == 1 else t.contiguous() for t in (Q, K, V))
     cuda_build.check_dtypes(Q, K, V)
     out = torch.empty((batch, heads, seq, head_dim), dtype=Q.dtype, device=Q.device)
@@ -371,5 +381,6 @@ def kernel_fn(Q, K, V, causal=True, sm_scale=None, window=0, softcap=0.0):
     aligned = all(s % 8 == 0 for s in strides) and all(t.data_ptr() % 16 == 0 for t in (Q, K, V))  # 16-byte rows
     _module().flash_attention_launch(cuda_build.dtype_code(Q), Q.data_ptr(), K.data_ptr(), V.data_ptr(),
                                      out.data_ptr(), batch, heads, heads // K.shape[1], seq, head_dim, *strides, float(scale),
-                                     bool(causal), int(window), float(softcap), aligned, cuda_build.stream_of(Q))
+                                     bool(causal), int(window), float(softcap),
+                                     0 if alibi is None else alibi.data_ptr(), aligned, cuda_build.stream_of(Q))
     return out
