@@ -1,7 +1,9 @@
 """Decode attention starter: a few new query tokens against a KV cache's filled prefix (split-KV, then a reduction).
 
 Q [B, H, T, D], K and V [B, Hkv, L, D] (a cache of L entries, the first seqlens[b] filled), seqlens [B] int32; query
-t of sequence b sits at position seqlens[b] - T + t and sees the keys up to it. Out [B, H, T, D] in Q's dtype.
+t of sequence b sits at position seqlens[b] - T + t and sees the keys up to it. Or, with mask (bool [B, T or 1, L], a
+model's attention mask: left padding, a static cache's empty tail), token t sees the keys below seqlens[b] that
+mask[b, t] (or mask[b, 0]) holds True for. Out [B, H, T, D] in Q's dtype.
 
 Bandwidth-bound: a step reads the filled cache once (2 * B * Hkv * seqlen * D elements) for 4 FLOPs per element and
 query head. One program per (sequence, K/V head) would leave most of the GPU idle at batch 1, so the cache is cut
@@ -40,11 +42,11 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _split_kernel(q_ptr, k_ptr, v_ptr, lens_ptr, part_ptr, stats_ptr, HKV, T, SPLITS, split_len, qk_scale,
+def _split_kernel(q_ptr, k_ptr, v_ptr, lens_ptr, mask_ptr, part_ptr, stats_ptr, HKV, T, SPLITS, split_len, qk_scale,
                   stride_qb, stride_qh, stride_qt, stride_qd, stride_kb, stride_kh, stride_kl, stride_kd,
-                  stride_vb, stride_vh, stride_vl, stride_vd,
+                  stride_vb, stride_vh, stride_vl, stride_vd, stride_mb, stride_mt, stride_ml,
                   GROUP: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-                  D_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                  D_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr, MASKED: tl.constexpr):
     bh = tl.program_id(0)  # sequence b, K/V head kvh
     split = tl.program_id(1)
     b = bh // HKV
@@ -75,7 +77,12 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, lens_ptr, part_ptr, stats_ptr, HKV, T, SP
         v = tl.load(v_base + offs_n[:, None].to(tl.int64) * stride_vl + offs_d[None, :] * stride_vd, mask=kv_mask,
                     other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
-        s = tl.where(in_cache[None, :] & (offs_n[None, :] <= last[:, None]), s, float("-inf"))
+        if MASKED:  # the caller's mask says which keys each token sees (padding, a static cache's empty tail)
+            seen = tl.load(mask_ptr + b.to(tl.int64) * stride_mb + token[:, None] * stride_mt
+                           + offs_n[None, :].to(tl.int64) * stride_ml, mask=live[:, None] & in_cache[None, :], other=0)
+            s = tl.where(in_cache[None, :] & (seen != 0), s, float("-inf"))
+        else:
+            s = tl.where(in_cache[None, :] & (offs_n[None, :] <= last[:, None]), s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet
         p = tl.math.exp2(s - m_safe[:, None])
@@ -120,12 +127,19 @@ def _pow2(n: int, least: int = 1) -> int:
     return max(least, 1 << (max(n, 1) - 1).bit_length())
 
 
-def kernel_fn(Q, K, V, seqlens, sm_scale=None):
+def kernel_fn(Q, K, V, seqlens, sm_scale=None, mask=None):
     batch, heads, tokens, head_dim = Q.shape
     kv_heads, length = K.shape[1], K.shape[2]
     if K.shape != V.shape or heads % kv_heads or seqlens.shape != (batch,):
         raise ValueError(f"Q {tuple(Q.shape)}, K {tuple(K.shape)}, V {tuple(V.shape)}, seqlens "
                          f"{tuple(seqlens.shape)}: K/V one shape, heads dividing Q's, one length per sequence")
+    if mask is not None:
+        if mask.dtype != torch.bool or mask.dim() != 3 or mask.shape[0] != batch or mask.shape[1] not in (1, tokens) \
+                or mask.shape[2] != length:
+            raise ValueError(f"mask {tuple(mask.shape)} {mask.dtype}: bool [batch, tokens or 1, cache length]")
+        mask = mask.view(torch.uint8)  # the same bytes, a type every Triton version loads
+    mask_strides = (0, 0, 0) if mask is None else (mask.stride(0), mask.stride(1) if mask.shape[1] > 1 else 0,
+                                                   mask.stride(2))
     group = heads // kv_heads
     sms = _sms(Q.get_device()) if Q.is_cuda else CPU_SMS
     splits = max(1, min(MAX_SPLITS, triton.cdiv(length, BLOCK_N), triton.cdiv(sms * SPLITS_PER_SM, batch * kv_heads)))
@@ -138,10 +152,11 @@ def kernel_fn(Q, K, V, seqlens, sm_scale=None):
     scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(head_dim)
     lens = seqlens if seqlens.dtype == torch.int32 else seqlens.to(torch.int32)
     _split_kernel[(batch * kv_heads, splits)](
-        Q, K, V, lens, part, stats, kv_heads, tokens, splits, split_len, scale * LOG2E,
-        *Q.stride(), *K.stride(), *V.stride(),
+        Q, K, V, lens, lens if mask is None else mask, part, stats, kv_heads, tokens, splits, split_len, scale * LOG2E,
+        *Q.stride(), *K.stride(), *V.stride(), *mask_strides,
         GROUP=group, ROWS=rows, BLOCK_N=BLOCK_N, HEAD_DIM=head_dim, D_PAD=d_pad,
-        DOT_PRECISION="ieee" if Q.dtype == torch.float32 else "tf32", num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+        DOT_PRECISION="ieee" if Q.dtype == torch.float32 else "tf32", MASKED=mask is not None, num_warps=NUM_WARPS,
+        num_stages=NUM_STAGES)
     out = torch.empty((batch, heads, tokens, head_dim), dtype=Q.dtype, device=Q.device)
     _combine_kernel[(batch * heads * tokens,)](
         part, stats, out, heads, tokens, splits, *out.stride(),

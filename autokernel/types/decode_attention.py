@@ -17,12 +17,18 @@ from autokernel.types._common import esize, randn
 NAME = "decode_attention"
 
 
-def decode_attention_ref(Q, K, V, seqlens, sm_scale: float | None = None):
+def decode_attention_ref(Q, K, V, seqlens, sm_scale: float | None = None, mask=None):
     """softmax(Q K^T * scale, over the visible keys) V, query head h reading K/V head h // (H / Hkv): SDPA with the
-    visible keys as a boolean mask, which is what a model's decode step runs without the kernel (the baseline)."""
+    visible keys as a boolean mask, which is what a model's decode step runs without the kernel (the baseline). The
+    visible keys: up to each token's position, or, with mask ([B, T or 1, L] bool, True: seen), those below seqlens
+    that the mask holds."""
     tokens = Q.shape[2]
-    last = seqlens.to(torch.int64)[:, None] - tokens + torch.arange(tokens, device=Q.device)[None, :]  # [B, T]
-    seen = torch.arange(K.shape[2], device=Q.device)[None, None, :] <= last[:, :, None]  # [B, T, L]
+    keys = torch.arange(K.shape[2], device=Q.device)[None, None, :]
+    if mask is not None:
+        seen = mask & (keys < seqlens.to(torch.int64)[:, None, None])  # [B, T or 1, L]
+    else:
+        last = seqlens.to(torch.int64)[:, None] - tokens + torch.arange(tokens, device=Q.device)[None, :]  # [B, T]
+        seen = keys <= last[:, :, None]  # [B, T, L]
     return F.scaled_dot_product_attention(Q, K, V, attn_mask=seen[:, None], scale=sm_scale,
                                           enable_gqa=Q.shape[1] != K.shape[1])
 
@@ -37,8 +43,21 @@ def _inputs(scale: float = 1.0, shortest: bool = False):
         else:  # filled prefixes of every length, the first one the whole cache
             seqlens = torch.randint(t, length + 1, (b,), device=device, generator=gen, dtype=torch.int32)
             seqlens[0] = length
-        return q, k, v, seqlens
+        masked = shape.get("masked")
+        return (q, k, v, seqlens) if not masked else (q, k, v, seqlens, None, _mask(seqlens, t, length, masked, gen))
     return make
+
+
+def _mask(seqlens, tokens: int, length: int, masked, gen):
+    """A model's decode mask: each sequence left-padded by up to a quarter of the cache (never all of what it sees),
+    then, per token ("causal": [B, T, L]), the keys up to its position, or ("folded": [B, 1, L], HF's grouped heads
+    folded into the tokens of one position) the keys up to the last one."""
+    keys = torch.arange(length, device=seqlens.device)[None, None, :]
+    limit = torch.clamp(seqlens.to(torch.int64) - tokens + 1, min=1, max=length // 4 + 1)  # pad < limit
+    pad = (torch.rand(len(seqlens), device=seqlens.device, generator=gen) * limit).long()
+    rows = 1 if masked == "folded" else tokens
+    last = seqlens.to(torch.int64)[:, None] - rows + torch.arange(rows, device=seqlens.device)[None, :]  # [B, rows]
+    return (keys >= pad[:, None, None]) & (keys <= last[:, :, None])
 
 
 def _bytes(s, dt):
@@ -58,15 +77,19 @@ SPEC = KernelSpec(
             {"B": 4, "H": 16, "Hkv": 8, "T": 1, "L": 8192, "D": 128},  # Qwen3-0.6B's
             {"B": 1, "H": 32, "Hkv": 8, "T": 4, "L": 4096, "D": 128},  # four tokens a step (speculative)
             {"B": 2, "H": 8, "Hkv": 4, "T": 1, "L": 8192, "D": 256},  # Gemma-2's head_dim
-            {"B": 16, "H": 32, "Hkv": 32, "T": 1, "L": 1024, "D": 128}],  # multi-head, many sequences
+            {"B": 16, "H": 32, "Hkv": 32, "T": 1, "L": 1024, "D": 128},  # multi-head, many sequences
+            {"B": 1, "H": 4, "Hkv": 4, "T": 8, "L": 4096, "D": 64, "masked": "folded"}],  # TinyLlama as HF folds it
     small_shapes=[{"B": 1, "H": 2, "Hkv": 1, "T": 1, "L": 64, "D": 32},
                   {"B": 2, "H": 4, "Hkv": 2, "T": 2, "L": 96, "D": 16},
                   {"B": 1, "H": 4, "Hkv": 4, "T": 1, "L": 200, "D": 64},
-                  {"B": 2, "H": 8, "Hkv": 2, "T": 1, "L": 130, "D": 32}],
+                  {"B": 2, "H": 8, "Hkv": 2, "T": 1, "L": 130, "D": 32},
+                  {"B": 3, "H": 4, "Hkv": 2, "T": 2, "L": 96, "D": 32, "masked": "causal"},
+                  {"B": 2, "H": 2, "Hkv": 2, "T": 4, "L": 80, "D": 16, "masked": "folded"}],
     edge_shapes=[{"B": 3, "H": 12, "Hkv": 4, "T": 1, "L": 4097, "D": 128},
                  {"B": 1, "H": 10, "Hkv": 2, "T": 3, "L": 1000, "D": 80}],
     small_edge_shapes=[{"B": 1, "H": 3, "Hkv": 1, "T": 1, "L": 37, "D": 24},
-                       {"B": 2, "H": 2, "Hkv": 2, "T": 3, "L": 45, "D": 80}],
+                       {"B": 2, "H": 2, "Hkv": 2, "T": 3, "L": 45, "D": 80},
+                       {"B": 2, "H": 3, "Hkv": 1, "T": 1, "L": 77, "D": 24, "masked": "causal"}],
     bench_shape={"B": 8, "H": 32, "Hkv": 8, "T": 1, "L": 8192, "D": 128},
     small_bench_shape={"B": 2, "H": 4, "Hkv": 2, "T": 1, "L": 256, "D": 64},
     bytes_moved=_bytes,
@@ -74,6 +97,7 @@ SPEC = KernelSpec(
     # scores of +-64 sigma: exp() without a running max overflows; every query seeing only its own position
     adversarial={"large_scores": _inputs(scale=8.0), "shortest_prefix": _inputs(shortest=True)},
     adversarial_tolerance={"large_scores": 4.0},  # as flash_attention's: fp32 rounding of scores near 250
-    description="attention of a few new query tokens against a KV cache's filled prefix, K/V heads grouped or not",
+    description="attention of a few new query tokens against a KV cache's filled prefix, K/V heads grouped or not, "
+                "or against the keys a model's boolean mask says",
     default_speedup=1.0,  # SDPA's decode already reads the cache at a good share of the bandwidth
 )
