@@ -4,6 +4,7 @@ harness's shapes."""
 
 import pytest
 import torch
+from helpers import starter_source
 
 from autokernel.harness.runner import run_bench
 from autokernel.kernelfile import import_kernel
@@ -24,12 +25,9 @@ def test_the_small_shapes_cover_a_mask_per_token_and_a_folded_one():
 
 
 @pytest.mark.parametrize("bug", sorted(BUGS))
-def test_a_kernel_that_misreads_the_mask_fails_the_harness(repo_root, tmp_path, bug):
-    old, new = BUGS[bug]
-    source = (repo_root / "kernels" / f"{TYPE}.py").read_text()
-    assert old in source, "the planted bug no longer fits the starter"
+def test_a_kernel_that_misreads_the_mask_fails_the_harness(tmp_path, bug):
     path = tmp_path / f"{TYPE}.py"
-    path.write_text(source.replace(old, new))
+    path.write_text(starter_source(TYPE, *BUGS[bug]))
     result = run_bench(path, device="cpu", timed=False)
     assert result["status"] == "fail" and result["failed_stage"] in ("smoke", "shape_sweep")
 

@@ -5,6 +5,7 @@ grouped heads also in the profiler's shape and the SDPA site."""
 
 import pytest
 import torch
+from helpers import starter_source
 
 import autokernel
 from autokernel.harness.runner import run_bench
@@ -33,12 +34,9 @@ def test_the_small_shapes_cover_grouped_heads_a_window_a_soft_cap_and_alibi():
 
 
 @pytest.mark.parametrize("bug", sorted(BUGS))
-def test_a_kernel_that_gets_a_variant_wrong_fails_the_harness(repo_root, tmp_path, bug):
-    old, new = BUGS[bug]
-    source = (repo_root / "kernels" / f"{TYPE}.py").read_text()
-    assert old in source, "the planted bug no longer fits the starter"
+def test_a_kernel_that_gets_a_variant_wrong_fails_the_harness(tmp_path, bug):
     path = tmp_path / f"{TYPE}.py"
-    path.write_text(source.replace(old, new))
+    path.write_text(starter_source(TYPE, *BUGS[bug]))
     result = run_bench(path, device="cpu", timed=False)
     assert result["status"] == "fail" and result["failed_stage"] in ("smoke", "shape_sweep")
 
