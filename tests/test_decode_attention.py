@@ -48,3 +48,37 @@ def test_the_mask_s_padding_is_not_seen(interpreter, repo_root):
     assert got.abs().max() < 10
     with pytest.raises(ValueError, match="bool"):
         kernel.kernel_fn(q, k, v, seqlens, None, mask.float())
+
+
+def _tiny_llama(heads: int, kv_heads: int):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, vocab_size=256,
+                                      num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=16)
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+@pytest.mark.slow(10)
+@pytest.mark.parametrize("types", [["flash_attention", TYPE], [TYPE, "flash_attention"]])
+def test_generate_with_a_static_cache_runs_the_decode_kernel_and_flash_attention_the_prefill(interpreter,
+                                                                                             install_starter, types):
+    """SDPA's decode steps (HF folds a group's heads into the rows of one mask row) run decode_attention, the
+    prompt's prefill flash_attention, whichever order the types come in; the tokens are the original's."""
+    from autokernel.ops import swap
+
+    for kernel_type in types:
+        install_starter(kernel_type)
+    model = _tiny_llama(heads=4, kv_heads=2)
+    prompt = torch.randint(0, 256, (1, 12), generator=torch.Generator().manual_seed(0))
+    optimized = swap.build(model, types)
+    kwargs = {"max_new_tokens": 4, "min_new_tokens": 4, "do_sample": False, "cache_implementation": "static",
+              "pad_token_id": 0, "disable_compile": True}
+    with torch.no_grad():
+        want = model.generate(prompt, **kwargs)
+        got = optimized.module().generate(prompt, **kwargs)
+    assert torch.equal(got, want)
+    sites = {s.kernel_type: s for s in optimized.sites() if s.swapped and s.calls}
+    assert sites[TYPE].calls == 2 * 3 and sites["flash_attention"].calls == 2  # 3 steps after the prefill, 2 layers
+    assert "autokernel" not in sites[TYPE].where and "sdpa_attention" in sites[TYPE].where  # transformers' call
+    planned = optimized.planned()
+    assert planned[TYPE] == ["F.scaled_dot_product_attention"] and planned[TYPE][0] in planned["flash_attention"]

@@ -52,6 +52,7 @@ _LABELS: dict[str, str] = {}  # kernel type -> the file it came from, for error 
 _DEFINED: dict[str, object] = {}  # kernel type -> its op definitions (kept alive)
 _TRACEABLE: dict[str, Callable | None] = {}  # kernel type -> kernel_fn as torch.compile traces it
 _DEPLOYMENTS: dict = {}  # kernel type -> its registry entry's Deployment (schema, output shape, sites)
+_PACKAGE = str(Path(__file__).parent.parent)  # autokernel/: the replacements' code (CallSites.hit skips it)
 
 
 class KernelCallError(RuntimeError):
@@ -304,21 +305,27 @@ def in_eager() -> bool:
 
 
 class CallSites:
-    """Sites of patched function calls, keyed by what was called and from where (eager runs only)."""
+    """Sites of patched function calls, keyed by what was called, from where and by which type's replacement (two
+    types share SDPA: one takes the prefill, one the decode steps) (eager runs only)."""
 
     def __init__(self):
-        self.sites: dict[tuple[str, str], Site] = {}
-        self._by_line: dict[tuple, Site] = {}  # (what, code, line) -> its site: each described once, not per call
+        self.sites: dict[tuple[str, str, str], Site] = {}
+        self._by_line: dict[tuple, Site] = {}  # (what, type, code, line) -> its site: described once, not per call
 
     def hit(self, what: str, kernel_type: str, reason: str | None = None, depth: int = 2) -> None:
         frame = sys._getframe(depth)  # 0 hit, 1 the wrapper, 2 the model code that called the function
-        line = (what, frame.f_code, frame.f_lineno)
+        name = what.rsplit(".", 1)[-1]
+        while frame.f_back is not None and frame.f_code.co_name == name and frame.f_code.co_filename.startswith(
+                _PACKAGE):  # another type's replacement of the function, which handed the call on (swap._sharing)
+            frame = frame.f_back
+        line = (what, kernel_type, frame.f_code, frame.f_lineno)
         site = self._by_line.get(line)
         if site is None:
             code = frame.f_code
             name = getattr(code, "co_qualname", code.co_name)
             where = f"{code.co_filename.rsplit('/', 1)[-1]}:{frame.f_lineno} {name}"
-            site = self._by_line[line] = self.sites.setdefault((what, where), Site(where, what, kernel_type, False))
+            site = self._by_line[line] = self.sites.setdefault((what, where, kernel_type),
+                                                               Site(where, what, kernel_type, False))
         if reason is None:
             site.calls += 1
             site.swapped = True

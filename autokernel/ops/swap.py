@@ -159,8 +159,9 @@ def _function_patches(model: nn.Module, types, sites: CallSites) -> tuple[list, 
         deployment = customops.deployment(t)
         if deployment.functions is not None:
             for fn, wrapper in deployment.functions(sites).items():
-                replacements[id(fn)] = wrapper
-                type_of[id(wrapper)] = t
+                earlier = replacements.get(id(fn))
+                replacements[id(fn)] = _sharing(earlier, wrapper) if earlier is not None else wrapper
+                type_of[id(replacements[id(fn)])] = f"{type_of[id(earlier)]}+{t}" if earlier is not None else t
     for owner in (F, torch, *model_modules(model)):  # F.x, torch.x, and `from ... import x` aliases
         for name, value in list(vars(owner).items()):
             if id(value) in replacements:
@@ -175,6 +176,16 @@ def _function_patches(model: nn.Module, types, sites: CallSites) -> tuple[list, 
             notes += rejected
             type_of.update({id(wrapper): t for _, _, wrapper in found})
     return patches, notes, type_of
+
+
+def _sharing(earlier, later):
+    """One replacement of a function two types replace: the one that takes its own calls and hands the others on
+    (its `over(then)`: decode_attention's SDPA, taking a cache's decode steps) over the other (flash_attention's,
+    taking the prefill); where neither can, the later type's alone, as before."""
+    for first, then in ((later, earlier), (earlier, later)):
+        if callable(getattr(first, "over", None)):
+            return first.over(then)
+    return later
 
 
 class Optimized:
@@ -257,7 +268,8 @@ class Optimized:
                 what[kind] = what.get(kind, 0) + 1
         for owner, name, new in self.patches:
             prefix = {F: "F.", torch: "torch."}.get(owner, getattr(owner, "__name__", "").rsplit(".", 1)[-1] + ".")
-            found.setdefault(self.patch_types[id(new)], {})[prefix + name] = 0
+            for kernel_type in self.patch_types[id(new)].split("+"):  # a function two types share: both
+                found.setdefault(kernel_type, {})[prefix + name] = 0
         return {t: [f"{w} x{n}" if n else w for w, n in what.items()] for t, what in sorted(found.items())}
 
     def sites(self) -> list[Site]:

@@ -6,12 +6,19 @@ the rest is never read). Query t of sequence b sits at position seqlens[b] - T +
 Each step reads the whole cache for a few FLOPs per byte: the type is bound by the K/V bytes, and a kernel at the
 limit splits the cache across the GPU (split-KV, a final reduction) with the query heads of a group sharing their
 K/V loads.
+
+Where a model runs it: transformers' decode step with a static cache calls F.scaled_dot_product_attention with the
+step's queries, the whole cache and a boolean mask (its grouped heads folded into the rows of one mask row); those
+calls run the kernel with the mask, and every other call goes on to what ran before (flash_attention's replacement,
+which takes the prefill, or SDPA itself).
 """
 
 import torch
 import torch.nn.functional as F
 
-from autokernel.kerneltype import KernelSpec
+from autokernel.kerneltype import Deployment, KernelSpec
+from autokernel.ops import customops
+from autokernel.ops.customops import KERNEL_DTYPES, CallSites, grad_reason, in_eager
 from autokernel.types._common import esize, randn
 
 NAME = "decode_attention"
@@ -60,6 +67,52 @@ def _mask(seqlens, tokens: int, length: int, masked, gen):
     return (keys >= pad[:, None, None]) & (keys <= last[:, :, None])
 
 
+# ------------------------------------------------------------------ where a model runs it: SDPA's decode steps
+_F_SDPA = customops.original(F, "scaled_dot_product_attention")
+MAX_ROWS = 64  # query rows of a call (a step's tokens, times a group's heads where they are folded in): decode only
+
+
+def _unfit(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa) -> str | None:
+    if q.dim() != 4 or k.dim() != 4 or k.shape != v.shape or not q.shape[2] < k.shape[2] or q.shape[2] > MAX_ROWS:
+        return "not a few queries against a longer cache"
+    if attn_mask is None or attn_mask.dtype != torch.bool or attn_mask.dim() != 4 or attn_mask.shape[1] != 1 \
+            or attn_mask.shape[0] not in (1, q.shape[0]) or attn_mask.shape[2] not in (1, q.shape[2]) \
+            or attn_mask.shape[3] != k.shape[2]:
+        return "no boolean [batch, 1, queries or 1, keys] mask"
+    if dropout_p or is_causal:
+        return "attention dropout, or is_causal against a cache"
+    if q.dtype not in KERNEL_DTYPES or not q.dtype == k.dtype == v.dtype:
+        return f"dtypes {q.dtype}, {k.dtype}, {v.dtype}"
+    if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
+        return "queries and keys differ in batch or head_dim"
+    if q.shape[1] != k.shape[1] and not (enable_gqa and q.shape[1] % k.shape[1] == 0):
+        return "different head counts for queries and keys"
+    return None
+
+
+def replace_sdpa(sites: CallSites) -> dict:
+    """F.scaled_dot_product_attention -> decode_attention for a decode step's calls; the others go on to `then`."""
+    kernel = customops.op(NAME)
+
+    def handing_on_to(then):
+        def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                                         scale=None, enable_gqa=False):
+            reason = _unfit(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa) \
+                or grad_reason(query, key, value)
+            if reason is not None:
+                return then(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+            if in_eager():
+                sites.hit("F.scaled_dot_product_attention", NAME)
+            batch, length = query.shape[0], key.shape[2]
+            seqlens = torch.full((batch,), length, dtype=torch.int32, device=query.device)  # the mask says the rest
+            return kernel(query, key, value, seqlens, scale, attn_mask[:, 0].expand(batch, -1, -1))
+
+        scaled_dot_product_attention.over = handing_on_to  # swap: another type's replacement of SDPA goes on
+        return scaled_dot_product_attention
+
+    return {_F_SDPA: handing_on_to(_F_SDPA)}
+
+
 def _bytes(s, dt):
     kv = 2 * s["B"] * s["Hkv"] * s["L"] * s["D"]  # the whole cache, read once
     return (kv + 2 * s["B"] * s["H"] * s["T"] * s["D"]) * esize(dt)
@@ -100,4 +153,6 @@ SPEC = KernelSpec(
     description="attention of a few new query tokens against a KV cache's filled prefix, K/V heads grouped or not, "
                 "or against the keys a model's boolean mask says",
     default_speedup=1.0,  # SDPA's decode already reads the cache at a good share of the bandwidth
+    deployment=Deployment("(Tensor Q, Tensor K, Tensor V, Tensor seqlens, float? sm_scale, Tensor? mask) -> Tensor",
+                          lambda Q, K, V, seqlens, sm_scale, mask: Q.shape, functions=replace_sdpa),
 )

@@ -176,7 +176,7 @@ def _trial_order(optimized: swap.Optimized, types: list[str], prior: dict[str, f
     the model they end up in (without linear_gelu, GPT-NeoX's MLP projection falls to the matmul type while it is in,
     not to cuBLAS: timed before matmul, linear_gelu stayed or went by the noise). By the prior's ratio (lowest first),
     then types placed by function patches (they take what module sites leave), then as given (by name)."""
-    patched = set(getattr(optimized, "patch_types", {}).values())
+    patched = {t for joined in getattr(optimized, "patch_types", {}).values() for t in joined.split("+")}
     return sorted(types, key=lambda t: (prior.get(t, 1.0), t not in patched))
 
 
