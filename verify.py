@@ -269,7 +269,8 @@ def generation_lines(generation: dict | None) -> list[str]:
         lines.append(f"generate ({mode}, {r['new_tokens']} new tokens, static cache): original "
                      f"{r['original_tokens_per_s']:.1f} tokens/s, optimized {r['optimized_tokens_per_s']:.1f} "
                      f"({r['speedup']:.3f}x, {CONFIDENCE:.0%} interval {low:.3f}-{high:.3f}); "
-                     f"{r['same_tokens']} of {r['new_tokens']} tokens as the original's")
+                     f"{r['same_tokens']} of {r['new_tokens']} tokens as the original's"
+                     + (f"; its kernels: {', '.join(r['kernel_types'])}" if r.get("kernel_types") else ""))
     return lines
 
 

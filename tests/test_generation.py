@@ -3,6 +3,7 @@ model in turns, eagerly and with the forward compiled; the user's model handed b
 
 import pytest
 import torch
+from helpers import unwrapped
 
 import autokernel
 import verify
@@ -55,12 +56,16 @@ def test_verify_reports_generation_beside_the_forward(tmp_path, capsys, interpre
     out = tmp_path / "report.json"
     code = verify.main(["--module", "transformers", "--class-name", "AutoModelForCausalLM", "--config",
                         str(tmp_path / "cfg"), "--input-shape", "1,16", "--device", "cpu", "--checks", "1",
-                        "--types", "rmsnorm", "--generate", "2", "--report", str(out)])
+                        "--types", "rmsnorm,decode_attention", "--generate", "2", "--report", str(out)])
     printed = capsys.readouterr()
     assert code == 0, printed.out + printed.err
     report = json.loads(out.read_text())
     assert report["generation"]["eager"]["new_tokens"] == 2 and "compile" not in report["generation"]
     assert "generate (eager, 2 new tokens, static cache): original " in printed.out
+    # the decode steps' kernel, which no forward runs, is timed in generation as optimize() deploys it
+    assert report["generation"]["eager"]["kernel_types"] == ["decode_attention", "rmsnorm"]
+    assert "decode_attention" not in report["swapped_types"] \
+        and "its kernels: decode_attention, rmsnorm" in unwrapped(printed.out)
     assert verify.main(["--module", "transformers", "--class-name", "AutoModelForCausalLM", "--config",
                         str(tmp_path / "cfg"), "--generate", "-1"]) == 2  # a one-line error, before any load
     assert "--generate" in capsys.readouterr().err

@@ -6,10 +6,12 @@ off), and with --compile with the forward compiled as transformers compiles it f
 GPU in torch.compile's reduce-overhead mode, CUDA graphs (the row "compile_graph"; "compile" on the CPU). The
 user's model is given back as it was.
 
-The prune chose the kernels on the forward. Decoding runs other shapes, one token against the cache, where a call
-the kernels do not cover runs the original code: this row says whether generation gains or loses, with the same
-interval as every other row, and how many of the N tokens the optimized model chose as the original did (random
-weights make near ties: a few differing tokens are rounding, not a wrong kernel; the check proves the forward).
+The prune chose the kernels on the forward. Decoding runs other shapes, one token against the cache: the model
+timed here is what optimize() deploys, the kept types and those no forward runs (decode_attention takes each decode
+step's attention), and a call no kernel covers runs the original code. The row says whether generation gains or
+loses, with the same interval as every other row, which kernels ran, and how many of the N tokens the optimized model
+chose as the original did (random weights make near ties: a few differing tokens are rounding, not a wrong kernel;
+the check proves the forward).
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ def measure(model, optimized: torch.nn.Module, prompt: torch.Tensor, new_tokens:
         try:
             with wrapped(model), wrapped(optimized):
                 rows[mode] = _row(model, optimized, prompt, new_tokens, device)
+                if mode == "eager" and hasattr(optimized, "autokernel"):  # which kernels generation ran
+                    rows[mode]["kernel_types"] = optimized.autokernel.swapped_types()
         except Exception as e:  # a mode that cannot generate is reported; the other is still timed
             rows[mode] = {"error": endtoend._error_line(e)}
         if mode != "eager":

@@ -216,8 +216,12 @@ def _measure(request: Request, model, optimized, choices: dict, inputs, device: 
         torch._dynamo.reset()
     against = _time_against(request, model, optimized, choices, inputs, device) if timed and request.against else None
     graph = correctness.graph_breaks(optimized, inputs(endtoend.CHECK_SEED)) if request.compile and passed else None
-    generated = generation.measure(model, optimized.module(), inputs(endtoend.TIMING_SEED)[0][:1], request.generate,
-                                   device, request.compile) if timed and request.generate > 0 else None
+    generated = None
+    if timed and request.generate > 0:  # what optimize() deploys: the types the forward never runs too (decode)
+        deployed = swap.build(model, [t for t in choices if t not in pruned],
+                              traced=[t for t in choices if t not in pruned_traced])
+        generated = generation.measure(model, deployed.module(), inputs(endtoend.TIMING_SEED)[0][:1],
+                                       request.generate, device, request.compile)
     return {"decided": decided, "pruned": pruned, "pruned_traced": pruned_traced, "decisions": decisions,
             "timing": timings, "timing_errors": errors, "against": against, "graph": graph, "generation": generated}
 
