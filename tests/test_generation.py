@@ -7,7 +7,8 @@ from helpers import unwrapped
 
 import autokernel
 import verify
-from autokernel.verify import generation
+from autokernel.ops import swap
+from autokernel.verify import generation, noise
 
 transformers = pytest.importorskip("transformers")
 
@@ -69,3 +70,19 @@ def test_verify_reports_generation_beside_the_forward(tmp_path, capsys, interpre
     assert verify.main(["--module", "transformers", "--class-name", "AutoModelForCausalLM", "--config",
                         str(tmp_path / "cfg"), "--generate", "-1"]) == 2  # a one-line error, before any load
     assert "--generate" in capsys.readouterr().err
+
+
+def test_types_no_forward_runs_are_decided_on_generation(monkeypatch):
+    """decode_attention runs in no forward, so the forward's prune never weighs it: generation does, with and without
+    it in turns, and leaves it out where generate() runs faster without it (a type that ran nowhere stays)."""
+    kept = swap.build(torch.nn.Linear(2, 2), [])
+    rows = {"eager": {"outcome": noise.WITHIN_NOISE, "kernel_types": ["decode_attention", "rmsnorm"]},
+            "compile_graph": {"outcome": noise.FASTER, "speedup": 0.95, "speedup_interval": [0.94, 0.96]}}
+    timed, built = [], []
+    monkeypatch.setattr(swap, "build", lambda model, types, traced=None: built.append((types, traced)) or kept)
+    monkeypatch.setattr(generation, "measure", lambda without, with_, *a: timed.append((without, with_)) or rows)
+    eagerly, traced = generation.decide(kept.model, kept, ["decode_attention", "layernorm"], None, 4, "cuda", True)
+    assert built == [(["decode_attention", "layernorm"],) * 2]  # the kept types (none here) with the candidates
+    assert timed[0][0] is kept.module()  # against the kept types alone
+    assert eagerly == {} and list(traced) == ["decode_attention"]  # layernorm ran nowhere: it stays
+    assert traced["decode_attention"].startswith("generate() runs faster without it in compile_graph mode (0.950x")

@@ -8,7 +8,8 @@ user's model is given back as it was.
 
 The prune chose the kernels on the forward. Decoding runs other shapes, one token against the cache: the model
 timed here is what optimize() deploys, the kept types and those no forward runs (decode_attention takes each decode
-step's attention), and a call no kernel covers runs the original code. The row says whether generation gains or
+step's attention; decide() leaves them out where generation runs faster without them, on a GPU where verify.py
+prunes), and a call no kernel covers runs the original code. The row says whether generation gains or
 loses, with the same interval as every other row, which kernels ran, and how many of the N tokens the optimized model
 chose as the original did (random weights make near ties: a few differing tokens are rounding, not a wrong kernel;
 the check proves the forward).
@@ -63,7 +64,31 @@ def _row(model, optimized, prompt, new_tokens: int, device: str) -> dict:
     same = int((tokens["original"] == tokens["optimized"]).sum()) if tokens["original"].shape == \
         tokens["optimized"].shape else 0
     return {"original_tokens_per_s": per_s["original"], "optimized_tokens_per_s": per_s["optimized"],
-            "speedup": v.ratio, "speedup_interval": [v.low, v.high], "same_tokens": same, "new_tokens": new_tokens}
+            "speedup": v.ratio, "speedup_interval": [v.low, v.high], "outcome": v.outcome, "same_tokens": same,
+            "new_tokens": new_tokens}
+
+
+def decide(model, kept, candidates: list[str], prompt: torch.Tensor, new_tokens: int, device: str,
+           with_compile: bool) -> tuple[dict, dict]:
+    """The types no forward runs (decode_attention's decode steps), decided on generation as the prune decides the
+    others on the forward: generate() with the kept types alone against generate() with those types too, in turns,
+    eagerly and (with_compile) compiled. Returns ({type: why} left out eagerly, {type: why} left out where
+    torch.compile traces the model): those that ran, in a mode where generation runs faster without them outside
+    the noise (a type with no site in the model runs nowhere and stays). kept: the prune's swap.Optimized."""
+    from autokernel.ops import swap
+
+    eager, traced = list(kept.types), list(kept.traced_types())
+    trial = swap.build(model, eager + candidates, traced=traced + candidates)
+    rows = measure(kept.module(), trial.module(), prompt, new_tokens, device, with_compile)
+    ran = [t for t in candidates if t in rows.get("eager", {}).get("kernel_types", ())]  # a site took its calls
+    dropped = {}
+    for mode, r in rows.items():
+        if r.get("outcome") == noise.FASTER:  # without them (the "original" side here) is faster
+            low, high = r["speedup_interval"]
+            dropped[mode] = {t: f"generate() runs faster without it in {mode} mode ({r['speedup']:.3f}x, "
+                                f"{noise.CONFIDENCE:.0%} interval {low:.3f}-{high:.3f})" for t in ran}
+    compiled = next((d for m, d in dropped.items() if m != "eager"), {})
+    return dropped.get("eager", {}), compiled
 
 
 def _generating(model, new_tokens: int):

@@ -218,10 +218,15 @@ def _measure(request: Request, model, optimized, choices: dict, inputs, device: 
     graph = correctness.graph_breaks(optimized, inputs(endtoend.CHECK_SEED)) if request.compile and passed else None
     generated = None
     if timed and request.generate > 0:  # what optimize() deploys: the types the forward never runs too (decode)
+        prompt = inputs(endtoend.TIMING_SEED)[0][:1]
+        unrun = [t for t in choices if t not in optimized.types and t not in pruned]
+        if decided and unrun:  # decided on generation, as the prune decides the others on the forward
+            eagerly, traced = generation.decide(model, optimized, unrun, prompt, request.generate, device,
+                                                request.compile)
+            pruned, pruned_traced = {**pruned, **eagerly}, {**pruned_traced, **traced}
         deployed = swap.build(model, [t for t in choices if t not in pruned],
                               traced=[t for t in choices if t not in pruned_traced])
-        generated = generation.measure(model, deployed.module(), inputs(endtoend.TIMING_SEED)[0][:1],
-                                       request.generate, device, request.compile)
+        generated = generation.measure(model, deployed.module(), prompt, request.generate, device, request.compile)
     return {"decided": decided, "pruned": pruned, "pruned_traced": pruned_traced, "decisions": decisions,
             "timing": timings, "timing_errors": errors, "against": against, "graph": graph, "generation": generated}
 
