@@ -106,6 +106,15 @@ def starter_source(kernel_type: str, old: str | None = None, new: str | None = N
     return source
 
 
+def bench_planted(tmp_path: Path, kernel_type: str, old: str, new: str) -> dict:
+    """The harness's verdict (CPU, untimed) on the shipped starter with `old` replaced by `new` (a planted bug)."""
+    from autokernel.harness.runner import run_bench
+
+    path = tmp_path / f"{kernel_type}.py"
+    path.write_text(starter_source(kernel_type, old, new))
+    return run_bench(path, device="cpu", timed=False)
+
+
 def compiled_ops(optimized, model, ids) -> list[str]:
     """The targets of the call_function nodes torch.compile traces of an optimized HF causal LM (whole: fullgraph,
     on a backend that records its graphs), having checked its logits against the original model's."""

@@ -4,9 +4,8 @@ harness's shapes."""
 
 import pytest
 import torch
-from helpers import starter_source
+from helpers import bench_planted
 
-from autokernel.harness.runner import run_bench
 from autokernel.kernelfile import import_kernel
 from autokernel.registry import get_spec
 
@@ -26,9 +25,7 @@ def test_the_small_shapes_cover_a_mask_per_token_and_a_folded_one():
 
 @pytest.mark.parametrize("bug", sorted(BUGS))
 def test_a_kernel_that_misreads_the_mask_fails_the_harness(tmp_path, bug):
-    path = tmp_path / f"{TYPE}.py"
-    path.write_text(starter_source(TYPE, *BUGS[bug]))
-    result = run_bench(path, device="cpu", timed=False)
+    result = bench_planted(tmp_path, TYPE, *BUGS[bug])
     assert result["status"] == "fail" and result["failed_stage"] in ("smoke", "shape_sweep")
 
 

@@ -5,10 +5,9 @@ grouped heads also in the profiler's shape and the SDPA site."""
 
 import pytest
 import torch
-from helpers import starter_source
+from helpers import bench_planted
 
 import autokernel
-from autokernel.harness.runner import run_bench
 from autokernel.profile import attribution
 from autokernel.profile.attribution import Op
 from autokernel.registry import get_spec
@@ -35,9 +34,7 @@ def test_the_small_shapes_cover_grouped_heads_a_window_a_soft_cap_and_alibi():
 
 @pytest.mark.parametrize("bug", sorted(BUGS))
 def test_a_kernel_that_gets_a_variant_wrong_fails_the_harness(tmp_path, bug):
-    path = tmp_path / f"{TYPE}.py"
-    path.write_text(starter_source(TYPE, *BUGS[bug]))
-    result = run_bench(path, device="cpu", timed=False)
+    result = bench_planted(tmp_path, TYPE, *BUGS[bug])
     assert result["status"] == "fail" and result["failed_stage"] in ("smoke", "shape_sweep")
 
 

@@ -283,9 +283,10 @@ def cuda_graphed(fn: Callable, example: tuple, warmup: int = 3, pool: tuple | No
     What a deployment that serves fixed shapes does (vLLM, TensorRT-LLM): timing both the original
     and the optimized model this way separates GPU time from host overhead. The output tensor is
     the graph's own buffer, overwritten by the next replay; `replay.inputs` are the captured input
-    buffers (what the graph reads, and what a kernel that writes its inputs leaves changed). pool: a memory pool
-    (torch.cuda.graph_pool_handle()) shared with other graphs that replay one at a time, each output read before
-    another replays (a graph holds its forward's peak memory for as long as it lives, in its own pool without one).
+    buffers (what the graph reads, and what a kernel that writes its inputs leaves changed). pool: the id of a
+    torch.cuda.MemPool the caller holds (a bare graph_pool_handle() dies with its last graph), shared with other graphs
+    that replay one at a time, each output read before another replays (a graph holds its forward's peak memory for
+    as long as it lives, in its own pool without one).
     """
     static = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in example)
     side = torch.cuda.Stream()

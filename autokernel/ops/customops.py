@@ -314,8 +314,8 @@ class CallSites:
 
     def hit(self, what: str, kernel_type: str, reason: str | None = None, depth: int = 2) -> None:
         frame = sys._getframe(depth)  # 0 hit, 1 the wrapper, 2 the model code that called the function
-        name = what.rsplit(".", 1)[-1]
-        while frame.f_back is not None and frame.f_code.co_name == name and frame.f_code.co_filename.startswith(
+        replaced = what.rsplit(".", 1)[-1]
+        while frame.f_back is not None and frame.f_code.co_name == replaced and frame.f_code.co_filename.startswith(
                 _PACKAGE):  # another type's replacement of the function, which handed the call on (swap._sharing)
             frame = frame.f_back
         line = (what, kernel_type, frame.f_code, frame.f_lineno)

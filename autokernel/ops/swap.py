@@ -159,9 +159,11 @@ def _function_patches(model: nn.Module, types, sites: CallSites) -> tuple[list, 
         deployment = customops.deployment(t)
         if deployment.functions is not None:
             for fn, wrapper in deployment.functions(sites).items():
-                earlier = replacements.get(id(fn))
-                replacements[id(fn)] = _sharing(earlier, wrapper) if earlier is not None else wrapper
-                type_of[id(replacements[id(fn)])] = f"{type_of[id(earlier)]}+{t}" if earlier is not None else t
+                earlier, label = replacements.get(id(fn)), t
+                if earlier is not None:  # another type replaces it too
+                    wrapper, label = _sharing(earlier, wrapper), f"{type_of[id(earlier)]}+{t}"
+                replacements[id(fn)] = wrapper
+                type_of[id(wrapper)] = label
     for owner in (F, torch, *model_modules(model)):  # F.x, torch.x, and `from ... import x` aliases
         for name, value in list(vars(owner).items()):
             if id(value) in replacements:

@@ -56,10 +56,11 @@ def _inputs(scale: float = 1.0):
         heads = (shape["H"], shape.get("Hkv", shape["H"]), shape.get("Hkv", shape["H"]))  # Q's, K's, V's
         q, k, v = (randn((shape["B"], h, shape["S"], shape["D"]), dtype, device, gen, scale if i < 2 else 1.0)
                    for i, h in enumerate(heads))
-        alibi = alibi_slopes(shape["H"]).to(device) if shape.get("alibi") else None
-        variant = (shape.get("window", 0), shape.get("softcap", 0.0), alibi)  # passed only where the shape has them
-        while variant and (variant[-1] is None or isinstance(variant[-1], (int, float)) and not variant[-1]):
-            variant = variant[:-1]
+        variant = (shape.get("window", 0), shape.get("softcap", 0.0))  # passed only where the shape has them
+        if shape.get("alibi"):
+            variant += (alibi_slopes(shape["H"]).to(device),)
+        elif not any(variant):
+            variant = ()
         return (q, k, v, shape["causal"], shape.get("sm_scale"), *variant)
     return make
 

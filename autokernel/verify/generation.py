@@ -23,6 +23,7 @@ import statistics
 import torch
 
 from autokernel.harness import timing
+from autokernel.ops import swap
 from autokernel.verify import endtoend, noise
 
 TURNS = 5  # generate() calls of each model in turns, on a GPU (each is N forwards)
@@ -75,8 +76,6 @@ def decide(model, kept, candidates: list[str], prompt: torch.Tensor, new_tokens:
     eagerly and (with_compile) compiled. Returns ({type: why} left out eagerly, {type: why} left out where
     torch.compile traces the model): those that ran, in a mode where generation runs faster without them outside
     the noise (a type with no site in the model runs nowhere and stays). kept: the prune's swap.Optimized."""
-    from autokernel.ops import swap
-
     eager, traced = list(kept.types), list(kept.traced_types())
     trial = swap.build(model, eager + candidates, traced=traced + candidates)
     rows = measure(kept.module(), trial.module(), prompt, new_tokens, device, with_compile)

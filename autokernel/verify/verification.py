@@ -325,6 +325,15 @@ def _triton_version():
     return triton.__version__
 
 
+def _fate(kernel_type: str, mode: str | None, joint: str | None) -> str:
+    """What a prune's verdict made of a type (or, for "kept together", of the kept set against the original)."""
+    if kernel_type == "kept together":
+        return "the original won" if mode else "not slower than the original"
+    if mode:
+        return "left out"
+    return f"left out with the others of {joint}, not alone" if joint else "kept"
+
+
 def decision_lines(decisions: dict) -> list[str]:
     """One line per type and side of a prune's report: what decided it, in which mode, on which figures
     ("decided in compile_graph: rmsnorm kept: 9.100 ms without, 9.000 with (1.011x, ..., within noise)")."""
@@ -334,9 +343,7 @@ def decision_lines(decisions: dict) -> list[str]:
                     for t in joint.split("+")}  # types left out together (pruning._try_together), each kept alone
         for kernel_type, verdicts in types.items():
             mode = noise.deciding_mode(verdicts)
-            fate = ("left out" if mode else f"left out with the others of {together[kernel_type]}, not alone"
-                    if kernel_type in together else "kept") if kernel_type != "kept together" else (
-                "the original won" if mode else "not slower than the original")
+            fate = _fate(kernel_type, mode, together.get(kernel_type))
             shown = [mode] if mode else list(verdicts)
             figures = "; ".join(f"{m} {v['without_ms']:.3f} ms without, {v['with_ms']:.3f} with ({v['ratio']:.3f}x, "
                                 f"interval {v['low']:.3f}-{v['high']:.3f}, {v['turns']} turns, {v['outcome']})"
