@@ -2,9 +2,9 @@
 static cache, greedy, N new tokens after the checked input's first sequence (the prompt's prefill included in the
 time), the original and the optimized model
 timed in turns (as the forward's rows are); eagerly (transformers' own compile of a static cache's decoding turned
-off), and with --compile with the forward compiled as transformers compiles it for a static cache by default: on a
-GPU in torch.compile's reduce-overhead mode, CUDA graphs (the row "compile_graph"; "compile" on the CPU). The
-user's model is given back as it was.
+off), and with --compile as transformers runs a static cache by default: the prefill eager, each decode step through
+its compiled __call__, on a GPU in torch.compile's reduce-overhead mode, CUDA graphs (the row "compile_graph";
+"compile" on the CPU, where transformers compiles only when told to). The user's model is given back as it was.
 
 The prune chose the kernels on the forward. Decoding runs other shapes, one token against the cache: the model
 timed here is what optimize() deploys, the kept types and those no forward runs (decode_attention takes each decode
@@ -37,16 +37,16 @@ def measure(model, optimized: torch.nn.Module, prompt: torch.Tensor, new_tokens:
     without generate()."""
     if not callable(getattr(model, "generate", None)):
         return {"error": "the model has no generate() (a transformers model has)"}
-    modes = {"eager": contextlib.nullcontext}
+    modes = {"eager": lambda m: contextlib.nullcontext()}  # no CompileConfig: nothing compiled
     graphs = device == "cuda"
     if with_compile:
         backend = endtoend.backend_for(device)
-        modes["compile_graph" if graphs else "compile"] = lambda m: _forward_compiled(m, backend, graphs)
+        modes["compile_graph" if graphs else "compile"] = lambda m: _compiled_by_transformers(m, backend, graphs)
     rows = {}
     for mode, wrapped in modes.items():
         try:
-            with wrapped(model), wrapped(optimized):
-                rows[mode] = _row(model, optimized, prompt, new_tokens, device)
+            with wrapped(model) as config, wrapped(optimized):
+                rows[mode] = _row(model, optimized, prompt, new_tokens, device, config)
                 if mode == "eager" and hasattr(optimized, "autokernel"):  # which kernels generation ran
                     rows[mode]["kernel_types"] = optimized.autokernel.swapped_types()
         except Exception as e:  # a mode that cannot generate is reported; the other is still timed
@@ -56,8 +56,9 @@ def measure(model, optimized: torch.nn.Module, prompt: torch.Tensor, new_tokens:
     return rows
 
 
-def _row(model, optimized, prompt, new_tokens: int, device: str) -> dict:
-    fns = {"original": _generating(model, new_tokens), "optimized": _generating(optimized, new_tokens)}
+def _row(model, optimized, prompt, new_tokens: int, device: str, compile_config) -> dict:
+    fns = {"original": _generating(model, new_tokens, compile_config),
+           "optimized": _generating(optimized, new_tokens, compile_config)}
     tokens = {name: fn(prompt) for name, fn in fns.items()}  # also the warm-up: a compile happens here
     samples = timing.time_turns(fns, [(prompt,)], device, TURNS if device == "cuda" else CPU_TURNS, latency=True)
     v = noise.compare(samples["original"], samples["optimized"], endtoend.PRUNE_MARGIN)  # as every row's
@@ -90,25 +91,30 @@ def decide(model, kept, candidates: list[str], prompt: torch.Tensor, new_tokens:
     return dropped.get("eager", {}), compiled
 
 
-def _generating(model, new_tokens: int):
-    """prompt -> the new tokens of a greedy generate() with a static cache, exactly new_tokens of them."""
+def _generating(model, new_tokens: int, compile_config=None):
+    """prompt -> the new tokens of a greedy generate() with a static cache, exactly new_tokens of them; its decode
+    steps compiled by transformers with compile_config, or not compiled at all (None)."""
+    options = {"disable_compile": True} if compile_config is None else {"compile_config": compile_config}
+
     def generate(prompt):
         out = model.generate(prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-                             cache_implementation="static", pad_token_id=0, disable_compile=True)  # ours or none
+                             cache_implementation="static", pad_token_id=0, **options)
         return out[:, prompt.shape[1]:]
     return generate
 
 
 @contextlib.contextmanager
-def _forward_compiled(model, backend, graphs: bool):
-    """model with its forward compiled (in CUDA graphs: transformers' default for a static cache), its own forward
-    back after."""
-    own = vars(model).get("forward")  # an instance's forward (the optimized model's patches), else the class's
-    model.forward = torch.compile(model.forward, backend=backend, mode="reduce-overhead" if graphs else None)
+def _compiled_by_transformers(model, backend, graphs: bool):
+    """The CompileConfig under which generate() compiles the model's __call__ for its decode steps (in CUDA graphs:
+    transformers' default for a static cache; the prefill stays eager, as transformers runs it); the compiled call
+    transformers keeps on the model is taken off after. Our forward (the optimized model's patches) is what the
+    compiled __call__ runs."""
+    from transformers import CompileConfig
+
+    config = CompileConfig(backend=backend, mode="reduce-overhead" if graphs else None)
+    config._compile_all_devices = True  # transformers' switch for compiling off a GPU (its own tests use it)
     try:
-        yield model
+        yield config
     finally:
-        if own is not None:
-            model.forward = own
-        else:
-            del model.forward
+        for name in ("_compiled_call", "_last_compile_config"):
+            vars(model).pop(name, None)
