@@ -137,7 +137,6 @@ def kernel_fn(Q, K, V, seqlens, sm_scale=None, mask=None):
         if mask.dtype != torch.bool or mask.dim() != 3 or mask.shape[0] != batch or mask.shape[1] not in (1, tokens) \
                 or mask.shape[2] != length:
             raise ValueError(f"mask {tuple(mask.shape)} {mask.dtype}: bool [batch, tokens or 1, cache length]")
-        mask = mask.view(torch.uint8)  # the same bytes, a type every Triton version loads
     mask_strides = (0, 0, 0) if mask is None else (mask.stride(0), mask.stride(1) if mask.shape[1] > 1 else 0,
                                                    mask.stride(2))
     group = heads // kv_heads

@@ -79,3 +79,26 @@ def test_generate_with_a_static_cache_runs_the_decode_kernel_and_flash_attention
     assert "autokernel" not in sites[TYPE].where and "sdpa_attention" in sites[TYPE].where  # transformers' call
     planned = optimized.planned()
     assert planned[TYPE] == ["F.scaled_dot_product_attention"] and planned[TYPE][0] in planned["flash_attention"]
+
+
+@pytest.mark.gpu
+def test_generate_compiled_by_transformers_runs_the_decode_kernel_in_cuda_graphs(install_starter):
+    """As a user runs a static cache: transformers compiles each decode step with Inductor in reduce-overhead mode
+    (CUDA graphs), our kernel and the model's boolean mask inside; the tokens are the original's, and the compiled
+    call ran the kernel (Inductor lowered the mask as the kernel reads it)."""
+    from autokernel.ops import swap
+
+    install_starter(TYPE)
+    model = _tiny_llama(heads=8, kv_heads=2).cuda()  # fp32: no near ties between the two models' logits
+    prompt = torch.randint(0, 256, (1, 40), generator=torch.Generator().manual_seed(0)).cuda()
+    optimized = swap.build(model, [TYPE])
+    kwargs = {"max_new_tokens": 8, "min_new_tokens": 8, "do_sample": False, "cache_implementation": "static",
+              "pad_token_id": 0}
+    with torch.no_grad():
+        want = model.generate(prompt, **kwargs, disable_compile=True)
+        got = optimized.module().generate(prompt, **kwargs)  # transformers compiles the decode steps on a GPU
+    compiled = "_compiled_call" in vars(optimized.module())
+    torch._dynamo.reset()
+    assert compiled
+    assert torch.equal(got, want)
+    assert {s.kernel_type: s.calls for s in optimized.sites() if s.swapped}.get(TYPE, 0) > 0
