@@ -104,7 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     how.add_argument("--generate", metavar="N", type=int, default=0,
                      help="also time model.generate() of N new tokens with a static cache (greedy, a transformers "
                           "model), the original against the optimized model in turns: tokens per second eagerly and, "
-                          "with --compile, with the forward compiled (on a GPU in CUDA graphs; default 0: not timed)")
+                          "with --compile, its decode steps compiled as transformers compiles them (on a GPU in CUDA "
+                          "graphs; default 0: not timed)")
     how.add_argument("--checks", type=int, default=CHECK_INPUTS,
                      help=f"fresh inputs to compare outputs on (default {CHECK_INPUTS})")
     how.add_argument("--no-timing", action="store_true", help="check correctness only")
