@@ -47,6 +47,7 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, lens_ptr, mask_ptr, part_ptr, stats_ptr, 
                   stride_vb, stride_vh, stride_vl, stride_vd, stride_mb, stride_mt, stride_ml,
                   GROUP: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                   D_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr, MASKED: tl.constexpr):
+    qk_scale = tl.full([], qk_scale, tl.float32)  # under torch.compile Inductor passes a Python float as fp64
     bh = tl.program_id(0)  # sequence b, K/V head kvh
     split = tl.program_id(1)
     b = bh // HKV
