@@ -269,8 +269,8 @@ def test_the_type_others_fall_back_to_is_decided_first(monkeypatch):
 
 
 def test_the_compiled_side_tries_first_what_cost_most_on_the_eager_side(monkeypatch):
-    cost = {m: {"rmsnorm": -1.0, "matmul": +1.0, "add_rmsnorm": +0.5} for m in ("eager", "graph", "compile",
-                                                                              "compile_graph")}
+    cost = {m: {"rmsnorm": -1.0, "matmul": +1.0, "add_rmsnorm": +0.5} for m in ("eager", "compile", "compile_graph")}
+    cost["graph"] = {"rmsnorm": -1.0}  # lost eagerly only: the compiled side tries them
     noisy_host(monkeypatch, 0, jitter=dict.fromkeys(cost, 0.005), cost=cost)
     lines = []
     pruning.prune_deployed(Made([], cost), Made(["rmsnorm", "matmul", "add_rmsnorm"], cost), lambda seed: (),
@@ -598,3 +598,25 @@ def test_a_trial_that_fails_on_both_sides_says_why(monkeypatch):
     pruning.prune(Made([], COST), Made(["rmsnorm", "matmul"], COST), lambda seed: (), "cuda", ["eager"], lines.append)
     assert "kept" in lines[0] and lines[0].endswith("(the model fails without it: RuntimeError: captures into a dead "
                                                     "pool)"), lines[0]
+
+
+def test_a_clear_loss_in_graph_mode_leaves_the_compiled_side_without_a_trial(monkeypatch):
+    """matmul loses graphed (GPU time): under torch.compile it is left out untried, its verdict the graph one;
+    linear_gelu loses eagerly alone (host time, which torch.compile changes) and is tried compiled, as is rmsnorm."""
+    cost = {m: {"rmsnorm": -1.0, "matmul": +1.0} for m in ("eager", "graph", "compile", "compile_graph")}
+    cost["eager"]["linear_gelu"] = +1.0
+    noisy_host(monkeypatch, 0, jitter=dict.fromkeys(cost, 0.005), cost=cost)
+    tried = []
+    compare = endtoend.Trials.compare
+    monkeypatch.setattr(endtoend.Trials, "compare", lambda self, fn, against: tried.append(
+        (self.modes, sorted(against.types) if fn is not self.model else "last check")) or compare(self, fn, against))
+    decisions, lines = {}, []
+    _, dropped, dropped_traced = pruning.prune_deployed(
+        Made([], cost), Made(["rmsnorm", "matmul", "linear_gelu"], cost), lambda seed: (), "cuda",
+        ["eager", "graph", "compile", "compile_graph"], lines.append, decisions)
+    compiled = [against for modes, against in tried if modes == ["compile_graph"]]
+    assert compiled == [["linear_gelu", "rmsnorm"]] * 2 + ["last check"]  # none with matmul in; linear_gelu stays
+    assert set(dropped) == {"matmul", "linear_gelu"} and set(dropped_traced) == {"matmul"}
+    assert decisions["compile_graph"]["matmul"] == {"graph": decisions["eager,graph"]["matmul"]["graph"]}
+    assert dropped_traced["matmul"].startswith("the model is faster without it in graph mode (")
+    assert any("(compile_graph): matmul left out without a trial: " in line for line in lines)

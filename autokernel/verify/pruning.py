@@ -11,6 +11,7 @@ together; then the kept set against the original. docs/deploy-and-prune.md says 
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Callable
 
@@ -48,8 +49,9 @@ def prune_deployed(model, optimized: swap.Optimized, inputs: Callable, device: s
         return optimized, dropped, dropped
     _, dropped = prune(model, optimized, inputs, device, eager, clock, decisions.setdefault(",".join(eager), {}))
     side = deciding_modes(compiled)
+    settled = _graphed_losses(decisions[",".join(eager)], dropped) if side == ["compile_graph"] else {}
     _, dropped_traced = prune(model, optimized, inputs, device, side, clock, decisions.setdefault(",".join(side), {}),
-                              reuse, shallow_trials, prior=_costs(decisions[",".join(eager)]))
+                              reuse, shallow_trials, prior=_costs(decisions[",".join(eager)]), settled=settled)
     both = swap.build(model, [t for t in types if t not in dropped],
                       traced=[t for t in types if t not in dropped_traced])
     return both, dropped, dropped_traced
@@ -59,6 +61,22 @@ def _costs(decided: dict) -> dict[str, float]:
     """{type: the lowest without / with ratio of its trial over the modes of one side} from prune()'s decisions."""
     return {t: min(v["ratio"] for v in verdicts.values()) for t, verdicts in decided.items()
             if t != "kept together" and "+" not in t and verdicts}
+
+
+def _graphed_losses(decided: dict, dropped: dict) -> dict[str, dict]:
+    """{type: its verdict} for the types the eager side left out alone, decided in graph mode on a clear loss with
+    both sides timed: the kernel takes more GPU time than the eager code it replaces. Under torch.compile, graphed,
+    it takes the same GPU time against Inductor's code, never slower than eager's (the same extern GEMMs and
+    attention, fused elementwise work): the compiled side leaves it out without compiling a trial (TinyLlama's and
+    GPT-NeoX's matmul, 0.95x and 0.84x graphed, lost under torch.compile too)."""
+    settled = {}
+    for kernel_type in dropped:
+        verdicts = decided.get(kernel_type, {})
+        v = verdicts.get("graph")
+        if v and noise.deciding_mode(verdicts) == "graph" and v["outcome"] == noise.FASTER \
+                and math.isfinite(v["without_ms"]) and math.isfinite(v["with_ms"]):
+            settled[kernel_type] = v
+    return settled
 
 
 def deciding_modes(modes: list[str]) -> list[str]:
@@ -95,7 +113,7 @@ def _duration(seconds: float) -> str:
 
 def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes: str | list[str] = "eager",
           progress: Callable[[str], None] | None = None, decisions: dict | None = None, reuse: dict | None = None,
-          shallow_trials: bool = False, prior: dict[str, float] | None = None):
+          shallow_trials: bool = False, prior: dict[str, float] | None = None, settled: dict[str, dict] | None = None):
     """Leave out, one type at a time, each kernel whose removal makes the whole model faster in one of `modes`.
 
     modes: one mode, or the two of one side, which run the same kernels (eager and graph; compile and
@@ -117,15 +135,17 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes
     time_models' rows to time without compiling them again (dynamo's cache is then kept, not emptied, at the end).
     shallow_trials: on the compiled side each trial compiles copies of the model cut to one and two of its blocks
     (deeper where that reads too wide) and takes the whole model's time from theirs (regional.py); the last check
-    compiles both models whole.
+    compiles both models whole. settled: {type: verdict} left out before any trial, on the verdict given
+    (_graphed_losses: the eager side's clear loss in graph mode, for the compiled side).
     """
     modes, compiled = _one_side(modes)
     trials = Trials(model, modes, compiled, inputs, device, shallow_trials)
     _decide_where_the_original_runs(trials, model, progress)
+    decided = {} if decisions is None else decisions
     keep, dropped = optimized.swapped_types(), {}
+    _leave_out_settled(keep, dropped, settled or {}, modes, progress, decided)
     optimized = swap.build(model, keep)  # what deploy installs from the report: the types a site ran, no others
     keep = _trial_order(optimized, keep, prior or {})
-    decided = {} if decisions is None else decisions
     reusing, traces = compiled and reuse is not None, (len(keep) + 2) * TRACES_PER_MODEL
     with compiling_each_once(traces, reset_after=not reusing) if compiled else contextlib.nullcontext():
         for kernel_type in list(keep):
@@ -152,6 +172,20 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes
         if reuse:  # the rows' optimized model is now the original
             reuse["kept"] = reuse["original"]
     return optimized, dropped
+
+
+def _leave_out_settled(keep: list[str], dropped: dict, settled: dict[str, dict], modes: list[str],
+                       progress: Callable[[str], None] | None, decided: dict) -> None:
+    """The types of `keep` that `settled` holds a verdict for ({type: {"graph": ...}}), moved to `dropped` untried,
+    each verdict kept in `decided` under the mode that gave it."""
+    for kernel_type in [t for t in keep if t in settled]:
+        keep.remove(kernel_type)
+        verdict = noise.Verdict(**settled[kernel_type])
+        dropped[kernel_type] = _why("graph", verdict, None) + "; under torch.compile the same GPU time, untried"
+        decided[kernel_type] = {"graph": settled[kernel_type]}
+        if progress:
+            progress(f"prune ({', '.join(modes)}): {kernel_type} left out without a trial: {dropped[kernel_type]} "
+                     "(its kernel's GPU time against Inductor's code, never slower than eager's)")
 
 
 def _decide_where_the_original_runs(trials: Trials, model, progress: Callable[[str], None] | None) -> None:
