@@ -114,8 +114,9 @@ def test_a_mode_the_original_cannot_run_in_leaves_the_decision_to_the_others(mon
 
 
 class NoisyCopies:  # cut copies whose whole model reads +-15% per turn cut to 1 and 2 blocks, +-0.5% cut deeper
-    def __init__(self):
+    def __init__(self, shallow_spread: float = 0.15):
         self.depths, self.deployed, self.rounds, self.rng = regional.DEPTHS, [], [], random.Random(0)
+        self.shallow_spread = shallow_spread
 
     def deploy(self, fn, modes, graphed, wrong_output):
         self.deployed.append((tuple(fn.types), self.depths))
@@ -129,25 +130,62 @@ class NoisyCopies:  # cut copies whose whole model reads +-15% per turn cut to 1
 
     def turns(self, sides, timed):
         self.rounds.append(self.depths)
-        spread = 0.15 if self.depths == regional.DEPTHS else 0.005
+        spread = self.shallow_spread if self.depths == regional.DEPTHS else 0.005
         return {side: [fn.ms("compile_graph") * (1 + self.rng.gauss(0, spread)) * 1e3 for _ in range(40)]
                 for side, fn in sides.items()}
 
 
 def test_a_trial_too_noisy_on_shallow_copies_is_timed_again_on_deeper_ones(monkeypatch):
     """Gemma-2 2B at 1x8192: copies of one and two of its 26 layers read intervals 10-13% wide, and a 5% loss stayed
-    within noise. The trial is deployed again on deeper copies, and decided there."""
+    within noise. The kept set's copies, timed against themselves before the first trial, read that wide: they are
+    cut deeper before the trial's own copies are compiled, and it is decided there."""
     cost = {"compile_graph": {"matmul": +0.2}}
     trials = endtoend.Trials(None, ["compile_graph"], True, lambda seed: (), "cuda")
     trials.shallow = copies = NoisyCopies()
     verdict = trials.compare(Made([], cost), against=Made(["matmul"], cost))["compile_graph"]
     assert verdict.outcome == noise.FASTER and verdict.high - verdict.low < 0.01
-    assert copies.deployed == [((), (1, 2)), (("matmul",), (1, 2)), ((), (1, 4)), (("matmul",), (1, 4))]
-    assert copies.rounds[0] == (1, 2) and copies.rounds[1] == (1, 4)  # one round showed more could not decide
-    clear = {"compile_graph": {"matmul": +1.0}}  # 10%: decided on the shallow copies, which stay as they are
-    trials.shallow = copies = NoisyCopies()
+    assert copies.deployed == [(("matmul",), (1, 2)), (("matmul",), (1, 4)), ((), (1, 4))]  # none of () at (1, 2)
+    assert copies.rounds[0] == (1, 2) and copies.rounds[1] == (1, 4)  # one round of the kept set against itself
+    clear = {"compile_graph": {"matmul": +1.0}}  # copies +-1% a turn: a 10% loss decided on them as they are
+    trials = endtoend.Trials(None, ["compile_graph"], True, lambda seed: (), "cuda")
+    trials.shallow = copies = NoisyCopies(shallow_spread=0.01)
     assert trials.compare(Made([], clear), against=Made(["matmul"], clear))["compile_graph"].outcome == noise.FASTER
     assert {depths for _, depths in copies.deployed} == {(1, 2)}
+
+
+def test_a_trial_that_reads_too_wide_after_the_first_is_cut_deeper_too(monkeypatch):
+    """The kept set's copies read narrow enough, a later trial's do not (a type whose kernel jitters): that trial is
+    timed again on deeper copies."""
+    cost = {"compile_graph": {"matmul": +0.2}}
+    trials = endtoend.Trials(None, ["compile_graph"], True, lambda seed: (), "cuda")
+    trials.shallow = copies = NoisyCopies()
+    trials.probed = True  # as after a first trial whose copies read narrow
+    verdict = trials.compare(Made([], cost), against=Made(["matmul"], cost))["compile_graph"]
+    assert verdict.outcome == noise.FASTER
+    assert copies.deployed == [(("matmul",), (1, 2)), ((), (1, 2)), (("matmul",), (1, 4)), ((), (1, 4))]
+
+
+def test_cutting_deeper_compiles_only_the_deeper_copies(monkeypatch):
+    """After deepen() the copies of one block already compiled are deployed as they are: only the deeper ones
+    compile."""
+    compiled = []
+    monkeypatch.setattr(torch, "compile", lambda module, backend=None: compiled.append(len(module.layers)) or module)
+    model = Layered([])
+    model.layers = torch.nn.ModuleList(Block() for _ in range(16))
+    shallow = regional.ShallowTrials(model, None, [(torch.ones(4),)])
+    graphed = lambda fn, example: fn  # noqa: E731
+    ready, wrong = shallow.deploy(model, ["compile_graph"], graphed, lambda fn, original, args: None)
+    assert wrong is None and compiled == [1, 2] and sorted(ready["compile_graph"]) == [1, 2]
+    assert shallow.deepen(0.2, 0.05) and shallow.depths == (1, 8)
+    ready_deeper, _ = shallow.deploy(model, ["compile_graph"], graphed, lambda fn, original, args: None)
+    assert compiled == [1, 2, 8] and ready_deeper["compile_graph"][1] is ready["compile_graph"][1]
+    other = Layered(["type0"])
+    other.layers = model.layers
+    shallow.deploy(other, ["compile_graph"], graphed, lambda fn, original, args: "wrong output")
+    shallow.deploy(other, ["compile_graph"], graphed, lambda fn, original, args: None)
+    assert compiled == [1, 2, 8, 1, 1, 8]  # a wrong copy is not kept: deployed again, it compiles again
+    shallow.forget_all_but(other)
+    assert {key[0] for key in shallow.made} == {other}
 
 
 def test_deeper_copies_give_the_whole_model_s_time_alike():

@@ -187,6 +187,7 @@ class Trials:
         self.ready = {}
         self.runs = {}  # fn -> fn as it runs before any graph (compiled on the compiled side)
         self.pool = None  # the CUDA graphs' one memory pool (graphed())
+        self.probed = False  # whether the cut copies' own noise was read (_deepened_first)
 
     def deployed(self, fn) -> dict[str, Callable] | None:
         """{mode: fn as deployed in it} (one compile for both compiled modes), each having given the original's
@@ -250,6 +251,8 @@ class Trials:
         """Drop every deployed model but fn's, and their CUDA graphs' memory with them."""
         for loser in [f for f in self.ready if f is not fn]:
             del self.ready[loser]
+        if self.shallow is not None:
+            self.shallow.forget_all_but(fn)
 
     def alone(self, fn, ready) -> dict[str, float]:
         """fn's ms in each mode, deployed (deployed()'s dict, None: it failed) and timed by itself; a failure is
@@ -270,8 +273,12 @@ class Trials:
         """{mode: the verdict on fn (the model without a kernel) against `against` (with it)}, timed in turns: a
         host that drifts between two separate timings does not decide between them. A close call gets more rounds
         of turns, up to PRUNE_ROUNDS; on cut copies that read too wide to decide, the trial starts again cut deeper
-        (_too_wide). A model that fails counts as infinitely slow, the other timed alone."""
-        without, with_ = self.deployed_once(fn), self.deployed_once(against)
+        (_too_wide), or before the first trial where the copies' own noise already reads too wide (_deepened_first).
+        A model that fails counts as infinitely slow, the other timed alone."""
+        with_ = self.deployed_once(against)
+        if with_ is not None and self._deepened_first(with_):
+            with_ = self.deployed_once(against)
+        without = self.deployed_once(fn)
         if without is None or with_ is None:
             return self._failed(fn, without, against, with_)
         samples, deepened = {m: {"without": [], "with": []} for m in self.modes}, False
@@ -293,6 +300,22 @@ class Trials:
             self.ready.clear()  # the copies of the old depth
             return self.compare(fn, against)
         return {m: noise.compare(s["without"], s["with"], PRUNE_MARGIN) for m, s in samples.items()}
+
+    def _deepened_first(self, with_: dict) -> bool:
+        """Before the first trial on cut copies: the kept set's copies timed in turns with themselves for one round.
+        Where that alone reads too wide (_too_wide: the copies' noise, whatever a kernel does), they are cut deeper
+        before any trial compiles copies of the old depth (Gemma-2 2B at 1x8192 compiled its first trial's copies
+        twice, at one and two blocks, then at one and eight). Whether they were."""
+        if self.shallow is None or self.probed:
+            return False
+        self.probed = True
+        samples = {m: self.shallow.turns({"without": with_[m], "with": with_[m]}, functools.partial(
+            self.timed, window_ms=GRAPHED_TURNS_MS if m.endswith("graph") else LATENCY_TURNS_MS)) for m in self.modes}
+        width = self._too_wide(samples, 1)
+        if not (width and self.shallow.deepen(width, WIDE)):
+            return False
+        self.ready.clear()  # the copies of the old depth (the shallow one stays compiled: regional.ShallowTrials)
+        return True
 
     def _too_wide(self, samples: dict, done: int) -> float:
         """On cut copies, the widest interval of a close call that every round of turns would leave wider than WIDE

@@ -10,7 +10,8 @@ kernel breaks). So the whole model's time is t(2) + (L - 2) x (t(2) - t(1)) for 
 from copies that compile in a fraction of the time. The difference's noise is multiplied by L - 2 with it: on a
 deep model whose head and tail weigh a lot (Gemma-2 2B, 26 layers, a 256k vocabulary, 1x8192) the intervals read
 +-5-7% and decided nothing, so a trial that reads that wide cuts deeper copies (deepen(): 1 and 4 blocks, or 8,
-as deep as the width asks), each step dividing the factor by about three. The last check of a prune (the kept set
+as deep as the width asks), each step dividing the factor by about three; the kept set's copies, timed against
+themselves before the first trial, tell it before any trial compiles (endtoend.Trials._deepened_first). The last check of a prune (the kept set
 against the original) and verify's rows still compile the whole model. Compiling each block on its own would be
 cheaper still, but it misses the head, the tail and the fusion across layers: exactly where a kernel can lose under
 torch.compile.
@@ -70,6 +71,7 @@ class ShallowTrials:
         self.backend, self.sets, self.model = backend, sets, model
         self.depths = DEPTHS
         self.originals = {d: truncated(model, d) for d in DEPTHS} if found else {}
+        self.made = {}  # (kernel set's model, depth, modes) -> {mode: its cut copy as deployed}, right ones only
 
     def deepen(self, width: float, wide: float) -> bool:
         """Cut the copies deeper from now on, for a trial whose interval reads `width` wide and must read under
@@ -83,7 +85,12 @@ class ShallowTrials:
         fits = [d for d in deeper if width * self._factor(d) / self._factor(self.depths[1]) <= wide / 2]
         self.depths = (self.depths[0], (fits or deeper)[0 if fits else -1])
         self.originals = {d: truncated(self.model, d) for d in self.depths}
+        self.made = {key: ready for key, ready in self.made.items() if key[1] in self.depths}  # the shallow copies
         return True
+
+    def forget_all_but(self, fn: nn.Module) -> None:
+        """Drop the copies of every kernel set but fn's (and their CUDA graphs' memory)."""
+        self.made = {key: ready for key, ready in self.made.items() if key[0] is fn}
 
     def _factor(self, deep: int) -> float:
         """What the difference between the copies' times is multiplied by in the whole model's (whole())."""
@@ -100,15 +107,25 @@ class ShallowTrials:
 
     def deploy(self, fn: nn.Module, modes: list[str], graphed: Callable,
                wrong_output: Callable) -> tuple[dict, str | None]:
-        """({mode: {depth: fn's cut copy as deployed in it}}, what is wrong with its output or None)."""
-        cut = {d: truncated(fn, d) for d in self.depths}
-        if any(c is None for c in cut.values()):  # a site replaced some blocks with another class: none repeats
-            raise ValueError("the kernel set's model has no repeated blocks to cut")
-        ran = {d: torch.compile(c, backend=self.backend) for d, c in cut.items()}
-        ready = {m: {d: graphed(r, self.sets[0]) if m.endswith("graph") else r for d, r in ran.items()} for m in modes}
-        wrong = next(filter(None, (wrong_output(r, self.originals[d], self.sets[-1])
-                                   for by_depth in ready.values() for d, r in by_depth.items())), None)
-        return ready, wrong
+        """({mode: {depth: fn's cut copy as deployed in it}}, what is wrong with its output or None). A copy made
+        before at a depth still used (the shallow one, after deepen()) is not compiled again."""
+        ready = {m: {} for m in modes}
+        for d in self.depths:
+            key = (fn, d, tuple(modes))
+            if key not in self.made:
+                cut = truncated(fn, d)
+                if cut is None:  # a site replaced some blocks with another class: none repeats
+                    raise ValueError("the kernel set's model has no repeated blocks to cut")
+                ran = torch.compile(cut, backend=self.backend)
+                made = {m: graphed(ran, self.sets[0]) if m.endswith("graph") else ran for m in modes}
+                wrong = next(filter(None, (wrong_output(r, self.originals[d], self.sets[-1]) for r in made.values())),
+                             None)
+                if wrong:
+                    return ready, wrong
+                self.made[key] = made
+            for m in modes:
+                ready[m][d] = self.made[key][m]
+        return ready, None
 
     def turns(self, sides: dict[str, dict], time_turns: Callable) -> dict[str, list[float]]:
         """{side: the whole model's time per turn}, from the cut copies of each side ({side: {depth: fn}}) timed
