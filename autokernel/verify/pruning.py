@@ -135,8 +135,7 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes
     time_models' rows to time without compiling them again (dynamo's cache is then kept, not emptied, at the end).
     shallow_trials: on the compiled side each trial compiles copies of the model cut to one and two of its blocks
     (deeper where that reads too wide) and takes the whole model's time from theirs (regional.py); the last check
-    compiles both models whole. settled: {type: verdict} left out before any trial, on the verdict given
-    (_graphed_losses: the eager side's clear loss in graph mode, for the compiled side).
+    compiles both models whole. settled: {type: verdict} left out untried on that verdict (_graphed_losses).
     """
     modes, compiled = _one_side(modes)
     trials = Trials(model, modes, compiled, inputs, device, shallow_trials)
@@ -184,8 +183,7 @@ def _leave_out_settled(keep: list[str], dropped: dict, settled: dict[str, dict],
         dropped[kernel_type] = _why("graph", verdict, None) + "; under torch.compile the same GPU time, untried"
         decided[kernel_type] = {"graph": settled[kernel_type]}
         if progress:
-            progress(f"prune ({', '.join(modes)}): {kernel_type} left out without a trial: {dropped[kernel_type]} "
-                     "(its kernel's GPU time against Inductor's code, never slower than eager's)")
+            progress(f"prune ({', '.join(modes)}): {kernel_type} left out without a trial: {dropped[kernel_type]}")
 
 
 def _decide_where_the_original_runs(trials: Trials, model, progress: Callable[[str], None] | None) -> None:

@@ -11,10 +11,10 @@ from copies that compile in a fraction of the time. The difference's noise is mu
 deep model whose head and tail weigh a lot (Gemma-2 2B, 26 layers, a 256k vocabulary, 1x8192) the intervals read
 +-5-7% and decided nothing, so a trial that reads that wide cuts deeper copies (deepen(): 1 and 4 blocks, or 8,
 as deep as the width asks), each step dividing the factor by about three; the kept set's copies, timed against
-themselves before the first trial, tell it before any trial compiles (endtoend.Trials._deepened_first). The last check of a prune (the kept set
-against the original) and verify's rows still compile the whole model. Compiling each block on its own would be
-cheaper still, but it misses the head, the tail and the fusion across layers: exactly where a kernel can lose under
-torch.compile.
+themselves before the first trial, tell it before any trial compiles (endtoend.Trials._deepened_first). The last
+check of a prune (the kept set against the original) and verify's rows still compile the whole model. Compiling
+each block on its own would be cheaper still, but it misses the head, the tail and the fusion across layers:
+exactly where a kernel can lose under torch.compile.
 """
 
 from __future__ import annotations
