@@ -165,6 +165,18 @@ def test_a_trial_that_reads_too_wide_after_the_first_is_cut_deeper_too(monkeypat
     assert copies.deployed == [(("matmul",), (1, 2)), ((), (1, 2)), (("matmul",), (1, 4)), ((), (1, 4))]
 
 
+def test_a_kept_set_that_fails_to_run_fails_its_trial_not_the_prune(monkeypatch):
+    """The first round of the kept set against itself raises (a replay that fails): no exception leaves the trial,
+    which counts the failing models as infinitely slow, as any trial does."""
+    trials = endtoend.Trials(None, ["compile_graph"], True, lambda seed: (), "cuda")
+    trials.shallow = copies = NoisyCopies()
+    monkeypatch.setattr(copies, "turns", lambda sides, timed: (_ for _ in ()).throw(RuntimeError("replay failed")),
+                        raising=False)
+    cost = {"compile_graph": {"matmul": +0.2}}
+    verdict = trials.compare(Made([], cost), against=Made(["matmul"], cost))["compile_graph"]
+    assert math.isinf(verdict.without_ms) and math.isinf(verdict.with_ms) and trials.probed
+
+
 def test_cutting_deeper_compiles_only_the_deeper_copies(monkeypatch):
     """After deepen() the copies of one block already compiled are deployed as they are: only the deeper ones
     compile."""

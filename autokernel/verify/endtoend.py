@@ -309,8 +309,12 @@ class Trials:
         if self.shallow is None or self.probed:
             return False
         self.probed = True
-        samples = {m: self.shallow.turns({"without": with_[m], "with": with_[m]}, functools.partial(
-            self.timed, window_ms=GRAPHED_TURNS_MS if m.endswith("graph") else LATENCY_TURNS_MS)) for m in self.modes}
+        try:
+            samples = {m: self.shallow.turns({"without": with_[m], "with": with_[m]}, functools.partial(
+                self.timed, window_ms=GRAPHED_TURNS_MS if m.endswith("graph") else LATENCY_TURNS_MS))
+                for m in self.modes}
+        except Exception:  # the kept set fails to run: the trial finds it and says why
+            return False
         width = self._too_wide(samples, 1)
         if not (width and self.shallow.deepen(width, WIDE)):
             return False
