@@ -372,10 +372,10 @@ class Block(torch.nn.Module):
         return (x * 3 / 3).abs()
 
 
-class Layered(SharedForward):  # a kernel set of a model of six repeated blocks
-    def __init__(self, types):
+class Layered(SharedForward):  # a kernel set of a model of six repeated blocks (or `blocks`)
+    def __init__(self, types, blocks: int = 6):
         super().__init__(types)
-        self.layers = torch.nn.ModuleList(Block() for _ in range(6))
+        self.layers = torch.nn.ModuleList(Block() for _ in range(blocks))
 
     def forward(self, x):
         for layer in self.layers:
@@ -383,33 +383,52 @@ class Layered(SharedForward):  # a kernel set of a model of six repeated blocks
         return super().forward(x)
 
 
-def shallow_prune(monkeypatch, ms: Callable) -> tuple:
-    """A compiled prune of Layered kernel sets with shallow trials, each model timed ms(its types, its blocks) on a
-    backend that counts the blocks of each graph it compiles, then the rows: (optimized, dropped, rows, errors,
-    blocks of each compiled graph, blocks of the graphs compiled by the prune)."""
-    graphs = []
+def shallow_prune(monkeypatch, ms: Callable, blocks: int = 6, spread: Callable | None = None,
+                  device: str = "cpu") -> tuple:
+    """A compiled prune of Layered kernel sets with shallow trials, each model timed ms(its types, its blocks) (times
+    a noise of sigma spread(its blocks), if given) on a backend that counts the blocks of each graph it compiles,
+    then the rows: (optimized, dropped, rows, errors, blocks of each compiled graph, blocks of the graphs compiled by
+    the prune)."""
+    graphs, rng = [], random.Random(0)
 
     def counting_backend(gm, example):
         graphs.append(sum(str(n.target).endswith("abs") for n in gm.graph.nodes) - 1)  # each block has one abs
         return gm.forward
     monkeypatch.setattr(endtoend, "backend_for", lambda device: counting_backend)
-    monkeypatch.setattr(swap, "build", lambda model, types, traced=None: Layered(types))
+    monkeypatch.setattr(swap, "build", lambda model, types, traced=None: Layered(types, blocks))
 
     def time_turns(fns, sets, device, turns, latency=False):
         got = {name: fn(*sets[0]) is not None and ms(fn.types, len(fn.layers)) for name, fn in fns.items()}
-        return {name: [got[name] * 1e3] * turns for name in fns}
+        sigma = {name: spread(len(fn.layers)) if spread else 0.0 for name, fn in fns.items()}
+        return {name: [got[name] * 1e3 * (1 + rng.gauss(0, sigma[name])) for _ in range(turns)] for name in fns}
 
     monkeypatch.setattr(timing, "time_turns", time_turns)
     reuse = {}
     torch._dynamo.reset()
     with torch.no_grad():
-        optimized, dropped = pruning.prune(Layered([]), Layered(["type0", "type1", "type2"]), lambda seed: (
-            torch.ones(4),), "cpu", modes="compile", reuse=reuse, shallow_trials=True)
+        optimized, dropped = pruning.prune(Layered([], blocks), Layered(["type0", "type1", "type2"], blocks),
+                                           lambda seed: (torch.ones(4),), device, modes="compile", reuse=reuse,
+                                           shallow_trials=True)
         in_prune = list(graphs)
-        rows, errors = endtoend.time_models(Layered([]), optimized, lambda seed: (torch.ones(4),), "cpu",
+        rows, errors = endtoend.time_models(Layered([], blocks), optimized, lambda seed: (torch.ones(4),), device,
                                             with_compile=True, reuse=reuse)
     torch._dynamo.reset()
     return optimized, dropped, rows, errors, graphs, in_prune
+
+
+def test_copies_too_noisy_at_first_are_cut_deeper_before_any_trial_compiles(monkeypatch):
+    """Gemma-2 2B's case on a fake: each cut copy reads +-0.3 ms a turn, which the whole model's time from copies of
+    one and two of 16 blocks multiplies by 14 (+-20%), from one and eight by about one. The kept set's copies, timed
+    against themselves, show it before the first trial: every trial compiles its copies once, at one and eight
+    blocks, none at two; type1's 5% a block is decided there, on the whole model's time."""
+    def ms(types, blocks):
+        return 10.0 + blocks * (1.0 + 0.05 * ("type1" in types))
+    optimized, dropped, rows, errors, graphs, in_prune = shallow_prune(
+        monkeypatch, ms, blocks=16, spread=lambda blocks: 0.3 / (10 + blocks), device="cuda")  # turns as on a GPU
+    assert list(dropped) == ["type1"] and not errors, dropped
+    assert in_prune.count(2) == 1  # the kept set's first copy, before the probe
+    assert in_prune.count(1) == 1 + 3 and in_prune.count(8) == 1 + 3  # the kept set's, then each trial's own
+    assert in_prune.count(16) == 2 and graphs.count(16) == 2  # the last check; the rows reuse it
 
 
 def test_shallow_trials_compile_the_model_whole_only_for_the_last_check(monkeypatch):
