@@ -85,7 +85,8 @@ def test_generate_with_a_static_cache_runs_the_decode_kernel_and_flash_attention
 def test_generate_compiled_by_transformers_runs_the_decode_kernel_in_cuda_graphs(install_starter):
     """As a user runs a static cache: transformers compiles each decode step with Inductor in reduce-overhead mode
     (CUDA graphs), our kernel and the model's boolean mask inside; the tokens are the original's, and the compiled
-    call ran the kernel (Inductor lowered the mask as the kernel reads it)."""
+    steps launched the kernel (sites count eager calls only: the profiler sees the launches; the prefill's 160
+    rows go to SDPA)."""
     from autokernel.ops import swap
 
     install_starter(TYPE)
@@ -96,9 +97,10 @@ def test_generate_compiled_by_transformers_runs_the_decode_kernel_in_cuda_graphs
               "pad_token_id": 0}
     with torch.no_grad():
         want = model.generate(prompt, **kwargs, disable_compile=True)
-        got = optimized.module().generate(prompt, **kwargs)  # transformers compiles the decode steps on a GPU
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            got = optimized.module().generate(prompt, **kwargs)  # transformers compiles the decode steps on a GPU
     compiled = "_compiled_call" in vars(optimized.module())
     torch._dynamo.reset()
     assert compiled
     assert torch.equal(got, want)
-    assert {s.kernel_type: s.calls for s in optimized.sites() if s.swapped}.get(TYPE, 0) > 0
+    assert any("_split_kernel" in event.name for event in prof.events())  # the decode starter's first kernel
