@@ -125,3 +125,14 @@ def norm_unfit(input, normalized_shape, *params) -> str | None:
     if input.dtype not in KERNEL_DTYPES or any(t is not None and t.dtype != input.dtype for t in params):
         return "mixed or unsupported dtypes"
     return None
+
+
+def sdpa_operands_unfit(q, k, v, enable_gqa: bool) -> str | None:
+    """Why F.scaled_dot_product_attention's q, k, v do not fit an attention kernel by dtype or head count, or None."""
+    from autokernel.ops.customops import KERNEL_DTYPES
+
+    if q.dtype not in KERNEL_DTYPES or not q.dtype == k.dtype == v.dtype:
+        return f"dtypes {q.dtype}, {k.dtype}, {v.dtype}"
+    if q.shape[1] != k.shape[1] and not (enable_gqa and q.shape[1] % k.shape[1] == 0):
+        return "different head counts for queries and keys"
+    return None

@@ -18,8 +18,8 @@ import torch.nn.functional as F
 
 from autokernel.kerneltype import Deployment, KernelSpec
 from autokernel.ops import customops
-from autokernel.ops.customops import KERNEL_DTYPES, CallSites, grad_reason, in_eager
-from autokernel.types._common import esize, randn
+from autokernel.ops.customops import CallSites, grad_reason, in_eager
+from autokernel.types._common import esize, randn, sdpa_operands_unfit
 
 NAME = "decode_attention"
 
@@ -81,13 +81,9 @@ def _unfit(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa) -> str | None:
         return "no boolean [batch, 1, queries or 1, keys] mask"
     if dropout_p or is_causal:
         return "attention dropout, or is_causal against a cache"
-    if q.dtype not in KERNEL_DTYPES or not q.dtype == k.dtype == v.dtype:
-        return f"dtypes {q.dtype}, {k.dtype}, {v.dtype}"
     if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
         return "queries and keys differ in batch or head_dim"
-    if q.shape[1] != k.shape[1] and not (enable_gqa and q.shape[1] % k.shape[1] == 0):
-        return "different head counts for queries and keys"
-    return None
+    return sdpa_operands_unfit(q, k, v, enable_gqa)
 
 
 def replace_sdpa(sites: CallSites) -> dict:

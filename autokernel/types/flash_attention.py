@@ -12,8 +12,8 @@ import torch.nn.functional as F
 from autokernel import compat
 from autokernel.kerneltype import Deployment, KernelSpec, Profiling, SuiteTarget
 from autokernel.ops import attention_interface, attention_sites, customops
-from autokernel.ops.customops import KERNEL_DTYPES, CallSites, grad_reason, in_eager
-from autokernel.types._common import esize, numel, randn
+from autokernel.ops.customops import CallSites, grad_reason, in_eager
+from autokernel.types._common import esize, numel, randn, sdpa_operands_unfit
 
 NAME = "flash_attention"
 
@@ -171,13 +171,9 @@ def _unfit(q, k, v, attn_mask, dropout_p, enable_gqa) -> str | None:
         return "attention dropout"
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         return "not [batch, heads, seq, head_dim] tensors"
-    if q.dtype not in KERNEL_DTYPES or not q.dtype == k.dtype == v.dtype:
-        return f"dtypes {q.dtype}, {k.dtype}, {v.dtype}"
     if q.shape[2] != k.shape[2] or k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
         return "queries and keys differ in length (cross-attention or a KV cache)"
-    if q.shape[1] != k.shape[1] and not (enable_gqa and q.shape[1] % k.shape[1] == 0):
-        return "different head counts for queries and keys"
-    return None
+    return sdpa_operands_unfit(q, k, v, enable_gqa)
 
 
 def replace_sdpa(sites: CallSites) -> dict:

@@ -285,10 +285,7 @@ class Trials:
         try:
             for done in range(1, PRUNE_ROUNDS + 1):
                 for m in [m for m in self.modes if _undecided(samples[m])]:
-                    sides = {"without": without[m], "with": with_[m]}
-                    timed = functools.partial(self.timed, window_ms=GRAPHED_TURNS_MS if m.endswith("graph")
-                                              else LATENCY_TURNS_MS)
-                    turns = self.shallow.turns(sides, timed) if self.shallow is not None else timed(sides)
+                    turns = self._turns(m, {"without": without[m], "with": with_[m]})
                     for side in ("without", "with"):
                         samples[m][side] += turns[side]
                 width = self._too_wide(samples, done)
@@ -301,6 +298,12 @@ class Trials:
             return self.compare(fn, against)
         return {m: noise.compare(s["without"], s["with"], PRUNE_MARGIN) for m, s in samples.items()}
 
+    def _turns(self, mode: str, sides: dict) -> dict[str, list[float]]:
+        """One round of turns of the two sides ({side: deployed in mode}): the whole model's times per turn."""
+        window = GRAPHED_TURNS_MS if mode.endswith("graph") else LATENCY_TURNS_MS
+        timed = functools.partial(self.timed, window_ms=window)
+        return self.shallow.turns(sides, timed) if self.shallow is not None else timed(sides)
+
     def _deepened_first(self, with_: dict) -> bool:
         """Before the first trial on cut copies: the kept set's copies timed in turns with themselves for one round.
         Where that alone reads too wide (_too_wide: the copies' noise, whatever a kernel does), they are cut deeper
@@ -310,9 +313,7 @@ class Trials:
             return False
         self.probed = True
         try:
-            samples = {m: self.shallow.turns({"without": with_[m], "with": with_[m]}, functools.partial(
-                self.timed, window_ms=GRAPHED_TURNS_MS if m.endswith("graph") else LATENCY_TURNS_MS))
-                for m in self.modes}
+            samples = {m: self._turns(m, {"without": with_[m], "with": with_[m]}) for m in self.modes}
         except Exception:  # the kept set fails to run: the trial finds it and says why
             return False
         width = self._too_wide(samples, 1)
