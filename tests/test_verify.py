@@ -700,3 +700,19 @@ def test_verification_is_a_library_call_that_returns_the_report(repo_root, tmp_p
     report = verification.verify(request)
     assert report["correctness"]["status"] == "FAIL" and report["correctness"]["blamed"] == ["rmsnorm"]
     assert report["kernels"]["rmsnorm"]["path"].endswith("01_rmsnorm.py") and report["command"] == "from a test"
+
+
+def test_outputs_are_compared_a_slice_at_a_time_with_a_whole_comparisons_errors(monkeypatch):
+    """Long logits over a large vocabulary do not fit twice in float64: the check reads them a slice at a time."""
+    from autokernel.verify import correctness
+
+    monkeypatch.setattr(correctness, "COMPARE_SLICE", 7)
+    ref = torch.randn(5, 13, dtype=torch.float16)
+    out = ref + (1e-2 * torch.randn(5, 13)).half()
+    r = endtoend.compare_outputs((out, None), (ref, None), 5e-2)
+    diff = (out.double() - ref.double()).abs()
+    assert r["rel_l2"] == pytest.approx(swap.rel_l2(out, ref), rel=1e-9) and r["ok"]
+    assert r["max_abs"] == float(diff.max()) and r["max_rel"] == float(diff.max()) / float(ref.double().abs().max())
+    out[3, 11] = float("nan")
+    r = endtoend.compare_outputs((out, None), (ref, None), 5e-2)
+    assert r["nonfinite"] == 1 and r["rel_l2"] == float("inf") and not r["ok"] and r["max_abs"] == float("inf")

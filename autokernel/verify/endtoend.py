@@ -269,7 +269,7 @@ class Trials:
     def _ms(self, fn) -> float:
         return timing.time_fn(fn, self.sets, self.device, latency=True).median_us / 1e3
 
-    def compare(self, fn, against) -> dict[str, noise.Verdict]:
+    def compare(self, fn, against, margin: float = PRUNE_MARGIN) -> dict[str, noise.Verdict]:
         """{mode: the verdict on fn (the model without a kernel) against `against` (with it)}, timed in turns: a
         host that drifts between two separate timings does not decide between them. A close call gets more rounds
         of turns, up to PRUNE_ROUNDS; on cut copies that read too wide to decide, the trial starts again cut deeper
@@ -284,19 +284,19 @@ class Trials:
         samples, deepened = {m: {"without": [], "with": []} for m in self.modes}, False
         try:
             for done in range(1, PRUNE_ROUNDS + 1):
-                for m in [m for m in self.modes if _undecided(samples[m])]:
+                for m in [m for m in self.modes if _undecided(samples[m], margin)]:
                     turns = self._turns(m, {"without": without[m], "with": with_[m]})
                     for side in ("without", "with"):
                         samples[m][side] += turns[side]
-                width = self._too_wide(samples, done)
+                width = self._too_wide(samples, done, margin)
                 if width and (deepened := self.shallow.deepen(width, WIDE)):
                     break
         except Exception:  # one of them fails in a mode: each timed alone, to know which
             return self._failed(fn, without, against, with_)
         if deepened:
             self.ready.clear()  # the copies of the old depth
-            return self.compare(fn, against)
-        return {m: noise.compare(s["without"], s["with"], PRUNE_MARGIN) for m, s in samples.items()}
+            return self.compare(fn, against, margin)
+        return {m: noise.compare(s["without"], s["with"], margin) for m, s in samples.items()}
 
     def _turns(self, mode: str, sides: dict) -> dict[str, list[float]]:
         """One round of turns of the two sides ({side: deployed in mode}): the whole model's times per turn."""
@@ -322,14 +322,14 @@ class Trials:
         self.ready.clear()  # the copies of the old depth (the shallow one stays compiled: regional.ShallowTrials)
         return True
 
-    def _too_wide(self, samples: dict, done: int) -> float:
+    def _too_wide(self, samples: dict, done: int, margin: float = PRUNE_MARGIN) -> float:
         """On cut copies, the widest interval of a close call that every round of turns would leave wider than WIDE
         and still around 1 (the width falls as one over the square root of the turns), else 0: the copies' noise,
         not the kernel's, cut deeper now rather than after rounds that cannot decide."""
         if self.shallow is None:
             return 0.0
         shrink = math.sqrt(done / PRUNE_ROUNDS)
-        close = [noise.compare(s["without"], s["with"], PRUNE_MARGIN) for s in samples.values() if _undecided(s)]
+        close = [noise.compare(s["without"], s["with"], margin) for s in samples.values() if _undecided(s, margin)]
         wide = [v.high - v.low for v in close if (v.high - v.low) * shrink > WIDE
                 and abs(v.ratio - 1) < (v.high - v.low) * shrink / 2]
         return max(wide, default=0.0)
@@ -339,10 +339,10 @@ class Trials:
         return {m: noise.failed(without_ms[m], with_ms[m]) for m in self.modes}
 
 
-def _undecided(samples: dict) -> bool:
+def _undecided(samples: dict, margin: float = PRUNE_MARGIN) -> bool:
     """Not timed yet, or a close call so far."""
-    return not samples["without"] or noise.close_call(noise.compare(samples["without"], samples["with"],
-                                                                    PRUNE_MARGIN), PRUNE_MARGIN)
+    return not samples["without"] or noise.close_call(noise.compare(samples["without"], samples["with"], margin),
+                                                      margin)
 
 
 @contextlib.contextmanager
