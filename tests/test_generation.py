@@ -88,3 +88,24 @@ def test_types_no_forward_runs_are_decided_on_generation(monkeypatch):
     assert timed[0][0] is kept.module()  # against the kept types alone
     assert eagerly == {} and list(traced) == ["decode_attention"]  # layernorm ran nowhere: it stays
     assert traced["decode_attention"].startswith("generate() runs faster without it in compile_graph mode (0.950x")
+
+
+@pytest.mark.parametrize("jitter, rounds", [(0.0, 1), (0.3, generation.ROUNDS)])
+def test_a_close_generation_verdict_gets_more_rounds_of_turns(monkeypatch, jitter, rounds):
+    """Five compiled generate()s read 0.945x with an interval of 0.73-1.01: a close call gets more rounds, up to
+    ROUNDS; a clear one (a steady 10% gain) stops after the first."""
+    import random
+
+    from autokernel.harness import timing
+
+    rng, calls = random.Random(0), []
+
+    def time_turns(fns, sets, device, turns, latency=False):
+        calls.append(turns)
+        return {name: [(1000.0 if name == "original" else 900.0) * (1 + jitter * rng.uniform(-1, 1))
+                       for _ in range(turns)] for name in fns}
+
+    monkeypatch.setattr(timing, "time_turns", time_turns)
+    samples, v = generation._timed_in_rounds({"original": None, "optimized": None}, torch.zeros(1, 4), "cuda")
+    assert calls == [generation.TURNS] * rounds and len(samples["original"]) == generation.TURNS * rounds
+    assert (v.outcome == noise.SLOWER) == (jitter == 0.0)  # slower without the kernels: a clear gain
