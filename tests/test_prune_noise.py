@@ -343,6 +343,34 @@ def test_the_compiled_side_tries_first_what_cost_most_on_the_eager_side(monkeypa
     assert tried == ["matmul", "add_rmsnorm", "rmsnorm"]  # matmul cost 10% eagerly, add_rmsnorm 5%
 
 
+def test_a_long_trial_is_named_by_a_progress_line_while_it_runs(monkeypatch):
+    """One compile can take minutes (Gemma-2 2B's first compiled trial at 1x8192 took 107 s): while a trial runs
+    past the heartbeat with no line, a line says which trial is still under way; a quick prune says nothing more."""
+    import time
+
+    cost = {"eager": {"rmsnorm": -1.0, "matmul": +1.0}}
+    noisy_host(monkeypatch, 0, jitter={"eager": 0.005}, cost=cost)
+    monkeypatch.setattr(pruning, "HEARTBEAT_S", 0.5)
+    compare = endtoend.Trials.compare
+
+    def slow_matmul_trial(self, fn, against, margin=endtoend.PRUNE_MARGIN):
+        if "matmul" not in fn.types:
+            time.sleep(1.2)  # two heartbeats
+        return compare(self, fn, against, margin)
+
+    monkeypatch.setattr(endtoend.Trials, "compare", slow_matmul_trial)
+    lines = []
+    pruning.prune_deployed(Made([], cost), Made(["rmsnorm", "matmul"], cost), lambda seed: (), "cuda", ["eager"],
+                           lines.append)
+    beats = [line.split("] ")[1] for line in lines if "still under way" in line]
+    trial, last = "prune (eager): the trial without matmul: ", "prune (eager): the last check, the kept set against "
+    assert {b.split("still")[0] for b in beats} == {trial, last + "the original: "}  # the original runs no matmul
+    assert 2 <= len(beats) <= 5 and not any("without rmsnorm: still" in line for line in lines)
+    said = len(lines)
+    time.sleep(1.0)
+    assert len(lines) == said  # silent once the prune returned
+
+
 def prune_then_rows(monkeypatch, ms_per_type: float):
     """A compiled prune of two types, each costing ms_per_type, then time_models with its reuse, on a backend that
     counts compiles: (optimized, dropped, reuse, rows, errors, compiles by the prune, compiles in all)."""

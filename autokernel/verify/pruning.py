@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import threading
 import time
 from collections.abc import Callable
 
@@ -32,6 +33,7 @@ TRACES_PER_MODEL = (1 + len(regional.DEPTHS)) * (1 + len(regional.DEEPER))
 # compiled fused_mlp + rmsnorm read 0.982x, 0.984x, 0.985x in three runs on one H100 (intervals 0.980-0.985,
 # 0.981-0.986, 0.983-0.987): against PRUNE_MARGIN (an interval below 0.986) they left in two runs and stayed in one.
 TOGETHER_MARGIN = PRUNE_MARGIN / 2
+HEARTBEAT_S = 30.0  # a progress line at least this often while a prune runs (_Clock)
 
 
 def prune_deployed(model, optimized: swap.Optimized, inputs: Callable, device: str, modes: list[str],
@@ -47,6 +49,14 @@ def prune_deployed(model, optimized: swap.Optimized, inputs: Callable, device: s
     types = optimized.swapped_types()
     clock = _Clock(progress, trials=(len(types) + 1) * (2 if eager and compiled else 1))
     decisions = {} if decisions is None else decisions
+    with clock:
+        return _prune_sides(model, optimized, inputs, device, modes, clock, decisions, reuse, shallow_trials)
+
+
+def _prune_sides(model, optimized, inputs, device, modes, clock, decisions, reuse, shallow_trials):
+    """prune_deployed()'s work, its progress through clock."""
+    eager, compiled = sides(modes)
+    types = optimized.swapped_types()
     if not eager or not compiled:
         side = deciding_modes(modes)
         optimized, dropped = prune(model, optimized, inputs, device, side, clock, decisions.setdefault(
@@ -92,10 +102,14 @@ def deciding_modes(modes: list[str]) -> list[str]:
 
 
 class _Clock:
-    """progress() with each line prefixed by the trials done, the time spent and an estimate of what is left."""
+    """progress() with each line prefixed by the trials done, the time spent and an estimate of what is left; while
+    it runs (a context), a line every HEARTBEAT_S that passes without one, naming the step under way (begin()): one
+    compile can take minutes (Gemma-2 2B's first compiled trial at 1x8192, 107 s; Qwen3's last check, minutes in
+    ptxas), and a silent prompt reads as a hang."""
 
     def __init__(self, progress: Callable[[str], None] | None, trials: int):
         self.progress, self.trials, self.done, self.started = progress, max(trials, 1), 0, time.monotonic()
+        self.step, self.step_at, self.said, self._stop = "", self.started, self.started, threading.Event()
 
     def __call__(self, line: str) -> None:
         self.done += 1
@@ -104,12 +118,36 @@ class _Clock:
             return
         spent = time.monotonic() - self.started
         left = spent / self.done * max(self.trials - self.done, 0)
-        self.progress(f"[{self.done}/{self.trials}, {_duration(spent)} spent, ~{_duration(left)} left] {line}")
+        self._say(f"[{self.done}/{self.trials}, {_duration(spent)} spent, ~{_duration(left)} left] {line}")
 
     def note(self, line: str) -> None:
         """A line about the step under way (a long compile), counted as no trial."""
+        self.begin(line)
         if self.progress is not None:
-            self.progress(f"[{self.done}/{self.trials}, {_duration(time.monotonic() - self.started)} spent] {line}")
+            self._say(f"[{self.done}/{self.trials}, {_duration(time.monotonic() - self.started)} spent] {line}")
+
+    def begin(self, step: str) -> None:
+        """The step now under way, for the heartbeat's line (no line of its own)."""
+        self.step, self.step_at = step, time.monotonic()
+
+    def _say(self, line: str) -> None:
+        self.said = time.monotonic()
+        self.progress(line)
+
+    def __enter__(self):
+        if self.progress is not None:
+            threading.Thread(target=self._beat, daemon=True, name="prune-heartbeat").start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S / 4):
+            now = time.monotonic()
+            if now - self.said >= HEARTBEAT_S and self.step:
+                self._say(f"[{self.done}/{self.trials}, {_duration(now - self.started)} spent] {self.step}: "
+                          f"still under way ({_duration(now - self.step_at)})")
 
 
 def _duration(seconds: float) -> str:
@@ -159,6 +197,8 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes
             trials.shallow = None
             trials.ready.clear()
         module = optimized.module()
+        getattr(progress, "begin", lambda step: None)(f"prune ({', '.join(modes)}): the last check, the kept set "
+                                                      "against the original")
         if keep and compiled and progress is not None:  # two whole compiles: minutes on a deep model
             getattr(progress, "note", progress)(f"prune ({', '.join(modes)}): compiling the original and the kept "
                                                 "set whole for the last check")
@@ -235,6 +275,8 @@ def _try_without(trials: Trials, optimized: swap.Optimized, types: list[str], ke
     turns with the kernels kept so far. When it runs faster in one of the modes, outside the noise, they leave
     `keep` for `dropped` (with why) and the trial is what goes on; else `optimized` does. decided gets the trial
     under the types' names joined by '+'."""
+    getattr(progress, "begin", lambda step: None)(f"prune ({', '.join(trials.modes)}): the trial without "
+                                                  f"{', '.join(types)}")
     trial = swap.build(trials.model, [t for t in keep if t not in types])
     verdicts = trials.compare(trial.module(), against=optimized.module(),
                               margin=PRUNE_MARGIN if len(types) == 1 else TOGETHER_MARGIN)
