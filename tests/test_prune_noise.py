@@ -731,3 +731,50 @@ def test_a_clear_loss_in_graph_mode_leaves_the_compiled_side_without_a_trial(mon
     assert decisions["compile_graph"]["matmul"] == {"graph": decisions["eager,graph"]["matmul"]["graph"]}
     assert dropped_traced["matmul"].startswith("the model is faster without it in graph mode (")
     assert any("(compile_graph): matmul left out without a trial: " in line for line in lines)
+
+
+@pytest.mark.parametrize("share, untried", [(0.95, True), (0.5, False)])
+def test_a_clear_eager_loss_on_a_device_bound_forward_settles_the_compiled_side(monkeypatch, share, untried):
+    """Gemma-2's forward captures in no CUDA graph, so its eager side decides eagerly alone; at 1x8192 its eager
+    forward is GPU time (113 ms eagerly, 107 ms compiled and graphed), and matmul's 0.965x there is a GPU-time
+    loss that torch.compile would repeat: left out untried where the GPU works 90% of the forward's time, tried
+    where the host's launches weigh."""
+    cost = {m: {"rmsnorm": -1.0, "matmul": +1.0} for m in ("eager", "compile", "compile_graph")}
+    noisy_host(monkeypatch, 0, jitter=dict.fromkeys(cost, 0.005), cost=cost)
+
+    def deployed(self, fn):
+        if "graph" in self.modes:
+            self.failures[fn] = "RuntimeError: Cannot copy between CPU and CUDA tensors during CUDA graph capture"
+            return None
+        return {m: Deployed(fn, m) for m in self.modes}
+
+    asked = []
+    monkeypatch.setattr(endtoend.Trials, "deployed", deployed)
+    monkeypatch.setattr(endtoend, "device_share", lambda fn, args, device: asked.append(fn) or share)
+    decisions, lines = {}, []
+    _, dropped, dropped_traced = pruning.prune_deployed(
+        Made([], cost), Made(["rmsnorm", "matmul"], cost), lambda seed: (), "cuda",
+        ["eager", "graph", "compile", "compile_graph"], lines.append, decisions)
+    assert len(asked) == 1 and asked[0].types == []  # the original's eager forward, once
+    assert set(dropped) == set(dropped_traced) == {"matmul"}
+    settled = decisions["compile_graph"]["matmul"] == {"eager": decisions["eager,graph"]["matmul"]["eager"]}
+    assert settled == untried
+    assert any("(compile_graph): matmul left out without a trial: the model is faster without it in eager mode"
+               in line for line in lines) == untried
+
+
+@pytest.mark.gpu
+def test_the_device_share_tells_a_gpu_bound_call_from_a_launch_bound_one():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (run on the GPU machine)")
+    big = torch.randn(8192, 8192, device="cuda", dtype=torch.float16)
+    small = torch.randn(16, device="cuda")
+
+    def launches(x):
+        for _ in range(300):
+            x = x * 1.0001
+        return x
+
+    assert endtoend.device_share(lambda a: a @ a @ a, (big,), "cuda") > pruning.DEVICE_BOUND
+    assert endtoend.device_share(launches, (small,), "cuda") < 0.5
+    assert endtoend.device_share(launches, (small.cpu(),), "cpu") is None

@@ -20,6 +20,7 @@ import contextlib
 import functools
 import math
 import statistics
+import time
 from collections.abc import Callable
 
 import torch
@@ -154,6 +155,27 @@ def latency_turns(fns: dict[str, Callable], sets: list, device: str,
     probe = timing.time_turns(fns, sets, device, 1, latency=True)
     turns = timing.runs_for(max(us[0] for us in probe.values()) / 1e3, window_ms, LATENCY_MAX_TURNS)
     return timing.time_turns(fns, sets, device, turns, latency=True)
+
+
+def device_share(fn: Callable, args: tuple, device: str) -> float | None:
+    """The part of one call's wall time the GPU spends working (torch.profiler's device events over the call's wall
+    clock, the profiler's own cost counted against it): near 1 for a forward the GPU bounds, where an eager timing
+    is GPU time. None off a GPU."""
+    if device != "cuda":
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    from autokernel.profile.profiling import device_time_us
+
+    with torch.no_grad():
+        fn(*args)  # warm: the first call may load kernels
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            start = time.perf_counter()
+            fn(*args)
+            torch.cuda.synchronize()
+            wall_us = (time.perf_counter() - start) * 1e6
+    return min(1.0, device_time_us(prof.events()) / wall_us)
 
 
 def wrong_output(fn: Callable, model, args: tuple) -> str | None:
