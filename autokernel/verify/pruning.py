@@ -209,11 +209,7 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes
             trials.shallow = None
             trials.ready.clear()
         module = optimized.module()
-        getattr(progress, "begin", lambda step: None)(f"prune ({', '.join(modes)}): the last check, the kept set "
-                                                      "against the original")
-        if keep and compiled and progress is not None:  # two whole compiles: minutes on a deep model
-            getattr(progress, "note", progress)(f"prune ({', '.join(modes)}): compiling the original and the kept "
-                                                "set whole for the last check")
+        _last_check_begins(progress, modes, compiling=bool(keep) and compiled)
         verdicts = trials.compare(model, against=module) if keep else {}
         if reusing:
             trials.deployed_once(model)  # compiled by the last check, or here where nothing is kept: the rows' own
@@ -309,6 +305,18 @@ def _try_without(trials: Trials, optimized: swap.Optimized, types: list[str], ke
             f"left out{together}: {_why(mode, verdicts[mode], failed)}" if mode else
             f"kept{together}: {_why_kept(verdicts)} ({_versus(verdicts)}){_failing(trials, trial)}") + _deeper(trials))
     return optimized
+
+
+def _last_check_begins(progress: Callable[[str], None] | None, modes: list[str], compiling: bool) -> None:
+    """Tell progress the last check is under way; with a line where it compiles two whole models (minutes on a deep
+    model)."""
+    if progress is None:
+        return
+    getattr(progress, "begin", lambda step: None)(f"prune ({', '.join(modes)}): the last check, the kept set against "
+                                                  "the original")
+    if compiling:
+        getattr(progress, "note", progress)(f"prune ({', '.join(modes)}): compiling the original and the kept set "
+                                            "whole for the last check")
 
 
 def _failing(trials: Trials, trial: swap.Optimized) -> str:
