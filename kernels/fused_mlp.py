@@ -44,13 +44,13 @@ except ImportError:  # pragma: no cover - older triton: the "tma" variant falls 
 KERNEL_TYPE = "fused_mlp"
 
 VARIANT = "auto"  # "auto" | "grouped" | "tma"
-BLOCK_M = 0  # phase 1 (gate+up) tokens per tile; 0 = by shape (128)
+BLOCK_M = 0  # phase 1 (gate+up) tokens per tile; 0 = by shape (128; 64 where fewer leave SMs idle)
 BLOCK_N = 0  # phase 1 intermediate columns per tile; 0 = by dtype (128: two 128x128 accumulators)
 BLOCK_K = 0  # phase 1 hidden-dim depth per stage; 0 = by dtype (64 for 16-bit)
 NUM_WARPS = 0  # phase 1 warps; 0 = 8
 NUM_STAGES = 0  # phase 1 pipeline depth; 0 = by tile (4: 48 KB per stage for x, w_gate, w_up)
-DOWN_BLOCK_M = 0  # phase 2 tokens per tile; 0 = by shape (128)
-DOWN_BLOCK_N = 0  # phase 2 hidden columns per tile; 0 = by shape (256)
+DOWN_BLOCK_M = 0  # phase 2 tokens per tile; 0 = by shape (128; 64 where fewer tiles leave SMs idle)
+DOWN_BLOCK_N = 0  # phase 2 hidden columns per tile; 0 = by shape (256; 128 where fewer leave SMs idle)
 DOWN_BLOCK_K = 0  # phase 2 intermediate depth per stage; 0 = by dtype (64)
 DOWN_NUM_WARPS = 0  # phase 2 warps; 0 = 8
 DOWN_NUM_STAGES = 0  # phase 2 pipeline depth; 0 = 3
@@ -61,6 +61,8 @@ DESCRIPTORS = "host"  # "tma": "host" | "device" (made by each program; see the 
 # "auto" takes TMA only from this many FLOPs per GEMM phase: a launch on host-side descriptors costs the host
 # more than a pointer launch (docs/launch-cost.md), which small phases cannot amortize.
 TMA_MIN_FLOPS = 2**34
+# tiles chosen by shape (a size left at 0) shrink until the grid has this many programs per SM (_filling)
+FILL = 0.75
 
 TUNABLES = {
     "VARIANT": ["auto", "grouped", "tma"],
@@ -197,22 +199,35 @@ def _mlp_gemm_tma_kernel(a_desc, a2_desc, w1_desc, w2_desc, c_desc, c2_desc, M, 
             c2_desc.store([off_m, off_n], lo)
 
 
-def _auto_config(m, dtype, gated, split_a):
-    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) for one phase on a Hopper-class GPU."""
+def _auto_config(m, n, dtype, gated, split_a, sms=None):
+    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) for one phase on a Hopper-class GPU of `sms` SMs (None:
+    not known, the interpreter)."""
     if dtype == torch.float32:  # 4-byte tiles, CUDA-core (ieee) dots
         return (64, 64, 32, 4, 2) if gated else (64, 128, 32, 4, 3)
     block_m = 64 if m <= 64 else 128  # decode-sized T: don't waste half of each tile
     if gated or split_a:  # two 128x128 fp32 accumulators (or A tiles): 48 KB a stage
-        return block_m, 128, 64, 8, 4
-    return block_m, 256 if block_m == 128 else 128, 64, 8 if block_m == 128 else 4, 3
+        bm, bn = _filling(m, n, [(block_m, 128), (64, 128)], sms)
+        return bm, bn, 64, 8, 4
+    bm, bn = _filling(m, n, [(block_m, 256 if block_m == 128 else 128), (block_m, 128), (64, 128)], sms)
+    return bm, bn, 64, 8 if bm == 128 else 4, 3
 
 
-def _config(m, dtype, gated, split_a):
-    auto = _auto_config(m, dtype, gated, split_a)
+def _filling(m, n, tiles, sms):
+    """The first (BLOCK_M, BLOCK_N) of `tiles` (largest first) whose grid fills FILL of the SMs, else the last: at
+    T=512 TinyLlama's down projection (N=2048) in 128x256 tiles is 32 programs on an H100's 132 SMs, a quarter of
+    the GPU, and the model ran 0.71x with fused_mlp in, graphed."""
+    if sms is None:
+        return tiles[0]
+    return next(((bm, bn) for bm, bn in tiles if _cdiv(m, bm) * _cdiv(n, bn) >= FILL * sms), tiles[-1])
+
+
+def _config(m, n, dtype, gated, split_a, sms):
     if gated:
         chosen = (BLOCK_M, BLOCK_N, BLOCK_K, NUM_WARPS, NUM_STAGES)
     else:
         chosen = (DOWN_BLOCK_M, DOWN_BLOCK_N, DOWN_BLOCK_K, DOWN_NUM_WARPS, DOWN_NUM_STAGES)
+    fixed = chosen[0] or chosen[1]  # a tile size the file sets: the others as by default, none shrunk
+    auto = _auto_config(m, n, dtype, gated, split_a, None if fixed else sms)
     return tuple(c or a for c, a in zip(chosen, auto))
 
 
@@ -259,7 +274,8 @@ def _gemm(a, a2, w1, w2, c, c2, gated, split_a, split_out):
     """c = (a [+ a2]) @ w1^T, or silu(a @ w1^T) * (a @ w2^T); a [M, K], w [N, K], c [M, N]."""
     m, k = a.shape
     n = w1.shape[0]
-    bm, bn, bk, warps, stages = _config(m, a.dtype, gated, split_a)
+    sms = _sm_count(a.get_device()) if a.is_cuda else None
+    bm, bn, bk, warps, stages = _config(m, n, a.dtype, gated, split_a, sms)
     flags = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=GROUP_M, GATED=gated, SPLIT_A=split_a,
                  SPLIT_OUT=split_out, DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
                  num_warps=warps, num_stages=stages)  # tf32 is ignored for 16-bit inputs

@@ -72,3 +72,21 @@ def test_starters_give_the_reference_on_every_layout(kernel_type, case):
     assert got.is_contiguous()
     atol, rtol = get_spec(kernel_type).tolerance(torch.float32)
     torch.testing.assert_close(got, get_spec(kernel_type).reference(*args), atol=atol, rtol=rtol)
+
+
+def test_the_mlp_starter_shrinks_its_tiles_where_the_grid_would_leave_sms_idle():
+    """TinyLlama at T=512 ran 0.71x with fused_mlp in, graphed (an H100): its down projection in 128x256 tiles is 32
+    programs for 132 SMs. Tiles chosen by shape shrink until the grid fills the GPU; shapes that fill it keep theirs,
+    and without a GPU (sms unknown) nothing changes."""
+    from helpers import import_file
+
+    mlp = import_file(ROOT / "kernels" / "fused_mlp.py", "fused_mlp_tiles")
+    down = lambda t, hidden, sms=132: mlp._auto_config(t, hidden, torch.float16, False, False, sms)[:2]  # noqa: E731
+    gate = lambda t, inter, sms=132: mlp._auto_config(t, inter, torch.float16, True, False, sms)[:2]  # noqa: E731
+    assert down(2048, 2048) == (128, 256)  # TinyLlama at 2048: 128 programs
+    assert down(512, 2048) == (64, 128)  # 32 programs in 128x256, 64 in 128x128, 128 in 64x128
+    assert down(2048, 1024) == (128, 128)  # Qwen3-0.6B at 2048: 64 programs in 128x256
+    assert gate(512, 5632) == gate(2048, 5632) == (128, 128)  # 176 and 704 programs
+    assert down(512, 2048, sms=None) == (128, 256) and down(16, 2048) == (64, 128)  # the interpreter; decode
+    mlp.DOWN_BLOCK_N = 128  # a size the file sets wins, and the other is the default's
+    assert mlp._config(512, 2048, torch.float16, False, False, 132)[:2] == (128, 128)
