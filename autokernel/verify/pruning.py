@@ -284,8 +284,7 @@ def _try_without(trials: Trials, optimized: swap.Optimized, types: list[str], ke
     turns with the kernels kept so far. When it runs faster in one of the modes, outside the noise, they leave
     `keep` for `dropped` (with why) and the trial is what goes on; else `optimized` does. decided gets the trial
     under the types' names joined by '+'."""
-    getattr(progress, "begin", lambda step: None)(f"prune ({', '.join(trials.modes)}): the trial without "
-                                                  f"{', '.join(types)}")
+    _begin(progress, f"prune ({', '.join(trials.modes)}): the trial without {', '.join(types)}")
     trial = swap.build(trials.model, [t for t in keep if t not in types])
     verdicts = trials.compare(trial.module(), against=optimized.module(),
                               margin=PRUNE_MARGIN if len(types) == 1 else TOGETHER_MARGIN)
@@ -307,13 +306,18 @@ def _try_without(trials: Trials, optimized: swap.Optimized, types: list[str], ke
     return optimized
 
 
+def _begin(progress: Callable[[str], None] | None, step: str) -> None:
+    """Name the step under way to progress, where it is a _Clock (its heartbeat names it); no line of its own."""
+    if isinstance(progress, _Clock):
+        progress.begin(step)
+
+
 def _last_check_begins(progress: Callable[[str], None] | None, modes: list[str], compiling: bool) -> None:
     """Tell progress the last check is under way; with a line where it compiles two whole models (minutes on a deep
     model)."""
     if progress is None:
         return
-    getattr(progress, "begin", lambda step: None)(f"prune ({', '.join(modes)}): the last check, the kept set against "
-                                                  "the original")
+    _begin(progress, f"prune ({', '.join(modes)}): the last check, the kept set against the original")
     if compiling:
         getattr(progress, "note", progress)(f"prune ({', '.join(modes)}): compiling the original and the kept set "
                                             "whole for the last check")
