@@ -158,9 +158,9 @@ def latency_turns(fns: dict[str, Callable], sets: list, device: str,
 
 
 def device_share(fn: Callable, args: tuple, device: str) -> float | None:
-    """The part of one call's wall time the GPU spends working (torch.profiler's device events over the call's wall
-    clock, the profiler's own cost counted against it): near 1 for a forward the GPU bounds, where an eager timing
-    is GPU time. None off a GPU."""
+    """The part of one call's wall time the GPU spends working (torch.profiler's device events in one call, over
+    the wall clock of another call the profiler does not slow): near 1 for a forward the GPU bounds, where an eager
+    timing is GPU time. None off a GPU."""
     if device != "cuda":
         return None
     from torch.profiler import ProfilerActivity, profile
@@ -170,11 +170,13 @@ def device_share(fn: Callable, args: tuple, device: str) -> float | None:
     with torch.no_grad():
         fn(*args)  # warm: the first call may load kernels
         torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn(*args)
+        torch.cuda.synchronize()
+        wall_us = (time.perf_counter() - start) * 1e6
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            start = time.perf_counter()
             fn(*args)
             torch.cuda.synchronize()
-            wall_us = (time.perf_counter() - start) * 1e6
     return min(1.0, device_time_us(prof.events()) / wall_us)
 
 

@@ -363,8 +363,7 @@ def _original_wins(trials: Trials, module, keep: list[str], dropped: dict, verdi
     mode = noise.deciding_mode(verdicts)
     if not mode:
         if progress:
-            together = ("the original is faster in one mode, and slower by more in another" if _outweighed(verdicts)
-                        else "together not slower than the original")
+            together = _conflict(verdicts, "the original is faster") or "together not slower than the original"
             progress(f"prune ({', '.join(trials.modes)}): {', '.join(keep)} kept: {together} ({_versus(verdicts)})")
         return False
     v = verdicts[mode]
@@ -378,14 +377,19 @@ def _original_wins(trials: Trials, module, keep: list[str], dropped: dict, verdi
 
 
 def _why_kept(verdicts: dict) -> str:
-    if _outweighed(verdicts):
-        return "the model runs faster without it in one mode, and slower without it by more in another"
-    return "the model is not faster without it"
+    return _conflict(verdicts, "the model runs faster without it") or "the model is not faster without it"
 
 
-def _outweighed(verdicts: dict) -> bool:
-    """A mode ran faster without, and noise.deciding_mode kept the kernel all the same: another ran slower by more."""
-    return any(v.outcome == noise.FASTER for v in verdicts.values())
+def _conflict(verdicts: dict, faster: str) -> str | None:
+    """Where a mode ran faster without and noise.deciding_mode kept the kernels all the same, why: '<faster> in
+    eager mode, and slower in graph mode, which decides (GPU time)', or slower by more in another mode."""
+    gained = [m for m, v in verdicts.items() if v.outcome == noise.FASTER]
+    if not gained:
+        return None
+    graphed = [m for m, v in verdicts.items() if v.outcome == noise.SLOWER and m in noise.GPU_TIMED]
+    if graphed:
+        return f"{faster} in {gained[0]} mode, and slower in {graphed[0]} mode, which decides (GPU time)"
+    return f"{faster} in one mode, and slower by more in another"
 
 
 def _why(mode: str, verdict: noise.Verdict, failed: str | None) -> str:
