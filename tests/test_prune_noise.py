@@ -638,7 +638,7 @@ def test_a_conflict_between_modes_follows_the_graphed_mode_every_time(monkeypatc
     GPU time, decides a conflict, whichever effect is larger and however the host moves the eager one. (The fake's
     eager loss, 1.9%, sits where its interval straddles the margin and noise.BETWEEN_RUNS.)"""
     jitter = {"eager": 0.02, "graph": 0.002}
-    for eager_cost in (+0.19, +0.3):  # lost eagerly, less or more than won graphed
+    for eager_cost, eager_outcome in [(+0.19, noise.WITHIN_NOISE), (+0.3, noise.FASTER)]:  # lost eagerly: 1.9%, 3%
         cost = {"eager": {"layernorm": eager_cost}, "graph": {"layernorm": -0.21}}
         eager_outcomes = set()
         for seed in range(4):
@@ -651,12 +651,31 @@ def test_a_conflict_between_modes_follows_the_graphed_mode_every_time(monkeypatc
             eager_outcomes.add(decisions["layernorm"]["eager"]["outcome"])
             if decisions["layernorm"]["eager"]["outcome"] == noise.FASTER:  # a clear loss eagerly, overruled
                 assert "in eager mode, and slower in graph mode, which decides (GPU time)" in lines[0]
-        assert noise.FASTER in eager_outcomes
+        # beside the graphed mode the eager one is held against the margin widened by the host's drift between
+        # runs (noise.HOST_BETWEEN_RUNS): 1.9% never reads clear, 3% does and is overruled
+        assert eager_outcome in eager_outcomes and eager_outcomes <= {eager_outcome, noise.WITHIN_NOISE}
     won_eagerly = {"eager": {"layernorm": -0.5}, "graph": {"layernorm": +0.25}}  # 5% won eagerly, 2.5% lost graphed
     noisy_host(monkeypatch, 0, jitter=jitter, drift=0.1, cost=won_eagerly)
     optimized, dropped = pruning.prune(Made([], won_eagerly), Made(["layernorm"], won_eagerly), lambda seed: (),
                                        "cuda", ["eager", "graph"])
     assert optimized.types == [] and "faster without it in graph mode" in dropped["layernorm"]
+
+
+def test_the_host_s_drift_beside_a_graphed_mode_never_decides_a_type(monkeypatch):
+    """Qwen3-0.6B's add_rmsnorm on one H100: 0.999x, 0.971x and 0.986x eagerly in three runs, each interval narrow,
+    graphed 1.006x within noise each time: left out in one run of three. Beside a graphed mode, a host-bound mode's
+    verdict is held against the margin widened by its drift between runs; alone, it keeps the margin."""
+    cost = {"eager": {"add_rmsnorm": +0.19}, "graph": {"add_rmsnorm": 0.0}}
+    alone = set()
+    for seed in range(4):
+        noisy_host(monkeypatch, seed, jitter={"eager": 0.02, "graph": 0.002}, drift=0.1, cost=cost)
+        optimized, dropped = pruning.prune(Made([], cost), Made(["add_rmsnorm"], cost), lambda seed: (), "cuda",
+                                            ["eager", "graph"])
+        assert optimized.types == ["add_rmsnorm"] and not dropped
+        noisy_host(monkeypatch, seed, jitter={"eager": 0.02, "graph": 0.002}, drift=0.1, cost=cost)
+        alone.add(tuple(pruning.prune(Made([], cost), Made(["add_rmsnorm"], cost), lambda seed: (), "cuda",
+                                      ["eager"])[0].types))
+    assert () in alone  # eager alone, the user's only mode: a clear 1.9% loss leaves
 
 
 def test_every_graph_of_a_prune_shares_one_memory_pool(monkeypatch):

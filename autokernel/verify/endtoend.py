@@ -306,9 +306,10 @@ class Trials:
         if without is None or with_ is None:
             return self._failed(fn, without, against, with_)
         samples, deepened = {m: {"without": [], "with": []} for m in self.modes}, False
+        margins = {m: noise.margin_for(m, margin, self.modes) for m in self.modes}
         try:
             for done in range(1, PRUNE_ROUNDS + 1):
-                for m in [m for m in self.modes if _undecided(samples[m], margin)]:
+                for m in [m for m in self.modes if _undecided(samples[m], margins[m])]:
                     turns = self._turns(m, {"without": without[m], "with": with_[m]})
                     for side in ("without", "with"):
                         samples[m][side] += turns[side]
@@ -320,7 +321,7 @@ class Trials:
         if deepened:
             self.ready.clear()  # the copies of the old depth
             return self.compare(fn, against, margin)
-        return {m: noise.compare(s["without"], s["with"], margin) for m, s in samples.items()}
+        return {m: noise.compare(s["without"], s["with"], margins[m]) for m, s in samples.items()}
 
     def _turns(self, mode: str, sides: dict) -> dict[str, list[float]]:
         """One round of turns of the two sides ({side: deployed in mode}): the whole model's times per turn."""
