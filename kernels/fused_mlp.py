@@ -215,7 +215,9 @@ def _auto_config(m, n, dtype, gated, split_a, sms=None):
 def _filling(m, n, tiles, sms):
     """The first (BLOCK_M, BLOCK_N) of `tiles` (largest first) whose grid fills FILL of the SMs, else the last: at
     T=512 TinyLlama's down projection (N=2048) in 128x256 tiles is 32 programs on an H100's 132 SMs, a quarter of
-    the GPU, and the model ran 0.71x with fused_mlp in, graphed."""
+    the GPU, and the model ran 0.71x with fused_mlp in, graphed. Filled, on an H100 (do_bench): TinyLlama's MLP at
+    T=512 98.1 us against 139.3 us in the old tiles (torch's three GEMMs: 81.2 us); Qwen3-0.6B's at 2048 78.4 us
+    against 99.3 (torch 87.8); Llama-3.2-1B's at 1024 191.6 against 209.8 (torch 188.5)."""
     if sms is None:
         return tiles[0]
     return next(((bm, bn) for bm, bn in tiles if _cdiv(m, bm) * _cdiv(n, bn) >= FILL * sms), tiles[-1])
