@@ -331,7 +331,9 @@ def _timing_table(report):
     from rich.table import Table
 
     label = " (CPU, Triton interpreter: NOT performance figures)" if report["cpu_mode"] else ""
-    table = Table(title=f"end-to-end latency, median{label}; torch.compile backend {report['compile_backend']}")
+    table = Table(title=f"end-to-end latency, median{label}; torch.compile backend {report['compile_backend']}",
+                  caption="an optimized row against the original of its mode: the median of their ratios turn by turn "
+                          "(its interval last); else the ratio of the medians")
     for col in ("model", "ms", "noise", "host share", "vs eager", "vs torch.compile", "in turns, 99% interval"):
         table.add_column(col, justify="left" if col == "model" else "right")
     names = {"eager": "original, eager", "compile": "original, torch.compile", "optimized": "optimized",

@@ -98,14 +98,15 @@ def time_models(model, optimized: swap.Optimized, inputs: Callable, device: str,
             result[name] = {"ms": t.median_us / 1e3, "noise_pct": t.spread_pct, "runs": len(us)}
         if len(samples) == 2:  # the optimized row's speedup over its original, per turn: its interval is its noise
             v = noise.compare(samples[pair[0]], samples[pair[1]], PRUNE_MARGIN)
-            result[pair[1]]["speedup_interval"] = [v.low, v.high]
+            result[pair[1]].update(speedup_interval=[v.low, v.high], speedup_in_turns=v.ratio, timed_with=pair[0])
     result = {name: result[name] for name in names if name in result}  # back in the table's order
     _host_shares(result)
     for name, r in result.items():
         mode = "_graph" if name.endswith("_graph") else ""
         for base in ("eager", "compile"):
-            if base + mode in result:
-                r[f"speedup_vs_{base}"] = result[base + mode]["ms"] / r["ms"]
+            if base + mode in result:  # over the row it was timed in turns with: the median of the turns' ratios
+                r[f"speedup_vs_{base}"] = r["speedup_in_turns"] if r.get("timed_with") == base + mode else \
+                    result[base + mode]["ms"] / r["ms"]
     return result, errors
 
 
