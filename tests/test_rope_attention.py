@@ -214,6 +214,29 @@ def test_qwen3_s_per_head_norms_run_before_the_kernel(interpreter, tmp_path):
     assert site.swapped and site.calls == 1 and "q/k norms" in site.what
 
 
+@pytest.mark.slow(3)
+def test_traced_the_keys_for_the_cache_are_rotated_with_hfs_ops_not_a_roll(interpreter, tmp_path):
+    """Compiled with a cache, the keys the site rotates for it are traced as HF rotates them: a roll, which Inductor
+    fused with Qwen3's per-head norm into a kernel ptxas compiled for over six minutes on an H100, stays eager-only."""
+    torch.manual_seed(0)
+    config = transformers.Qwen3Config(hidden_size=128, intermediate_size=128, num_hidden_layers=1,
+                                      num_attention_heads=4, num_key_value_heads=2, head_dim=32, vocab_size=256)
+    model = transformers.Qwen3ForCausalLM(config).eval()
+    graphs = []
+
+    def backend(gm, example):
+        graphs.append(gm)
+        return gm.forward
+
+    with torch.no_grad():
+        optimized = _optimize(model, tmp_path / "none", [TYPE])
+        got = torch.compile(optimized, backend=backend, fullgraph=True)(_ids(), use_cache=True)
+        want = model(_ids(), use_cache=True)
+    torch.testing.assert_close(got.past_key_values.layers[0].keys, want.past_key_values.layers[0].keys)
+    ops = [str(n.target) for g in graphs for n in g.graph.nodes if n.op in ("call_function", "call_method")]
+    assert any(f"autokernel.{TYPE}" in op for op in ops) and not any("roll" in op for op in ops)
+
+
 def test_an_attention_that_computes_something_else_is_left_alone(interpreter, tmp_path):
     # OLMo2 normalizes the whole of q and k (not each head) before RoPE: the same projections and call, another result
     torch.manual_seed(0)
