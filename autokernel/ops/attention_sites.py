@@ -72,11 +72,15 @@ class CallShape:
         return (out, None, cache, *(None,) * (self.n_outputs - 3))[: self.n_outputs]
 
 
+def _per_head(table):
+    """A [seq, head_dim] or [batch, seq, head_dim] table as [batch or 1, 1, seq, head_dim]: over q's or k's heads."""
+    return (table[None] if table.dim() == 2 else table).unsqueeze(1)
+
+
 def _broadcast_tables(cos, sin):
     """cos, and sin with its first half negated, both [batch or 1, 1, seq, head_dim]: _rotated's factors."""
-    c, s = (t[None] if t.dim() == 2 else t for t in (cos, sin))
-    half = s.shape[-1] // 2
-    return c.unsqueeze(1), torch.cat((-s[..., :half], s[..., half:]), dim=-1).unsqueeze(1)
+    half = sin.shape[-1] // 2
+    return _per_head(cos), _per_head(torch.cat((-sin[..., :half], sin[..., half:]), dim=-1))
 
 
 _CACHE_TABLES = PerTables(_broadcast_tables)
@@ -90,9 +94,8 @@ def _rotated(x, cos, sin, eager: bool):
     roll that Inductor fused with Qwen3's per-head norm and the tables' making made a kernel ptxas compiled for
     over six minutes on an H100 (Qwen3-0.6B at 1x2048, whole model)."""
     if not eager:
-        c, s = ((t[None] if t.dim() == 2 else t).unsqueeze(1) for t in (cos, sin))
         half = x.shape[-1] // 2
-        return x * c + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * s
+        return x * _per_head(cos) + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * _per_head(sin)
     c, signed = _CACHE_TABLES(cos, sin, eager)
     return x * c + x.roll(x.shape[-1] // 2, -1) * signed
 

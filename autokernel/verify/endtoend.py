@@ -98,15 +98,15 @@ def time_models(model, optimized: swap.Optimized, inputs: Callable, device: str,
             result[name] = {"ms": t.median_us / 1e3, "noise_pct": t.spread_pct, "runs": len(us)}
         if len(samples) == 2:  # the optimized row's speedup over its original, per turn: its interval is its noise
             v = noise.compare(samples[pair[0]], samples[pair[1]], PRUNE_MARGIN)
-            result[pair[1]].update(speedup_interval=[v.low, v.high], speedup_in_turns=v.ratio, timed_with=pair[0])
+            base = pair[0].removesuffix("_graph")  # its speedup over that row: the median of the turns' ratios
+            result[pair[1]].update({"speedup_interval": [v.low, v.high], f"speedup_vs_{base}": v.ratio})
     result = {name: result[name] for name in names if name in result}  # back in the table's order
     _host_shares(result)
     for name, r in result.items():
         mode = "_graph" if name.endswith("_graph") else ""
         for base in ("eager", "compile"):
-            if base + mode in result:  # over the row it was timed in turns with: the median of the turns' ratios
-                r[f"speedup_vs_{base}"] = r["speedup_in_turns"] if r.get("timed_with") == base + mode else \
-                    result[base + mode]["ms"] / r["ms"]
+            if base + mode in result:  # over a row not timed in turns with it: the medians' ratio
+                r.setdefault(f"speedup_vs_{base}", result[base + mode]["ms"] / r["ms"])
     return result, errors
 
 
@@ -314,7 +314,7 @@ class Trials:
                     turns = self._turns(m, {"without": without[m], "with": with_[m]})
                     for side in ("without", "with"):
                         samples[m][side] += turns[side]
-                width = self._too_wide(samples, done, margin)
+                width = self._too_wide(samples, done, margins)
                 if width and (deepened := self.shallow.deepen(width, WIDE)):
                     break
         except Exception:  # one of them fails in a mode: each timed alone, to know which
@@ -342,20 +342,21 @@ class Trials:
             samples = {m: self._turns(m, {"without": with_[m], "with": with_[m]}) for m in self.modes}
         except Exception:  # the kept set fails to run: the trial finds it and says why
             return False
-        width = self._too_wide(samples, 1)
+        width = self._too_wide(samples, 1, dict.fromkeys(samples, PRUNE_MARGIN))
         if not (width and self.shallow.deepen(width, WIDE)):
             return False
         self.ready.clear()  # the copies of the old depth (the shallow one stays compiled: regional.ShallowTrials)
         return True
 
-    def _too_wide(self, samples: dict, done: int, margin: float = PRUNE_MARGIN) -> float:
+    def _too_wide(self, samples: dict, done: int, margins: dict[str, float]) -> float:
         """On cut copies, the widest interval of a close call that every round of turns would leave wider than WIDE
         and still around 1 (the width falls as one over the square root of the turns), else 0: the copies' noise,
         not the kernel's, cut deeper now rather than after rounds that cannot decide."""
         if self.shallow is None:
             return 0.0
         shrink = math.sqrt(done / PRUNE_ROUNDS)
-        close = [noise.compare(s["without"], s["with"], margin) for s in samples.values() if _undecided(s, margin)]
+        close = [noise.compare(s["without"], s["with"], margins[m]) for m, s in samples.items()
+                 if _undecided(s, margins[m])]
         wide = [v.high - v.low for v in close if (v.high - v.low) * shrink > WIDE
                 and abs(v.ratio - 1) < (v.high - v.low) * shrink / 2]
         return max(wide, default=0.0)
