@@ -291,7 +291,7 @@ def _gemm(a, a2, w1, w2, c, c2, gated, split_a, split_out):
         else:
             descs = [TensorDescriptor.from_tensor(t, blk) for t, blk in
                      ((a, [bm, bk]), (a2, [bm, bk]), (w1, [bn, bk]), (w2, [bn, bk]), (c, [bm, bn]), (c2, [bm, bn]))]
-        programs = min(tiles, sms)
+        programs = min(tiles, sms or _sm_count(a.get_device()))  # the interpreter runs the TMA path on the CPU
         _mlp_gemm_tma_kernel[(programs,)](*descs, m, n, k, programs, a.stride(0), a2.stride(0), w1.stride(0),
                                           w2.stride(0), c.stride(0), c2.stride(0), ON_DEVICE=on_device, **flags)
         return
