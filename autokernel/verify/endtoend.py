@@ -28,6 +28,7 @@ import torch
 from autokernel import compat
 from autokernel.harness import timing
 from autokernel.ops import swap
+from autokernel.verify import ahead as compiling_ahead
 from autokernel.verify import noise, regional
 from autokernel.verify.correctness import CHECK_INPUTS, CHECK_SEED, blame, check, compare_outputs, forward, main_output
 from autokernel.verify.noise import paired_verdict
@@ -200,13 +201,16 @@ class Trials:
     or to run counts as infinitely slow; failures[fn] says why."""
 
     def __init__(self, model, modes: list[str], compiled: bool, inputs: Callable, device: str,
-                 shallow_trials: bool = False):
+                 shallow_trials: bool = False, ahead: compiling_ahead.Ahead | None = None):
         self.model, self.modes, self.compiled, self.device = model, modes, compiled, device
         self.sets = [inputs(TIMING_SEED + i) for i in range(TIMING_INPUTS)]
         self.backend = backend_for(device)
         self.timed = functools.partial(latency_turns, sets=self.sets, device=device)  # fns -> their samples in turns
         shallow = regional.ShallowTrials(model, self.backend, self.sets) if compiled and shallow_trials else None
         self.shallow = shallow if shallow is not None and shallow.usable() else None  # trials on cut copies
+        self.ahead, self.upcoming = ahead, None  # the helper compiling ahead (ahead.py); what plan_ahead() told it
+        if self.shallow is not None:
+            self.shallow.ahead = ahead
         self.failures = {}
         # fn -> deployed(fn): the kept set, deployed for one trial, is the `against` of the next one too
         self.ready = {}
@@ -221,6 +225,8 @@ class Trials:
             if self.shallow is not None:  # a trial: the model's cut copies (the original runs in the last check only)
                 ready, wrong = self.shallow.deploy(fn, self.modes, self.graphed, wrong_output)
             else:
+                if self.compiled:
+                    compiling_ahead.wait(self.ahead, fn)
                 ran = torch.compile(fn, backend=self.backend) if self.compiled else fn
                 self.runs[fn] = ran
                 ready = {m: self.graphed(ran, self.sets[0]) if m.endswith("graph") else ran for m in self.modes}
@@ -245,6 +251,16 @@ class Trials:
         replay = timing.cuda_graphed(fn, example, pool=self.pool.id if self.pool is not None else None)
         replay.pool = self.pool  # outlives the prune with the graph (verify's rows replay the last check's)
         return replay
+
+    def plan_ahead(self, keep: list[str], upcoming: list[list[str]]) -> None:
+        """Tell the helper compiling ahead, if any, the models the prune compiles next (ahead.jobs: the kept set,
+        then keep without each of upcoming, cut as the trials cut it, then whole for the last check), again where the
+        trials are cut deeper."""
+        self.upcoming = (keep, upcoming)
+        if self.ahead is not None:
+            cut = self.shallow
+            self.ahead.plan(compiling_ahead.jobs(keep, upcoming, cut.depths if cut else (None,),
+                                                 cut.deepest() if cut and not self.probed else None))
 
     def modes_that_fail(self, fn) -> dict[str, str]:
         """{mode: why} for each mode where fn, deployed in it alone, fails: HF's Gemma-2 copies from the host in its
@@ -321,6 +337,7 @@ class Trials:
             return self._failed(fn, without, against, with_)
         if deepened:
             self.ready.clear()  # the copies of the old depth
+            self._replan()
             return self.compare(fn, against, margin)
         return {m: noise.compare(s["without"], s["with"], margins[m]) for m, s in samples.items()}
 
@@ -343,10 +360,15 @@ class Trials:
         except Exception:  # the kept set fails to run: the trial finds it and says why
             return False
         width = self._too_wide(samples, 1, dict.fromkeys(samples, PRUNE_MARGIN))
-        if not (width and self.shallow.deepen(width, WIDE)):
-            return False
-        self.ready.clear()  # the copies of the old depth (the shallow one stays compiled: regional.ShallowTrials)
-        return True
+        deepened = bool(width and self.shallow.deepen(width, WIDE))
+        if deepened:
+            self.ready.clear()  # the copies of the old depth (the shallow one stays compiled: regional.ShallowTrials)
+        self._replan()  # the depth is known: the helper compiles no other
+        return deepened
+
+    def _replan(self) -> None:
+        if self.upcoming is not None:
+            self.plan_ahead(*self.upcoming)
 
     def _too_wide(self, samples: dict, done: int, margins: dict[str, float]) -> float:
         """On cut copies, the widest interval of a close call that every round of turns would leave wider than WIDE

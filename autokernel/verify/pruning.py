@@ -20,7 +20,9 @@ from collections.abc import Callable
 import torch
 
 from autokernel.ops import swap
+from autokernel.verify import ahead as compiling_ahead
 from autokernel.verify import endtoend, noise, regional
+from autokernel.verify.ahead import Ahead
 from autokernel.verify.endtoend import PRUNE_MARGIN, Trials, compiling_each_once
 from autokernel.verify.verification import DEPLOY_MODES, sides
 
@@ -42,37 +44,54 @@ HEARTBEAT_S = 30.0  # a progress line at least this often while a prune runs (_C
 
 def prune_deployed(model, optimized: swap.Optimized, inputs: Callable, device: str, modes: list[str],
                    progress: Callable[[str], None] | None = None, decisions: dict | None = None,
-                   reuse: dict | None = None, shallow_trials: bool = False):
+                   reuse: dict | None = None, shallow_trials: bool = False, ahead: Ahead | None = None):
     """prune() on each side of `modes` (verification.deploy_modes): the types kept in the eager modes (eager,
     graph) run eagerly, those kept in the compiled ones (compile, compile_graph) where torch.compile traces the
     model. Returns (optimized, {type: why} left out eagerly, {type: why} left out under torch.compile); modes of
     one side decide both. progress: called with a line per type tried, with the time spent and an estimate of
-    what is left; decisions, if given, gets {side's modes: prune()'s decisions}; reuse and shallow_trials: prune()'s,
-    for the compiled side."""
+    what is left; decisions, if given, gets {side's modes: prune()'s decisions}; reuse, shallow_trials and ahead:
+    prune()'s, for the compiled side (the helper compiles its first trials' models while the eager side is timed)."""
     eager, compiled = sides(modes)
     types = optimized.swapped_types()
     clock = _Clock(progress, trials=(len(types) + 1) * (2 if eager and compiled else 1))
     decisions = {} if decisions is None else decisions
+    if ahead is not None and compiled:
+        _plan_compiled_side(ahead, model, optimized, shallow_trials, types)
     with clock:
-        return _prune_sides(model, optimized, inputs, device, modes, clock, decisions, reuse, shallow_trials)
+        return _prune_sides(model, optimized, inputs, device, modes, clock, decisions, reuse, shallow_trials, ahead)
 
 
-def _prune_sides(model, optimized, inputs, device, modes, clock, decisions, reuse, shallow_trials):
+def _plan_compiled_side(ahead: Ahead, model, optimized: swap.Optimized, shallow_trials: bool, types: list[str],
+                        decided: dict | None = None):
+    """Tell the helper what the compiled side's prune will compile first, as far as it is known before it begins:
+    its trials of every type but those the eager side left out so far (most often left out untried:
+    _settled_losses), in the order the eager side's verdicts so far (decided) give them (_trial_order)."""
+    blocks = regional.repeated_blocks(model) if shallow_trials else None
+    depths, deeper = (regional.DEPTHS, regional.deepest(len(blocks[1]))) if blocks else ((None,), None)
+    order = _trial_order(optimized, types, _costs(decided or {}))
+    ahead.plan(compiling_ahead.jobs(types, [[t] for t in order], depths, deeper))
+
+
+def _prune_sides(model, optimized, inputs, device, modes, clock, decisions, reuse, shallow_trials, ahead):
     """prune_deployed()'s work, its progress through clock."""
     eager, compiled = sides(modes)
     types = optimized.swapped_types()
     if not eager or not compiled:
         side = deciding_modes(modes)
         optimized, dropped = prune(model, optimized, inputs, device, side, clock, decisions.setdefault(
-            ",".join(side), {}), reuse, shallow_trials)
+            ",".join(side), {}), reuse, shallow_trials, ahead=ahead)
         return optimized, dropped, dropped
-    _, dropped = prune(model, optimized, inputs, device, eager, clock, decisions.setdefault(",".join(eager), {}))
+    replan = functools.partial(_plan_compiled_side, ahead, model, optimized, shallow_trials) \
+        if ahead is not None else None
+    _, dropped = prune(model, optimized, inputs, device, eager, clock, decisions.setdefault(",".join(eager), {}),
+                       after_trial=replan)
     side = deciding_modes(compiled)
     bound = functools.cache(lambda: (endtoend.device_share(model, inputs(endtoend.TIMING_SEED), device) or 0.0)
                             >= DEVICE_BOUND)
     settled = _settled_losses(decisions[",".join(eager)], dropped, bound) if side == ["compile_graph"] else {}
     _, dropped_traced = prune(model, optimized, inputs, device, side, clock, decisions.setdefault(",".join(side), {}),
-                              reuse, shallow_trials, prior=_costs(decisions[",".join(eager)]), settled=settled)
+                              reuse, shallow_trials, prior=_costs(decisions[",".join(eager)]), settled=settled,
+                              ahead=ahead)
     both = swap.build(model, [t for t in types if t not in dropped],
                       traced=[t for t in types if t not in dropped_traced])
     return both, dropped, dropped_traced
@@ -168,7 +187,8 @@ def _duration(seconds: float) -> str:
 
 def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes: str | list[str] = "eager",
           progress: Callable[[str], None] | None = None, decisions: dict | None = None, reuse: dict | None = None,
-          shallow_trials: bool = False, prior: dict[str, float] | None = None, settled: dict[str, dict] | None = None):
+          shallow_trials: bool = False, prior: dict[str, float] | None = None, settled: dict[str, dict] | None = None,
+          ahead: Ahead | None = None, after_trial: Callable[[list[str], dict], None] | None = None):
     """Leave out, one type at a time, each kernel whose removal makes the whole model faster in one of `modes`.
 
     modes: one mode, or the two of one side, which run the same kernels (eager and graph; compile and
@@ -191,9 +211,12 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes
     shallow_trials: on the compiled side each trial compiles copies of the model cut to one and two of its blocks
     (deeper where that reads too wide) and takes the whole model's time from theirs (regional.py); the last check
     compiles both models whole. settled: {type: {mode: verdict}} left out untried on that verdict (_settled_losses).
+    ahead: on the compiled side, a helper process told what comes next at each step, compiling it into Inductor's
+    cache while this one times (ahead.py). after_trial, if given, hears the types still kept and the decisions so far
+    after each trial of one type.
     """
     modes, compiled = _one_side(modes)
-    trials = Trials(model, modes, compiled, inputs, device, shallow_trials)
+    trials = Trials(model, modes, compiled, inputs, device, shallow_trials, ahead if compiled else None)
     _decide_where_the_original_runs(trials, model, progress)
     decided = {} if decisions is None else decisions
     keep, dropped = optimized.swapped_types(), {}
@@ -202,12 +225,17 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes
     keep = _trial_order(optimized, keep, prior or {})
     reusing, traces = compiled and reuse is not None, (len(keep) + 2) * TRACES_PER_MODEL
     with compiling_each_once(traces, reset_after=not reusing) if compiled else contextlib.nullcontext():
-        for kernel_type in list(keep):
+        order = list(keep)
+        for i, kernel_type in enumerate(order):
+            trials.plan_ahead(keep, [[t] for t in order[i:] if t in keep])
             optimized = _try_without(trials, optimized, [kernel_type], keep, dropped, progress, decided)
+            if after_trial is not None:
+                after_trial(list(keep), decided)
         optimized = _try_together(trials, optimized, keep, dropped, progress, decided)
         if trials.shallow is not None:  # the last check and the rows: whole models
             trials.shallow = None
             trials.ready.clear()
+        trials.plan_ahead(keep, [])
         module = optimized.module()
         _last_check_begins(progress, modes, compiling=bool(keep) and compiled)
         verdicts = trials.compare(model, against=module) if keep else {}
@@ -344,8 +372,10 @@ def _try_together(trials: Trials, optimized: swap.Optimized, keep: list[str], dr
     torch.compile (rmsnorm alone read 0.972x without fused_mlp). They leave together when the model runs faster
     without them, outside the noise, by TOGETHER_MARGIN or more."""
     leaning = [t for t in keep if _leans_out(decided.get(t, {}))]
-    return _try_without(trials, optimized, leaning, keep, dropped, progress, decided) if len(leaning) > 1 \
-        else optimized
+    if len(leaning) < 2:
+        return optimized
+    trials.plan_ahead(keep, [leaning])
+    return _try_without(trials, optimized, leaning, keep, dropped, progress, decided)
 
 
 def _leans_out(verdicts: dict) -> bool:

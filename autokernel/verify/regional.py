@@ -25,6 +25,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from autokernel.verify import ahead
+
 MIN_BLOCKS = 3  # a model of fewer blocks compiles as fast as its cut copies
 DEPTHS = (1, 2)  # the copies' blocks: t(2) - t(1) is one block and one junction between two
 DEEPER = (4, 8)  # the deeper copy's blocks, step by step, where the trials read too wide (at most half the model)
@@ -55,6 +57,15 @@ def truncated(module: nn.Module, depth: int) -> nn.Module | None:
     return optimized.over(top) if optimized is not None else top
 
 
+def deepest(blocks: int, depths: tuple[int, int] = DEPTHS) -> int | None:
+    """The deepest copy the trials of a model of `blocks` blocks, cut to `depths`, may be cut to (deepen()), or None."""
+    return max(_deeper(blocks, depths), default=None)
+
+
+def _deeper(blocks: int, depths: tuple[int, int]) -> list[int]:
+    return [d for d in DEEPER if depths[1] < d <= blocks // 2]
+
+
 def _copy(module: nn.Module) -> nn.Module:
     clone = copy.copy(module)
     clone._modules = dict(module._modules)
@@ -72,6 +83,7 @@ class ShallowTrials:
         self.depths = DEPTHS
         self.originals = {d: truncated(model, d) for d in DEPTHS} if found else {}
         self.made = {}  # (kernel set's model, depth, modes) -> {mode: its cut copy as deployed}, right ones only
+        self.ahead = None  # the helper compiling ahead (ahead.py), if any
 
     def deepen(self, width: float, wide: float) -> bool:
         """Cut the copies deeper from now on, for a trial whose interval reads `width` wide and must read under
@@ -79,7 +91,7 @@ class ShallowTrials:
         width under wide / 2 (a deeper copy's own noise grows with it: Gemma-2's trials read 2.4 times narrower on 4
         blocks than on 2, where the factor alone says 3.3), else the deepest. Whether it could. The copies deployed
         before are of the old depth: deploy again."""
-        deeper = [d for d in DEEPER if self.depths[1] < d <= self.blocks // 2]
+        deeper = _deeper(self.blocks, self.depths)
         if not deeper:
             return False
         fits = [d for d in deeper if width * self._factor(d) / self._factor(self.depths[1]) <= wide / 2]
@@ -87,6 +99,10 @@ class ShallowTrials:
         self.originals = {d: truncated(self.model, d) for d in self.depths}
         self.made = {key: ready for key, ready in self.made.items() if key[1] in self.depths}  # the shallow copies
         return True
+
+    def deepest(self) -> int | None:
+        """The deepest copy deepen() may cut to from here, or None."""
+        return deepest(self.blocks, self.depths)
 
     def forget_all_but(self, fn: nn.Module) -> None:
         """Drop the copies of every kernel set but fn's (and their CUDA graphs' memory)."""
@@ -116,6 +132,7 @@ class ShallowTrials:
                 cut = truncated(fn, d)
                 if cut is None:  # a site replaced some blocks with another class: none repeats
                     raise ValueError("the kernel set's model has no repeated blocks to cut")
+                ahead.wait(self.ahead, fn, d)
                 ran = torch.compile(cut, backend=self.backend)
                 made = {m: graphed(ran, self.sets[0]) if m.endswith("graph") else ran for m in modes}
                 wrong = next(filter(None, (wrong_output(r, self.originals[d], self.sets[-1]) for r in made.values())),

@@ -5,6 +5,8 @@ files in turns, export the kept kernels. `verify(Request(...))` returns the repo
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -18,6 +20,7 @@ from autokernel.verify import noise
 CHECK_INPUTS = 3  # fresh inputs the optimized model must match the original on (endtoend.CHECK_INPUTS)
 DEPLOY_MODES = ("eager", "graph", "compile", "compile_graph")  # how a user runs the model; the prune's yardstick
 DEFAULT_KERNELS = ROOT / "workspace" / "kernels"
+AHEAD_MEMORY_SHARE = 0.25  # the helper compiling ahead loads the weights again: at most this part of the free memory
 
 
 @dataclass
@@ -41,6 +44,7 @@ class Request:
     deploy: str | None = None  # a mode, or an eager and a compiled one ("eager,compile"); None: from the flags
     keep_all: bool = False
     shallow_trials: bool = True  # the compiled prune's trials compile the model cut to 1 and 2 blocks
+    compile_ahead: bool = False  # a second process compiles the compiled prune's next models (ahead.py)
     against: str | None = None  # "extracted", "starters" or a directory
     generate: int = 0  # new tokens of a timed generate() with a static cache (generation.py); 0: none
     export: Path | None = None
@@ -98,26 +102,20 @@ def verify(request: Request) -> dict:
     mode, device = _checked(request)  # bad input fails before torch's import, the model's load and any write
     import torch
 
-    from autokernel.models import load_model, parse_shape
+    from autokernel.models import parse_shape
     from autokernel.registry import parse_dtype
     from autokernel.verify import endtoend, regionverify
-    from autokernel.verify.deploy import optimize
 
     dtype, shape = parse_dtype(request.dtype), parse_shape(request.input_shape)
-    types = _kernel_types(request)
-    model = load_model(request.class_name, model_file=request.model, module=request.module, config=request.config,
-                       pretrained=request.pretrained, device=device, dtype=dtype)
-    inputs = lambda seed: _inputs(model, shape, device, dtype, seed)
-    with torch.no_grad():
-        optimized = optimize(model, request.kernels, types, starters=ROOT / "kernels", verified=None,
-                             quiet=True).autokernel  # the prune below decides afresh
+    model, optimized, inputs = loaded(request, device)  # optimize()'s choices: the prune below decides afresh
+    with torch.no_grad(), _compiling_ahead(request, model, device, mode) as ahead:
         choices = optimized.choices
         warnings = _origin_warnings(request, choices, shape, dtype)
         correctness = endtoend.check(model, optimized, inputs, dtype, request.checks)
         sites = [s.to_dict() for s in optimized.sites()]  # calls counted over the checked forwards only
         checked_types = optimized.swapped_types()
         passed = correctness["status"] == "PASS"
-        measured = _measure(request, model, optimized, choices, inputs, device, mode, passed)
+        measured = _measure(request, model, optimized, choices, inputs, device, mode, passed, ahead)
         regions = regionverify.verify_regions(model, optimized.module(), request.kernels, inputs, device,
                                               not request.no_timing and device == "cuda", request.cuda_graph) \
             if request.compile and passed else None
@@ -143,6 +141,48 @@ def verify(request: Request) -> dict:
         "compile_backend": endtoend.backend_for(device), "torch": torch.__version__, "triton": _triton_version(),
         "command": request.command,
     }
+
+
+def loaded(request: Request, device: str) -> tuple:
+    """(the model, optimize()'s swap.Optimized of it, inputs(seed) -> its forward's arguments) as verify() loads
+    them; the helper that compiles ahead (ahead.py) loads them alike, so that it compiles the prune's models."""
+    import torch
+
+    from autokernel.models import load_model, parse_shape
+    from autokernel.registry import parse_dtype
+    from autokernel.verify.deploy import optimize
+
+    dtype, shape = parse_dtype(request.dtype), parse_shape(request.input_shape)
+    model = load_model(request.class_name, model_file=request.model, module=request.module, config=request.config,
+                       pretrained=request.pretrained, device=device, dtype=dtype)
+    with torch.no_grad():
+        optimized = optimize(model, request.kernels, _kernel_types(request), starters=ROOT / "kernels", verified=None,
+                             quiet=True).autokernel
+    return model, optimized, lambda seed: _inputs(model, shape, device, dtype, seed)
+
+
+@contextlib.contextmanager
+def _compiling_ahead(request: Request, model, device: str, mode: str):
+    """A helper process that compiles the compiled prune's next models while it times (ahead.Ahead), or None: on a
+    GPU, where the prune runs on the compiled side and a second copy of the weights takes at most
+    AHEAD_MEMORY_SHARE of the free memory."""
+    import torch
+
+    from autokernel.verify import ahead, endtoend
+
+    wanted = (device == "cuda" and request.compile_ahead and request.compile and not request.keep_all
+              and not request.no_timing
+              and any(m.startswith("compile") for m in mode.split(",")))
+    weights = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+    if not wanted or weights > AHEAD_MEMORY_SHARE * torch.cuda.mem_get_info()[0]:
+        yield None
+        return
+    message = {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(request).items()}
+    helper = ahead.Ahead(message, endtoend.backend_for(device))
+    try:
+        yield helper
+    finally:
+        helper.close()
 
 
 def _checked(request: Request) -> tuple[str, str]:
@@ -189,7 +229,8 @@ def _origin_warnings(request: Request, choices: dict, shape, dtype) -> list[str]
     return warnings
 
 
-def _measure(request: Request, model, optimized, choices: dict, inputs, device: str, mode: str, passed: bool) -> dict:
+def _measure(request: Request, model, optimized, choices: dict, inputs, device: str, mode: str, passed: bool,
+             ahead=None) -> dict:
     """What is timed of a model that passed its check: the prune (on a GPU, unless --keep-all), the timing rows,
     --against, and under --compile its graph breaks."""
     import torch
@@ -205,7 +246,7 @@ def _measure(request: Request, model, optimized, choices: dict, inputs, device: 
     if decided:
         optimized, pruned, pruned_traced = pruning.prune_deployed(model, optimized, inputs, device,
                                                                   deploy_modes(mode), _progress, decisions, reuse,
-                                                                  request.shallow_trials)
+                                                                  request.shallow_trials, ahead)
     elif timed:  # the rows time what optimize() installs by this report: the types a site ran, no others
         optimized = swap.build(model, optimized.swapped_types())
     graphs = request.cuda_graph and device == "cuda"

@@ -1,0 +1,241 @@
+"""Compiling ahead: a second process compiles the models a compiled prune will time next, while this one times.
+
+A compiled prune spends most of its wall time compiling (Gemma-2 2B at 1x8192: 193 s of its 240 s on an H100, every
+compile cold), one model at a time, while the GPU waits; and it knows which models come next: the kept set without
+each type still to try, cut to the trials' depths, then the original and the kept set whole. Inductor keeps what it
+compiles in its on-disk cache (the FX graph cache, keyed by the traced graph and its inputs' shapes, not their
+values), so a model compiled once in another process compiles again here from the cache, in a fraction of the time
+(Qwen3-0.6B's whole compile: 84 s cold, 14 s from the cache). The helper loads the model as verify.py did (the same
+kernel files, the same sites), and compiles each planned model without running it: its backend stores Inductor's
+code and hands dynamo a graph that raises.
+
+The prune tells it the plan (Trials.plan_ahead) at each step, in the order it will compile; a new plan replaces
+the old one, and what is compiled stays compiled. Before compiling a model the prune waits for the helper if it
+is compiling that one now (wait()). The helper only ever warms the cache: when it fails, lags or dies, the prune
+compiles as before. Opt-in (verify.py --compile-ahead): with it, the compiled verdicts are not yet those of a run
+without it (docs/deploy-and-prune.md, "Compiling ahead").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from autokernel.compat import ROOT
+
+__all__ = ["Ahead", "jobs", "kernel_set", "wait"]
+
+WAIT_S = 240.0  # the longest the prune waits for a model the helper is compiling (a whole 2B model: ~30 s cold)
+COMPILE_SHARE = 2  # the helper's Inductor compile workers: this part of the CPUs (the prune's own compiles need some)
+
+
+class Ahead:
+    """The helper process, from the prune's side: plan() what comes next, wait() for a model it is compiling."""
+
+    def __init__(self, request: dict, backend: str, env: dict | None = None):
+        child_env = dict(os.environ if env is None else env)
+        child_env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(max(1, (os.cpu_count() or 2) // COMPILE_SHARE)))
+        self.proc = subprocess.Popen([sys.executable, "-m", "autokernel.verify.ahead", backend],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     text=True, cwd=ROOT, env=child_env)
+        self.state: dict[str, str] = {}  # job's key -> "start", "done" or "failed"
+        self.jobs: list[dict] = []  # the plan last sent
+        self.taken: set[str] = set()  # the models the prune compiled: never planned again
+        self.waited = 0.0  # seconds the prune spent in wait()
+        self.failures: dict[str, str] = {}  # job's key -> why the helper failed to compile it
+        self.changed = threading.Condition()
+        self._gone = False
+        self._send(request)
+        threading.Thread(target=self._listen, daemon=True, name="ahead-listener").start()
+
+    def plan(self, jobs: Iterable[tuple[Iterable[str], int | None]]) -> None:
+        """The models the prune compiles next, in order: (kernel types, in the order the prune builds them with, and
+        the blocks of the cut copy, or None: whole)."""
+        self.jobs = [{"types": list(types), "depth": depth} for types, depth in jobs
+                     if job_key(types, depth) not in self.taken]
+        self._send(self.jobs)
+
+    def wait(self, types: Iterable[str], depth: int | None) -> None:
+        """Return once the helper is not compiling this model, at most WAIT_S: compiled (the prune's compile reads
+        the cache), failed, or never begun (the prune compiles it, and it leaves the helper's plan)."""
+        key = job_key(types, depth)
+        self.taken.add(key)
+        with self.changed:
+            if self.state.get(key) is None:
+                self.plan((job["types"], job["depth"]) for job in self.jobs)
+            elif self.state[key] == "start":
+                began = time.monotonic()
+                self.changed.wait_for(lambda: self._gone or self.state.get(key) != "start", WAIT_S)
+                self.waited += time.monotonic() - began
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def done(self) -> list[str]:
+        return [key for key, how in self.state.items() if how == "done"]
+
+    def _send(self, message) -> None:
+        try:
+            self.proc.stdin.write(json.dumps(message) + "\n")
+            self.proc.stdin.flush()
+        except (OSError, ValueError):  # the helper is gone: the prune compiles alone
+            self._gone = True
+
+    def _listen(self) -> None:
+        for line in self.proc.stdout:
+            word, _, rest = line.rstrip("\n").partition(" ")
+            key, _, why = rest.partition(" ")
+            with self.changed:
+                if why:
+                    self.failures[key] = why
+                self.state[key] = word
+                self.changed.notify_all()
+        with self.changed:
+            self._gone = True
+            self.changed.notify_all()
+
+
+def jobs(keep: list[str], upcoming: list[list[str]], depths, deeper: int | None = None) -> list[tuple]:
+    """The models a compiled prune compiles from here, as (kernel types, depth or None: whole), those it surely
+    compiles first: the kept set cut to each of depths (None: whole) and, where the trials may still be cut deeper,
+    to `deeper` blocks (the first trial's next compile if the copies read too wide); the original whole (the last
+    check's, the same whatever leaves); each upcoming trial's set (keep without the types it leaves out) at each of
+    depths; in the last trial, the kept set without its type, whole; the kept set whole; the trials' deeper copies."""
+    trial_sets = [[t for t in keep if t not in out] for out in upcoming]
+    found: dict[str, tuple] = {}
+    for job in ([(keep, d) for d in depths] + [(keep, deeper)] * bool(deeper) + [([], None)]
+                + [(s, d) for s in trial_sets for d in depths] + [(s, None) for s in trial_sets if len(upcoming) == 1]
+                + [(keep, None)] + [(s, deeper) for s in trial_sets if deeper]):
+        found.setdefault(job_key(*job), (list(job[0]), job[1]))
+    return list(found.values())
+
+
+def job_key(types: Iterable[str], depth: int | None) -> str:
+    return f"{','.join(sorted(types))}@{depth if depth else 'whole'}"
+
+
+def kernel_set(fn) -> list[str]:
+    """The kernel types of a model as swap.build made it (its `autokernel`); none for the original."""
+    optimized = getattr(fn, "autokernel", None)
+    return list(optimized.types) if optimized is not None else []
+
+
+def wait(ahead: Ahead | None, fn, depth: int | None = None) -> None:
+    """ahead.wait() for fn's kernel set cut to depth blocks (None: whole), where there is a helper."""
+    if ahead is not None:
+        ahead.wait(kernel_set(fn), depth)
+
+
+class _Warmed(Exception):
+    """Raised by a graph the helper compiled: it is never run."""
+
+
+def _warming(backend: str):
+    """A dynamo backend that compiles each graph with `backend` (Inductor stores it in its cache) and returns one
+    that raises _Warmed instead of running."""
+    from torch._dynamo.backends.registry import lookup_backend
+
+    compile_graph = lookup_backend(backend)
+
+    def warm(gm, example_inputs):
+        compile_graph(gm, example_inputs)
+
+        def never_run(*args):
+            raise _Warmed()
+        return never_run
+    return warm
+
+
+class _Plan:
+    """The helper's queue: the latest plan, less what is compiled already."""
+
+    def __init__(self):
+        self.jobs, self.finished, self.closed = [], set(), False
+        self.changed = threading.Condition()
+
+    def read(self, stream) -> None:
+        for line in stream:
+            jobs = json.loads(line)
+            with self.changed:
+                self.jobs = [(job["types"], job["depth"]) for job in jobs]
+                self.changed.notify_all()
+        with self.changed:
+            self.closed = True
+            self.changed.notify_all()
+
+    def next(self) -> tuple[list[str], int | None] | None:
+        """The first planned job not compiled yet, waiting for a plan with one; None once the prune hangs up."""
+        with self.changed:
+            while True:
+                pending = [job for job in self.jobs if job_key(*job) not in self.finished]
+                if pending or self.closed:
+                    break
+                self.changed.wait()
+            if self.closed:
+                return None
+            self.finished.add(job_key(*pending[0]))
+            return pending[0]
+
+
+def main(argv: list[str]) -> int:
+    """The helper: its first line on stdin a verify Request (as JSON), then plans; on stdout 'start KEY', then
+    'done KEY' or 'failed KEY', per job."""
+    from autokernel.verify import verification
+
+    request = verification.Request(**json.loads(sys.stdin.readline()))
+    request.kernels, request.export = Path(request.kernels), None
+    import torch
+
+    from autokernel.ops import swap
+    from autokernel.verify import regional
+    from autokernel.verify.endtoend import TIMING_SEED
+
+    say = _answers()
+    model, _, inputs = verification.loaded(request, verification._pick_device(request.device))
+    example, backend, plan = inputs(TIMING_SEED), _warming(argv[0]), _Plan()
+    threading.Thread(target=plan.read, args=(sys.stdin,), daemon=True).start()
+    while (job := plan.next()) is not None:
+        types, depth = job
+        say(f"start {job_key(*job)}")
+        try:
+            torch._dynamo.reset()  # one model at a time: no recompile limit to reach
+            fn = swap.build(model, types).module() if types else model
+            cut = regional.truncated(fn, depth) if depth else fn
+            with torch.no_grad():
+                torch.compile(cut, backend=backend)(*example)
+            say(f"failed {job_key(*job)} it ran")  # a graph break before any graph: nothing compiled
+        except _Warmed:
+            say(f"done {job_key(*job)}")
+        except Exception as e:
+            say(f"failed {job_key(*job)} {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300])
+    return 0
+
+
+def _answers():
+    """say(line) to the prune on the helper's stdout; whatever else prints (the model, the kernels) goes to stderr."""
+    answers = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+    sys.stdout.flush()
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+
+    def say(line: str) -> None:
+        answers.write(line + "\n")
+        answers.flush()
+    return say
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

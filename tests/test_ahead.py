@@ -1,0 +1,177 @@
+"""The helper that compiles a compiled prune's next models ahead (autokernel/verify/ahead.py): it compiles what it is
+told, in order, into Inductor's cache, which the prune's own compile then reads; the prune tells it every model
+before it compiles it."""
+
+import os
+import random
+
+import pytest
+import torch
+from helpers import SharedForward
+
+from autokernel.harness import timing
+from autokernel.ops import swap
+from autokernel.verify import ahead, endtoend, pruning, verification
+
+
+def tiny_llama(tmp_path, **kw) -> dict:
+    """verify's request (as the helper reads it) for an HF Llama of four layers, random weights, on the CPU."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                                      num_key_value_heads=2, vocab_size=256)
+    config.save_pretrained(tmp_path / "config")
+    request = verification.Request(class_name="AutoModelForCausalLM", module="transformers",
+                                   config=str(tmp_path / "config"), input_shape="1,16", device="cpu", **kw)
+    return {k: str(v) if isinstance(v, os.PathLike) else v for k, v in vars(request).items()}
+
+
+def settled(helper: ahead.Ahead, keys: list[str], timeout: float = 240) -> dict:
+    with helper.changed:
+        helper.changed.wait_for(lambda: all(helper.state.get(k) in ("done", "failed") for k in keys), timeout)
+    return {k: helper.state.get(k) for k in keys}
+
+
+@pytest.mark.slow(25)
+def test_the_helper_compiles_what_it_is_told_and_says_what_it_could_not(tmp_path):
+    helper = ahead.Ahead(tiny_llama(tmp_path, types="rmsnorm"), "aot_eager")
+    try:
+        helper.plan([(["rmsnorm"], 1), ([], None), (["no_such_type"], None)])
+        keys = ["rmsnorm@1", "@whole", "no_such_type@whole"]
+        assert settled(helper, keys) == {"rmsnorm@1": "done", "@whole": "done", "no_such_type@whole": "failed"}
+        assert "no_such_type" in helper.failures["no_such_type@whole"]
+        helper.plan([(["rmsnorm"], 1), (["rmsnorm"], 2)])  # what is compiled stays compiled: only the new one
+        assert settled(helper, ["rmsnorm@2"]) == {"rmsnorm@2": "done"}
+    finally:
+        helper.close()
+    assert helper.proc.returncode == 0 and list(helper.state) == [*keys, "rmsnorm@2"]
+
+
+@pytest.mark.slow(60)
+def test_a_model_the_helper_compiled_compiles_here_from_inductor_s_cache(tmp_path, monkeypatch):
+    """The helper loads the model as verify() does: the graph it stores is the one this process traces."""
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    request = tiny_llama(tmp_path, types="rmsnorm")
+    helper = ahead.Ahead(request, "inductor")
+    try:
+        helper.plan([([], None)])
+        assert settled(helper, ["@whole"]) == {"@whole": "done"}, helper.failures
+    finally:
+        helper.close()
+    model, _, inputs = verification.loaded(verification.Request(**request), "cpu")
+    torch._dynamo.reset()
+    counters.clear()
+    with torch.no_grad(), torch._inductor.config.patch(fx_graph_remote_cache=False):
+        torch.compile(model, backend="inductor")(*inputs(endtoend.TIMING_SEED))
+    assert counters["inductor"]["fxgraph_cache_hit"] == 1 and not counters["inductor"]["fxgraph_cache_miss"]
+    torch._dynamo.reset()
+
+
+class Told:  # the helper as the prune sees it: the plans it was sent, the models the prune compiled
+    def __init__(self):
+        self.plans, self.compiled = [], []
+
+    def plan(self, jobs):
+        self.plans.append([ahead.job_key(*job) for job in jobs])
+
+    def wait(self, types, depth):
+        self.compiled.append((ahead.job_key(types, depth), len(self.plans)))
+
+
+class Block(torch.nn.Module):
+    def forward(self, x):
+        return (x * 3 / 3).abs()
+
+
+class Layered(SharedForward):
+    def __init__(self, types, blocks: int = 6):
+        super().__init__(types)
+        self.layers = torch.nn.ModuleList(Block() for _ in range(blocks))
+        self.autokernel = swap.Optimized(self, [], [], [], None, self.types)  # what ahead.kernel_set reads
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return super().forward(x)
+
+
+def told_prune(monkeypatch, ms, blocks: int = 6, spread=None) -> tuple:
+    """A compiled prune of Layered kernel sets with shallow trials and a Told helper, each model timed ms(its types,
+    its blocks) (with a noise of sigma spread(its blocks), if given): (kept, dropped, told)."""
+    rng = random.Random(0)
+    monkeypatch.setattr(endtoend, "backend_for", lambda device: lambda gm, example: gm.forward)
+    monkeypatch.setattr(swap, "build", lambda model, types, traced=None: Layered(types, blocks))
+    monkeypatch.setattr(timing, "time_turns", lambda fns, sets, device, turns, latency=False: {
+        name: [ms(fn.types, len(fn.layers)) * 1e3 * (1 + rng.gauss(0, spread(len(fn.layers)) if spread else 0))
+               for _ in range(turns)] for name, fn in fns.items()})
+    told = Told()
+    torch._dynamo.reset()
+    with torch.no_grad():
+        kept, dropped = pruning.prune(Layered([], blocks), Layered(["type0", "type1", "type2"], blocks),
+                                      lambda seed: (torch.ones(4),), "cuda", modes="compile", shallow_trials=True,
+                                      ahead=told)
+    torch._dynamo.reset()
+    return kept, dropped, told
+
+
+def in_the_order_told(told: Told) -> None:
+    """Each model the prune compiled was in the plan last sent before, the first there it had not compiled yet but
+    the original whole (planned early, as it is the same whatever leaves; compiled by the last check)."""
+    assert told.compiled and all(n > 0 for _, n in told.compiled)
+    done = set()
+    for key, sent in told.compiled:
+        plan = told.plans[sent - 1]
+        assert [k for k in plan if k not in done and (k != "@whole" or k == key)][0] == key, (key, plan, done)
+        done.add(key)
+
+
+@pytest.mark.parametrize("leaves", [[], ["type1"]])
+def test_the_prune_tells_the_helper_each_model_before_it_compiles_it(monkeypatch, leaves):
+    """Every model the compiled prune compiles (each trial's cut copies, the last check's whole models) was in the
+    plan last sent before it, and the plan's first model the prune had not compiled yet is the one it compiles."""
+    def ms(types, blocks):  # each type saves 1 ms but `leaves`, which costs 2
+        return 10.0 - len([t for t in types if t not in leaves]) + 2 * len(set(leaves) & set(types))
+    kept, dropped, told = told_prune(monkeypatch, ms)
+    assert sorted(dropped) == leaves
+    in_the_order_told(told)
+    assert told.compiled[-2:] == [(ahead.job_key(kept.types, None), len(told.plans)),
+                                  ("@whole", len(told.plans))]  # the last check: the kept set, then the original
+
+
+def test_copies_cut_deeper_were_planned_before_the_first_trial_compiles_them(monkeypatch):
+    """Gemma-2's case (tests/test_prune_noise.py's fake): the copies read too wide at one and two blocks, and every
+    trial is cut to one and eight. The kept set's eight-block copy was planned right after its shallow ones, before
+    the prune knew it would cut deeper; once it knows, no plan holds a copy of two blocks of a trial's set."""
+    def ms(types, blocks):
+        return 10.0 + blocks * (1.0 + 0.05 * ("type1" in types))
+    kept, dropped, told = told_prune(monkeypatch, ms, blocks=16, spread=lambda blocks: 0.3 / (10 + blocks))
+    assert list(dropped) == ["type1"]
+    assert told.plans[0][:4] == ["type0,type1,type2@1", "type0,type1,type2@2", "type0,type1,type2@8", "@whole"]
+    in_the_order_told(told)
+    deep = [n for key, n in told.compiled if key == "type0,type1,type2@8"][0]
+    assert not [k for plan in told.plans[deep - 1:] for k in plan if k.endswith("@2")]
+
+
+def test_a_type_the_eager_side_leaves_out_leaves_the_helper_s_plan(monkeypatch):
+    """prune_deployed tells the helper the compiled side's trials before the eager side runs, and again after each of
+    its trials: without each type the eager side left out (a kernel that loses graphed most often leaves the
+    compiled side untried), in the order its verdicts give (the likeliest to leave first)."""
+    told = Told()
+    calls = []
+
+    def fake_prune(model, optimized, inputs, device, modes, progress=None, decisions=None, *args, after_trial=None,
+                   **kw):
+        calls.append(modes)
+        if modes == ["eager", "graph"]:  # type1 left out eagerly, type2 1% faster without it in graph mode
+            after_trial(["type0", "type2"], {"type2": {"graph": {"ratio": 0.99}}})
+        return optimized, {}
+    monkeypatch.setattr(pruning, "prune", fake_prune)
+    monkeypatch.setattr(swap, "build", lambda model, types, traced=None: Layered(types))
+    optimized = Layered(["type0", "type1", "type2"])
+    pruning.prune_deployed(Layered([]), optimized, lambda seed: (torch.ones(4),), "cuda",
+                           ["eager", "graph", "compile", "compile_graph"], shallow_trials=True, ahead=told)
+    assert calls == [["eager", "graph"], ["compile_graph"]] and len(told.plans) == 2
+    assert told.plans[0][:2] == ["type0,type1,type2@1", "type0,type1,type2@2"]
+    assert told.plans[1][:4] == ["type0,type2@1", "type0,type2@2", "@whole", "type0@1"]  # type2's trial first
+    assert not any("type1" in k for k in told.plans[1])
