@@ -38,8 +38,8 @@ COMPILE_SHARE = 2  # the helper's Inductor compile workers: this part of the CPU
 class Ahead:
     """The helper process, from the prune's side: plan() what comes next, wait() for a model it is compiling."""
 
-    def __init__(self, request: dict, backend: str, env: dict | None = None):
-        child_env = dict(os.environ if env is None else env)
+    def __init__(self, request: dict, backend: str):
+        child_env = dict(os.environ)
         child_env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(max(1, (os.cpu_count() or 2) // COMPILE_SHARE)))
         self.proc = subprocess.Popen([sys.executable, "-m", "autokernel.verify.ahead", backend],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
@@ -84,9 +84,6 @@ class Ahead:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-
-    def done(self) -> list[str]:
-        return [key for key, how in self.state.items() if how == "done"]
 
     def _send(self, message) -> None:
         try:
