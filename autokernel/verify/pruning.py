@@ -211,10 +211,7 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes
     shallow_trials: on the compiled side each trial compiles copies of the model cut to one and two of its blocks
     (deeper where that reads too wide) and takes the whole model's time from theirs (regional.py); the last check
     compiles both models whole. settled: {type: {mode: verdict}} left out untried on that verdict (_settled_losses).
-    ahead: on the compiled side, a helper process told what comes next at each step, compiling it into Inductor's
-    cache while this one times (ahead.py). after_trial, if given, hears the types still kept and the decisions so far
-    after each trial of one type.
-    """
+    ahead: on the compiled side, the helper compiling what comes next (ahead.py); after_trial: _try_each's."""
     modes, compiled = _one_side(modes)
     trials = Trials(model, modes, compiled, inputs, device, shallow_trials, ahead if compiled else None)
     _decide_where_the_original_runs(trials, model, progress)
@@ -225,12 +222,7 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes
     keep = _trial_order(optimized, keep, prior or {})
     reusing, traces = compiled and reuse is not None, (len(keep) + 2) * TRACES_PER_MODEL
     with compiling_each_once(traces, reset_after=not reusing) if compiled else contextlib.nullcontext():
-        order = list(keep)
-        for i, kernel_type in enumerate(order):
-            trials.plan_ahead(keep, [[t] for t in order[i:] if t in keep])
-            optimized = _try_without(trials, optimized, [kernel_type], keep, dropped, progress, decided)
-            if after_trial is not None:
-                after_trial(list(keep), decided)
+        optimized = _try_each(trials, optimized, keep, dropped, progress, decided, after_trial)
         optimized = _try_together(trials, optimized, keep, dropped, progress, decided)
         if trials.shallow is not None:  # the last check and the rows: whole models
             trials.shallow = None
@@ -252,6 +244,19 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes
         if reuse:  # the rows' optimized model is now the original
             reuse["kept"] = reuse["original"]
     return optimized, dropped
+
+
+def _try_each(trials: Trials, optimized: swap.Optimized, keep: list[str], dropped: dict,
+              progress: Callable[[str], None] | None, decided: dict, after_trial: Callable | None) -> swap.Optimized:
+    """The greedy steps of a prune, one type of `keep` at a time in its order (_try_without), the helper compiling
+    ahead told what comes next before each (Trials.plan_ahead), after_trial told the outcome after each."""
+    order = list(keep)
+    for i, kernel_type in enumerate(order):
+        trials.plan_ahead(keep, [[t] for t in order[i:] if t in keep])
+        optimized = _try_without(trials, optimized, [kernel_type], keep, dropped, progress, decided)
+        if after_trial is not None:
+            after_trial(list(keep), decided)
+    return optimized
 
 
 def _leave_out_settled(keep: list[str], dropped: dict, settled: dict[str, dict], modes: list[str],
