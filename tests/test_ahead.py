@@ -175,3 +175,16 @@ def test_a_type_the_eager_side_leaves_out_leaves_the_helper_s_plan(monkeypatch):
     assert told.plans[0][:2] == ["type0,type1,type2@1", "type0,type1,type2@2"]
     assert told.plans[1][:4] == ["type0,type2@1", "type0,type2@2", "@whole", "type0@1"]  # type2's trial first
     assert not any("type1" in k for k in told.plans[1])
+
+
+def test_no_helper_where_a_second_copy_of_the_weights_would_crowd_the_gpu(monkeypatch, capsys):
+    """--compile-ahead loads the weights again: where they would take more than a quarter of the free GPU memory,
+    verify says so in one line and prunes without the helper."""
+    model = torch.nn.Linear(1024, 1024)  # 4 MiB of weights
+    request = verification.Request(class_name="X", compile=True, compile_ahead=True)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (8 * 2**20, 80 * 2**30))  # 8 MiB free
+    with verification._compiling_ahead(request, model, "cuda", "eager,compile_graph") as helper:
+        assert helper is None
+    assert "compiling ahead: off, a second copy of the weights (0.0 GiB)" in capsys.readouterr().out
+    with verification._compiling_ahead(request, model, "cuda", "eager,graph") as helper:  # no compiled side
+        assert helper is None

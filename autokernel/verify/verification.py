@@ -170,19 +170,27 @@ def _compiling_ahead(request: Request, model, device: str, mode: str):
 
     from autokernel.verify import ahead, endtoend
 
-    wanted = (device == "cuda" and request.compile_ahead and request.compile and not request.keep_all
-              and not request.no_timing
-              and any(m.startswith("compile") for m in mode.split(",")))
+    if not (device == "cuda" and request.compile_ahead and not request.keep_all and not request.no_timing
+            and any(m.startswith("compile") for m in mode.split(","))):
+        yield None
+        return
     weights = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
-    if not wanted or weights > AHEAD_MEMORY_SHARE * torch.cuda.mem_get_info()[0]:
+    free = torch.cuda.mem_get_info()[0]
+    if weights > AHEAD_MEMORY_SHARE * free:
+        _progress(f"compiling ahead: off, a second copy of the weights ({weights / 2**30:.1f} GiB) would take more "
+                  f"than {AHEAD_MEMORY_SHARE:.0%} of the free GPU memory ({free / 2**30:.1f} GiB)")
         yield None
         return
     message = {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(request).items()}
     helper = ahead.Ahead(message, endtoend.backend_for(device))
+    _progress("compiling ahead: a second process compiles the compiled prune's next models into Inductor's cache")
     try:
         yield helper
     finally:
         helper.close()
+        done = sum(how == "done" for how in helper.state.values())
+        _progress(f"compiling ahead: {done} models compiled for the prune, {len(helper.failures)} failed, "
+                  f"{helper.waited:.0f} s waited for them")
 
 
 def _checked(request: Request) -> tuple[str, str]:
@@ -192,6 +200,8 @@ def _checked(request: Request) -> tuple[str, str]:
     mode = deploy_mode(request)
     if request.checks < 1:
         raise cli.UsageError("--checks must be at least 1")
+    if request.compile_ahead and not request.compile:
+        raise cli.UsageError("--compile-ahead compiles for the compiled prune: it needs --compile")
     if request.generate < 0:
         raise cli.UsageError("--generate takes a number of new tokens, 0 or more")
     if not request.kernels.is_dir() and request.kernels != DEFAULT_KERNELS:
