@@ -2,6 +2,7 @@
 told, in order, into Inductor's cache, which the prune's own compile then reads; the prune tells it every model
 before it compiles it."""
 
+import contextlib
 import os
 import random
 
@@ -46,6 +47,22 @@ def test_the_helper_compiles_what_it_is_told_and_says_what_it_could_not(tmp_path
     assert helper.proc.returncode == 0 and list(helper.state) == [*keys, "rmsnorm@2"]
 
 
+@pytest.mark.slow(25)
+def test_a_held_helper_starts_nothing_until_it_is_let_go(tmp_path):
+    """While the prune runs a model's first calls (Inductor's kernels autotune by timing them) the helper and its
+    compile workers are stopped: a job planned then starts only once they are let go."""
+    helper = ahead.Ahead(tiny_llama(tmp_path), "aot_eager")
+    try:
+        with helper.held(), helper.held():  # nested: the inner release leaves it stopped
+            helper.plan([([], None)])
+            with helper.changed:
+                assert not helper.changed.wait_for(lambda: "@whole" in helper.state, timeout=20)
+        assert settled(helper, ["@whole"]) == {"@whole": "done"}
+    finally:
+        helper.close()
+    assert helper.proc.returncode == 0
+
+
 @pytest.mark.slow(60)
 def test_a_model_the_helper_compiled_compiles_here_from_inductor_s_cache(tmp_path, monkeypatch):
     """The helper loads the model as verify() does: the graph it stores is the one this process traces."""
@@ -70,13 +87,17 @@ def test_a_model_the_helper_compiled_compiles_here_from_inductor_s_cache(tmp_pat
 
 class Told:  # the helper as the prune sees it: the plans it was sent, the models the prune compiled
     def __init__(self):
-        self.plans, self.compiled = [], []
+        self.plans, self.compiled, self.holds = [], [], 0
 
     def plan(self, jobs):
         self.plans.append([ahead.job_key(*job) for job in jobs])
 
     def wait(self, types, depth):
         self.compiled.append((ahead.job_key(types, depth), len(self.plans)))
+
+    def held(self):
+        self.holds += 1
+        return contextlib.nullcontext()
 
 
 class Block(torch.nn.Module):
@@ -135,6 +156,7 @@ def test_the_prune_tells_the_helper_each_model_before_it_compiles_it(monkeypatch
     kept, dropped, told = told_prune(monkeypatch, ms)
     assert sorted(dropped) == leaves
     in_the_order_told(told)
+    assert told.holds == len(told.compiled)  # each model's first calls with the helper stopped
     assert told.compiled[-2:] == [(ahead.job_key(kept.types, None), len(told.plans)),
                                   ("@whole", len(told.plans))]  # the last check: the kept set, then the original
 

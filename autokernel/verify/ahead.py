@@ -18,8 +18,10 @@ without it (docs/deploy-and-prune.md, "Compiling ahead").
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -29,7 +31,7 @@ from pathlib import Path
 
 from autokernel.compat import ROOT
 
-__all__ = ["Ahead", "jobs", "kernel_set", "wait"]
+__all__ = ["Ahead", "held", "jobs", "kernel_set", "wait"]
 
 WAIT_S = 240.0  # the longest the prune waits for a model the helper is compiling (a whole 2B model: ~30 s cold)
 COMPILE_SHARE = 2  # the helper's Inductor compile workers: this part of the CPUs (the prune's own compiles need some)
@@ -41,9 +43,12 @@ class Ahead:
     def __init__(self, request: dict, backend: str):
         child_env = dict(os.environ)
         child_env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(max(1, (os.cpu_count() or 2) // COMPILE_SHARE)))
+        # a process group of its own (its compile workers with it), stopped as one by held(); in this session, so
+        # that the kernel hangs up on it, stopped or not, if the prune dies
         self.proc = subprocess.Popen([sys.executable, "-m", "autokernel.verify.ahead", backend],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                     text=True, cwd=ROOT, env=child_env)
+                                     text=True, cwd=ROOT, env=child_env, process_group=0)
+        self._holds = 0
         self.state: dict[str, str] = {}  # job's key -> "start", "done" or "failed"
         self.jobs: list[dict] = []  # the plan last sent
         self.taken: set[str] = set()  # the models the prune compiled: never planned again
@@ -73,6 +78,27 @@ class Ahead:
                 began = time.monotonic()
                 self.changed.wait_for(lambda: self._gone or self.state.get(key) != "start", WAIT_S)
                 self.waited += time.monotonic() - began
+
+    @contextlib.contextmanager
+    def held(self):
+        """The helper and its compile workers stopped (SIGSTOP) for the duration, nested or not: the first calls of
+        a model compiled here autotune Inductor's kernels by timing them, one launch at a time, and a host busy
+        compiling can make a slower config read faster."""
+        self._holds += 1
+        if self._holds == 1:
+            self._signal(signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            self._holds -= 1
+            if self._holds == 0:
+                self._signal(signal.SIGCONT)
+
+    def _signal(self, sig) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):  # gone: nothing to stop
+            pass
 
     def close(self) -> None:
         try:
@@ -129,6 +155,11 @@ def kernel_set(fn) -> list[str]:
     """The kernel types of a model as swap.build made it (its `autokernel`); none for the original."""
     optimized = getattr(fn, "autokernel", None)
     return list(optimized.types) if optimized is not None else []
+
+
+def held(ahead: Ahead | None):
+    """ahead.held(), where there is a helper."""
+    return ahead.held() if ahead is not None else contextlib.nullcontext()
 
 
 def wait(ahead: Ahead | None, fn, depth: int | None = None) -> None:

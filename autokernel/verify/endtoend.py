@@ -222,22 +222,27 @@ class Trials:
         """{mode: fn as deployed in it} (one compile for both compiled modes), each having given the original's
         output; None (the failure kept) otherwise."""
         try:
-            if self.shallow is not None:  # a trial: the model's cut copies (the original runs in the last check only)
-                ready, wrong = self.shallow.deploy(fn, self.modes, self.graphed, wrong_output)
-            else:
-                if self.compiled:
-                    compiling_ahead.wait(self.ahead, fn)
-                ran = torch.compile(fn, backend=self.backend) if self.compiled else fn
-                self.runs[fn] = ran
-                ready = {m: self.graphed(ran, self.sets[0]) if m.endswith("graph") else ran for m in self.modes}
-                wrong = None if fn is self.model else next(
-                    filter(None, (wrong_output(r, self.model, self.sets[-1]) for r in ready.values())), None)
+            ready, wrong = self._deploy(fn)
         except Exception as e:
             wrong = _error_line(e)
         if wrong:
             self.failures[fn] = wrong
             return None
         return ready
+
+    def _deploy(self, fn) -> tuple[dict, str | None]:
+        """({mode: fn deployed in it}, what is wrong with its output or None)."""
+        if self.shallow is not None:  # a trial: the model's cut copies (the original runs in the last check only)
+            return self.shallow.deploy(fn, self.modes, self.graphed, wrong_output)
+        if self.compiled:
+            compiling_ahead.wait(self.ahead, fn)
+        ran = torch.compile(fn, backend=self.backend) if self.compiled else fn
+        self.runs[fn] = ran
+        with compiling_ahead.held(self.ahead):  # the first calls autotune Inductor's kernels: on a quiet host
+            ready = {m: self.graphed(ran, self.sets[0]) if m.endswith("graph") else ran for m in self.modes}
+            wrong = None if fn is self.model else next(
+                filter(None, (wrong_output(r, self.model, self.sets[-1]) for r in ready.values())), None)
+        return ready, wrong
 
     def graphed(self, fn, example: tuple) -> Callable:
         """fn captured in a CUDA graph in the prune's one memory pool. A graph holds its forward's peak memory for as
