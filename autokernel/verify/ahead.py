@@ -245,7 +245,7 @@ def main(argv: list[str]) -> int:
             cut = regional.truncated(fn, depth) if depth else fn
             with torch.no_grad():
                 torch.compile(cut, backend=backend)(*example)
-            say(f"failed {job_key(*job)} it ran")  # a graph break before any graph: nothing compiled
+            say(f"failed {job_key(*job)} it ran uncompiled")  # dynamo made no graph of it: nothing to store
         except _Warmed:
             say(f"done {job_key(*job)}")
         except Exception as e:

@@ -258,9 +258,9 @@ class Trials:
         return replay
 
     def plan_ahead(self, keep: list[str], upcoming: list[list[str]]) -> None:
-        """Tell the helper compiling ahead, if any, the models the prune compiles next (ahead.jobs: the kept set,
-        then keep without each of upcoming, cut as the trials cut it, then whole for the last check), again where the
-        trials are cut deeper."""
+        """Tell the helper compiling ahead, if any, the models the prune compiles next (ahead.jobs: the kept set
+        and keep without each of upcoming, cut as the trials cut them, and the last check's whole models); again once
+        the depth of the cut is known (_deepened_first, or a trial cut deeper)."""
         self.upcoming = (keep, upcoming)
         if self.ahead is not None:
             cut = self.shallow
