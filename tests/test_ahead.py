@@ -3,7 +3,6 @@ told, in order, into Inductor's cache, which the prune's own compile then reads;
 before it compiles it."""
 
 import contextlib
-import os
 import random
 
 import pytest
@@ -15,15 +14,14 @@ from autokernel.ops import swap
 from autokernel.verify import ahead, endtoend, pruning, verification
 
 
-def tiny_llama(tmp_path, **kw) -> dict:
-    """verify's request (as the helper reads it) for an HF Llama of four layers, random weights, on the CPU."""
+def tiny_llama(tmp_path, **kw) -> verification.Request:
+    """verify's request for an HF Llama of four layers, random weights, on the CPU."""
     transformers = pytest.importorskip("transformers")
     config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
                                       num_key_value_heads=2, vocab_size=256)
     config.save_pretrained(tmp_path / "config")
-    request = verification.Request(class_name="AutoModelForCausalLM", module="transformers",
-                                   config=str(tmp_path / "config"), input_shape="1,16", device="cpu", **kw)
-    return {k: str(v) if isinstance(v, os.PathLike) else v for k, v in vars(request).items()}
+    return verification.Request(class_name="AutoModelForCausalLM", module="transformers",
+                                config=str(tmp_path / "config"), input_shape="1,16", device="cpu", **kw)
 
 
 def settled(helper: ahead.Ahead, keys: list[str], timeout: float = 240) -> dict:
@@ -76,7 +74,7 @@ def test_a_model_the_helper_compiled_compiles_here_from_inductor_s_cache(tmp_pat
         assert settled(helper, ["@whole"]) == {"@whole": "done"}, helper.failures
     finally:
         helper.close()
-    model, _, inputs = verification.loaded(verification.Request(**request), "cpu")
+    model, _, inputs = verification.loaded(request, "cpu")
     torch._dynamo.reset()
     counters.clear()
     with torch.no_grad(), torch._inductor.config.patch(fx_graph_remote_cache=False):

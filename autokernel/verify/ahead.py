@@ -19,6 +19,7 @@ without it (docs/deploy-and-prune.md, "Compiling ahead").
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -40,7 +41,8 @@ COMPILE_SHARE = 2  # the helper's Inductor compile workers: this part of the CPU
 class Ahead:
     """The helper process, from the prune's side: plan() what comes next, wait() for a model it is compiling."""
 
-    def __init__(self, request: dict, backend: str):
+    def __init__(self, request, backend: str):
+        """request: verify's Request, for the helper to load the model as verify() did (verification.loaded)."""
         child_env = dict(os.environ)
         child_env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(max(1, (os.cpu_count() or 2) // COMPILE_SHARE)))
         # a process group of its own (its compile workers with it), stopped as one by held(); in this session, so
@@ -56,7 +58,7 @@ class Ahead:
         self.failures: dict[str, str] = {}  # job's key -> why the helper failed to compile it
         self.changed = threading.Condition()
         self._gone = False
-        self._send(request)
+        self._send({k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(request).items()})
         threading.Thread(target=self._listen, daemon=True, name="ahead-listener").start()
 
     def plan(self, jobs: Iterable[tuple[Iterable[str], int | None]]) -> None:

@@ -261,11 +261,11 @@ class Trials:
         """Tell the helper compiling ahead, if any, the models the prune compiles next (ahead.jobs: the kept set
         and keep without each of upcoming, cut as the trials cut them, and the last check's whole models); again once
         the depth of the cut is known (_deepened_first, or a trial cut deeper)."""
-        self.upcoming = (keep, upcoming)
-        if self.ahead is not None:
-            cut = self.shallow
-            self.ahead.plan(compiling_ahead.jobs(keep, upcoming, cut.depths if cut else (None,),
-                                                 cut.deepest() if cut and not self.probed else None))
+        if self.ahead is None:
+            return
+        self.upcoming, cut = (keep, upcoming), self.shallow
+        self.ahead.plan(compiling_ahead.jobs(keep, upcoming, cut.depths if cut else (None,),
+                                             cut.deepest() if cut and not self.probed else None))
 
     def modes_that_fail(self, fn) -> dict[str, str]:
         """{mode: why} for each mode where fn, deployed in it alone, fails: HF's Gemma-2 copies from the host in its

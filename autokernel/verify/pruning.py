@@ -22,7 +22,6 @@ import torch
 from autokernel.ops import swap
 from autokernel.verify import ahead as compiling_ahead
 from autokernel.verify import endtoend, noise, regional
-from autokernel.verify.ahead import Ahead
 from autokernel.verify.endtoend import PRUNE_MARGIN, Trials, compiling_each_once
 from autokernel.verify.verification import DEPLOY_MODES, sides
 
@@ -44,7 +43,8 @@ HEARTBEAT_S = 30.0  # a progress line at least this often while a prune runs (_C
 
 def prune_deployed(model, optimized: swap.Optimized, inputs: Callable, device: str, modes: list[str],
                    progress: Callable[[str], None] | None = None, decisions: dict | None = None,
-                   reuse: dict | None = None, shallow_trials: bool = False, ahead: Ahead | None = None):
+                   reuse: dict | None = None, shallow_trials: bool = False,
+                   ahead: compiling_ahead.Ahead | None = None):
     """prune() on each side of `modes` (verification.deploy_modes): the types kept in the eager modes (eager,
     graph) run eagerly, those kept in the compiled ones (compile, compile_graph) where torch.compile traces the
     model. Returns (optimized, {type: why} left out eagerly, {type: why} left out under torch.compile); modes of
@@ -61,8 +61,8 @@ def prune_deployed(model, optimized: swap.Optimized, inputs: Callable, device: s
         return _prune_sides(model, optimized, inputs, device, modes, clock, decisions, reuse, shallow_trials, ahead)
 
 
-def _plan_compiled_side(ahead: Ahead, model, optimized: swap.Optimized, shallow_trials: bool, types: list[str],
-                        decided: dict | None = None):
+def _plan_compiled_side(ahead: compiling_ahead.Ahead, model, optimized: swap.Optimized, shallow_trials: bool,
+                        types: list[str], decided: dict | None = None):
     """Tell the helper what the compiled side's prune will compile first, as far as it is known before it begins:
     its trials of every type but those the eager side left out so far (most often left out untried:
     _settled_losses), in the order the eager side's verdicts so far (decided) give them (_trial_order)."""
@@ -188,7 +188,8 @@ def _duration(seconds: float) -> str:
 def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes: str | list[str] = "eager",
           progress: Callable[[str], None] | None = None, decisions: dict | None = None, reuse: dict | None = None,
           shallow_trials: bool = False, prior: dict[str, float] | None = None, settled: dict[str, dict] | None = None,
-          ahead: Ahead | None = None, after_trial: Callable[[list[str], dict], None] | None = None):
+          ahead: compiling_ahead.Ahead | None = None,
+          after_trial: Callable[[list[str], dict], None] | None = None):
     """Leave out, one type at a time, each kernel whose removal makes the whole model faster in one of `modes`.
 
     modes: one mode, or the two of one side, which run the same kernels (eager and graph; compile and

@@ -6,7 +6,6 @@ files in turns, export the kept kernels. `verify(Request(...))` returns the repo
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import math
 import os
@@ -181,8 +180,7 @@ def _compiling_ahead(request: Request, model, device: str, mode: str):
                   f"than {AHEAD_MEMORY_SHARE:.0%} of the free GPU memory ({free / 2**30:.1f} GiB)")
         yield None
         return
-    message = {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(request).items()}
-    helper = ahead.Ahead(message, endtoend.backend_for(device))
+    helper = ahead.Ahead(request, endtoend.backend_for(device))
     _progress("compiling ahead: a second process compiles the compiled prune's next models into Inductor's cache")
     try:
         yield helper
