@@ -97,11 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
                           "it compiles copies of the model cut to one and two of its repeated blocks, a decoder's "
                           "layers, and takes the whole model's time from theirs: minutes faster on a deep model; the "
                           "last check and the rows compile it whole either way)")
-    how.add_argument("--compile-ahead", action="store_true",
-                     help="GPU, with --compile (experimental): a second process, with a second copy of the weights, "
-                          "compiles the compiled prune's next models into Inductor's cache while this one times them "
-                          "(Gemma-2 2B at 1x8192: 271 s instead of 373 s on an H100); its verdicts are not yet those "
-                          "of a run without it (docs/deploy-and-prune.md)")
+    how.add_argument("--no-compile-ahead", dest="compile_ahead", action="store_false",
+                     help="GPU, with --compile: no second process compiling the compiled prune's next models into "
+                          "Inductor's cache while this one times them (by default one does, with a second copy of the "
+                          "weights where they take at most a quarter of the free GPU memory: Gemma-2 2B at 1x8192 in "
+                          "271 s instead of 373 s on an H100)")
     how.add_argument("--against", metavar="KERNELS",
                      help="GPU: also time the kept types with other kernel files, in turns with this run's in one "
                           "process, each side replayed from its CUDA graph: 'extracted' (the files the loop began "

@@ -83,9 +83,9 @@ def test_a_model_the_helper_compiled_compiles_here_from_inductor_s_cache(tmp_pat
     torch._dynamo.reset()
 
 
-class Told:  # the helper as the prune sees it: the plans it was sent, the models the prune compiled
+class Told:  # the helper as the prune sees it: the plans it was sent, the models the prune compiled, the holds
     def __init__(self):
-        self.plans, self.compiled, self.holds = [], [], 0
+        self.plans, self.compiled, self.holds, self.holding, self.graphs, self.compiled_held = [], [], 0, False, 0, 0
 
     def plan(self, jobs):
         self.plans.append([ahead.job_key(*job) for job in jobs])
@@ -93,9 +93,17 @@ class Told:  # the helper as the prune sees it: the plans it was sent, the model
     def wait(self, types, depth):
         self.compiled.append((ahead.job_key(types, depth), len(self.plans)))
 
+    @contextlib.contextmanager
     def held(self):
-        self.holds += 1
-        return contextlib.nullcontext()
+        self.holds, self.holding = self.holds + 1, True
+        try:
+            yield
+        finally:
+            self.holding = False
+
+    def backend(self, gm, example_inputs):  # the prune's dynamo backend: counts the graphs compiled while held
+        self.graphs, self.compiled_held = self.graphs + 1, self.compiled_held + self.holding
+        return gm.forward
 
 
 class Block(torch.nn.Module):
@@ -119,12 +127,12 @@ def told_prune(monkeypatch, ms, blocks: int = 6, spread=None) -> tuple:
     """A compiled prune of Layered kernel sets with shallow trials and a Told helper, each model timed ms(its types,
     its blocks) (with a noise of sigma spread(its blocks), if given): (kept, dropped, told)."""
     rng = random.Random(0)
-    monkeypatch.setattr(endtoend, "backend_for", lambda device: lambda gm, example: gm.forward)
+    told = Told()
+    monkeypatch.setattr(endtoend, "backend_for", lambda device: told.backend)
     monkeypatch.setattr(swap, "build", lambda model, types, traced=None: Layered(types, blocks))
     monkeypatch.setattr(timing, "time_turns", lambda fns, sets, device, turns, latency=False: {
         name: [ms(fn.types, len(fn.layers)) * 1e3 * (1 + rng.gauss(0, spread(len(fn.layers)) if spread else 0))
                for _ in range(turns)] for name, fn in fns.items()})
-    told = Told()
     torch._dynamo.reset()
     with torch.no_grad():
         kept, dropped = pruning.prune(Layered([], blocks), Layered(["type0", "type1", "type2"], blocks),
@@ -154,7 +162,7 @@ def test_the_prune_tells_the_helper_each_model_before_it_compiles_it(monkeypatch
     kept, dropped, told = told_prune(monkeypatch, ms)
     assert sorted(dropped) == leaves
     in_the_order_told(told)
-    assert told.holds == len(told.compiled)  # each model's first calls with the helper stopped
+    assert told.holds == told.graphs > 1 and not told.compiled_held  # each graph's first run held, not its compile
     assert told.compiled[-2:] == [(ahead.job_key(kept.types, None), len(told.plans)),
                                   ("@whole", len(told.plans))]  # the last check: the kept set, then the original
 

@@ -47,8 +47,6 @@ BAD_INPUT = [  # (script, arguments, what the line names)
                    "--device", "cpu", "--types", "bogus", "--report", "v.json"], "kernel type(s) bogus"),
     ("verify.py", ["--model", LLAMA, "--class-name", "LlamaModel", "--checks", "0", "--report", "v.json"],
      "--checks must be at least 1"),
-    ("verify.py", ["--model", LLAMA, "--class-name", "LlamaModel", "--compile-ahead", "--report", "v.json"],
-     "--compile-ahead compiles for the compiled prune: it needs --compile"),
     ("verify.py", ["--model", LLAMA, "--class-name", "LlamaModel", "--export", "out", "--package-name", "my-kernels",
                    "--report", "v.json"], "--package-name 'my-kernels' is not a Python identifier"),
     ("bench.py", [str(ROOT / "kernel.py"), "--timeout", "-1"], "--timeout must be more than 0"),

@@ -133,11 +133,10 @@ class ShallowTrials:
                 if cut is None:  # a site replaced some blocks with another class: none repeats
                     raise ValueError("the kernel set's model has no repeated blocks to cut")
                 ahead.wait(self.ahead, fn, d)
-                ran = torch.compile(cut, backend=self.backend)
-                with ahead.held(self.ahead):  # the first calls autotune Inductor's kernels: on a quiet host
-                    made = {m: graphed(ran, self.sets[0]) if m.endswith("graph") else ran for m in modes}
-                    wrong = next(filter(None, (wrong_output(r, self.originals[d], self.sets[-1])
-                                               for r in made.values())), None)
+                ran = torch.compile(cut, backend=ahead.quiet(self.backend, self.ahead))
+                made = {m: graphed(ran, self.sets[0]) if m.endswith("graph") else ran for m in modes}
+                wrong = next(filter(None, (wrong_output(r, self.originals[d], self.sets[-1]) for r in made.values())),
+                             None)
                 if wrong:
                     return ready, wrong
                 self.made[key] = made

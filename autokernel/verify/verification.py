@@ -43,7 +43,7 @@ class Request:
     deploy: str | None = None  # a mode, or an eager and a compiled one ("eager,compile"); None: from the flags
     keep_all: bool = False
     shallow_trials: bool = True  # the compiled prune's trials compile the model cut to 1 and 2 blocks
-    compile_ahead: bool = False  # a second process compiles the compiled prune's next models (ahead.py)
+    compile_ahead: bool = True  # with compile: a second process compiles the compiled prune's next models (ahead.py)
     against: str | None = None  # "extracted", "starters" or a directory
     generate: int = 0  # new tokens of a timed generate() with a static cache (generation.py); 0: none
     export: Path | None = None
@@ -198,8 +198,6 @@ def _checked(request: Request) -> tuple[str, str]:
     mode = deploy_mode(request)
     if request.checks < 1:
         raise cli.UsageError("--checks must be at least 1")
-    if request.compile_ahead and not request.compile:
-        raise cli.UsageError("--compile-ahead compiles for the compiled prune: it needs --compile")
     if request.generate < 0:
         raise cli.UsageError("--generate takes a number of new tokens, 0 or more")
     if not request.kernels.is_dir() and request.kernels != DEFAULT_KERNELS:
