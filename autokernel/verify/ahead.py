@@ -11,9 +11,10 @@ code and hands dynamo a graph that raises.
 
 The prune tells it the plan (Trials.plan_ahead) at each step, in the order it will compile; a new plan replaces
 the old one, and what is compiled stays compiled. Before compiling a model the prune waits for the helper if it
-is compiling that one now (wait()). The helper only ever warms the cache: when it fails, lags or dies, the prune
-compiles as before. Opt-in (verify.py --compile-ahead): with it, the compiled verdicts are not yet those of a run
-without it (docs/deploy-and-prune.md, "Compiling ahead").
+is compiling that one now (wait()), and runs each graph it compiled first with the helper stopped (quiet()), where
+Inductor autotunes its kernels by timing them. The helper only ever warms the cache: when it fails, lags or dies,
+the prune compiles as before. On by default with verify.py --compile (--no-compile-ahead: off); docs/deploy-and-
+prune.md, "Compiling ahead".
 """
 
 from __future__ import annotations
@@ -134,15 +135,18 @@ class Ahead:
             self.changed.notify_all()
 
 
-def jobs(keep: list[str], upcoming: list[list[str]], depths, deeper: int | None = None) -> list[tuple]:
+def jobs(keep: list[str], upcoming: list[list[str]], depths, deeper: int | None = None,
+         whole_first: bool = False) -> list[tuple]:
     """The models a compiled prune compiles from here, as (kernel types, depth or None: whole), those it surely
     compiles first: the kept set cut to each of depths (None: whole) and, where the trials may still be cut deeper,
     to `deeper` blocks (the first trial's next compile if the copies read too wide); the original whole (the last
-    check's, the same whatever leaves); each upcoming trial's set (keep without the types it leaves out) at each of
-    depths; in the last trial, the kept set without its type, whole; the kept set whole; the trials' deeper copies."""
+    check's, the same whatever leaves; first with whole_first, while the eager side may still leave out a type of
+    keep); each upcoming trial's set (keep without the types it leaves out) at each of depths; in the last trial,
+    the kept set without its type, whole; the kept set whole; the trials' deeper copies."""
     trial_sets = [[t for t in keep if t not in out] for out in upcoming]
     found: dict[str, tuple] = {}
-    for job in ([(keep, d) for d in depths] + [(keep, deeper)] * bool(deeper) + [([], None)]
+    original = [([], None)]
+    for job in (original * whole_first + [(keep, d) for d in depths] + [(keep, deeper)] * bool(deeper) + original
                 + [(s, d) for s in trial_sets for d in depths] + [(s, None) for s in trial_sets if len(upcoming) == 1]
                 + [(keep, None)] + [(s, deeper) for s in trial_sets if deeper]):
         found.setdefault(job_key(*job), (list(job[0]), job[1]))

@@ -64,12 +64,14 @@ def prune_deployed(model, optimized: swap.Optimized, inputs: Callable, device: s
 def _plan_compiled_side(ahead: compiling_ahead.Ahead, model, optimized: swap.Optimized, shallow_trials: bool,
                         types: list[str], decided: dict | None = None):
     """Tell the helper what the compiled side's prune will compile first, as far as it is known before it begins:
-    its trials of every type but those the eager side left out so far (most often left out untried:
-    _settled_losses), in the order the eager side's verdicts so far (decided) give them (_trial_order)."""
+    the original whole, the one model sure to be compiled whatever the eager side leaves out (Gemma-2's helper spent
+    its first half-minute on copies with matmul, which the eager side then left out untried); then its trials of
+    every type but those the eager side left out so far (most often left out untried: _settled_losses), in the
+    order the eager side's verdicts so far (decided) give them (_trial_order)."""
     blocks = regional.repeated_blocks(model) if shallow_trials else None
     depths, deeper = (regional.DEPTHS, regional.deepest(len(blocks[1]))) if blocks else ((None,), None)
     order = _trial_order(optimized, types, _costs(decided or {}))
-    ahead.plan(compiling_ahead.jobs(types, [[t] for t in order], depths, deeper))
+    ahead.plan(compiling_ahead.jobs(types, [[t] for t in order], depths, deeper, whole_first=True))
 
 
 def _prune_sides(model, optimized, inputs, device, modes, clock, decisions, reuse, shallow_trials, ahead):
