@@ -101,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="GPU, with --compile: no second process compiling the compiled prune's next models into "
                           "Inductor's cache while this one times them (by default one does, with a second copy of the "
                           "weights where they take at most a quarter of the free GPU memory: Gemma-2 2B at 1x8192 in "
-                          "271 s instead of 373 s on an H100)")
+                          "309 s instead of 373 s on H100s)")
     how.add_argument("--against", metavar="KERNELS",
                      help="GPU: also time the kept types with other kernel files, in turns with this run's in one "
                           "process, each side replayed from its CUDA graph: 'extracted' (the files the loop began "
