@@ -77,11 +77,10 @@ def test_the_kept_set_is_the_same_whatever_the_host_does(monkeypatch, modes):
     assert kept == {("rmsnorm", "rotary_embedding", "fused_mlp")}  # fused_mlp's 0.5% is under the margin
 
 
-def test_kernels_that_each_lean_out_leave_together_run_after_run_at_the_single_margins_edge(monkeypatch):
-    """Mistral's compiled fused_mlp and rmsnorm each cost 0.7% and together 1.5%, at the edge of the margin a single
-    type is decided by: held to it, the pair left in two runs and stayed in one. The joint trial decides by half the
-    margin (each type already leaned out by that), and the pair leaves whatever the host does."""
-    cost = {"graph": {"rmsnorm": +0.075, "fused_mlp": +0.075, "rotary_embedding": -1.0}}
+def test_kernels_that_each_lean_out_leave_together_run_after_run(monkeypatch):
+    """Two kernels that each cost 1%, inside the noise one by one, cost 2% together: they leave together whatever the
+    host does."""
+    cost = {"graph": {"rmsnorm": +0.1, "fused_mlp": +0.1, "rotary_embedding": -1.0}}
     for seed in range(4):
         noisy_host(monkeypatch, seed, jitter={"graph": 0.004}, cost=cost)
         lines = []
@@ -89,6 +88,27 @@ def test_kernels_that_each_lean_out_leave_together_run_after_run_at_the_single_m
                                             "cuda", ["graph"], lines.append)
         assert optimized.types == ["rotary_embedding"] and sorted(dropped) == ["fused_mlp", "rmsnorm"], lines
         assert any("rmsnorm, fused_mlp left out together" in line for line in lines)
+
+
+def test_which_types_are_tried_together_does_not_move_with_one_type_s_reading(monkeypatch):
+    """Mistral's compiled rmsnorm read 0.996x, 0.990x and 0.995x alone in three runs on one H100, fused_mlp
+    0.987-0.989x, linear_cross_entropy 0.996-0.999x: a joint trial for the types each below 0.995 tried fused_mlp +
+    rmsnorm in one run of three and left them out there (0.976x). Whatever rmsnorm reads alone, the three are tried
+    together in every run, and leave."""
+    trigger_flips = set()
+    for seed in range(6):
+        shift = random.Random(seed).uniform(-1, 1)
+        cost = {"compile_graph": {"fused_mlp": 0.13, "rmsnorm": 0.07 + 0.03 * shift,
+                                  "linear_cross_entropy": 0.03 + 0.01 * shift, "rope_attention": -1.5}}
+        trigger_flips.add(cost["compile_graph"]["rmsnorm"] > 0.05)  # the old line: 0.995x, with fused_mlp in
+        noisy_host(monkeypatch, seed, jitter={"compile_graph": 0.002}, drift=0.05, cost=cost)
+        decisions = {}
+        optimized, dropped = pruning.prune(Made([], cost), Made(list(cost["compile_graph"]), cost), lambda seed: (),
+                                           "cuda", ["compile_graph"], decisions=decisions)
+        assert optimized.types == ["rope_attention"], (seed, decisions)
+        joint = [k for k in decisions if "+" in k]
+        assert len(joint) == 1 and set(joint[0].split("+")) == {"fused_mlp", "rmsnorm", "linear_cross_entropy"}
+    assert trigger_flips == {True, False}  # the seeds straddle the old line
 
 
 def test_a_mode_within_its_noise_does_not_overrule_a_clear_one(monkeypatch):
@@ -454,9 +474,9 @@ def test_the_rows_time_the_compiled_prune_s_models_without_compiling_them_again(
 
 
 def test_where_every_kernel_goes_the_rows_reuse_the_compiled_original_for_both(monkeypatch):
-    # every type costs 0.8%: each alone under the margin, together 1.6% (the joint trial of the two)
-    optimized, dropped, reuse, rows, errors, compiled, compiles = prune_then_rows(monkeypatch, 0.08)
-    assert optimized.types == [] and sorted(dropped) == ["type0", "type1"]  # together they lose 1.6%
+    # every type costs 1%: each alone inside the noise, together 2% (the joint trial of the two)
+    optimized, dropped, reuse, rows, errors, compiled, compiles = prune_then_rows(monkeypatch, 0.1)
+    assert optimized.types == [] and sorted(dropped) == ["type0", "type1"]  # together they lose 2%
     assert reuse["kept"] is reuse["original"] and not errors and compiles == compiled
 
 
@@ -520,7 +540,8 @@ def test_copies_too_noisy_at_first_are_cut_deeper_before_any_trial_compiles(monk
         monkeypatch, ms, blocks=16, spread=lambda blocks: 0.3 / (10 + blocks), device="cuda")  # turns as on a GPU
     assert list(dropped) == ["type1"] and not errors, dropped
     assert in_prune.count(2) == 1  # the kept set's first copy, before the probe
-    assert in_prune.count(1) == 1 + 3 and in_prune.count(8) == 1 + 3  # the kept set's, then each trial's own
+    # the kept set's, each trial's own, then type0's and type2's together (each neutral: either may lean out)
+    assert in_prune.count(1) == 1 + 3 + 1 and in_prune.count(8) == 1 + 3 + 1
     assert in_prune.count(16) == 2 and graphs.count(16) == 2  # the last check; the rows reuse it
 
 

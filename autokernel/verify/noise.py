@@ -36,7 +36,6 @@ HOST_BETWEEN_RUNS = 0.015
 # BETWEEN_RUNS in a compiled mode, where each run's Inductor picks its kernels' configurations by timing them anew:
 # TinyLlama's compiled, graphed rmsnorm read 0.984x, 0.986x, 0.986x, 0.987x, 0.989x, 0.996x and fused_mlp
 # 0.967x-0.977x in six runs on one H100 (intervals +-0.2%): held to BETWEEN_RUNS, rmsnorm left in one run of three.
-# Wider still and Mistral's pair (fused_mlp + rmsnorm, pruning.TOGETHER_MARGIN; 0.982-0.985x) would sit on the line
 COMPILED_BETWEEN_RUNS = 0.006
 PAIRED_P = 0.05  # a side is faster when it won this improbably many rounds for a coin (two-sided sign test)
 
