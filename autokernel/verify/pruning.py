@@ -4,7 +4,7 @@ A kernel that wins at the harness's shape can lose in the model (a Triton matmul
 the deploy mode (under torch.compile, against Inductor's fused kernels); the whole model's time in that mode is
 what counts. Each side of the modes (eager and graph; compile and compile_graph) is pruned on its own: greedy, one
 type at a time, the likeliest to leave first, each trial timed in turns with the model it would replace
-(endtoend.Trials) and decided only outside the noise (noise.py); then the types that each lean out inside the noise,
+(endtoend.Trials) and decided only outside the noise (noise.py); then the types that may lean out inside the noise,
 together; then the kept set against the original. docs/deploy-and-prune.md says why.
 """
 
@@ -196,7 +196,7 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes
     tried first (_trial_order; prior: {type: without / with ratio} from the other side's prune), each trial timed
     in turns with the model it would replace (a host-bound model timed alone drifts by more than the differences
     a prune decides), and decided only outside the noise of its turns (noise.compare); then the kept types that
-    each leaned out inside the noise, together (_try_together); then, if the original itself is faster still in a
+    may lean out inside the noise, together (_try_together); then, if the original itself is faster still in a
     mode, timed in turns with what is kept, every kernel goes. Modes where the original itself fails (a forward no
     CUDA graph captures) decide nothing on the eager side.
     On the compiled side each model is compiled once, the set kept so far reused by the next trial (dynamo's
@@ -317,8 +317,7 @@ def _try_without(trials: Trials, optimized: swap.Optimized, types: list[str], ke
     under the types' names joined by '+'."""
     _begin(progress, f"prune ({', '.join(trials.modes)}): the trial without {', '.join(types)}")
     trial = swap.build(trials.model, [t for t in keep if t not in types])
-    verdicts = trials.compare(trial.module(), against=optimized.module(),
-                              margin=PRUNE_MARGIN)
+    verdicts = trials.compare(trial.module(), against=optimized.module())
     decided["+".join(types)] = {m: v.to_dict() for m, v in verdicts.items()}
     failed = trials.failures.get(optimized.module())
     mode = noise.deciding_mode(verdicts)
