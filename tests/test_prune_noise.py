@@ -424,10 +424,10 @@ def test_a_long_trial_is_named_by_a_progress_line_while_it_runs(monkeypatch):
     monkeypatch.setattr(pruning, "HEARTBEAT_S", 0.5)
     compare = endtoend.Trials.compare
 
-    def slow_matmul_trial(self, fn, against, margin=endtoend.PRUNE_MARGIN):
+    def slow_matmul_trial(self, fn, against):
         if "matmul" not in fn.types:
             time.sleep(1.2)  # two heartbeats
-        return compare(self, fn, against, margin)
+        return compare(self, fn, against)
 
     monkeypatch.setattr(endtoend.Trials, "compare", slow_matmul_trial)
     lines = []

@@ -84,9 +84,9 @@ class Ahead:
 
     @contextlib.contextmanager
     def held(self):
-        """The helper and its compile workers stopped (SIGSTOP) for the duration, nested or not: the first calls of
-        a model compiled here autotune Inductor's kernels by timing them, one launch at a time, and a host busy
-        compiling can make a slower config read faster."""
+        """The helper and its compile workers stopped (SIGSTOP) for the duration, nested or not: the first run of
+        a graph compiled here autotunes Inductor's kernels by timing them, one launch at a time, and a host busy
+        compiling can make a slower config read faster (quiet())."""
         self._holds += 1
         if self._holds == 1:
             self._signal(signal.SIGSTOP)

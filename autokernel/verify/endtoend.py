@@ -314,7 +314,7 @@ class Trials:
     def _ms(self, fn) -> float:
         return timing.time_fn(fn, self.sets, self.device, latency=True).median_us / 1e3
 
-    def compare(self, fn, against, margin: float = PRUNE_MARGIN) -> dict[str, noise.Verdict]:
+    def compare(self, fn, against) -> dict[str, noise.Verdict]:
         """{mode: the verdict on fn (the model without a kernel) against `against` (with it)}, timed in turns: a
         host that drifts between two separate timings does not decide between them. A close call gets more rounds
         of turns, up to PRUNE_ROUNDS; on cut copies that read too wide to decide, the trial starts again cut deeper
@@ -327,7 +327,7 @@ class Trials:
         if without is None or with_ is None:
             return self._failed(fn, without, against, with_)
         samples, deepened = {m: {"without": [], "with": []} for m in self.modes}, False
-        margins = {m: noise.margin_for(m, margin, self.modes) for m in self.modes}
+        margins = {m: noise.margin_for(m, PRUNE_MARGIN, self.modes) for m in self.modes}
         try:
             for done in range(1, PRUNE_ROUNDS + 1):
                 for m in [m for m in self.modes if _undecided(samples[m], margins[m])]:
@@ -342,7 +342,7 @@ class Trials:
         if deepened:
             self.ready.clear()  # the copies of the old depth
             self._replan()
-            return self.compare(fn, against, margin)
+            return self.compare(fn, against)
         return {m: noise.compare(s["without"], s["with"], margins[m]) for m, s in samples.items()}
 
     def _turns(self, mode: str, sides: dict) -> dict[str, list[float]]:

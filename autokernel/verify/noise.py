@@ -113,14 +113,20 @@ def deciding_mode(verdicts: dict) -> str | None:
     return None if outweighed else mode
 
 
-def margin_for(mode: str, margin: float, modes) -> float:
-    """The margin a verdict in `mode` is taken against, among the modes of one side that decide together, widened
-    by what its comparisons move between runs beyond BETWEEN_RUNS (which compare() adds): in a mode the host bounds
-    beside a GPU_TIMED one, HOST_BETWEEN_RUNS, so the host's drift never flips what the graphed mode leaves
-    undecided (a mode that decides alone is the one the user runs); in a compiled one, COMPILED_BETWEEN_RUNS."""
+def between_runs(mode: str, modes) -> float:
+    """How far a comparison in `mode` moves between runs, beyond each run's interval, among the modes of one side
+    that decide together: HOST_BETWEEN_RUNS in a mode the host bounds beside a GPU_TIMED one (a mode that decides
+    alone is the one the user runs), COMPILED_BETWEEN_RUNS in a compiled one, else BETWEEN_RUNS."""
     if mode not in GPU_TIMED and any(m in GPU_TIMED for m in modes):
-        return margin + HOST_BETWEEN_RUNS - BETWEEN_RUNS
-    return margin + (COMPILED_BETWEEN_RUNS - BETWEEN_RUNS if mode.startswith("compile") else 0.0)
+        return HOST_BETWEEN_RUNS
+    return COMPILED_BETWEEN_RUNS if mode.startswith("compile") else BETWEEN_RUNS
+
+
+def margin_for(mode: str, margin: float, modes) -> float:
+    """The margin a verdict in `mode` is taken against, widened by what its comparisons move between runs beyond
+    BETWEEN_RUNS (which compare() adds): so the host's drift never flips what the graphed mode leaves undecided, nor
+    Inductor's autotuning what a compiled mode does."""
+    return margin + between_runs(mode, modes) - BETWEEN_RUNS
 
 
 def _speedup(without: float, with_: float) -> float:

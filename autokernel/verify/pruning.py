@@ -384,14 +384,13 @@ def _try_together(trials: Trials, optimized: swap.Optimized, keep: list[str], dr
 
 def _may_lean_out(verdicts: dict, modes: list[str]) -> bool:
     """A type kept inside the noise whose interval, widened by what the mode's verdicts move between runs
-    (noise.margin_for), reaches below half the margin in a deciding mode: one another run could read as leaning out.
+    (noise.between_runs), reaches below half the margin in a deciding mode: one another run could read as leaning out.
     A line on the ratio itself sat on Mistral's rmsnorm (0.996x, 0.990x, 0.995x in three runs against 0.995): the
     pair was tried, and left, in one run of three. A type that reads faster with it by more than that spread is
     never tried out with the others (add_rmsnorm, 1.011x, 1.008-1.015)."""
     deciding = [m for m in verdicts if m in noise.GPU_TIMED] or list(verdicts)  # a graphed mode decides a conflict
-    spread = {m: noise.margin_for(m, PRUNE_MARGIN, modes) - PRUNE_MARGIN + noise.BETWEEN_RUNS for m in deciding}
     return bool(verdicts) and all(v["outcome"] == noise.WITHIN_NOISE for v in verdicts.values()) and any(
-        verdicts[m]["low"] - spread[m] < 1 - PRUNE_MARGIN / 2 for m in deciding)
+        verdicts[m]["low"] - noise.between_runs(m, modes) < 1 - PRUNE_MARGIN / 2 for m in deciding)
 
 
 def _original_wins(trials: Trials, module, keep: list[str], dropped: dict, verdicts: dict,
