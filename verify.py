@@ -92,6 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
     how.add_argument("--keep-all", action="store_true",
                      help="GPU: time every correct kernel plugged in, even those the model is faster without "
                           "(by default each is left out in turn and kept only if it helps)")
+    how.add_argument("--fresh", action="store_true",
+                     help="GPU: decide the prune afresh (by default a trial that reads as an earlier run on this "
+                          "model, GPU and kernel files read it keeps that verdict, so a type on the margin does not "
+                          "flip from one morning to the next; ~/.cache/autokernel/verdicts, or $AUTOKERNEL_CACHE)")
     how.add_argument("--whole-trials", dest="shallow_trials", action="store_false",
                      help="GPU, with --compile: each trial of the compiled prune compiles the whole model (by default "
                           "it compiles copies of the model cut to one and two of its repeated blocks, a decoder's "

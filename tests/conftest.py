@@ -3,6 +3,7 @@ warm launcher for the benches of the whole run. Helpers shared by test modules a
 
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,10 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
+
+# verify.py's prune holds verdicts of earlier runs (autokernel/verify/recall.py): each test process starts with none,
+# and its verify.py runs write nowhere but here
+os.environ["AUTOKERNEL_CACHE"] = tempfile.mkdtemp(prefix="autokernel-cache-")
 
 ROOT = Path(__file__).resolve().parent.parent
 for path in (ROOT, ROOT / "tests"):  # the project's modules; tests/helpers.py whatever pytest's import mode

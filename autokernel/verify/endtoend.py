@@ -201,7 +201,7 @@ class Trials:
     or to run counts as infinitely slow; failures[fn] says why."""
 
     def __init__(self, model, modes: list[str], compiled: bool, inputs: Callable, device: str,
-                 shallow_trials: bool = False, ahead: compiling_ahead.Ahead | None = None):
+                 shallow_trials: bool = False, ahead: compiling_ahead.Ahead | None = None, recall=None):
         self.model, self.modes, self.compiled, self.device = model, modes, compiled, device
         self.sets = [inputs(TIMING_SEED + i) for i in range(TIMING_INPUTS)]
         self.backend = backend_for(device)
@@ -217,6 +217,7 @@ class Trials:
         self.runs = {}  # fn -> fn as it runs before any graph (compiled on the compiled side)
         self.pool = None  # the CUDA graphs' one memory pool (graphed())
         self.probed = False  # whether the cut copies' own noise was read (_deepened_first)
+        self.recall = recall  # recall.Recall: earlier runs' verdicts, which agreeing readings hold (pruning._held)
 
     def deployed(self, fn) -> dict[str, Callable] | None:
         """{mode: fn as deployed in it} (one compile for both compiled modes), each having given the original's

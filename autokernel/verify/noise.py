@@ -50,6 +50,7 @@ class Verdict:
     high: float
     turns: int
     outcome: str  # FASTER (without is faster), SLOWER, or WITHIN_NOISE
+    earlier: float | None = None  # the ratio of an earlier run whose outcome this one holds (recall.py)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -59,7 +60,8 @@ class Verdict:
         if math.isinf(self.without_ms) or math.isinf(self.with_ms):
             return f"{self.without_ms:.3f} ms without, {self.with_ms:.3f} with"
         return (f"{self.without_ms:.3f} ms without, {self.with_ms:.3f} with ({self.ratio:.3f}x, "
-                f"{CONFIDENCE:.0%} interval {self.low:.3f}-{self.high:.3f} over {self.turns} turns, {self.outcome})")
+                f"{CONFIDENCE:.0%} interval {self.low:.3f}-{self.high:.3f} over {self.turns} turns, {self.outcome}"
+                f"{held_from(self.earlier)})")
 
 
 def median_interval(values: list[float], confidence: float = CONFIDENCE) -> tuple[float, float]:
@@ -88,6 +90,20 @@ def compare(without_us: list[float], with_us: list[float], margin: float) -> Ver
     reach = margin + BETWEEN_RUNS
     outcome = FASTER if high < 1 - reach else SLOWER if low > 1 + reach else WITHIN_NOISE
     return Verdict(without_ms, with_ms, ratio, low, high, len(ratios), outcome)
+
+
+def agree(verdict: Verdict, earlier: dict, spread: float) -> bool:
+    """Whether a verdict's reading and an earlier run's (a Verdict's dict) are one measurement read twice: their
+    intervals no further apart than `spread`, what a comparison moves between runs (between_runs). A failed run
+    agrees with nothing."""
+    if not (verdict.turns and earlier.get("turns")):
+        return False
+    return verdict.low - earlier["high"] <= spread and earlier["low"] - verdict.high <= spread
+
+
+def held_from(earlier: float | None) -> str:
+    """', held from an earlier run (0.983x)' for a verdict that kept an earlier run's outcome, else ''."""
+    return "" if earlier is None else f", held from an earlier run ({earlier:.3f}x)"
 
 
 def deciding_mode(verdicts: dict) -> str | None:

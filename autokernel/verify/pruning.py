@@ -21,7 +21,7 @@ import torch
 
 from autokernel.ops import swap
 from autokernel.verify import ahead as compiling_ahead
-from autokernel.verify import endtoend, noise, regional
+from autokernel.verify import endtoend, noise, recall, regional
 from autokernel.verify.endtoend import PRUNE_MARGIN, Trials, compiling_each_once
 from autokernel.verify.verification import DEPLOY_MODES, sides
 
@@ -39,13 +39,14 @@ HEARTBEAT_S = 30.0  # a progress line at least this often while a prune runs (_C
 def prune_deployed(model, optimized: swap.Optimized, inputs: Callable, device: str, modes: list[str],
                    progress: Callable[[str], None] | None = None, decisions: dict | None = None,
                    reuse: dict | None = None, shallow_trials: bool = False,
-                   ahead: compiling_ahead.Ahead | None = None):
+                   ahead: compiling_ahead.Ahead | None = None, memory: recall.Recall | None = None):
     """prune() on each side of `modes` (verification.deploy_modes): the types kept in the eager modes (eager,
     graph) run eagerly, those kept in the compiled ones (compile, compile_graph) where torch.compile traces the
     model. Returns (optimized, {type: why} left out eagerly, {type: why} left out under torch.compile); modes of
     one side decide both. progress: called with a line per type tried, with the time spent and an estimate of
     what is left; decisions, if given, gets {side's modes: prune()'s decisions}; reuse, shallow_trials and ahead:
-    prune()'s, for the compiled side (the helper compiles its first trials' models while the eager side is timed)."""
+    prune()'s, for the compiled side (the helper compiles its first trials' models while the eager side is timed);
+    memory: prune()'s, for both sides."""
     eager, compiled = sides(modes)
     types = optimized.swapped_types()
     clock = _Clock(progress, trials=(len(types) + 1) * (2 if eager and compiled else 1))
@@ -53,7 +54,8 @@ def prune_deployed(model, optimized: swap.Optimized, inputs: Callable, device: s
     if ahead is not None and compiled:
         _plan_compiled_side(ahead, model, optimized, shallow_trials, types)
     with clock:
-        return _prune_sides(model, optimized, inputs, device, modes, clock, decisions, reuse, shallow_trials, ahead)
+        return _prune_sides(model, optimized, inputs, device, modes, clock, decisions, reuse, shallow_trials, ahead,
+                            memory)
 
 
 def _plan_compiled_side(ahead: compiling_ahead.Ahead, model, optimized: swap.Optimized, shallow_trials: bool,
@@ -69,26 +71,26 @@ def _plan_compiled_side(ahead: compiling_ahead.Ahead, model, optimized: swap.Opt
     ahead.plan(compiling_ahead.jobs(types, [[t] for t in order], depths, deeper, whole_first=True))
 
 
-def _prune_sides(model, optimized, inputs, device, modes, clock, decisions, reuse, shallow_trials, ahead):
+def _prune_sides(model, optimized, inputs, device, modes, clock, decisions, reuse, shallow_trials, ahead, memory):
     """prune_deployed()'s work, its progress through clock."""
     eager, compiled = sides(modes)
     types = optimized.swapped_types()
     if not eager or not compiled:
         side = deciding_modes(modes)
         optimized, dropped = prune(model, optimized, inputs, device, side, clock, decisions.setdefault(
-            ",".join(side), {}), reuse, shallow_trials, ahead=ahead)
+            ",".join(side), {}), reuse, shallow_trials, ahead=ahead, memory=memory)
         return optimized, dropped, dropped
     replan = functools.partial(_plan_compiled_side, ahead, model, optimized, shallow_trials) \
         if ahead is not None else None
     _, dropped = prune(model, optimized, inputs, device, eager, clock, decisions.setdefault(",".join(eager), {}),
-                       after_trial=replan)
+                       after_trial=replan, memory=memory)
     side = deciding_modes(compiled)
     bound = functools.cache(lambda: (endtoend.device_share(model, inputs(endtoend.TIMING_SEED), device) or 0.0)
                             >= DEVICE_BOUND)
     settled = _settled_losses(decisions[",".join(eager)], dropped, bound) if side == ["compile_graph"] else {}
     _, dropped_traced = prune(model, optimized, inputs, device, side, clock, decisions.setdefault(",".join(side), {}),
                               reuse, shallow_trials, prior=_costs(decisions[",".join(eager)]), settled=settled,
-                              ahead=ahead)
+                              ahead=ahead, memory=memory)
     both = swap.build(model, [t for t in types if t not in dropped],
                       traced=[t for t in types if t not in dropped_traced])
     return both, dropped, dropped_traced
@@ -185,8 +187,8 @@ def _duration(seconds: float) -> str:
 def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes: str | list[str] = "eager",
           progress: Callable[[str], None] | None = None, decisions: dict | None = None, reuse: dict | None = None,
           shallow_trials: bool = False, prior: dict[str, float] | None = None, settled: dict[str, dict] | None = None,
-          ahead: compiling_ahead.Ahead | None = None,
-          after_trial: Callable[[list[str], dict], None] | None = None):
+          ahead: compiling_ahead.Ahead | None = None, after_trial: Callable | None = None,
+          memory: recall.Recall | None = None):
     """Leave out, one type at a time, each kernel whose removal makes the whole model faster in one of `modes`.
 
     modes: one mode, or the two of one side, which run the same kernels (eager and graph; compile and
@@ -198,8 +200,7 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes
     a prune decides), and decided only outside the noise of its turns (noise.compare); then the kept types that
     may lean out inside the noise, together (_try_together); then, if the original itself is faster still in a
     mode, timed in turns with what is kept, every kernel goes. Modes where the original itself fails (a forward no
-    CUDA graph captures) decide nothing on the eager side.
-    On the compiled side each model is compiled once, the set kept so far reused by the next trial (dynamo's
+    CUDA graph captures) decide nothing on the eager side. On the compiled side each model is compiled once, the set kept so far reused by the next trial (dynamo's
     recompile limit raised to hold them all): one compile per trial, minutes on a large model.
     Returns (optimized, {type: why it was left out}); progress, if given, hears each type's verdict as it falls,
     with the figures that decided it; decisions, if given, gets {type: {mode: noise.Verdict as a dict}, "kept
@@ -209,9 +210,10 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes
     shallow_trials: on the compiled side each trial compiles copies of the model cut to one and two of its blocks
     (deeper where that reads too wide) and takes the whole model's time from theirs (regional.py); the last check
     compiles both models whole. settled: {type: {mode: verdict}} left out untried on that verdict (_settled_losses).
-    ahead: on the compiled side, the helper compiling what comes next (ahead.py); after_trial: _try_each's."""
+    ahead: on the compiled side, the helper compiling what comes next (ahead.py); after_trial: _try_each's;
+    memory: earlier runs' verdicts, each held where this run's reading agrees with theirs (recall.py)."""
     modes, compiled = _one_side(modes)
-    trials = Trials(model, modes, compiled, inputs, device, shallow_trials, ahead if compiled else None)
+    trials = Trials(model, modes, compiled, inputs, device, shallow_trials, ahead if compiled else None, memory)
     _decide_where_the_original_runs(trials, model, progress)
     decided = {} if decisions is None else decisions
     keep, dropped = optimized.swapped_types(), {}
@@ -228,7 +230,7 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes
         trials.plan_ahead(keep, [])
         module = optimized.module()
         _last_check_begins(progress, modes, compiling=bool(keep) and compiled)
-        verdicts = trials.compare(model, against=module) if keep else {}
+        verdicts = _held(trials, [recall.TOGETHER], keep, trials.compare(model, against=module)) if keep else {}
         if reusing:
             trials.deployed_once(model)  # compiled by the last check, or here where nothing is kept: the rows' own
             reuse["original"] = trials.as_rows(model)
@@ -317,7 +319,7 @@ def _try_without(trials: Trials, optimized: swap.Optimized, types: list[str], ke
     under the types' names joined by '+'."""
     _begin(progress, f"prune ({', '.join(trials.modes)}): the trial without {', '.join(types)}")
     trial = swap.build(trials.model, [t for t in keep if t not in types])
-    verdicts = trials.compare(trial.module(), against=optimized.module())
+    verdicts = _held(trials, types, keep, trials.compare(trial.module(), against=optimized.module()))
     decided["+".join(types)] = {m: v.to_dict() for m, v in verdicts.items()}
     failed = trials.failures.get(optimized.module())
     mode = noise.deciding_mode(verdicts)
@@ -334,6 +336,11 @@ def _try_without(trials: Trials, optimized: swap.Optimized, types: list[str], ke
             f"left out{together}: {_why(mode, verdicts[mode], failed)}" if mode else
             f"kept{together}: {_why_kept(verdicts)} ({_versus(verdicts)}){_failing(trials, trial)}") + _deeper(trials))
     return optimized
+
+
+def _held(trials: Trials, left_out: list[str], against: list[str], verdicts: dict) -> dict:
+    """verdicts, each held to an earlier run's outcome where their readings agree (recall.Recall.hold)."""
+    return verdicts if trials.recall is None else trials.recall.hold(left_out, against, verdicts, trials.modes)
 
 
 def _begin(progress: Callable[[str], None] | None, step: str) -> None:

@@ -42,6 +42,7 @@ class Request:
     cuda_graph: bool = False
     deploy: str | None = None  # a mode, or an eager and a compiled one ("eager,compile"); None: from the flags
     keep_all: bool = False
+    fresh: bool = False  # decide every prune verdict afresh, holding none from earlier runs (recall.py)
     shallow_trials: bool = True  # the compiled prune's trials compile the model cut to 1 and 2 blocks
     compile_ahead: bool = True  # with compile: a second process compiles the compiled prune's next models (ahead.py)
     against: str | None = None  # "extracted", "starters" or a directory
@@ -250,9 +251,11 @@ def _measure(request: Request, model, optimized, choices: dict, inputs, device: 
     decisions = {}  # side's deciding modes -> type -> mode -> the verdict it was decided on
     reuse = {}  # the compiled prune's original and kept set, compiled and captured: the rows time them as they are
     if decided:
+        memory = _memory(request, choices, mode)
         optimized, pruned, pruned_traced = pruning.prune_deployed(model, optimized, inputs, device,
                                                                   deploy_modes(mode), _progress, decisions, reuse,
-                                                                  request.shallow_trials, ahead)
+                                                                  request.shallow_trials, ahead, memory)
+        memory.save()  # a prune that failed or was stopped stores nothing
         if ahead is not None:
             ahead.close()  # the rows compile nothing new: its copy of the weights goes before they run
     elif timed:  # the rows time what optimize() installs by this report: the types a site ran, no others
@@ -278,6 +281,24 @@ def _measure(request: Request, model, optimized, choices: dict, inputs, device: 
         generated = generation.measure(model, deployed.module(), prompt, request.generate, device, request.compile)
     return {"decided": decided, "pruned": pruned, "pruned_traced": pruned_traced, "decisions": decisions,
             "timing": timings, "timing_errors": errors, "against": against, "graph": graph, "generation": generated}
+
+
+def _memory(request: Request, choices: dict, mode: str):
+    """The verdicts earlier runs took on this model and input, in these deploy modes, on this GPU and these versions
+    (recall.Recall), with a digest of each kernel file this run swaps in."""
+    import torch
+
+    from autokernel.harness import gpu
+    from autokernel.verify import recall
+
+    config = Path(request.config) if request.config else None
+    identity = {"class_name": request.class_name, "source": request.model or request.module,
+                "config": recall.digest(config.read_bytes()) if config and config.is_file() else request.config,
+                "pretrained": request.pretrained, "input_shape": request.input_shape, "dtype": request.dtype,
+                "deploy": mode, "shallow_trials": request.shallow_trials, "gpu": gpu.device_name("cuda"),
+                "torch": torch.__version__, "triton": _triton_version()}
+    kernels = {t: recall.digest(Path(c.path).read_bytes()) for t, c in choices.items()}
+    return recall.Recall(identity, kernels, fresh=request.fresh)
 
 
 def _about(request: Request, model, device: str, shape, dtype) -> dict:
@@ -395,7 +416,8 @@ def decision_lines(decisions: dict) -> list[str]:
             fate = _fate(kernel_type, mode, together.get(kernel_type))
             shown = [mode] if mode else list(verdicts)
             figures = "; ".join(f"{m} {v['without_ms']:.3f} ms without, {v['with_ms']:.3f} with ({v['ratio']:.3f}x, "
-                                f"interval {v['low']:.3f}-{v['high']:.3f}, {v['turns']} turns, {v['outcome']})"
+                                f"interval {v['low']:.3f}-{v['high']:.3f}, {v['turns']} turns, {v['outcome']}"
+                                f"{noise.held_from(v.get('earlier'))})"
                                 for m, v in verdicts.items() if m in shown)
             lines.append(f"decided in {side}: {kernel_type} {fate}: {figures}")
     return lines

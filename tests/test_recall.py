@@ -1,0 +1,84 @@
+"""A type whose ratio sits on the prune's margin is decided the same run after run: a reading that agrees with an
+earlier run's (within what runs move apart) keeps that run's verdict; one that moved further, another kernel file or
+--fresh decides afresh; the report says which verdicts were held, with both figures."""
+
+import json
+import random
+
+from test_prune_noise import Made, noisy_host
+
+from autokernel.verify import noise, pruning, recall
+
+IDENTITY = {"class_name": "LlamaForCausalLM", "input_shape": "1,2048", "gpu": "H100"}
+KERNELS = {"rmsnorm": "a1", "rope_attention": "b2"}
+
+
+def run(monkeypatch, tmp_path, seed: int, rmsnorm_cost: float, fresh: bool = False, kernels: dict = KERNELS,
+        memory: bool = True):
+    """One verify.py run's compiled prune (a run's own Inductor moves rmsnorm's cost): the types it kept, and its
+    decisions. Each run reads the verdicts the earlier ones stored under tmp_path, and stores its own."""
+    cost = {"compile_graph": {"rmsnorm": rmsnorm_cost, "rope_attention": -1.5}}
+    noisy_host(monkeypatch, seed, jitter={"compile_graph": 0.002}, drift=0.05, cost=cost)
+    kept = recall.Recall(IDENTITY, kernels, fresh=fresh, root=tmp_path) if memory else None
+    decisions = {}
+    optimized, _ = pruning.prune(Made([], cost), Made(list(cost["compile_graph"]), cost), lambda seed: (), "cuda",
+                                 ["compile_graph"], decisions=decisions, memory=kept)
+    if kept is not None:
+        kept.save()
+    return tuple(optimized.types), decisions
+
+
+def on_the_margin(seed: int) -> float:
+    """rmsnorm's cost in one run: the model 1.6-2.0% faster without it, around the line at 1.6% (margin + spread)."""
+    return 0.14 + 0.035 * random.Random(seed).uniform(-1, 1)
+
+
+def test_a_type_on_the_margin_is_decided_the_same_run_after_run(monkeypatch, tmp_path):
+    forgetful = {run(monkeypatch, tmp_path, seed, on_the_margin(seed), memory=False)[0] for seed in range(8)}
+    assert len(forgetful) == 2  # without earlier runs' verdicts the seeds fall on both sides of the line
+    for first in (0, 1, 2):  # whichever side the first run falls on, the later ones follow it
+        root = tmp_path / str(first)
+        kept = [run(monkeypatch, root, seed, on_the_margin(seed))[0] for seed in range(first, first + 8)]
+        assert len(set(kept)) == 1, kept
+
+
+def test_a_reading_that_moved_past_the_spread_is_decided_afresh(monkeypatch, tmp_path):
+    assert run(monkeypatch, tmp_path, 0, 0.08)[0] == ("rmsnorm", "rope_attention")  # 0.99x: within noise, kept
+    kept, decisions = run(monkeypatch, tmp_path, 1, 0.30)  # 0.966x: a real change
+    assert kept == ("rope_attention",) and decisions["rmsnorm"]["compile_graph"].get("earlier") is None
+
+
+def test_another_kernel_file_or_fresh_holds_nothing(monkeypatch, tmp_path):
+    low, high = 0.14 - 0.03, 0.14 + 0.03  # one run within noise, the next one just past the line
+    assert run(monkeypatch, tmp_path, 0, low)[0] == ("rmsnorm", "rope_attention")
+    assert run(monkeypatch, tmp_path, 1, high)[0] == ("rmsnorm", "rope_attention")  # held
+    assert run(monkeypatch, tmp_path, 1, high, kernels={**KERNELS, "rmsnorm": "c3"})[0] == ("rope_attention",)
+    assert run(monkeypatch, tmp_path / "other", 0, low)[0] == ("rmsnorm", "rope_attention")
+    assert run(monkeypatch, tmp_path / "other", 1, high, fresh=True)[0] == ("rope_attention",)
+
+
+def test_the_report_says_which_verdict_was_held_with_both_figures(monkeypatch, tmp_path):
+    run(monkeypatch, tmp_path, 0, 0.11)
+    _, decisions = run(monkeypatch, tmp_path, 1, 0.17)
+    held = decisions["rmsnorm"]["compile_graph"]
+    assert held["outcome"] == noise.WITHIN_NOISE and held["ratio"] < 0.984 < held["earlier"]
+    assert f"held from an earlier run ({held['earlier']:.3f}x)" in noise.Verdict(**held).text()
+    stored = json.loads(next((tmp_path / "verdicts").glob("*.json")).read_text())["trials"]
+    assert stored["rmsnorm against rmsnorm+rope_attention"]["verdicts"]["compile_graph"]["ratio"] == held["earlier"]
+
+
+def test_a_missing_or_broken_file_decides_afresh_and_a_run_that_decided_nothing_writes_nothing(tmp_path):
+    memory = recall.Recall(IDENTITY, KERNELS, root=tmp_path)
+    memory.save()
+    assert not (tmp_path / "verdicts").exists()
+    memory.path.parent.mkdir(parents=True)
+    memory.path.write_text("{not json")
+    assert recall.Recall(IDENTITY, KERNELS, root=tmp_path).earlier == {}
+
+
+def test_the_cache_is_where_the_environment_puts_it(monkeypatch, tmp_path):
+    monkeypatch.setenv("AUTOKERNEL_CACHE", str(tmp_path / "ak"))
+    assert recall.Recall(IDENTITY, KERNELS).path.parent == tmp_path / "ak" / "verdicts"
+    monkeypatch.delenv("AUTOKERNEL_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert recall.cache_dir() == tmp_path / "xdg" / "autokernel"
