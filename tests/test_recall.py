@@ -4,6 +4,7 @@ earlier run's (within what runs move apart) keeps that run's verdict; one that m
 
 import json
 import random
+from pathlib import Path
 
 from test_prune_noise import Made, noisy_host
 
@@ -82,3 +83,42 @@ def test_the_cache_is_where_the_environment_puts_it(monkeypatch, tmp_path):
     monkeypatch.delenv("AUTOKERNEL_CACHE")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert recall.cache_dir() == tmp_path / "xdg" / "autokernel"
+
+
+def test_a_run_is_known_by_its_model_s_config_contents_and_its_kernel_files(monkeypatch, tmp_path):
+    """verify.py's memory: the same request finds the same verdicts; another config (a file of the folder changed)
+    or another input shape finds none; a kernel file's edit is told apart by its digest; weights are not read."""
+    import torch
+
+    from autokernel.harness import gpu
+    from autokernel.ops.customops import KernelChoice
+    from autokernel.verify import verification
+
+    monkeypatch.setattr(gpu, "device_name", lambda device="cuda": "H100")
+    monkeypatch.setattr(torch, "__version__", "2.11.0")
+    config, kernel = tmp_path / "model", tmp_path / "rmsnorm.py"
+    config.mkdir()
+    (config / "config.json").write_text('{"hidden_size": 64}')
+    (config / "model.safetensors").write_bytes(b"\0" * (recall.LARGE + 1))
+    kernel.write_text("# v1")
+    choices = {"rmsnorm": KernelChoice("rmsnorm", kernel, "starter")}
+
+    def memory(**changes):
+        request = verification.Request(**{"class_name": "AutoModelForCausalLM", "module": "transformers",
+                                          "config": str(config), "input_shape": "1,2048", **changes})
+        return verification._memory(request, choices, "compile_graph")
+    first = memory()
+    assert memory().path == first.path and memory(input_shape="1,4096").path != first.path
+    monkeypatch.setattr(Path, "read_bytes", _refuse_large(Path.read_bytes))
+    (config / "config.json").write_text('{"hidden_size": 128}')
+    assert memory().path != first.path  # the large file was counted by its size, never read
+    kernel.write_text("# v2")
+    assert memory().kernels["rmsnorm"] != first.kernels["rmsnorm"]
+    assert memory(fresh=True).earlier == {}
+
+
+def _refuse_large(read_bytes):
+    def read(path):
+        assert path.stat().st_size <= recall.LARGE, f"read {path}"
+        return read_bytes(path)
+    return read

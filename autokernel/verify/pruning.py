@@ -200,8 +200,8 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes
     a prune decides), and decided only outside the noise of its turns (noise.compare); then the kept types that
     may lean out inside the noise, together (_try_together); then, if the original itself is faster still in a
     mode, timed in turns with what is kept, every kernel goes. Modes where the original itself fails (a forward no
-    CUDA graph captures) decide nothing on the eager side. On the compiled side each model is compiled once, the set kept so far reused by the next trial (dynamo's
-    recompile limit raised to hold them all): one compile per trial, minutes on a large model.
+    CUDA graph captures) decide nothing on the eager side. On the compiled side each model is compiled once, the
+    set kept so far reused by the next trial (dynamo's recompile limit raised to hold them all): one compile a trial.
     Returns (optimized, {type: why it was left out}); progress, if given, hears each type's verdict as it falls,
     with the figures that decided it; decisions, if given, gets {type: {mode: noise.Verdict as a dict}, "kept
     together": ..., "<type>+<type>": the joint trial}. reuse, if given on the compiled side, gets the original

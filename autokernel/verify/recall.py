@@ -28,6 +28,7 @@ from pathlib import Path
 from autokernel.verify import noise
 
 TOGETHER = "kept together"  # pruning's name for the kept set against the original
+LARGE = 1 << 20  # bytes: a file of a config folder this large (weights) counts by its size (path_digest)
 
 
 def cache_dir() -> Path:
@@ -41,6 +42,13 @@ def digest(value) -> str:
     """A short digest of bytes, or of anything JSON writes (keys sorted)."""
     data = value if isinstance(value, bytes) else json.dumps(value, sort_keys=True, default=str).encode()
     return hashlib.sha256(data).hexdigest()[:16]
+
+
+def path_digest(path: Path) -> str:
+    """A digest of a config file or folder: each file's name and its contents, a large one's size (a pretrained
+    folder's weights are not read)."""
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    return digest([(p.name, digest(p.read_bytes()) if p.stat().st_size < LARGE else p.stat().st_size) for p in files])
 
 
 class Recall:

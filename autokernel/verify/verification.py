@@ -293,7 +293,7 @@ def _memory(request: Request, choices: dict, mode: str):
 
     config = Path(request.config) if request.config else None
     identity = {"class_name": request.class_name, "source": request.model or request.module,
-                "config": recall.digest(config.read_bytes()) if config and config.is_file() else request.config,
+                "config": recall.path_digest(config) if config and config.exists() else request.config,
                 "pretrained": request.pretrained, "input_shape": request.input_shape, "dtype": request.dtype,
                 "deploy": mode, "shallow_trials": request.shallow_trials, "gpu": gpu.device_name("cuda"),
                 "torch": torch.__version__, "triton": _triton_version()}
