@@ -26,5 +26,7 @@ for spec in "$@"; do
     --config "benchmarks/hf/$cfg" --input-shape 1,2048 --compile --cuda-graph $FLAGS \
     --report "/tmp/verify_$tag.json" > "$LOG/$tag.log" 2>&1
   rc=$?
+  python3 -c "import json, sys; print('$tag steps:', json.load(open(sys.argv[1])).get('steps_s'))" \
+    "/tmp/verify_$tag.json" >> "$LOG/walls.txt" 2>/dev/null
   echo "$tag $cfg rc=$rc wall=$(($(date +%s) - s))s $(grep -E '^(swapped_types|pruned|compiled_types|pruned_compiled|graph_speedup_vs_eager|compiled_speedup_vs_compile|compiled_graph_speedup_vs_compile_graph):' "$LOG/$tag.log" | tr '\n' ' ')" | tee -a "$LOG/walls.txt"
 done

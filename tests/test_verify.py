@@ -5,6 +5,7 @@ Kernels run through Triton's interpreter, so the models are the tiny presets on 
 """
 
 import json
+import re
 import shutil
 
 import pytest
@@ -95,6 +96,11 @@ def test_compile_path_times_all_four_and_has_no_graph_breaks(repo_root, tmp_path
     assert all(t["ms"] > 0 for t in report["timing"].values())
     assert report["cpu_mode"] and summary_values(printed.out)["cpu_mode"] == "True"
     assert "(CPU, Triton interpreter: NOT performance figures)" in verify._timing_table(report).title  # as printed
+    steps = ["loading the model and placing the kernels", "checking the outputs on 1 input",
+             "timing the original and the optimized model in turns", "counting torch.compile's graph breaks"]
+    assert list(report["steps_s"])[:4] == steps and all(s > 0 for s in report["steps_s"].values())
+    said = [line.split("] ", 1)[1] for line in printed.out.splitlines() if re.match(r"\[\d+m\d\ds\] ", line)]
+    assert said[:4] == steps  # each step named as it begins, with the time spent so far
 
 
 def test_bad_input_is_one_clear_error(repo_root, tmp_path, capsys, interpreter):

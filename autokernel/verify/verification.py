@@ -9,6 +9,7 @@ import contextlib
 import json
 import math
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,18 +108,23 @@ def verify(request: Request) -> dict:
     from autokernel.verify import endtoend, regionverify
 
     dtype, shape = parse_dtype(request.dtype), parse_shape(request.input_shape)
+    step = Steps()
+    step("loading the model and placing the kernels")
     model, optimized, inputs = loaded(request, device)  # optimize()'s choices: the prune below decides afresh
     with torch.no_grad(), _compiling_ahead(request, model, device, mode) as ahead:
         choices = optimized.choices
         warnings = _origin_warnings(request, choices, shape, dtype)
+        step(f"checking the outputs on {request.checks} input{'s' * (request.checks > 1)}")
         correctness = endtoend.check(model, optimized, inputs, dtype, request.checks)
         sites = [s.to_dict() for s in optimized.sites()]  # calls counted over the checked forwards only
         checked_types = optimized.swapped_types()
         passed = correctness["status"] == "PASS"
-        measured = _measure(request, model, optimized, choices, inputs, device, mode, passed, ahead)
+        measured = _measure(request, model, optimized, choices, inputs, device, mode, passed, ahead, step)
+        step("checking the region kernels under torch.compile" if request.compile and passed else None)
         regions = regionverify.verify_regions(model, optimized.module(), request.kernels, inputs, device,
                                               not request.no_timing and device == "cuda", request.cuda_graph) \
             if request.compile and passed else None
+    step(None)
     _mark_pruned(sites, measured["pruned"])
     kept = [t for t in checked_types if t not in measured["pruned"]]
     kept_traced = [t for t in checked_types if t not in measured["pruned_traced"]]
@@ -139,8 +145,25 @@ def verify(request: Request) -> dict:
         "disagreements": disagreements(measured["decisions"], measured["timing"]),
         "regions": regions,  # region kernels under torch.compile (regionverify.py), None without any or --compile
         "compile_backend": endtoend.backend_for(device), "torch": torch.__version__, "triton": _triton_version(),
-        "command": request.command,
+        "command": request.command, "steps_s": step.seconds,
     }
+
+
+class Steps:
+    """verify's steps, each announced as it begins with the time spent so far ("[1m05s] timing the rows"), their
+    seconds kept for the report (steps_s): where a long run's time goes. step(None) ends the last one."""
+
+    def __init__(self):
+        self.started, self.seconds, self.step, self.at = time.monotonic(), {}, None, 0.0
+
+    def __call__(self, step: str | None) -> None:
+        now = time.monotonic()
+        if self.step:
+            self.seconds[self.step] = round(self.seconds.get(self.step, 0.0) + now - self.at, 1)
+        self.step, self.at = step, now
+        if step:
+            spent = int(now - self.started)
+            _progress(f"[{spent // 60}m{spent % 60:02d}s] {step}")
 
 
 def loaded(request: Request, device: str) -> tuple:
@@ -237,7 +260,7 @@ def _origin_warnings(request: Request, choices: dict, shape, dtype) -> list[str]
 
 
 def _measure(request: Request, model, optimized, choices: dict, inputs, device: str, mode: str, passed: bool,
-             ahead=None) -> dict:
+             ahead=None, step=lambda what: None) -> dict:
     """What is timed of a model that passed its check: the prune (on a GPU, unless --keep-all), the timing rows,
     --against, and under --compile its graph breaks."""
     import torch
@@ -251,6 +274,7 @@ def _measure(request: Request, model, optimized, choices: dict, inputs, device: 
     decisions = {}  # side's deciding modes -> type -> mode -> the verdict it was decided on
     reuse = {}  # the compiled prune's original and kept set, compiled and captured: the rows time them as they are
     if decided:
+        step("the prune: which kernels the model is faster with, in each mode it runs in")
         memory = _memory(request, choices, mode)
         optimized, pruned, pruned_traced = pruning.prune_deployed(model, optimized, inputs, device,
                                                                   deploy_modes(mode), _progress, decisions, reuse,
@@ -261,15 +285,19 @@ def _measure(request: Request, model, optimized, choices: dict, inputs, device: 
     elif timed:  # the rows time what optimize() installs by this report: the types a site ran, no others
         optimized = swap.build(model, optimized.swapped_types())
     graphs = request.cuda_graph and device == "cuda"
+    step("timing the original and the optimized model in turns" if timed else None)
     timings, errors = endtoend.time_models(model, optimized, inputs, device, request.compile, graphs, reuse) \
         if timed else ({}, {})
     if reuse:  # dynamo's cache still held every trial of the prune: what is compiled next starts clean
         reuse.clear()
         torch._dynamo.reset()
+    step(f"timing the kept kernels against {request.against}'s" if timed and request.against else None)
     against = _time_against(request, model, optimized, choices, inputs, device) if timed and request.against else None
+    step("counting torch.compile's graph breaks" if request.compile and passed else None)
     graph = correctness.graph_breaks(optimized, inputs(endtoend.CHECK_SEED)) if request.compile and passed else None
     generated = None
     if timed and request.generate > 0:  # what optimize() deploys: the types the forward never runs too (decode)
+        step(f"timing generate() of {request.generate} new tokens")
         prompt = inputs(endtoend.TIMING_SEED)[0][:1]
         unrun = [t for t in choices if t not in optimized.types and t not in pruned]
         if decided and unrun:  # decided on generation, as the prune decides the others on the forward
