@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # GPU: verify.py --compile --cuda-graph on HF configs of benchmarks/hf/, run after run, each a fresh process with its
 # wall time; one log per run and one line per run (wall, kept sets, speedups) in LOGDIR/walls.txt. Stops starting
-# runs when fewer than 100 s are left of BUDGET seconds (default 570: one 10-minute device command).
+# runs when fewer than 100 s are left of BUDGET seconds (default 570: one 10-minute device command). SHAPE sets the
+# input shape (default 1,2048). Each run's steps (verify's steps_s) go into walls.txt too.
 #
 #   bash scripts/verify_runs.sh LOGDIR "EXTRA FLAGS" TAG:CONFIG [TAG:CONFIG ...]
 #   bash scripts/verify_runs.sh $OUT "" tl1:tinyllama tl2:tinyllama neox1:pythia-410m
+#   SHAPE=1,8192 BUDGET=590 bash scripts/verify_runs.sh $OUT "" gemma:gemma2-2b
 set -uo pipefail
 LOG=${1:?usage: verify_runs.sh LOGDIR "EXTRA FLAGS" TAG:CONFIG ...}
 FLAGS=${2-}
@@ -12,6 +14,7 @@ shift 2 || { echo "usage: verify_runs.sh LOGDIR \"EXTRA FLAGS\" TAG:CONFIG ...";
 mkdir -p "$LOG"
 T0=$(date +%s)
 BUDGET=${BUDGET:-570}
+SHAPE=${SHAPE:-1,2048}
 for spec in "$@"; do
   tag=${spec%%:*}
   cfg=${spec#*:}
@@ -23,7 +26,7 @@ for spec in "$@"; do
   s=$(date +%s)
   # shellcheck disable=SC2086  # FLAGS is a list of flags
   timeout "$left" python3 verify.py --module transformers --class-name AutoModelForCausalLM \
-    --config "benchmarks/hf/$cfg" --input-shape 1,2048 --compile --cuda-graph $FLAGS \
+    --config "benchmarks/hf/$cfg" --input-shape "$SHAPE" --compile --cuda-graph $FLAGS \
     --report "/tmp/verify_$tag.json" > "$LOG/$tag.log" 2>&1
   rc=$?
   python3 -c "import json, sys; print('$tag steps:', json.load(open(sys.argv[1])).get('steps_s'))" \
