@@ -218,14 +218,19 @@ class Trials:
         self.pool = None  # the CUDA graphs' one memory pool (graphed())
         self.probed = False  # whether the cut copies' own noise was read (_deepened_first)
         self.recall = recall  # recall.Recall: earlier runs' verdicts, which agreeing readings hold (pruning._held)
+        self.spent = {"deploying": 0.0, "timing": 0.0}  # seconds: compiles (or waits for the helper's), captures,
+        # output checks; turns (pruning's progress lines say what each trial took of both)
 
     def deployed(self, fn) -> dict[str, Callable] | None:
         """{mode: fn as deployed in it} (one compile for both compiled modes), each having given the original's
         output; None (the failure kept) otherwise."""
+        began = time.monotonic()
         try:
             ready, wrong = self._deploy(fn)
         except Exception as e:
             wrong = _error_line(e)
+        finally:
+            self.spent["deploying"] += time.monotonic() - began
         if wrong:
             self.failures[fn] = wrong
             return None
@@ -349,8 +354,11 @@ class Trials:
     def _turns(self, mode: str, sides: dict) -> dict[str, list[float]]:
         """One round of turns of the two sides ({side: deployed in mode}): the whole model's times per turn."""
         window = GRAPHED_TURNS_MS if mode.endswith("graph") else LATENCY_TURNS_MS
-        timed = functools.partial(self.timed, window_ms=window)
-        return self.shallow.turns(sides, timed) if self.shallow is not None else timed(sides)
+        timed, began = functools.partial(self.timed, window_ms=window), time.monotonic()
+        try:
+            return self.shallow.turns(sides, timed) if self.shallow is not None else timed(sides)
+        finally:
+            self.spent["timing"] += time.monotonic() - began
 
     def _deepened_first(self, with_: dict) -> bool:
         """Before the first trial on cut copies: the kept set's copies timed in turns with themselves for one round.

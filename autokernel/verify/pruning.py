@@ -318,7 +318,7 @@ def _try_without(trials: Trials, optimized: swap.Optimized, types: list[str], ke
     `keep` for `dropped` (with why) and the trial is what goes on; else `optimized` does. decided gets the trial
     under the types' names joined by '+'."""
     _begin(progress, f"prune ({', '.join(trials.modes)}): the trial without {', '.join(types)}")
-    trial = swap.build(trials.model, [t for t in keep if t not in types])
+    trial, spent = swap.build(trials.model, [t for t in keep if t not in types]), dict(trials.spent)
     verdicts = _held(trials, types, keep, trials.compare(trial.module(), against=optimized.module()))
     decided["+".join(types)] = {m: v.to_dict() for m, v in verdicts.items()}
     failed = trials.failures.get(optimized.module())
@@ -334,7 +334,8 @@ def _try_without(trials: Trials, optimized: swap.Optimized, types: list[str], ke
         together = " together" if len(types) > 1 else ""
         progress(f"prune ({', '.join(trials.modes)}): {', '.join(types)} " + (
             f"left out{together}: {_why(mode, verdicts[mode], failed)}" if mode else
-            f"kept{together}: {_why_kept(verdicts)} ({_versus(verdicts)}){_failing(trials, trial)}") + _deeper(trials))
+            f"kept{together}: {_why_kept(verdicts)} ({_versus(verdicts)}){_failing(trials, trial)}") + _deeper(trials)
+            + _took(trials, spent))
     return optimized
 
 
@@ -364,6 +365,13 @@ def _failing(trials: Trials, trial: swap.Optimized) -> str:
     """' (the model fails without it: why)' for a type kept because its trial failed to run."""
     failed = trials.failures.get(trial.module())
     return f" (the model fails without it: {failed})" if failed else ""
+
+
+def _took(trials: Trials, before: dict[str, float]) -> str:
+    """' [deployed in 21 s, timed in 5 s]': what a trial spent compiling (or waiting for the helper's compiles),
+    capturing and checking its models, and in turns, from Trials.spent before it."""
+    deploying, timing = (trials.spent[k] - before[k] for k in ("deploying", "timing"))
+    return f" [deployed in {deploying:.0f} s, timed in {timing:.0f} s]"
 
 
 def _deeper(trials: Trials) -> str:
