@@ -115,6 +115,11 @@ def test_a_run_is_known_by_its_model_s_config_contents_and_its_kernel_files(monk
     kernel.write_text("# v2")
     assert memory().kernels["rmsnorm"] != first.kernels["rmsnorm"]
     assert memory(fresh=True).earlier == {}
+    model = tmp_path / "my_model.py"
+    model.write_text("class Net: pass")
+    edited = memory(module=None, model=str(model)).path
+    model.write_text("class Net: x = 1")
+    assert memory(module=None, model=str(model)).path != edited  # the user's model file, by its contents
 
 
 def _refuse_large(read_bytes):

@@ -320,7 +320,8 @@ def _memory(request: Request, choices: dict, mode: str):
     from autokernel.verify import recall
 
     config = Path(request.config) if request.config else None
-    identity = {"class_name": request.class_name, "source": request.model or request.module,
+    identity = {"class_name": request.class_name,  # a model file and a config by their contents, else their names
+                "source": recall.path_digest(Path(request.model)) if request.model else request.module,
                 "config": recall.path_digest(config) if config and config.exists() else request.config,
                 "pretrained": request.pretrained, "input_shape": request.input_shape, "dtype": request.dtype,
                 "deploy": mode, "shallow_trials": request.shallow_trials, "gpu": gpu.device_name("cuda"),
