@@ -77,6 +77,13 @@ def test_a_missing_or_broken_file_decides_afresh_and_a_run_that_decided_nothing_
     assert recall.Recall(IDENTITY, KERNELS, root=tmp_path).earlier == {}
 
 
+def test_a_cache_that_cannot_be_written_is_a_warning_not_a_failure(monkeypatch, tmp_path):
+    (tmp_path / "a file").write_text("")
+    memory = recall.Recall(IDENTITY, KERNELS, root=tmp_path / "a file")
+    memory.now["rmsnorm against rmsnorm"] = {"kernels": {}, "verdicts": {}}
+    assert "not stored for the next run" in memory.save()
+
+
 def test_the_cache_is_where_the_environment_puts_it(monkeypatch, tmp_path):
     monkeypatch.setenv("AUTOKERNEL_CACHE", str(tmp_path / "ak"))
     assert recall.Recall(IDENTITY, KERNELS).path.parent == tmp_path / "ak" / "verdicts"

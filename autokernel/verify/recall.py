@@ -81,16 +81,21 @@ class Recall:
         self.now[key] = {"kernels": kernels, "verdicts": stored}
         return held
 
-    def save(self) -> None:
+    def save(self) -> str | None:
         """Write the earlier runs' verdicts with this run's over them; whole or not at all (a file written beside
-        it, then renamed)."""
+        it, then renamed). Why it could not (a cache folder that cannot be written), or None: a run's report does
+        not depend on it."""
         if not self.now:
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+            return None
         part = self.path.with_suffix(f".{os.getpid()}.part")
-        part.write_text(json.dumps({"identity": self.identity, "trials": {**self.earlier, **self.now}}, indent=1,
-                                   default=str))
-        part.replace(self.path)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            part.write_text(json.dumps({"identity": self.identity, "trials": {**self.earlier, **self.now}},
+                                       indent=1, default=str))
+            part.replace(self.path)
+        except OSError as e:
+            return f"the prune's verdicts were not stored for the next run ({e})"
+        return None
 
 
 def _read(path: Path) -> dict:

@@ -279,7 +279,9 @@ def _measure(request: Request, model, optimized, choices: dict, inputs, device: 
         optimized, pruned, pruned_traced = pruning.prune_deployed(model, optimized, inputs, device,
                                                                   deploy_modes(mode), _progress, decisions, reuse,
                                                                   request.shallow_trials, ahead, memory)
-        memory.save()  # a prune that failed or was stopped stores nothing
+        unsaved = memory.save()  # a prune that failed or was stopped stores nothing
+        if unsaved:
+            _progress(f"warning: {unsaved}")
         if ahead is not None:
             ahead.close()  # the rows compile nothing new: its copy of the weights goes before they run
     elif timed:  # the rows time what optimize() installs by this report: the types a site ran, no others
