@@ -224,13 +224,11 @@ class Trials:
     def deployed(self, fn) -> dict[str, Callable] | None:
         """{mode: fn as deployed in it} (one compile for both compiled modes), each having given the original's
         output; None (the failure kept) otherwise."""
-        began = time.monotonic()
         try:
-            ready, wrong = self._deploy(fn)
+            with self._spending("deploying"):
+                ready, wrong = self._deploy(fn)
         except Exception as e:
             wrong = _error_line(e)
-        finally:
-            self.spent["deploying"] += time.monotonic() - began
         if wrong:
             self.failures[fn] = wrong
             return None
@@ -354,11 +352,18 @@ class Trials:
     def _turns(self, mode: str, sides: dict) -> dict[str, list[float]]:
         """One round of turns of the two sides ({side: deployed in mode}): the whole model's times per turn."""
         window = GRAPHED_TURNS_MS if mode.endswith("graph") else LATENCY_TURNS_MS
-        timed, began = functools.partial(self.timed, window_ms=window), time.monotonic()
-        try:
+        timed = functools.partial(self.timed, window_ms=window)
+        with self._spending("timing"):
             return self.shallow.turns(sides, timed) if self.shallow is not None else timed(sides)
+
+    @contextlib.contextmanager
+    def _spending(self, what: str):
+        """The block's seconds added to spent[what], whether it returns or raises."""
+        began = time.monotonic()
+        try:
+            yield
         finally:
-            self.spent["timing"] += time.monotonic() - began
+            self.spent[what] += time.monotonic() - began
 
     def _deepened_first(self, with_: dict) -> bool:
         """Before the first trial on cut copies: the kept set's copies timed in turns with themselves for one round.

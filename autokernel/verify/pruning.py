@@ -23,7 +23,7 @@ from autokernel.ops import swap
 from autokernel.verify import ahead as compiling_ahead
 from autokernel.verify import endtoend, noise, recall, regional
 from autokernel.verify.endtoend import PRUNE_MARGIN, Trials, compiling_each_once
-from autokernel.verify.verification import DEPLOY_MODES, sides
+from autokernel.verify.verification import DEPLOY_MODES, duration, sides
 
 __all__ = ["deciding_modes", "prune", "prune_deployed"]
 
@@ -148,13 +148,13 @@ class _Clock:
             return
         spent = time.monotonic() - self.started
         left = spent / self.done * max(self.trials - self.done, 0)
-        self._say(f"[{self.done}/{self.trials}, {_duration(spent)} spent, ~{_duration(left)} left] {line}")
+        self._say(f"[{self.done}/{self.trials}, {duration(spent)} spent, ~{duration(left)} left] {line}")
 
     def note(self, line: str) -> None:
         """A line about the step under way (a long compile), counted as no trial."""
         self.begin(line)
         if self.progress is not None:
-            self._say(f"[{self.done}/{self.trials}, {_duration(time.monotonic() - self.started)} spent] {line}")
+            self._say(f"[{self.done}/{self.trials}, {duration(time.monotonic() - self.started)} spent] {line}")
 
     def begin(self, step: str) -> None:
         """The step now under way, for the heartbeat's line (no line of its own)."""
@@ -176,12 +176,8 @@ class _Clock:
         while not self._stop.wait(HEARTBEAT_S / 4):
             now = time.monotonic()
             if now - self.said >= HEARTBEAT_S and self.step:
-                self._say(f"[{self.done}/{self.trials}, {_duration(now - self.started)} spent] {self.step}: "
-                          f"still under way ({_duration(now - self.step_at)})")
-
-
-def _duration(seconds: float) -> str:
-    return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+                self._say(f"[{self.done}/{self.trials}, {duration(now - self.started)} spent] {self.step}: "
+                          f"still under way ({duration(now - self.step_at)})")
 
 
 def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes: str | list[str] = "eager",

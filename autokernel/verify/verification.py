@@ -162,8 +162,12 @@ class Steps:
             self.seconds[self.step] = round(self.seconds.get(self.step, 0.0) + now - self.at, 1)
         self.step, self.at = step, now
         if step:
-            spent = int(now - self.started)
-            _progress(f"[{spent // 60}m{spent % 60:02d}s] {step}")
+            _progress(f"[{duration(now - self.started)}] {step}")
+
+
+def duration(seconds: float) -> str:
+    """'1m05s'."""
+    return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
 
 
 def loaded(request: Request, device: str) -> tuple:
@@ -328,7 +332,7 @@ def _memory(request: Request, choices: dict, mode: str):
                 "pretrained": request.pretrained, "input_shape": request.input_shape, "dtype": request.dtype,
                 "deploy": mode, "shallow_trials": request.shallow_trials, "gpu": gpu.device_name("cuda"),
                 "torch": torch.__version__, "triton": _triton_version()}
-    kernels = {t: recall.digest(Path(c.path).read_bytes()) for t, c in choices.items()}
+    kernels = {t: recall.path_digest(Path(c.path)) for t, c in choices.items()}
     return recall.Recall(identity, kernels, fresh=request.fresh)
 
 
