@@ -4,6 +4,7 @@ before it compiles it."""
 
 import contextlib
 import random
+import time
 
 import pytest
 import torch
@@ -144,7 +145,8 @@ def told_prune(monkeypatch, ms, blocks: int = 6, spread=None) -> tuple:
 
 def in_the_order_told(told: Told) -> None:
     """Each model the prune compiled was in the plan last sent before, the first there it had not compiled yet but
-    the original whole (planned early, as it is the same whatever leaves; compiled by the last check)."""
+    the original whole (planned after the first trial's copies, as it is the same whatever leaves; compiled by the last
+    check)."""
     assert told.compiled and all(n > 0 for _, n in told.compiled)
     done = set()
     for key, sent in told.compiled:
@@ -175,7 +177,9 @@ def test_copies_cut_deeper_were_planned_before_the_first_trial_compiles_them(mon
         return 10.0 + blocks * (1.0 + 0.05 * ("type1" in types))
     kept, dropped, told = told_prune(monkeypatch, ms, blocks=16, spread=lambda blocks: 0.3 / (10 + blocks))
     assert list(dropped) == ["type1"]
-    assert told.plans[0][:4] == ["type0,type1,type2@1", "type0,type1,type2@2", "type0,type1,type2@8", "@whole"]
+    first = told.plans[0]
+    assert first[:3] == ["type0,type1,type2@1", "type0,type1,type2@2", "type0,type1,type2@8"]
+    assert first.index("@whole") == 5  # after the first trial's copies: the prune needs them first
     in_the_order_told(told)
     deep = [n for key, n in told.compiled if key == "type0,type1,type2@8"][0]
     assert not [k for plan in told.plans[deep - 1:] for k in plan if k.endswith("@2")]
@@ -183,9 +187,9 @@ def test_copies_cut_deeper_were_planned_before_the_first_trial_compiles_them(mon
 
 def test_a_type_the_eager_side_leaves_out_leaves_the_helper_s_plan(monkeypatch):
     """prune_deployed tells the helper the compiled side's trials before the eager side runs, and again after each of
-    its trials: the original whole first (sure to be compiled, where the kept set is not known yet), then without
-    each type the eager side left out (a kernel that loses graphed most often leaves the compiled side untried), in
-    the order its verdicts give (the likeliest to leave first)."""
+    its trials: the kept set's copies first, without each type the eager side left out (a kernel that loses graphed
+    most often leaves the compiled side untried), then the first trial's copies, in the order its verdicts give (the
+    likeliest to leave first), and the original whole after them (the last check's)."""
     told = Told()
     calls = []
 
@@ -201,9 +205,42 @@ def test_a_type_the_eager_side_leaves_out_leaves_the_helper_s_plan(monkeypatch):
     pruning.prune_deployed(Layered([]), optimized, lambda seed: (torch.ones(4),), "cuda",
                            ["eager", "graph", "compile", "compile_graph"], shallow_trials=True, ahead=told)
     assert calls == [["eager", "graph"], ["compile_graph"]] and len(told.plans) == 2
-    assert told.plans[0][:3] == ["@whole", "type0,type1,type2@1", "type0,type1,type2@2"]
-    assert told.plans[1][:4] == ["@whole", "type0,type2@1", "type0,type2@2", "type0@1"]  # type2's trial first
+    assert told.plans[0][:2] == ["type0,type1,type2@1", "type0,type1,type2@2"]
+    assert told.plans[1][:5] == ["type0,type2@1", "type0,type2@2", "type0@1", "type0@2", "@whole"]  # type2's first
     assert not any("type1" in k for k in told.plans[1])
+
+
+def test_the_cpu_checks_inductor_runs_before_its_first_c_kernel_run_side_by_side(monkeypatch):
+    """compat.check_cpu_isas, which the helper runs while it loads the model: each instruction set this CPU has is
+    checked once, all at the same time (Inductor checks them one after another, 36 s of Gemma-2's first compile on
+    an H100 host), and Inductor's own list is made from those answers; one the CPU lacks is not checked."""
+    from torch._inductor import cpu_vec_isa
+
+    from autokernel import compat
+
+    asked, listed = [], []
+
+    class Isa:
+        def __init__(self, name):
+            self.name = name
+
+        def __str__(self):
+            return self.name
+
+        def __bool__(self):
+            asked.append(self.name)
+            time.sleep(0.5)
+            return True
+    monkeypatch.setattr(cpu_vec_isa, "supported_vec_isa_list", [Isa("amx_tile"), Isa("avx512"), Isa("avx2"),
+                                                                 Isa("avx2 fma"), Isa("neon")])
+    monkeypatch.setattr(cpu_vec_isa, "x86_isa_checker", lambda: ["avx2", "avx512", "amx_tile", "fma"])
+    monkeypatch.setattr(cpu_vec_isa, "valid_vec_isa_list", lambda: listed.append(sorted(asked)))
+    monkeypatch.setattr(compat.platform, "machine", lambda: "x86_64")
+    began = time.monotonic()
+    compat.check_cpu_isas().join()
+    assert time.monotonic() - began < 1.5  # four checks of 0.5 s each
+    assert sorted(asked) == ["amx_tile", "avx2", "avx2 fma", "avx512"]
+    assert listed == [sorted(asked)]  # after every check
 
 
 def test_no_helper_where_a_second_copy_of_the_weights_would_crowd_the_gpu(monkeypatch, capsys):

@@ -2,6 +2,7 @@
 mode within its noise never overrules a mode where the difference is clear; a close call gets more turns; each model
 is compiled once for its rows."""
 
+import contextlib
 import math
 import random
 import re
@@ -843,14 +844,26 @@ def test_a_clear_eager_loss_on_a_device_bound_forward_settles_the_compiled_side(
             return None
         return {m: Deployed(fn, m) for m in self.modes}
 
-    asked = []
+    class Helper:  # the helper compiling ahead: stopped while the share is read
+        holding = False
+
+        def plan(self, jobs):
+            pass
+
+        @contextlib.contextmanager
+        def held(self):
+            self.holding = True
+            yield
+            self.holding = False
+
+    asked, helper = [], Helper()
     monkeypatch.setattr(endtoend.Trials, "deployed", deployed)
-    monkeypatch.setattr(endtoend, "device_share", lambda fn, args, device: asked.append(fn) or share)
+    monkeypatch.setattr(endtoend, "device_share", lambda fn, args, device: asked.append((fn, helper.holding)) or share)
     decisions, lines = {}, []
     _, dropped, dropped_traced = pruning.prune_deployed(
         Made([], cost), Made(["rmsnorm", "matmul"], cost), lambda seed: (), "cuda",
-        ["eager", "graph", "compile", "compile_graph"], lines.append, decisions)
-    assert len(asked) == 1 and asked[0].types == []  # the original's eager forward, once
+        ["eager", "graph", "compile", "compile_graph"], lines.append, decisions, ahead=helper)
+    assert len(asked) == 1 and asked[0][0].types == [] and asked[0][1]  # the original's eager forward, once, held
     assert set(dropped) == set(dropped_traced) == {"matmul"}
     settled = decisions["compile_graph"]["matmul"] == {"eager": decisions["eager,graph"]["matmul"]["eager"]}
     assert settled == untried

@@ -12,6 +12,8 @@ import: the harness calls `prepare_interpreter()` in its child process when it r
 from __future__ import annotations
 
 import os
+import platform
+import threading
 
 from autokernel.compat.checkout import ROOT, load_root_module
 from autokernel.compat.fastlaunch import FastLaunch
@@ -36,12 +38,12 @@ from autokernel.compat.launch import (
 from autokernel.compat.tracing import memoize_kernel_analysis
 
 __all__ = ["DESCRIPTOR_EXPANSION_TRITON", "DIRECT_LAUNCH_TRITON", "FAST_LAUNCH_TRITON", "ROOT", "FastLaunch",
-           "compile_for", "count_launches", "descriptor_expansion", "fast_launch_enabled", "has_triton_op",
-           "interpreting", "is_host_descriptor", "is_jit_kernel", "is_jit_or_interpreted", "is_triton_kernel",
-           "launch_arguments", "launch_hooks_probe", "launcher", "load_root_module", "memoize_kernel_analysis",
-           "native_compile_enabled", "prepare_interpreter", "provenance_options", "raw_launcher",
-           "recompile_limit_option", "replay_enabled", "scratch_allocator", "set_scratch_allocator", "stream_of",
-           "triton_version", "wrap_triton_enabled"]
+           "check_cpu_isas", "compile_for", "count_launches", "descriptor_expansion", "fast_launch_enabled",
+           "has_triton_op", "interpreting", "is_host_descriptor", "is_jit_kernel", "is_jit_or_interpreted",
+           "is_triton_kernel", "launch_arguments", "launch_hooks_probe", "launcher", "load_root_module",
+           "memoize_kernel_analysis", "native_compile_enabled", "prepare_interpreter", "provenance_options",
+           "raw_launcher", "recompile_limit_option", "replay_enabled", "scratch_allocator", "set_scratch_allocator",
+           "stream_of", "triton_version", "wrap_triton_enabled"]
 
 
 def interpreting() -> bool:
@@ -126,3 +128,34 @@ def fast_launch_enabled() -> bool:
     low, high = FAST_LAUNCH_TRITON
     return (os.environ.get("AUTOKERNEL_FAST_LAUNCH", "1") != "0" and not interpreting()
             and low <= triton_version() <= high)
+
+
+def check_cpu_isas() -> threading.Thread | None:
+    """Start Inductor's checks of the vector instruction sets its C++ kernels may use, side by side, and return
+    (the thread that runs them, or None where this torch has no such checks). Each check builds and loads a probe
+    with the C++ compiler (once: the build stays in Inductor's cache dir) and loads it in a child process (in each
+    process), and Inductor runs them one after another when a process first makes or loads a C++ kernel (a forward
+    that computes something on the CPU: HF's Gemma-2 2B, 36 s of its first cold compile on an H100 host). The modules
+    they need are imported here, before any thread starts: an import racing another thread's (the model's load) is
+    not left to chance."""
+    try:
+        import torch.utils._filelock  # noqa: F401
+        from torch._inductor import codecache, cpp_builder, cpu_vec_isa  # noqa: F401
+
+        candidates = list(cpu_vec_isa.supported_vec_isa_list)
+        flags = cpu_vec_isa.x86_isa_checker() if platform.machine() in ("x86_64", "AMD64") else None
+    except (ImportError, AttributeError):
+        return None
+    # where the flags are unknown, Inductor's own list checks each in turn
+    checks = [threading.Thread(target=bool, args=(isa,), daemon=True) for isa in candidates
+              if flags is not None and all(flag in flags for flag in str(isa).split())]
+
+    def run() -> None:
+        for check in checks:
+            check.start()
+        for check in checks:
+            check.join()
+        cpu_vec_isa.valid_vec_isa_list()
+    thread = threading.Thread(target=run, daemon=True, name="isa-checks")
+    thread.start()
+    return thread

@@ -159,23 +159,26 @@ def latency_turns(fns: dict[str, Callable], sets: list, device: str,
     return timing.time_turns(fns, sets, device, turns, latency=True)
 
 
-def device_share(fn: Callable, args: tuple, device: str) -> float | None:
+def device_share(fn: Callable, args: tuple, device: str, calls: int = 5) -> float | None:
     """The part of one call's wall time the GPU spends working (torch.profiler's device events in one call, over
-    the wall clock of another call the profiler does not slow): near 1 for a forward the GPU bounds, where an eager
-    timing is GPU time. None off a GPU."""
+    the median wall clock of `calls` others the profiler does not slow): near 1 for a forward the GPU bounds, where
+    an eager timing is GPU time. None off a GPU."""
     if device != "cuda":
         return None
     from torch.profiler import ProfilerActivity, profile
 
     from autokernel.profile.profiling import device_time_us
 
+    walls = []
     with torch.no_grad():
         fn(*args)  # warm: the first call may load kernels
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn(*args)
-        torch.cuda.synchronize()
-        wall_us = (time.perf_counter() - start) * 1e6
+        for _ in range(calls):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            fn(*args)
+            torch.cuda.synchronize()
+            walls.append((time.perf_counter() - start) * 1e6)
+        wall_us = statistics.median(walls)
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             fn(*args)
             torch.cuda.synchronize()

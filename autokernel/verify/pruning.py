@@ -60,15 +60,15 @@ def prune_deployed(model, optimized: swap.Optimized, inputs: Callable, device: s
 
 def _plan_compiled_side(ahead: compiling_ahead.Ahead, model, optimized: swap.Optimized, shallow_trials: bool,
                         types: list[str], decided: dict | None = None):
-    """Tell the helper what the compiled side's prune will compile first, as far as it is known before it begins:
-    the original whole, the one model sure to be compiled whatever the eager side leaves out (Gemma-2's helper spent
-    its first half-minute on copies with matmul, which the eager side then left out untried); then its trials of
-    every type but those the eager side left out so far (most often left out untried: _settled_losses), in the
-    order the eager side's verdicts so far (decided) give them (_trial_order)."""
+    """Tell the helper what the compiled side's prune will compile first, as far as it is known before it begins
+    (ahead.jobs): the kept set and its trials, of every type but those the eager side left out so far (most often
+    left out untried: _settled_losses), in the order the eager side's verdicts so far (decided) give them
+    (_trial_order). A copy with a type the eager side leaves out later is compiled in vain, but most of a process's
+    first compile is what every later one reads from the cache (Inductor's own kernels, its C++ checks)."""
     blocks = regional.repeated_blocks(model) if shallow_trials else None
     depths, deeper = (regional.DEPTHS, regional.deepest(len(blocks[1]))) if blocks else ((None,), None)
     order = _trial_order(optimized, types, _costs(decided or {}))
-    ahead.plan(compiling_ahead.jobs(types, [[t] for t in order], depths, deeper, whole_first=True))
+    ahead.plan(compiling_ahead.jobs(types, [[t] for t in order], depths, deeper))
 
 
 def _prune_sides(model, optimized, inputs, device, modes, clock, decisions, reuse, shallow_trials, ahead, memory):
@@ -85,8 +85,7 @@ def _prune_sides(model, optimized, inputs, device, modes, clock, decisions, reus
     _, dropped = prune(model, optimized, inputs, device, eager, clock, decisions.setdefault(",".join(eager), {}),
                        after_trial=replan, memory=memory)
     side = deciding_modes(compiled)
-    bound = functools.cache(lambda: (endtoend.device_share(model, inputs(endtoend.TIMING_SEED), device) or 0.0)
-                            >= DEVICE_BOUND)
+    bound = functools.cache(lambda: _device_share(model, inputs, device, ahead) >= DEVICE_BOUND)
     settled = _settled_losses(decisions[",".join(eager)], dropped, bound) if side == ["compile_graph"] else {}
     _, dropped_traced = prune(model, optimized, inputs, device, side, clock, decisions.setdefault(",".join(side), {}),
                               reuse, shallow_trials, prior=_costs(decisions[",".join(eager)]), settled=settled,
@@ -94,6 +93,14 @@ def _prune_sides(model, optimized, inputs, device, modes, clock, decisions, reus
     both = swap.build(model, [t for t in types if t not in dropped],
                       traced=[t for t in types if t not in dropped_traced])
     return both, dropped, dropped_traced
+
+
+def _device_share(model, inputs: Callable, device: str, ahead: compiling_ahead.Ahead | None) -> float:
+    """endtoend.device_share of the original's eager forward, with the helper compiling ahead stopped: its compiles
+    take the host's cores (Gemma-2 2B's at 1x8192, read while the helper compiled, settled matmul's trial in three
+    runs and not in a fourth)."""
+    with ahead.held() if ahead is not None else contextlib.nullcontext():
+        return endtoend.device_share(model, inputs(endtoend.TIMING_SEED), device) or 0.0
 
 
 def _costs(decided: dict) -> dict[str, float]:

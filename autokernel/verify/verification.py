@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from autokernel import cli
+from autokernel import cli, compat
 from autokernel.compat import ROOT
 from autokernel.verify import noise
 
@@ -110,6 +110,8 @@ def verify(request: Request) -> dict:
     dtype, shape = parse_dtype(request.dtype), parse_shape(request.input_shape)
     step = Steps()
     step("loading the model and placing the kernels")
+    if request.compile and device == "cuda":
+        compat.check_cpu_isas()  # while the model loads: else in the prune's first compile, one after another
     model, optimized, inputs = loaded(request, device)  # optimize()'s choices: the prune below decides afresh
     with torch.no_grad(), _compiling_ahead(request, model, device, mode) as ahead:
         choices = optimized.choices
@@ -146,6 +148,7 @@ def verify(request: Request) -> dict:
         "regions": regions,  # region kernels under torch.compile (regionverify.py), None without any or --compile
         "compile_backend": endtoend.backend_for(device), "torch": torch.__version__, "triton": _triton_version(),
         "command": request.command, "steps_s": step.seconds,
+        "compiling_ahead": ahead.timeline if ahead is not None else None,  # the helper's jobs and the prune's waits
     }
 
 
