@@ -143,15 +143,26 @@ def told_prune(monkeypatch, ms, blocks: int = 6, spread=None) -> tuple:
     return kept, dropped, told
 
 
+def test_the_plan_puts_first_what_the_prune_compiles_first():
+    """ahead.jobs: the kept set's copies (the deeper one too, while the trials may be cut deeper), the first trial's,
+    the original whole, the other trials', the kept set whole before the last trial's set whole (most trials keep
+    their type), the trials' deeper copies last."""
+    ab, a, b = ["a", "b"], ["a"], ["b"]
+    assert ahead.jobs(ab, [a, b], (1, 2), 8) == [(ab, 1), (ab, 2), (ab, 8), (b, 1), (b, 2), ([], None), (a, 1),
+                                                 (a, 2), (ab, None), (b, 8), (a, 8)]
+    assert ahead.jobs(ab, [b], (1, 2)) == [(ab, 1), (ab, 2), (a, 1), (a, 2), ([], None), (ab, None), (a, None)]
+
+
 def in_the_order_told(told: Told) -> None:
     """Each model the prune compiled was in the plan last sent before, the first there it had not compiled yet but
-    the original whole (planned after the first trial's copies, as it is the same whatever leaves; compiled by the last
-    check)."""
+    the whole models (the last check's: the original, planned after the first trial's copies as it is the same
+    whatever leaves, and the kept set, planned before the last trial's set whole as most trials keep their type)."""
     assert told.compiled and all(n > 0 for _, n in told.compiled)
     done = set()
     for key, sent in told.compiled:
         plan = told.plans[sent - 1]
-        assert [k for k in plan if k not in done and (k != "@whole" or k == key)][0] == key, (key, plan, done)
+        assert [k for k in plan if k not in done and (not k.endswith("@whole") or k == key)][0] == key, \
+            (key, plan, done)
         done.add(key)
 
 
