@@ -16,7 +16,7 @@ from helpers import SharedForward
 from autokernel.harness import timing
 from autokernel.ops import swap
 from autokernel.ops.customops import CallSites
-from autokernel.verify import endtoend, noise, pruning, regional
+from autokernel.verify import endtoend, noise, pruning, recall, regional
 
 BASE_MS = 10.0
 
@@ -829,12 +829,10 @@ def test_a_clear_loss_in_graph_mode_leaves_the_compiled_side_without_a_trial(mon
     assert any("(compile_graph): matmul left out without a trial: " in line for line in lines)
 
 
-@pytest.mark.parametrize("share, untried", [(0.95, True), (0.5, False)])
-def test_a_clear_eager_loss_on_a_device_bound_forward_settles_the_compiled_side(monkeypatch, share, untried):
-    """Gemma-2's forward captures in no CUDA graph, so its eager side decides eagerly alone; at 1x8192 its eager
-    forward is GPU time (113 ms eagerly, 107 ms compiled and graphed), and matmul's 0.965x there is a GPU-time
-    loss that torch.compile would repeat: left out untried where the GPU works 90% of the forward's time, tried
-    where the host's launches weigh."""
+def settles_matmul(monkeypatch, shares: list[float], ahead=None, memory=None) -> tuple[bool, list, list]:
+    """A compiled prune of a model whose forward captures in no CUDA graph (Gemma-2's) after an eager side that left
+    matmul out on a clear loss, its forward's device shares `shares`: (whether matmul was left out untried, what the
+    shares were asked of, with whether the helper was held then, the progress lines)."""
     cost = {m: {"rmsnorm": -1.0, "matmul": +1.0} for m in ("eager", "compile", "compile_graph")}
     noisy_host(monkeypatch, 0, jitter=dict.fromkeys(cost, 0.005), cost=cost)
 
@@ -844,35 +842,62 @@ def test_a_clear_eager_loss_on_a_device_bound_forward_settles_the_compiled_side(
             return None
         return {m: Deployed(fn, m) for m in self.modes}
 
-    class Helper:  # the helper compiling ahead: stopped while the share is read
-        holding = False
-
-        def plan(self, jobs):
-            pass
-
-        @contextlib.contextmanager
-        def held(self):
-            self.holding = True
-            yield
-            self.holding = False
-
-    asked, helper = [], Helper()
+    asked = []
     monkeypatch.setattr(endtoend.Trials, "deployed", deployed)
-    monkeypatch.setattr(endtoend, "device_share", lambda fn, args, device: asked.append((fn, helper.holding)) or share)
+    monkeypatch.setattr(endtoend, "device_shares",
+                        lambda fn, args, device: asked.append((fn, ahead is not None and ahead.holding)) or shares)
     decisions, lines = {}, []
     _, dropped, dropped_traced = pruning.prune_deployed(
         Made([], cost), Made(["rmsnorm", "matmul"], cost), lambda seed: (), "cuda",
-        ["eager", "graph", "compile", "compile_graph"], lines.append, decisions, ahead=helper)
-    assert len(asked) == 1 and asked[0][0].types == [] and asked[0][1]  # the original's eager forward, once, held
+        ["eager", "graph", "compile", "compile_graph"], lines.append, decisions, ahead=ahead, memory=memory)
     assert set(dropped) == set(dropped_traced) == {"matmul"}
-    settled = decisions["compile_graph"]["matmul"] == {"eager": decisions["eager,graph"]["matmul"]["eager"]}
-    assert settled == untried
+    untried = decisions["compile_graph"]["matmul"] == {"eager": decisions["eager,graph"]["matmul"]["eager"]}
     assert any("(compile_graph): matmul left out without a trial: the model is faster without it in eager mode"
                in line for line in lines) == untried
+    return untried, asked, lines
+
+
+class Helper:
+    """The helper compiling ahead, as the prune sees it: held() stops it."""
+    holding = False
+
+    def plan(self, jobs):
+        pass
+
+    @contextlib.contextmanager
+    def held(self):
+        self.holding = True
+        yield
+        self.holding = False
+
+
+@pytest.mark.parametrize("share, untried", [(0.95, True), (0.5, False)])
+def test_a_clear_eager_loss_on_a_device_bound_forward_settles_the_compiled_side(monkeypatch, share, untried):
+    """Gemma-2's forward captures in no CUDA graph, so its eager side decides eagerly alone; at 1x8192 its eager
+    forward is GPU time (113 ms eagerly, 107 ms compiled and graphed), and matmul's 0.965x there is a GPU-time
+    loss that torch.compile would repeat: left out untried where the GPU works 90% of the forward's time, tried
+    where the host's launches weigh. The share is read once, of the original, with the helper stopped."""
+    settled, asked, _ = settles_matmul(monkeypatch, [share] * 5, ahead=Helper())
+    assert settled == untried
+    assert len(asked) == 1 and asked[0][0].types == [] and asked[0][1]  # the original's eager forward, held
+
+
+def test_a_device_share_on_the_line_gives_the_answer_of_the_run_it_reads_like(monkeypatch, tmp_path):
+    """The share sits on DEVICE_BOUND: a run whose five shares overlap an earlier run's settles matmul as that run
+    did, whichever side of the line its own median falls on (recall.Recall.side_of); without stored answers it
+    follows its median."""
+    def remembering():
+        return recall.Recall({"model": "gemma"}, {"matmul": "m", "rmsnorm": "r"}, root=tmp_path)
+    above, under = [0.89, 0.90, 0.91, 0.92, 0.93], [0.87, 0.88, 0.89, 0.895, 0.91]
+    assert not settles_matmul(monkeypatch, under)[0] and settles_matmul(monkeypatch, above)[0]
+    memory = remembering()
+    assert settles_matmul(monkeypatch, above, memory=memory)[0]
+    memory.save()
+    assert settles_matmul(monkeypatch, under, memory=remembering())[0]  # held: under's median is below the line
 
 
 @pytest.mark.gpu
-def test_the_device_share_tells_a_gpu_bound_call_from_a_launch_bound_one():
+def test_the_device_shares_tell_a_gpu_bound_call_from_a_launch_bound_one():
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU (run on the GPU machine)")
     big = torch.randn(8192, 8192, device="cuda", dtype=torch.float16)
@@ -883,6 +908,6 @@ def test_the_device_share_tells_a_gpu_bound_call_from_a_launch_bound_one():
             x = x * 1.0001
         return x
 
-    assert endtoend.device_share(lambda a: a @ a @ a, (big,), "cuda") > pruning.DEVICE_BOUND
-    assert endtoend.device_share(launches, (small,), "cuda") < 0.5
-    assert endtoend.device_share(launches, (small.cpu(),), "cpu") is None
+    assert min(endtoend.device_shares(lambda a: a @ a @ a, (big,), "cuda")) > pruning.DEVICE_BOUND
+    assert max(endtoend.device_shares(launches, (small,), "cuda")) < 0.5
+    assert endtoend.device_shares(launches, (small.cpu(),), "cpu") is None

@@ -134,3 +134,20 @@ def _refuse_large(read_bytes):
         assert path.stat().st_size <= recall.LARGE, f"read {path}"
         return read_bytes(path)
     return read
+
+
+def test_a_figure_on_a_line_gives_the_answer_of_the_run_whose_readings_it_overlaps(tmp_path):
+    """Recall.side_of (the prune's device share against pruning.DEVICE_BOUND): a run whose readings overlap the
+    stored ones takes their answer, whichever side its own median falls on, and keeps them as the anchor; readings
+    clear of them decide afresh; --fresh holds nothing."""
+    def answer(readings, root=tmp_path, fresh=False):
+        memory = recall.Recall(IDENTITY, KERNELS, fresh=fresh, root=root)
+        above = memory.side_of("device-bound", readings, 0.9)
+        memory.save()
+        return above
+    assert answer([0.90, 0.91, 0.92])
+    assert answer([0.88, 0.89, 0.905])  # median under the line, held
+    assert answer([0.87, 0.89, 0.90])  # still overlaps the anchor (0.90-0.92), not the last run's readings
+    assert not answer([0.86, 0.87, 0.88])  # clear of the anchor: afresh
+    assert answer([0.90, 0.91, 0.92], root=tmp_path / "other")
+    assert not answer([0.88, 0.89, 0.905], root=tmp_path / "other", fresh=True)

@@ -159,10 +159,10 @@ def latency_turns(fns: dict[str, Callable], sets: list, device: str,
     return timing.time_turns(fns, sets, device, turns, latency=True)
 
 
-def device_share(fn: Callable, args: tuple, device: str, calls: int = 5) -> float | None:
-    """The part of one call's wall time the GPU spends working (torch.profiler's device events in one call, over
-    the median wall clock of `calls` others the profiler does not slow): near 1 for a forward the GPU bounds, where
-    an eager timing is GPU time. None off a GPU."""
+def device_shares(fn: Callable, args: tuple, device: str, calls: int = 5) -> list[float] | None:
+    """The part of a call's wall time the GPU spends working, once per call: torch.profiler's device events in one
+    call over the wall clock of each of `calls` others, which the profiler does not slow. Near 1 for a forward the
+    GPU bounds, where an eager timing is GPU time. None off a GPU."""
     if device != "cuda":
         return None
     from torch.profiler import ProfilerActivity, profile
@@ -178,11 +178,11 @@ def device_share(fn: Callable, args: tuple, device: str, calls: int = 5) -> floa
             fn(*args)
             torch.cuda.synchronize()
             walls.append((time.perf_counter() - start) * 1e6)
-        wall_us = statistics.median(walls)
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             fn(*args)
             torch.cuda.synchronize()
-    return min(1.0, device_time_us(prof.events()) / wall_us)
+    busy = device_time_us(prof.events())
+    return [min(1.0, busy / wall) for wall in walls]
 
 
 def wrong_output(fn: Callable, model, args: tuple) -> str | None:

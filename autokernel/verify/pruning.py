@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -85,7 +86,7 @@ def _prune_sides(model, optimized, inputs, device, modes, clock, decisions, reus
     _, dropped = prune(model, optimized, inputs, device, eager, clock, decisions.setdefault(",".join(eager), {}),
                        after_trial=replan, memory=memory)
     side = deciding_modes(compiled)
-    bound = functools.cache(lambda: _device_share(model, inputs, device, ahead) >= DEVICE_BOUND)
+    bound = functools.cache(lambda: _device_bound(model, inputs, device, ahead, memory))
     settled = _settled_losses(decisions[",".join(eager)], dropped, bound) if side == ["compile_graph"] else {}
     _, dropped_traced = prune(model, optimized, inputs, device, side, clock, decisions.setdefault(",".join(side), {}),
                               reuse, shallow_trials, prior=_costs(decisions[",".join(eager)]), settled=settled,
@@ -95,12 +96,17 @@ def _prune_sides(model, optimized, inputs, device, modes, clock, decisions, reus
     return both, dropped, dropped_traced
 
 
-def _device_share(model, inputs: Callable, device: str, ahead: compiling_ahead.Ahead | None) -> float:
-    """endtoend.device_share of the original's eager forward, with the helper compiling ahead stopped: its compiles
-    take the host's cores (Gemma-2 2B's at 1x8192, read while the helper compiled, settled matmul's trial in three
-    runs and not in a fourth)."""
+def _device_bound(model, inputs: Callable, device: str, ahead: compiling_ahead.Ahead | None,
+                  memory: recall.Recall | None) -> bool:
+    """Whether the original's eager forward is device-bound: endtoend.device_shares over five forwards, their median
+    DEVICE_BOUND or more, held to an earlier run's answer where its shares and these overlap (recall.Recall.side_of).
+    Read with the helper compiling ahead stopped: its compiles take the host's cores (Gemma-2 2B's at 1x8192, read
+    while the helper compiled, settled matmul's trial in three runs and not in a fourth)."""
     with ahead.held() if ahead is not None else contextlib.nullcontext():
-        return endtoend.device_share(model, inputs(endtoend.TIMING_SEED), device) or 0.0
+        shares = endtoend.device_shares(model, inputs(endtoend.TIMING_SEED), device) or [0.0]
+    if memory is None:
+        return statistics.median(shares) >= DEVICE_BOUND
+    return memory.side_of("device-bound", shares, DEVICE_BOUND)
 
 
 def _costs(decided: dict) -> dict[str, float]:

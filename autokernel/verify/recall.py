@@ -9,7 +9,8 @@ is remembering: the readings of two runs that agree within noise.between_runs ar
 second run takes the first one's verdict (the report says "held from an earlier run" with both figures). Only a
 reading that moved further than that (another kernel file, another machine, a real change) is decided afresh, and
 stored for the next run. A verdict that held keeps the reading that decided it as the one later runs are held to, so
-readings cannot walk across the line a few tenths at a time.
+readings cannot walk across the line a few tenths at a time. The one other line a prune draws on a reading, whether
+the eager forward is device-bound (pruning.DEVICE_BOUND), is held alike (side_of).
 
 The verdicts are kept per model, input, deploy modes, GPU and versions of torch and Triton in one JSON file each under
 ~/.cache/autokernel/verdicts ($AUTOKERNEL_CACHE moves it), each trial under the types it left out and the kernels it
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -80,6 +82,20 @@ class Recall:
                 held[mode], stored[mode] = verdict, verdict.to_dict()
         self.now[key] = {"kernels": kernels, "verdicts": stored}
         return held
+
+    def side_of(self, name: str, readings: list[float], line: float) -> bool:
+        """Whether the median of `readings` (one figure read a few times) is at `line` or above it, held to an
+        earlier run's answer where the two runs' readings overlap (their ranges); the answer and the readings it
+        rests on are stored for the next run, where it held the earlier ones. A figure that sits on a line
+        (Gemma-2 2B's device share at 1x8192, against pruning.DEVICE_BOUND) gives one answer run after run."""
+        low, high = min(readings), max(readings)
+        before = self.earlier.get(name)
+        if before and before.get("low", math.inf) <= high and low <= before.get("high", -math.inf):
+            self.now[name] = before
+            return bool(before["above"])
+        median = sorted(readings)[len(readings) // 2]
+        self.now[name] = {"median": median, "low": low, "high": high, "above": median >= line}
+        return median >= line
 
     def save(self) -> str | None:
         """Write the earlier runs' verdicts with this run's over them; whole or not at all (a file written beside
