@@ -144,11 +144,11 @@ def told_prune(monkeypatch, ms, blocks: int = 6, spread=None) -> tuple:
 
 
 def test_the_plan_puts_first_what_the_prune_compiles_first():
-    """ahead.jobs: the kept set's copies (the deeper one too, while the trials may be cut deeper), the first trial's,
-    the original whole, the other trials', the kept set whole before the last trial's set whole (most trials keep
-    their type), the trials' deeper copies last."""
+    """ahead.jobs: the kept set's copies, the first trial's, the kept set's deeper copy (while the trials may be cut
+    deeper), the original whole, the other trials', the kept set whole before the last trial's set whole (most
+    trials keep their type), the trials' deeper copies last."""
     ab, a, b = ["a", "b"], ["a"], ["b"]
-    assert ahead.jobs(ab, [a, b], (1, 2), 8) == [(ab, 1), (ab, 2), (ab, 8), (b, 1), (b, 2), ([], None), (a, 1),
+    assert ahead.jobs(ab, [a, b], (1, 2), 8) == [(ab, 1), (ab, 2), (b, 1), (b, 2), (ab, 8), ([], None), (a, 1),
                                                  (a, 2), (ab, None), (b, 8), (a, 8)]
     assert ahead.jobs(ab, [b], (1, 2)) == [(ab, 1), (ab, 2), (a, 1), (a, 2), ([], None), (ab, None), (a, None)]
 
@@ -182,15 +182,16 @@ def test_the_prune_tells_the_helper_each_model_before_it_compiles_it(monkeypatch
 
 def test_copies_cut_deeper_were_planned_before_the_first_trial_compiles_them(monkeypatch):
     """Gemma-2's case (tests/test_prune_noise.py's fake): the copies read too wide at one and two blocks, and every
-    trial is cut to one and eight. The kept set's eight-block copy was planned right after its shallow ones, before
-    the prune knew it would cut deeper; once it knows, no plan holds a copy of two blocks of a trial's set."""
+    trial is cut to one and eight. The kept set's eight-block copy was planned right after its shallow ones and the
+    first trial's, before the prune knew it would cut deeper; once it knows, no plan holds a copy of two blocks of a
+    trial's set."""
     def ms(types, blocks):
         return 10.0 + blocks * (1.0 + 0.05 * ("type1" in types))
     kept, dropped, told = told_prune(monkeypatch, ms, blocks=16, spread=lambda blocks: 0.3 / (10 + blocks))
     assert list(dropped) == ["type1"]
     first = told.plans[0]
-    assert first[:3] == ["type0,type1,type2@1", "type0,type1,type2@2", "type0,type1,type2@8"]
-    assert first.index("@whole") == 5  # after the first trial's copies: the prune needs them first
+    assert first[:2] == ["type0,type1,type2@1", "type0,type1,type2@2"]
+    assert first[4:6] == ["type0,type1,type2@8", "@whole"]
     in_the_order_told(told)
     deep = [n for key, n in told.compiled if key == "type0,type1,type2@8"][0]
     assert not [k for plan in told.plans[deep - 1:] for k in plan if k.endswith("@2")]

@@ -146,17 +146,18 @@ class Ahead:
 
 def jobs(keep: list[str], upcoming: list[list[str]], depths, deeper: int | None = None) -> list[tuple]:
     """The models a compiled prune compiles from here, as (kernel types, depth or None: whole), those it surely
-    compiles first: the kept set cut to each of depths (None: whole) and, where the trials may still be cut deeper,
-    to `deeper` blocks (the first trial's next compile if the copies read too wide); the first upcoming trial's set
-    (keep without the types it leaves out) at each of depths; the original whole (the last check's, the same
-    whatever leaves, after the copies: the first cut copy a process compiles pays for what every later one reads
-    from Inductor's cache, Gemma-2 2B's at 1x8192 71 s against 7, and the prune needs the copies first); the other
-    trials' sets at each of depths; the kept set whole (the last check's where the last trial keeps its type, as
-    most do) and, in the last trial, the kept set without its type, whole; the trials' deeper copies."""
+    compiles first: the kept set cut to each of depths (None: whole); the first upcoming trial's set (keep without
+    the types it leaves out) at each of depths; where the trials may still be cut deeper, the kept set cut to
+    `deeper` blocks (the first trial's next compile if the copies read too wide, as Gemma-2 2B's at 1x8192 do and
+    TinyLlama's do not); the original whole (the last check's, the same whatever leaves, after the copies: the first
+    cut copy a process compiles pays for what every later one reads from Inductor's cache, Gemma-2 2B's at 1x8192
+    71 s against 7, and the prune needs the copies first); the other trials' sets at each of depths; the kept set
+    whole (the last check's where the last trial keeps its type, as most do) and, in the last trial, the kept set
+    without its type, whole; the trials' deeper copies."""
     trial_sets = [[t for t in keep if t not in out] for out in upcoming]
     tried = [(s, d) for s in trial_sets for d in depths]
     found: dict[str, tuple] = {}
-    for job in ([(keep, d) for d in depths] + [(keep, deeper)] * bool(deeper) + tried[:len(depths)] + [([], None)]
+    for job in ([(keep, d) for d in depths] + tried[:len(depths)] + [(keep, deeper)] * bool(deeper) + [([], None)]
                 + tried[len(depths):] + [(keep, None)] + [(s, None) for s in trial_sets if len(upcoming) == 1]
                 + [(s, deeper) for s in trial_sets if deeper]):
         found.setdefault(job_key(*job), (list(job[0]), job[1]))
