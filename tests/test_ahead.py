@@ -41,9 +41,17 @@ def test_the_helper_compiles_what_it_is_told_and_says_what_it_could_not(tmp_path
         assert "no_such_type" in helper.failures["no_such_type@whole"]
         helper.plan([(["rmsnorm"], 1), (["rmsnorm"], 2)])  # what is compiled stays compiled: only the new one
         assert settled(helper, ["rmsnorm@2"]) == {"rmsnorm@2": "done"}
+        helper.wait(["rmsnorm"], 1)
+        helper.wait(["rmsnorm"], 3)
     finally:
         helper.close()
     assert helper.proc.returncode == 0 and list(helper.state) == [*keys, "rmsnorm@2"]
+    # the report's compiling_ahead: each job's start and end, and what the prune found when it compiled
+    events = [line.split(" s ", 1)[1] for line in helper.timeline]
+    assert events[:2] == ["start rmsnorm@1", "done rmsnorm@1"] and "failed no_such_type@whole" in events
+    assert events[-2:] == ["prune-compiles rmsnorm@1 (done)", "prune-compiles rmsnorm@3 (not begun by the helper)"]
+    seconds = [float(line.split(" s ", 1)[0]) for line in helper.timeline]
+    assert seconds == sorted(seconds)
 
 
 @pytest.mark.slow(25)
