@@ -78,14 +78,16 @@ class Ahead:
         self.taken.add(key)
         with self.changed:
             found = self.state.get(key)
+            how = found or "not begun by the helper"
             if found is None:
                 self.plan((job["types"], job["depth"]) for job in self.jobs)
             elif found == "start":
                 began = time.monotonic()
                 self.changed.wait_for(lambda: self._gone or self.state.get(key) != "start", WAIT_S)
-                self.waited += time.monotonic() - began
-            self._event(f"prune-compiles {key} ({'not begun by the helper' if found is None else found}"
-                        f"{f', waited {time.monotonic() - began:.1f} s' if found == 'start' else ''})")
+                waited = time.monotonic() - began
+                self.waited += waited
+                how += f", waited {waited:.1f} s"
+            self._event(f"prune-compiles {key} ({how})")
 
     @contextlib.contextmanager
     def held(self):

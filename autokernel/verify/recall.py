@@ -24,6 +24,7 @@ import hashlib
 import json
 import math
 import os
+import statistics
 from dataclasses import replace
 from pathlib import Path
 
@@ -93,7 +94,7 @@ class Recall:
         if before and before.get("low", math.inf) <= high and low <= before.get("high", -math.inf):
             self.now[name] = before
             return bool(before["above"])
-        median = sorted(readings)[len(readings) // 2]
+        median = statistics.median(readings)
         self.now[name] = {"median": median, "low": low, "high": high, "above": median >= line}
         return median >= line
 
