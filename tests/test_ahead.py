@@ -4,6 +4,8 @@ before it compiles it."""
 
 import contextlib
 import random
+import signal
+import subprocess
 import time
 
 import pytest
@@ -45,7 +47,7 @@ def test_the_helper_compiles_what_it_is_told_and_says_what_it_could_not(tmp_path
         helper.wait(["rmsnorm"], 3)
     finally:
         helper.close()
-    assert helper.proc.returncode == 0 and list(helper.state) == [*keys, "rmsnorm@2"]
+    assert helper.procs[0].returncode == 0 and list(helper.state) == [*keys, "rmsnorm@2"]
     # the report's compiling_ahead: each job's start and end, and what the prune found when it compiled
     events = [line.split(" s ", 1)[1] for line in helper.timeline]
     assert events[:2] == ["start rmsnorm@1", "done rmsnorm@1"] and "failed no_such_type@whole" in events
@@ -63,11 +65,34 @@ def test_a_held_helper_starts_nothing_until_it_is_let_go(tmp_path):
         with helper.held(), helper.held():  # nested: the inner release leaves it stopped
             helper.plan([([], None)])
             with helper.changed:
-                assert not helper.changed.wait_for(lambda: "@whole" in helper.state, timeout=20)
+                assert not helper.changed.wait_for(lambda: helper.state["@whole"] != "start", timeout=20)
         assert settled(helper, ["@whole"]) == {"@whole": "done"}
+        # a compile worker of the helper's (in its process group) that would outlive it
+        worker = subprocess.Popen(["sleep", "60"], process_group=helper.procs[0].pid)
     finally:
         helper.close()
-    assert helper.proc.returncode == 0
+    assert helper.procs[0].returncode == 0
+    assert worker.wait(timeout=5) == -signal.SIGKILL  # close() stopped it with its helper
+
+
+@pytest.mark.slow(30)
+def test_two_helpers_compile_side_by_side_and_one_that_dies_fails_its_model_at_once(tmp_path):
+    """Each helper is handed the plan's first model none has begun; one that exits mid-compile leaves its model
+    failed, so that the prune waiting for it compiles it itself at once, and the other helper goes on with the
+    rest."""
+    helper = ahead.Ahead(tiny_llama(tmp_path, types="rmsnorm"), "aot_eager", helpers=2)
+    try:
+        helper.plan([([], None), (["rmsnorm"], 1), (["rmsnorm"], 2)])
+        helper.procs[0].kill()  # mid-way through loading the model for "@whole"
+        began = time.monotonic()
+        helper.wait([], None)
+        assert time.monotonic() - began < 30 and helper.state["@whole"] == "failed"
+        assert helper.failures["@whole"] == "the helper exited"
+        assert settled(helper, ["rmsnorm@1", "rmsnorm@2"]) == {"rmsnorm@1": "done", "rmsnorm@2": "done"}
+    finally:
+        helper.close()
+    events = [line.split(" s ", 1)[1] for line in helper.timeline]
+    assert events[:2] == ["start @whole", "start rmsnorm@1"]  # both at work before either finished
 
 
 @pytest.mark.slow(60)
@@ -265,7 +290,8 @@ def test_the_cpu_checks_inductor_runs_before_its_first_c_kernel_run_side_by_side
 
 def test_no_helper_where_a_second_copy_of_the_weights_would_crowd_the_gpu(monkeypatch, capsys):
     """--compile-ahead loads the weights again: where they would take more than a quarter of the free GPU memory,
-    verify says so in one line and prunes without the helper."""
+    verify says so in one line and prunes without the helper; two helpers where two copies fit and the host has 8
+    CPUs or more, none on a host of fewer than 4."""
     model = torch.nn.Linear(1024, 1024)  # 4 MiB of weights
     request = verification.Request(class_name="X", compile=True, compile_ahead=True)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (8 * 2**20, 80 * 2**30))  # 8 MiB free
@@ -274,3 +300,20 @@ def test_no_helper_where_a_second_copy_of_the_weights_would_crowd_the_gpu(monkey
     assert "compiling ahead: off, a second copy of the weights (0.0 GiB)" in capsys.readouterr().out
     with verification._compiling_ahead(request, model, "cuda", "eager,graph") as helper:  # no compiled side
         assert helper is None
+    started = []
+
+    class Started:
+        state, failures, waited = {}, {}, 0.0
+
+        def __init__(self, request, backend, helpers):
+            started.append(helpers)
+
+        def close(self):
+            pass
+    monkeypatch.setattr(ahead, "Ahead", Started)
+    for free_mib, cpus in [(20, 16), (64, 16), (64, 6), (64, 2)]:  # room for one copy, for four; 6 CPUs, 2 CPUs
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda free_mib=free_mib: (free_mib * 2**20, 80 * 2**30))
+        monkeypatch.setattr(verification.os, "cpu_count", lambda cpus=cpus: cpus)
+        with verification._compiling_ahead(request, model, "cuda", "eager,compile_graph"):
+            pass
+    assert started == [1, 2, 1] and "compiling ahead: off, 2 CPUs" in capsys.readouterr().out

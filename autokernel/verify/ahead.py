@@ -41,49 +41,57 @@ COMPILE_SHARE = 2  # the helper's Inductor compile workers: this part of the CPU
 
 
 class Ahead:
-    """The helper process, from the prune's side: plan() what comes next, wait() for a model it is compiling."""
+    """The helpers, from the prune's side: plan() what comes next, wait() for a model one of them is compiling. Each
+    helper is handed one model at a time, the plan's first that none has begun, as it finishes the last."""
 
-    def __init__(self, request, backend: str):
-        """request: verify's Request, for the helper to load the model as verify() did (verification.loaded)."""
+    def __init__(self, request, backend: str, helpers: int = 1):
+        """request: verify's Request, for each helper to load the model as verify() did (verification.loaded);
+        helpers: how many processes compile side by side (a cold whole model takes one of them half a minute, while
+        the other goes on with the prune's next copies)."""
         child_env = dict(os.environ)
-        child_env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(max(1, (os.cpu_count() or 2) // COMPILE_SHARE)))
-        # a process group of its own (its compile workers with it), stopped as one by held(); in this session, so
-        # that the kernel hangs up on it, stopped or not, if the prune dies
-        self.proc = subprocess.Popen([sys.executable, "-m", "autokernel.verify.ahead", backend],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                     text=True, cwd=ROOT, env=child_env, process_group=0)
+        workers = max(1, (os.cpu_count() or 2) // (COMPILE_SHARE * helpers))
+        child_env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(workers))
+        # each a process group of its own (its compile workers with it), stopped as one by held(); in this session,
+        # so that the kernel hangs up on it, stopped or not, if the prune dies
+        self.procs = [subprocess.Popen([sys.executable, "-m", "autokernel.verify.ahead", backend],
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                       text=True, cwd=ROOT, env=child_env, process_group=0) for _ in range(helpers)]
         self._holds = 0
         self.state: dict[str, str] = {}  # job's key -> "start", "done" or "failed"
-        self.jobs: list[dict] = []  # the plan last sent
+        self.jobs: list[dict] = []  # the plan last made
         self.taken: set[str] = set()  # the models the prune compiled: never planned again
+        self.busy: list[str | None] = [None] * helpers  # the key each helper compiles now
+        self.gone: set[int] = set()  # the helpers that exited
         self.waited = 0.0  # seconds the prune spent in wait()
         self.failures: dict[str, str] = {}  # job's key -> why the helper failed to compile it
-        self.began, self.timeline = time.monotonic(), []  # "12.3 s done KEY": the helper's jobs and the prune's waits
+        self.began, self.timeline = time.monotonic(), []  # "12.3 s done KEY": the helpers' jobs and the prune's waits
         self.changed = threading.Condition()
-        self._gone = False
-        self._send({k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(request).items()})
-        threading.Thread(target=self._listen, daemon=True, name="ahead-listener").start()
+        message = {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(request).items()}
+        for helper in range(helpers):
+            self._send(helper, message)
+            threading.Thread(target=self._listen, args=(helper,), daemon=True, name=f"ahead-listener-{helper}").start()
 
     def plan(self, jobs: Iterable[tuple[Iterable[str], int | None]]) -> None:
         """The models the prune compiles next, in order: (kernel types, in the order the prune builds them with, and
         the blocks of the cut copy, or None: whole)."""
-        self.jobs = [{"types": list(types), "depth": depth} for types, depth in jobs
-                     if job_key(types, depth) not in self.taken]
-        self._send(self.jobs)
+        with self.changed:
+            self.jobs = [{"types": list(types), "depth": depth} for types, depth in jobs
+                         if job_key(types, depth) not in self.taken]
+            self._hand_out()
 
     def wait(self, types: Iterable[str], depth: int | None) -> None:
-        """Return once the helper is not compiling this model, at most WAIT_S: compiled (the prune's compile reads
-        the cache), failed, or never begun (the prune compiles it, and it leaves the helper's plan)."""
+        """Return once no helper is compiling this model, at most WAIT_S: compiled (the prune's compile reads the
+        cache), failed, or never begun (the prune compiles it, and it leaves the helpers' plan)."""
         key = job_key(types, depth)
-        self.taken.add(key)
         with self.changed:
+            self.taken.add(key)
             found = self.state.get(key)
             how = found or "not begun by the helper"
             if found is None:
                 self.plan((job["types"], job["depth"]) for job in self.jobs)
             elif found == "start":
                 began = time.monotonic()
-                self.changed.wait_for(lambda: self._gone or self.state.get(key) != "start", WAIT_S)
+                self.changed.wait_for(lambda: self.state.get(key) != "start", WAIT_S)
                 waited = time.monotonic() - began
                 self.waited += waited
                 how += f", waited {waited:.1f} s"
@@ -91,7 +99,7 @@ class Ahead:
 
     @contextlib.contextmanager
     def held(self):
-        """The helper and its compile workers stopped (SIGSTOP) for the duration, nested or not: the first run of
+        """The helpers and their compile workers stopped (SIGSTOP) for the duration, nested or not: the first run of
         a graph compiled here autotunes Inductor's kernels by timing them, one launch at a time, and a host busy
         compiling can make a slower config read faster (quiet())."""
         self._holds += 1
@@ -104,46 +112,71 @@ class Ahead:
             if self._holds == 0:
                 self._signal(signal.SIGCONT)
 
+    def close(self) -> None:
+        """Hang up on the helpers, and stop what is left of their process groups (compile workers) within 5 s: a
+        worker that outlived the prune would hold the GPU and Inductor's locks in the next run."""
+        for proc in self.procs:
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
+        deadline = time.monotonic() + 5
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        self._signal(signal.SIGKILL)
+        for proc in self.procs:
+            proc.wait()
+
+    def _hand_out(self) -> None:
+        """Each idle helper its next model: the plan's first that none has begun (self.changed held)."""
+        pending = [job for job in self.jobs if job_key(job["types"], job["depth"]) not in self.state]
+        for helper, key in enumerate(self.busy):
+            if key is None and helper not in self.gone and pending:
+                job = pending.pop(0)
+                key = job_key(job["types"], job["depth"])
+                self.busy[helper], self.state[key] = key, "start"
+                self._event(f"start {key}")
+                self._send(helper, job)
+
     def _signal(self, sig) -> None:
-        try:
-            os.killpg(self.proc.pid, sig)
-        except (ProcessLookupError, PermissionError):  # gone: nothing to stop
-            pass
+        for proc in self.procs:
+            try:
+                os.killpg(proc.pid, sig)
+            except (ProcessLookupError, PermissionError):  # gone: nothing to stop
+                pass
 
     def _event(self, what: str) -> None:
         self.timeline.append(f"{time.monotonic() - self.began:.1f} s {what}")
 
-    def close(self) -> None:
+    def _send(self, helper: int, message) -> None:
         try:
-            self.proc.stdin.close()
-        except OSError:
+            self.procs[helper].stdin.write(json.dumps(message) + "\n")
+            self.procs[helper].stdin.flush()
+        except (OSError, ValueError):  # the helper is gone: its listener ends its job
             pass
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
 
-    def _send(self, message) -> None:
-        try:
-            self.proc.stdin.write(json.dumps(message) + "\n")
-            self.proc.stdin.flush()
-        except (OSError, ValueError):  # the helper is gone: the prune compiles alone
-            self._gone = True
-
-    def _listen(self) -> None:
-        for line in self.proc.stdout:
+    def _listen(self, helper: int) -> None:
+        for line in self.procs[helper].stdout:
             word, _, rest = line.rstrip("\n").partition(" ")
             key, _, why = rest.partition(" ")
             with self.changed:
-                if why:
-                    self.failures[key] = why
-                self.state[key] = word
-                self._event(f"{word} {key}")
-                self.changed.notify_all()
+                self._ended(helper, key, word, why)
         with self.changed:
-            self._gone = True
-            self.changed.notify_all()
+            self.gone.add(helper)
+            if self.busy[helper] is not None:
+                self._ended(helper, self.busy[helper], "failed", "the helper exited")
+
+    def _ended(self, helper: int, key: str, word: str, why: str) -> None:
+        if why:
+            self.failures[key] = why
+        self.state[key] = word
+        self._event(f"{word} {key}")
+        self.busy[helper] = None
+        self._hand_out()
+        self.changed.notify_all()
 
 
 def jobs(keep: list[str], upcoming: list[list[str]], depths, deeper: int | None = None) -> list[tuple]:
@@ -226,40 +259,9 @@ def _warming(backend: str):
     return warm
 
 
-class _Plan:
-    """The helper's queue: the latest plan, less what is compiled already."""
-
-    def __init__(self):
-        self.jobs, self.finished, self.closed = [], set(), False
-        self.changed = threading.Condition()
-
-    def read(self, stream) -> None:
-        for line in stream:
-            jobs = json.loads(line)
-            with self.changed:
-                self.jobs = [(job["types"], job["depth"]) for job in jobs]
-                self.changed.notify_all()
-        with self.changed:
-            self.closed = True
-            self.changed.notify_all()
-
-    def next(self) -> tuple[list[str], int | None] | None:
-        """The first planned job not compiled yet, waiting for a plan with one; None once the prune hangs up."""
-        with self.changed:
-            while True:
-                pending = [job for job in self.jobs if job_key(*job) not in self.finished]
-                if pending or self.closed:
-                    break
-                self.changed.wait()
-            if self.closed:
-                return None
-            self.finished.add(job_key(*pending[0]))
-            return pending[0]
-
-
 def main(argv: list[str]) -> int:
-    """The helper: its first line on stdin a verify Request (as JSON), then plans; on stdout 'start KEY', then
-    'done KEY' or 'failed KEY', per job."""
+    """A helper: its first line on stdin a verify Request (as JSON), then one job per line, each compiled in turn; on
+    stdout 'done KEY' or 'failed KEY WHY' per job."""
     from autokernel.verify import verification
 
     request = verification.Request(**json.loads(sys.stdin.readline()))
@@ -273,22 +275,22 @@ def main(argv: list[str]) -> int:
     say = _answers()
     compat.check_cpu_isas()  # while the model loads and compiles
     model, _, inputs = verification.loaded(request, verification._pick_device(request.device))
-    example, backend, plan = inputs(TIMING_SEED), _warming(argv[0]), _Plan()
-    threading.Thread(target=plan.read, args=(sys.stdin,), daemon=True).start()
-    while (job := plan.next()) is not None:
-        types, depth = job
-        say(f"start {job_key(*job)}")
+    example, backend = inputs(TIMING_SEED), _warming(argv[0])
+    for line in sys.stdin:
+        job = json.loads(line)
+        types, depth = job["types"], job["depth"]
+        key = job_key(types, depth)
         try:
             torch._dynamo.reset()  # one model at a time: no recompile limit to reach
             fn = swap.build(model, types).module() if types else model
             cut = regional.truncated(fn, depth) if depth else fn
             with torch.no_grad():
                 torch.compile(cut, backend=backend)(*example)
-            say(f"failed {job_key(*job)} it ran uncompiled")  # dynamo made no graph of it: nothing to store
+            say(f"failed {key} it ran uncompiled")  # dynamo made no graph of it: nothing to store
         except _Warmed:
-            say(f"done {job_key(*job)}")
+            say(f"done {key}")
         except Exception as e:
-            say(f"failed {job_key(*job)} {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300])
+            say(f"failed {key} {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300])
     return 0
 
 

@@ -20,7 +20,8 @@ from autokernel.verify import noise
 CHECK_INPUTS = 3  # fresh inputs the optimized model must match the original on (endtoend.CHECK_INPUTS)
 DEPLOY_MODES = ("eager", "graph", "compile", "compile_graph")  # how a user runs the model; the prune's yardstick
 DEFAULT_KERNELS = ROOT / "workspace" / "kernels"
-AHEAD_MEMORY_SHARE = 0.25  # the helper compiling ahead loads the weights again: at most this part of the free memory
+AHEAD_MEMORY_SHARE = 0.25  # the helpers compiling ahead load the weights again: at most this part of the free memory
+AHEAD_HELPERS = 2  # at most this many, one per 4 CPUs
 
 
 @dataclass
@@ -193,9 +194,9 @@ def loaded(request: Request, device: str) -> tuple:
 
 @contextlib.contextmanager
 def _compiling_ahead(request: Request, model, device: str, mode: str):
-    """A helper process that compiles the compiled prune's next models while it times (ahead.Ahead), or None: on a
-    GPU, where the prune runs on the compiled side and a second copy of the weights takes at most
-    AHEAD_MEMORY_SHARE of the free memory."""
+    """Helper processes that compile the compiled prune's next models while it times (ahead.Ahead), or None: on a
+    GPU, where the prune runs on the compiled side, as many as AHEAD_HELPERS whose copies of the weights take at
+    most AHEAD_MEMORY_SHARE of the free memory, one per 4 CPUs."""
     import torch
 
     from autokernel.verify import ahead, endtoend
@@ -206,13 +207,17 @@ def _compiling_ahead(request: Request, model, device: str, mode: str):
         return
     weights = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
     free = torch.cuda.mem_get_info()[0]
-    if weights > AHEAD_MEMORY_SHARE * free:
-        _progress(f"compiling ahead: off, a second copy of the weights ({weights / 2**30:.1f} GiB) would take more "
-                  f"than {AHEAD_MEMORY_SHARE:.0%} of the free GPU memory ({free / 2**30:.1f} GiB)")
+    helpers = min(AHEAD_HELPERS, (os.cpu_count() or 1) // 4, int(AHEAD_MEMORY_SHARE * free // max(weights, 1)))
+    if helpers < 1:
+        why = f"a second copy of the weights ({weights / 2**30:.1f} GiB) would take more than " \
+              f"{AHEAD_MEMORY_SHARE:.0%} of the free GPU memory ({free / 2**30:.1f} GiB)" \
+            if weights > AHEAD_MEMORY_SHARE * free else f"{os.cpu_count()} CPUs"
+        _progress(f"compiling ahead: off, {why}")
         yield None
         return
-    helper = ahead.Ahead(request, endtoend.backend_for(device))
-    _progress("compiling ahead: a second process compiles the compiled prune's next models into Inductor's cache")
+    helper = ahead.Ahead(request, endtoend.backend_for(device), helpers)
+    _progress(f"compiling ahead: {helpers} more process{'es' * (helpers > 1)} compile the compiled prune's next "
+              "models into Inductor's cache")
     try:
         yield helper
     finally:
