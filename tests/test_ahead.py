@@ -3,6 +3,7 @@ told, in order, into Inductor's cache, which the prune's own compile then reads;
 before it compiles it."""
 
 import contextlib
+import os
 import random
 import signal
 import subprocess
@@ -67,6 +68,7 @@ def test_a_held_helper_starts_nothing_until_it_is_let_go(tmp_path):
             with helper.changed:
                 assert not helper.changed.wait_for(lambda: helper.state["@whole"] != "start", timeout=20)
         assert settled(helper, ["@whole"]) == {"@whole": "done"}
+        assert os.getpriority(os.PRIO_PROCESS, helper.procs[0].pid) == ahead.NICE  # below the prune, who times
         # a compile worker of the helper's (in its process group) that would outlive it
         worker = subprocess.Popen(["sleep", "60"], process_group=helper.procs[0].pid)
     finally:

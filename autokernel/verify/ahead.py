@@ -1,20 +1,22 @@
-"""Compiling ahead: a second process compiles the models a compiled prune will time next, while this one times.
+"""Compiling ahead: helper processes compile the models a compiled prune will time next, while this one times.
 
 A compiled prune spends most of its wall time compiling (Gemma-2 2B at 1x8192: 193 s of its 240 s on an H100, every
 compile cold), one model at a time, while the GPU waits; and it knows which models come next: the kept set without
 each type still to try, cut to the trials' depths, then the original and the kept set whole. Inductor keeps what it
 compiles in its on-disk cache (the FX graph cache, keyed by the traced graph and its inputs' shapes, not their
 values), so a model compiled once in another process compiles again here from the cache, in a fraction of the time
-(Qwen3-0.6B's whole compile: 84 s cold, 14 s from the cache). The helper loads the model as verify.py did (the same
-kernel files, the same sites), and compiles each planned model without running it: its backend stores Inductor's
-code and hands dynamo a graph that raises.
+(Qwen3-0.6B's whole compile: 84 s cold, 14 s from the cache). Each helper loads the model as verify.py did (the same
+kernel files, the same sites), and compiles each model it is handed without running it: its backend stores
+Inductor's code and hands dynamo a graph that raises.
 
-The prune tells it the plan (Trials.plan_ahead) at each step, in the order it will compile; a new plan replaces
-the old one, and what is compiled stays compiled. Before compiling a model the prune waits for the helper if it
-is compiling that one now (wait()), and runs each graph it compiled first with the helper stopped (quiet()), where
-Inductor autotunes its kernels by timing them. The helper only ever warms the cache: when it fails, lags or dies,
-the prune compiles as before. On by default with verify.py --compile (--no-compile-ahead: off); docs/deploy-and-
-prune.md, "Compiling ahead".
+The prune tells the plan (Trials.plan_ahead) at each step, in the order it will compile; a new plan replaces the old
+one, and what is compiled stays compiled. Each helper is handed the plan's first model no helper has begun as it
+finishes the last: two helpers (verify's default where the host and the GPU have room) compile a whole model (the
+last check's, ~25 s cold) and the next trial's copies side by side. Before compiling a model the prune waits for the
+helper compiling that one now (wait()), and runs each graph it compiled first with the helpers stopped (quiet()),
+where Inductor autotunes its kernels by timing them; the helpers run at a lower priority (NICE). They only ever warm
+the cache: when one fails, lags or dies, the prune compiles as before. On by default with verify.py --compile
+(--no-compile-ahead: off); docs/deploy-and-prune.md, "Compiling ahead".
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ from autokernel.compat import ROOT
 __all__ = ["Ahead", "jobs", "kernel_set", "quiet", "wait"]
 
 WAIT_S = 240.0  # the longest the prune waits for a model the helper is compiling (a whole 2B model: ~30 s cold)
-COMPILE_SHARE = 2  # the helper's Inductor compile workers: this part of the CPUs (the prune's own compiles need some)
+NICE = 10  # the helpers' priority, and their compile workers' (who inherit it): below the prune's
+COMPILE_SHARE = 2  # the helpers' Inductor compile workers, together: this part of the CPUs (the prune compiles too)
 
 
 class Ahead:
@@ -56,6 +59,9 @@ class Ahead:
         self.procs = [subprocess.Popen([sys.executable, "-m", "autokernel.verify.ahead", backend],
                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                        text=True, cwd=ROOT, env=child_env, process_group=0) for _ in range(helpers)]
+        for proc in self.procs:  # the prune's own thread first on a busy host: it launches what it times
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, proc.pid, NICE)
         self._holds = 0
         self.state: dict[str, str] = {}  # job's key -> "start", "done" or "failed"
         self.jobs: list[dict] = []  # the plan last made
