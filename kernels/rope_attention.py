@@ -2,8 +2,10 @@
 grouped-query attention. Built from kernels/flash_attention.py's "split" loop (see its docstring and
 BENCHMARKS.md for the tile choices this starts from).
 
-Q is [B, Hq, S, D], K and V [B, Hkv, S, D] with Hkv dividing Hq; cos and sin are [S, D] or, as HF's
-rotary module gives them, [1 or B, S, D] (rotate-half convention: q * cos + rotate_half(q) * sin).
+Q is [B, Hq, S, D], K and V [B, Hkv, S, D] with Hkv dividing Hq; cos and sin are [S, R] or, as HF's
+rotary module gives them, [1 or B, S, R] (rotate-half convention: q * cos + rotate_half(q) * sin). R is D or,
+for partial rotary (GPT-NeoX: D/4, Phi-2: 32 of 80), less: the first R features of each head are rotated and the
+rest pass (_halves takes each half as R/2 rotated features and (D-R)/2 that pass).
 Eager (HF Llama) runs RoPE as ~10 elementwise kernels over q and k, copies K and V to Hq heads
 (repeat_kv), then SDPA. Here none of that touches memory: one call must move Q, K, V and O once plus
 the tables, (2*B*Hq*S*D + 2*B*Hkv*S*D + 2*S*D) * element_size bytes, and does 4*B*Hq*S*S*D FLOPs
@@ -79,19 +81,35 @@ def _load_f32(ptrs, mask, ROW_MASK: tl.constexpr, EVEN_HALF: tl.constexpr):
 
 @triton.jit
 def _halves(base, cos_base, sin_base, offs_r, offs_h, stride_r, stride_d, stride_cr, stride_sr, n_rows,
-            HALF: tl.constexpr, ROTATE: tl.constexpr, ROW_MASK: tl.constexpr, EVEN_HALF: tl.constexpr):
-    """Rows offs_r of a [rows, 2*HALF] tile as its two halves in fp32, rotated (rotate-half RoPE) when ROTATE."""
+            HALF: tl.constexpr, ROT_HALF: tl.constexpr, ROTATE: tl.constexpr, ROW_MASK: tl.constexpr,
+            EVEN_HALF: tl.constexpr):
+    """Rows offs_r of a [rows, 2*HALF] tile as two halves in fp32, rotated (rotate-half RoPE) when ROTATE. With
+    partial rotary (ROT_HALF < HALF: the tables hold 2*ROT_HALF features) each half takes ROT_HALF rotated features
+    (lo: x[:ROT_HALF], hi: x[ROT_HALF:2*ROT_HALF], the pairs RoPE rotates together) and then half of the features
+    that pass unrotated; a dot over the halves sums every feature once, whatever order they come in."""
     mask = (offs_r[:, None] < n_rows) & (offs_h[None, :] < HALF)
-    ptrs = base + offs_r[:, None] * stride_r + offs_h[None, :] * stride_d
-    x1 = _load_f32(ptrs, mask, ROW_MASK, EVEN_HALF)
-    x2 = _load_f32(ptrs + HALF * stride_d, mask, ROW_MASK, EVEN_HALF)
+    if ROT_HALF == HALF:
+        lo_cols = offs_h
+        hi_cols = offs_h + HALF
+    else:
+        lo_cols = tl.where(offs_h < ROT_HALF, offs_h, offs_h + ROT_HALF)
+        hi_cols = tl.where(offs_h < ROT_HALF, offs_h + ROT_HALF, offs_h + HALF)
+    x1 = _load_f32(base + offs_r[:, None] * stride_r + lo_cols[None, :] * stride_d, mask, ROW_MASK, EVEN_HALF)
+    x2 = _load_f32(base + offs_r[:, None] * stride_r + hi_cols[None, :] * stride_d, mask, ROW_MASK, EVEN_HALF)
     if ROTATE:
         c_ptrs = cos_base + offs_r[:, None] * stride_cr + offs_h[None, :]
         s_ptrs = sin_base + offs_r[:, None] * stride_sr + offs_h[None, :]
-        c1 = _load_f32(c_ptrs, mask, ROW_MASK, EVEN_HALF)
-        c2 = _load_f32(c_ptrs + HALF, mask, ROW_MASK, EVEN_HALF)
-        s1 = _load_f32(s_ptrs, mask, ROW_MASK, EVEN_HALF)
-        s2 = _load_f32(s_ptrs + HALF, mask, ROW_MASK, EVEN_HALF)
+        if ROT_HALF == HALF:
+            c1 = _load_f32(c_ptrs, mask, ROW_MASK, EVEN_HALF)
+            c2 = _load_f32(c_ptrs + HALF, mask, ROW_MASK, EVEN_HALF)
+            s1 = _load_f32(s_ptrs, mask, ROW_MASK, EVEN_HALF)
+            s2 = _load_f32(s_ptrs + HALF, mask, ROW_MASK, EVEN_HALF)
+        else:  # the unrotated features: cos 1, sin 0
+            rot = mask & (offs_h[None, :] < ROT_HALF)
+            c1 = tl.load(c_ptrs, mask=rot, other=1.0).to(tl.float32)
+            c2 = tl.load(c_ptrs + ROT_HALF, mask=rot, other=1.0).to(tl.float32)
+            s1 = tl.load(s_ptrs, mask=rot, other=0.0).to(tl.float32)
+            s2 = tl.load(s_ptrs + ROT_HALF, mask=rot, other=0.0).to(tl.float32)
         return x1 * c1 - x2 * s1, x2 * c2 + x1 * s2
     return x1, x2
 
@@ -116,14 +134,14 @@ def _load_v(base, offs_r, offs_d, stride_r, stride_d, n_rows,
 def _attn_blocks(acc, l_i, m_i, q_lo, q_hi, k_base, v_base, cos_base, sin_base,
                  stride_kn, stride_kd, stride_vn, stride_vd, stride_cs, stride_ss,
                  offs_m, offs_h, offs_d, lo, hi, S, qk_scale,
-                 BLOCK_N: tl.constexpr, HALF: tl.constexpr, HEAD_DIM: tl.constexpr, EVEN_HALF: tl.constexpr,
-                 EVEN_D: tl.constexpr, ROTATE_K: tl.constexpr, CAUSAL_MASK: tl.constexpr, KEY_MASK: tl.constexpr,
-                 DOT_PRECISION: tl.constexpr):
+                 BLOCK_N: tl.constexpr, HALF: tl.constexpr, K_ROT_HALF: tl.constexpr, HEAD_DIM: tl.constexpr,
+                 EVEN_HALF: tl.constexpr, EVEN_D: tl.constexpr, ROTATE_K: tl.constexpr, CAUSAL_MASK: tl.constexpr,
+                 KEY_MASK: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Fold keys [lo, hi) into the running (acc, l, m); q is rotated, the scores are scaled to exp2 units in fp32."""
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         k_lo, k_hi = _halves(k_base, cos_base, sin_base, offs_n, offs_h, stride_kn, stride_kd, stride_cs, stride_ss,
-                             S, HALF, ROTATE_K, KEY_MASK, EVEN_HALF)
+                             S, HALF, K_ROT_HALF, ROTATE_K, KEY_MASK, EVEN_HALF)
         qk = tl.dot(q_lo, tl.trans(k_lo.to(q_lo.dtype)), input_precision=DOT_PRECISION)
         qk = tl.dot(q_hi, tl.trans(k_hi.to(q_hi.dtype)), qk, input_precision=DOT_PRECISION) * qk_scale
         if CAUSAL_MASK:
@@ -148,9 +166,9 @@ def _rope_attention_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, o_ptr, S, H, G
                            stride_vb, stride_vh, stride_vs, stride_vd,
                            stride_ob, stride_oh, stride_os, stride_od,
                            stride_cb, stride_cs, stride_sb, stride_ss,
-                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HALF: tl.constexpr,
-                           HALF_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
-                           EVEN_HALF: tl.constexpr, EVEN_D: tl.constexpr, CAUSAL: tl.constexpr,
+                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HALF: tl.constexpr, ROT_HALF: tl.constexpr,
+                           K_ROT_HALF: tl.constexpr, HALF_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+                           D_PAD: tl.constexpr, EVEN_HALF: tl.constexpr, EVEN_D: tl.constexpr, CAUSAL: tl.constexpr,
                            ROTATE_K: tl.constexpr, REVERSE: tl.constexpr, DOT_PRECISION: tl.constexpr):
     qk_scale = tl.full([], qk_scale, tl.float32)  # under torch.compile Inductor passes a Python float as fp64
     start_m = tl.program_id(0)
@@ -171,7 +189,7 @@ def _rope_attention_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, o_ptr, S, H, G
     offs_d = tl.arange(0, D_PAD)
 
     q_lo, q_hi = _halves(q_base, cos_base, sin_base, offs_m, offs_h, stride_qs, stride_qd, stride_cs, stride_ss,
-                         S, HALF, True, True, EVEN_HALF)
+                         S, HALF, ROT_HALF, True, True, EVEN_HALF)
     q_lo = q_lo.to(q_ptr.dtype.element_ty)
     q_hi = q_hi.to(q_ptr.dtype.element_ty)
     acc = tl.zeros((BLOCK_M, D_PAD), dtype=tl.float32)
@@ -187,11 +205,13 @@ def _rope_attention_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, o_ptr, S, H, G
     acc, l_i, m_i = _attn_blocks(acc, l_i, m_i, q_lo, q_hi, k_base, v_base, cos_base, sin_base,
                                  stride_ks, stride_kd, stride_vs, stride_vd, stride_cs, stride_ss,
                                  offs_m, offs_h, offs_d, 0, free, S, qk_scale,
-                                 BLOCK_N, HALF, HEAD_DIM, EVEN_HALF, EVEN_D, ROTATE_K, False, False, DOT_PRECISION)
+                                 BLOCK_N, HALF, K_ROT_HALF, HEAD_DIM, EVEN_HALF, EVEN_D, ROTATE_K, False, False,
+                                 DOT_PRECISION)
     acc, l_i, m_i = _attn_blocks(acc, l_i, m_i, q_lo, q_hi, k_base, v_base, cos_base, sin_base,
                                  stride_ks, stride_kd, stride_vs, stride_vd, stride_cs, stride_ss,
                                  offs_m, offs_h, offs_d, free, end, S, qk_scale,
-                                 BLOCK_N, HALF, HEAD_DIM, EVEN_HALF, EVEN_D, ROTATE_K, CAUSAL, True, DOT_PRECISION)
+                                 BLOCK_N, HALF, K_ROT_HALF, HEAD_DIM, EVEN_HALF, EVEN_D, ROTATE_K, CAUSAL, True,
+                                 DOT_PRECISION)
     out = acc / l_i[:, None]
     o_ptrs = o_base + offs_m[:, None] * stride_os + offs_d[None, :] * stride_od
     tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=(offs_m[:, None] < S) & (offs_d[None, :] < HEAD_DIM))
@@ -200,14 +220,15 @@ def _rope_attention_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, o_ptr, S, H, G
 @triton.jit
 def _rotate_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, S, H,
                    stride_xb, stride_xh, stride_xs, stride_xd, stride_cb, stride_cs, stride_sb, stride_ss,
-                   BLOCK_S: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr):
-    """The "rotate_k_first" pre-pass: BLOCK_S positions of one (batch, head) of x, rotated into a contiguous out."""
+                   BLOCK_S: tl.constexpr, HALF: tl.constexpr, ROT_HALF: tl.constexpr, HALF_PAD: tl.constexpr):
+    """The "rotate_k_first" pre-pass: BLOCK_S positions of one (batch, head) of x, rotated into a contiguous out as
+    its two halves (with partial rotary, in _halves' order of the features: the attention reads them so)."""
     b = (tl.program_id(1) // H).to(tl.int64)
     h = (tl.program_id(1) % H).to(tl.int64)
     offs_s = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
     offs_h = tl.arange(0, HALF_PAD)
     lo, hi = _halves(x_ptr + b * stride_xb + h * stride_xh, cos_ptr + b * stride_cb, sin_ptr + b * stride_sb,
-                     offs_s, offs_h, stride_xs, stride_xd, stride_cs, stride_ss, S, HALF, True, True,
+                     offs_s, offs_h, stride_xs, stride_xd, stride_cs, stride_ss, S, HALF, ROT_HALF, True, True,
                      HALF == HALF_PAD)
     o_ptrs = out_ptr + (tl.program_id(1).to(tl.int64) * S + offs_s[:, None]) * (2 * HALF) + offs_h[None, :]
     mask = (offs_s[:, None] < S) & (offs_h[None, :] < HALF)
@@ -240,12 +261,12 @@ def _table(t):
     return t3, (0 if t3.shape[0] == 1 else t3.stride(0)), t3.stride(1)
 
 
-def _rotate_k(k, cos3, cb, cs, sin3, sb, ss, half, half_pad):
+def _rotate_k(k, cos3, cb, cs, sin3, sb, ss, half, rot_half, half_pad):
     batch, kv_heads, seq, head_dim = k.shape
     out = torch.empty((batch, kv_heads, seq, head_dim), dtype=k.dtype, device=k.device)
     grid = ((seq + ROTATE_BLOCK_S - 1) // ROTATE_BLOCK_S, batch * kv_heads)
     _rotate_kernel[grid](k, cos3, sin3, out, seq, kv_heads, *k.stride(), cb, cs, sb, ss,
-                         BLOCK_S=ROTATE_BLOCK_S, HALF=half, HALF_PAD=half_pad)
+                         BLOCK_S=ROTATE_BLOCK_S, HALF=half, ROT_HALF=rot_half, HALF_PAD=half_pad)
     return out
 
 
@@ -261,17 +282,21 @@ def kernel_fn(q, k, v, cos, sin, causal=True, sm_scale=None):
     d_pad = max(16, _next_pow2(head_dim))
     cos3, cb, cs = _table(cos)
     sin3, sb, ss = _table(sin)
+    if cos3.shape[-1] % 2 or cos3.shape[-1] > head_dim:
+        raise ValueError(f"tables of {cos3.shape[-1]} features for a head of {head_dim}: at most that, and even")
+    rot_half = cos3.shape[-1] // 2  # under half: partial rotary
     rotate_k = VARIANT != "rotate_k_first"
     auto = _auto_config(d_pad, q.dtype, rotate_k)
     block_m, block_n, warps, stages = (c or a for c, a in zip((BLOCK_M, BLOCK_N, NUM_WARPS, NUM_STAGES), auto))
     block_n = min(block_n, block_m)  # the causal diagonal is whole BLOCK_N steps
     if not rotate_k:
-        k = _rotate_k(k, cos3, cb, cs, sin3, sb, ss, half, half_pad)
+        k = _rotate_k(k, cos3, cb, cs, sin3, sb, ss, half, rot_half, half_pad)
     grid = ((seq + block_m - 1) // block_m, batch * heads)
     _rope_attention_kernel[grid](
         q, k, v, cos3, sin3, out, seq, heads, heads // kv_heads, scale * LOG2E,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(), cb, cs, sb, ss,
-        BLOCK_M=block_m, BLOCK_N=block_n, HALF=half, HALF_PAD=half_pad, HEAD_DIM=head_dim, D_PAD=d_pad,
+        BLOCK_M=block_m, BLOCK_N=block_n, HALF=half, ROT_HALF=rot_half, K_ROT_HALF=rot_half if rotate_k else half,
+        HALF_PAD=half_pad, HEAD_DIM=head_dim, D_PAD=d_pad,
         EVEN_HALF=half == half_pad, EVEN_D=head_dim == d_pad, CAUSAL=bool(causal), ROTATE_K=rotate_k, REVERSE=bool(causal) and REVERSE_CAUSAL_ORDER,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=warps, num_stages=stages)

@@ -1,8 +1,8 @@
 """Which attention each HF decoder family gets (issue #37's site choice per attention class), with the original's
 logits: RoPE and the attention as one kernel call where the module is LLaMA's shape (Llama, Qwen2, Qwen3 with its
-per-head norms); flash_attention through transformers' attention interface where the attention has a window or a
-soft cap (Mistral, Gemma-2), with the rotary kernel beside it; the SDPA patch and the rotary kernel on a partial
-rotary (GPT-NeoX, Phi)."""
+per-head norms) or rotates part of each head (GPT-NeoX with its fused projection, Phi); flash_attention through
+transformers' attention interface where the attention has a window or a soft cap (Mistral, Gemma-2), with the rotary
+kernel beside it."""
 
 import pytest
 import torch
@@ -15,7 +15,6 @@ SMALL = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "n
          "vocab_size": 256}
 FUSED = {("rope_attention", "Attention")}
 INTERFACE = {("flash_attention", "AttentionInterface"), ("rotary_embedding", "apply_rotary_pos_emb")}
-PATCHED = {("flash_attention", "F.scaled_dot_product_attention"), ("rotary_embedding", "apply_rotary_pos_emb")}
 FAMILIES = {  # config, model, the config's own fields, what runs the attention
     "llama": ("LlamaConfig", "LlamaForCausalLM", {"num_key_value_heads": 2, "head_dim": 16}, FUSED),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {"num_key_value_heads": 2}, FUSED),
@@ -25,8 +24,8 @@ FAMILIES = {  # config, model, the config's own fields, what runs the attention
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {"num_key_value_heads": 2, "head_dim": 16, "sliding_window": 8,
                                                      "attn_logit_softcapping": 2.0, "query_pre_attn_scalar": 16,
                                                      "attn_implementation": "eager"}, INTERFACE),
-    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", {"rotary_pct": 0.25}, PATCHED),
-    "phi": ("PhiConfig", "PhiForCausalLM", {"partial_rotary_factor": 0.5}, PATCHED),
+    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", {"rotary_pct": 0.25}, FUSED),
+    "phi": ("PhiConfig", "PhiForCausalLM", {"partial_rotary_factor": 0.5}, FUSED),
 }
 
 

@@ -22,6 +22,8 @@ TYPE = "rope_attention"
 BUGS = {
     "RoPE on k skipped": ("k = _rotate_k(k, cos3", "_ = _rotate_k(k, cos3"),  # the default variant's pre-pass
     "the wrong kv head": ("kv = (h // GROUP).to(tl.int64)", "kv = (h % (H // GROUP)).to(tl.int64)"),
+    # partial rotary read as whole-head RoPE on the tables it is given: the small shape with R < D fails
+    "partial rotary ignored": ("rot_half = cos3.shape[-1] // 2", "rot_half = head_dim // 2"),
 }
 
 
@@ -55,6 +57,14 @@ def _tiny_llama(**extra):
                                       num_attention_heads=4, num_key_value_heads=2, head_dim=32, vocab_size=256,
                                       **extra)
     return transformers.LlamaForCausalLM(config).eval()
+
+
+def _tiny_neox():
+    """GPT-NeoX: one query_key_value Linear, rotary on a quarter of each head of 64."""
+    torch.manual_seed(0)
+    config = transformers.GPTNeoXConfig(hidden_size=128, intermediate_size=128, num_hidden_layers=1,
+                                        num_attention_heads=2, vocab_size=256, rotary_pct=0.25)
+    return transformers.GPTNeoXForCausalLM(config).eval()
 
 
 def _ids(batch=2, seq=24):
@@ -191,37 +201,43 @@ def _copy_cache(cache):
 def test_a_wrong_kernel_changes_the_models_output(interpreter, repo_root, tmp_path, bug):
     kernels = tmp_path / "kernels"
     _bugged(repo_root, tmp_path, bug, f"kernels/01_{TYPE}.py")
-    model, ids = _tiny_llama(), _ids()
+    model, ids = (_tiny_neox() if "partial" in bug else _tiny_llama()), _ids()
     with torch.no_grad():
         wrong = _optimize(model, kernels, [TYPE])
         err = (wrong(ids, use_cache=False).logits - model(ids, use_cache=False).logits).abs().max()
     assert wrong.autokernel.choices[TYPE].source == "extracted" and not err <= 1e-2  # (NaN is wrong too)
 
 
-def test_qwen3_s_per_head_norms_run_before_the_kernel(interpreter, tmp_path):
-    """Qwen3 normalizes q and k per head before RoPE: the module's own norms run, then RoPE and attention as one
-    kernel call, with the original's output and the same rotated keys in its cache."""
+def _tiny_qwen3():
     torch.manual_seed(0)
     config = transformers.Qwen3Config(hidden_size=128, intermediate_size=128, num_hidden_layers=1,
                                       num_attention_heads=4, num_key_value_heads=2, head_dim=32, vocab_size=256)
-    model = transformers.Qwen3ForCausalLM(config).eval()
+    return transformers.Qwen3ForCausalLM(config).eval()
+
+
+@pytest.mark.parametrize("family, what", [(_tiny_qwen3, "q/k norms"), (_tiny_neox, "D=64, rotary 16")],
+                         ids=["qwen3", "gpt_neox"])
+def test_an_attention_s_prologue_runs_with_the_kernel_and_fills_the_cache_as_the_original(interpreter, tmp_path,
+                                                                                          family, what):
+    """Qwen3 normalizes q and k per head before RoPE: the module's own norms run, then RoPE and attention as one
+    kernel call. GPT-NeoX projects q, k and v with one Linear and rotates a quarter of each head: the site splits the
+    fused projection as the module does and the kernel rotates only the features the tables cover. Either way the
+    original's output, and the same keys in its cache."""
+    model = family()
     with torch.no_grad():
         optimized = _optimize(model, tmp_path / "none", [TYPE])
         got, want = optimized(_ids(), use_cache=True), model(_ids(), use_cache=True)
         torch.testing.assert_close(got.logits, want.logits, atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(got.past_key_values.layers[0].keys, want.past_key_values.layers[0].keys)
     (site,) = [s for s in optimized.autokernel.sites() if s.kernel_type == TYPE]
-    assert site.swapped and site.calls == 1 and "q/k norms" in site.what
+    assert site.swapped and site.calls == 1 and what in site.what
 
 
 @pytest.mark.slow(3)
 def test_traced_the_keys_for_the_cache_are_rotated_with_hfs_ops_not_a_roll(interpreter, tmp_path):
     """Compiled with a cache, the keys the site rotates for it are traced as HF rotates them: a roll, which Inductor
     fused with Qwen3's per-head norm into a kernel ptxas compiled for over six minutes on an H100, stays eager-only."""
-    torch.manual_seed(0)
-    config = transformers.Qwen3Config(hidden_size=128, intermediate_size=128, num_hidden_layers=1,
-                                      num_attention_heads=4, num_key_value_heads=2, head_dim=32, vocab_size=256)
-    model = transformers.Qwen3ForCausalLM(config).eval()
+    model = _tiny_qwen3()
     graphs = []
 
     def backend(gm, example):
@@ -281,6 +297,14 @@ def test_profile_attributes_rope_and_sdpa_of_hf_attention_to_the_type_when_asked
                                                             "causal": True}]
     assert asked[TYPE]["calls"] == 2
     assert TYPE not in plain and "flash_attention" in plain
+
+
+def test_profile_gives_gpt_neox_s_attention_its_rotary_dim():
+    """A partial rotary's tables are narrower than the head: the shape carries R, so the extracted kernel is checked
+    and timed rotating what the model rotates."""
+    asked = profile_model(_tiny_neox(), (_ids(batch=1, seq=32),), "cpu", steps=1, warmup=1, types=[TYPE])["types"]
+    assert [s["shape"] for s in asked[TYPE]["shapes"]] == [{"B": 1, "Hq": 2, "Hkv": 2, "S": 32, "D": 64, "R": 16,
+                                                            "causal": True}]
 
 
 def _attention_ops(cls: str, with_rope: bool) -> list[Op]:

@@ -2,13 +2,15 @@
 call: the model sites of the RoPE-attention type (autokernel/types/rope_attention.py), which hands its name and
 reference to `module_site`.
 
-A candidate is a module with q_proj, k_proj, v_proj and o_proj Linears, a head_dim, num_key_value_groups, and a
-forward that takes hidden_states, position_embeddings=(cos, sin) and attention_mask (transformers >= 4.48; the
-names are read from the forward's signature, not assumed). It is swapped when a probe agrees: the original forward
-on a random input, with no mask and no cache, must give o_proj(reference(q, k, v, cos, sin)) computed in
-float64 from its own weights, q and k normalized per head first where the module has such norms (Qwen3's q_norm and
-k_norm, which the replacement runs as the module does); one with partial rotary or another scaling fails the probe
-and is left alone. The probe also records what the forward returns (its tuple length: (out, weights) in 5.x,
+A candidate is a module with q_proj, k_proj, v_proj and o_proj (or dense) Linears, a head_dim, num_key_value_groups
+(Llama and its relatives, Phi), or with GPT-NeoX's query_key_value and dense and a head_size, and a forward that takes
+hidden_states, position_embeddings=(cos, sin) and attention_mask (transformers >= 4.48; the names are read from the
+forward's signature, not assumed). It is swapped when a probe agrees: the original forward on a random input, with
+no mask and no cache, must give the output projection of reference(q, k, v, cos, sin) computed in float64 from its
+own weights, q and k normalized per head first where the module has such norms (Qwen3's q_norm and k_norm, which the
+replacement runs as the module does), with tables as wide as its rotary_ndims where it has one (partial rotary: the
+kernel rotates the first features of a head, as wide as the tables it is given); one with another scaling fails the
+probe and is left alone. The probe also records what the forward returns (its tuple length: (out, weights) in 5.x,
 (out, weights, cache) in older 4.x), so the replacement returns the same.
 
 At run time the replacement runs the kernel only for the prefill / loss-evaluation case: full-sequence causal
@@ -48,8 +50,53 @@ from autokernel.ops.swap import PROBE_SEQ, REL_L2_TOLERANCE, KernelModule, dtype
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
 QK_NORMS = ("q_norm", "k_norm")  # per-head norms of q and k before RoPE (Qwen3)
 # the KV cache argument by its name in transformers >= 5.24 ("cache"; past_key_values still accepted, deprecated),
-# earlier 5.x and 4.x
-CACHE_NAMES = ("cache", "past_key_values", "past_key_value")
+# earlier 5.x and 4.x, and GPT-NeoX's
+CACHE_NAMES = ("cache", "past_key_values", "past_key_value", "layer_past")
+
+
+@dataclass(frozen=True)
+class Projections:
+    """How an attention module makes q, k and v from its input, and its output from the attention's: q_proj, k_proj,
+    v_proj and o_proj (Phi: dense) with a head_dim (Llama and its relatives), or GPT-NeoX's query_key_value (each
+    head's q, k and v side by side) and dense with a head_size."""
+    fused: bool
+    head_dim: int
+    out: str  # the output projection's name
+
+    @staticmethod
+    def of(m) -> Projections | None:
+        out = next((p for p in ("o_proj", "dense") if isinstance(getattr(m, p, None), nn.Linear)), None)
+        if out and all(isinstance(getattr(m, p, None), nn.Linear) for p in PROJECTIONS[:3]) and isinstance(
+                getattr(m, "head_dim", None), int) and hasattr(m, "num_key_value_groups"):
+            return Projections(False, m.head_dim, out)
+        if isinstance(getattr(m, "query_key_value", None), nn.Linear) and isinstance(getattr(m, "dense", None),
+                                                                                        nn.Linear) \
+                and isinstance(getattr(m, "head_size", None), int):
+            return Projections(True, m.head_size, "dense")
+        return None
+
+    def qkv(self, m, x, project) -> tuple:
+        """q, k, v [batch, seq, heads, head_dim] (views) of x [batch, seq, hidden]; project(linear, x) applies one."""
+        if self.fused:
+            return project(m.query_key_value, x).view(*x.shape[:2], -1, 3 * self.head_dim).split(self.head_dim, -1)
+        return tuple(project(getattr(m, p), x).view(*x.shape[:2], -1, self.head_dim) for p in PROJECTIONS[:3])
+
+    def input_weight(self, m) -> torch.Tensor:
+        return (m.query_key_value if self.fused else m.q_proj).weight
+
+    def heads(self, m) -> tuple[int, int]:
+        """(query heads, kv heads)."""
+        if self.fused:
+            return (m.query_key_value.out_features // (3 * self.head_dim),) * 2
+        return m.q_proj.out_features // self.head_dim, m.k_proj.out_features // self.head_dim
+
+
+def _applied(linear, x):
+    return linear(x)
+
+
+def _applied_f64(linear, x):
+    return nn.functional.linear(x, f64(linear.weight), f64(linear.bias))
 
 
 @dataclass(frozen=True)
@@ -92,7 +139,11 @@ def _rotated(x, cos, sin, eager: bool):
     first half of sin (the products are the same: a negation is exact). Every layer gets the same cos and sin, so
     eagerly their broadcast forms are made once per forward (six host ops fewer a layer). Traced, HF's own ops: a
     roll that Inductor fused with Qwen3's per-head norm and the tables' making made a kernel ptxas compiled for
-    over six minutes on an H100 (Qwen3-0.6B at 1x2048, whole model)."""
+    over six minutes on an H100 (Qwen3-0.6B at 1x2048, whole model). Tables narrower than x: partial rotary, the
+    rest of each head passes."""
+    rotary = cos.shape[-1]
+    if rotary < x.shape[-1]:
+        return torch.cat((_rotated(x[..., :rotary], cos, sin, eager), x[..., rotary:]), dim=-1)
     if not eager:
         half = x.shape[-1] // 2
         return x * _per_head(cos) + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * _per_head(sin)
@@ -104,9 +155,9 @@ class KernelRopeAttention(KernelModule):
     """The attention module with RoPE + repeat_kv + attention as one kernel call where the call fits (see the
     module docstring); the original forward otherwise."""
 
-    def __init__(self, original: nn.Module, site: Site, call: CallShape, kernel_type: str):
+    def __init__(self, original: nn.Module, site: Site, call: CallShape, kernel_type: str, projections: Projections):
         super().__init__(original, site, kernel_type)
-        self.call = call
+        self.call, self.projections = call, projections
         self.norms = head_norms(original)
         # read once: a module without the attribute makes every lookup raise inside nn.Module.__getattr__
         self.window = getattr(original, "sliding_window", None) or getattr(getattr(original, "config", None),
@@ -117,7 +168,8 @@ class KernelRopeAttention(KernelModule):
         hidden = call.arg("hidden_states", args, kwargs)
         tables = call.arg("position_embeddings", args, kwargs)
         cache = call.cache(args, kwargs)
-        reason = _unfit(m, hidden, tables, call.arg("attention_mask", args, kwargs), cache, kwargs, self.window)
+        reason = _unfit(m, self.projections, hidden, tables, call.arg("attention_mask", args, kwargs), cache, kwargs,
+                        self.window)
         eager = in_eager()
         if eager:
             self.site.calls += not reason
@@ -127,8 +179,7 @@ class KernelRopeAttention(KernelModule):
             return m(*args, **kwargs)
         cos, sin = tables
         batch, seq = hidden.shape[:2]
-        heads = (batch, seq, -1, m.head_dim)
-        q, k, v = (getattr(m, p)(hidden).view(heads) for p in PROJECTIONS[:3])
+        q, k, v = self.projections.qkv(m, hidden, _applied)
         if self.norms is not None:  # the module's own per-head norms, as its forward runs them
             q, k = self.norms[0](q), self.norms[1](k)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
@@ -136,11 +187,11 @@ class KernelRopeAttention(KernelModule):
             extra = {"sin": sin, "cos": cos, "cache_position": kwargs["cache_position"]} \
                 if "cache_position" in kwargs else None
             cache.update(_rotated(k, cos, sin, eager), v, m.layer_idx, *([extra] if extra else []))
-        out = self.op(q, k, v, cos, sin, True, float(getattr(m, "scaling", m.head_dim ** -0.5)))
-        return call.result(m.o_proj(out.transpose(1, 2).reshape(batch, seq, -1)), cache)
+        out = self.op(q, k, v, cos, sin, True, float(getattr(m, "scaling", self.projections.head_dim ** -0.5)))
+        return call.result(getattr(m, self.projections.out)(out.transpose(1, 2).reshape(batch, seq, -1)), cache)
 
 
-def _unfit(m, hidden, tables, mask, cache, kwargs, window) -> str | None:
+def _unfit(m, projections: Projections, hidden, tables, mask, cache, kwargs, window) -> str | None:
     """Why this call must run the original forward, or None; window: the module's sliding window, if any."""
     if mask is not None:
         return "an attention mask is given (padding, or the eager implementation's causal mask)"
@@ -156,12 +207,12 @@ def _unfit(m, hidden, tables, mask, cache, kwargs, window) -> str | None:
     seq = hidden.shape[1] if hidden.dim() == 3 else 0
     if isinstance(window, int) and 0 < window < seq:
         return f"a sliding window of {window} < {seq} positions"
-    weight = m.q_proj.weight
+    weight = projections.input_weight(m)
     if hidden.dim() != 3 or seq == 0 or hidden.dtype not in KERNEL_DTYPES or hidden.dtype != weight.dtype:
         return "not a [batch, seq, hidden] input in the weights' dtype"
-    if cos.shape != sin.shape or cos.dim() not in (2, 3) or tuple(cos.shape[-2:]) != (seq, m.head_dim) \
-            or cos.dtype != hidden.dtype:
-        return "tables not [(batch,) seq, head_dim] in the input's dtype"
+    if cos.shape != sin.shape or cos.dim() not in (2, 3) or cos.shape[-2] != seq or cos.dtype != hidden.dtype \
+            or cos.shape[-1] % 2 or not 0 < cos.shape[-1] <= projections.head_dim:
+        return "tables not [(batch,) seq, rotary dim <= head_dim, even] in the input's dtype"
     return grad_reason(hidden, weight)
 
 
@@ -172,10 +223,10 @@ def _cached_length(cache, layer_idx: int) -> int | None:
         return None
 
 
-def _probe_tables(head_dim: int, dtype, device):
-    """HF-style [1, seq, head_dim] cos and sin (cat(freqs, freqs)) at random frequencies."""
+def _probe_tables(rotary_dim: int, dtype, device):
+    """HF-style [1, seq, rotary_dim] cos and sin (cat(freqs, freqs)) at random frequencies."""
     gen = torch.Generator().manual_seed(0)
-    angles = torch.outer(torch.arange(PROBE_SEQ, dtype=torch.float64), torch.rand(head_dim // 2, generator=gen) * 2)
+    angles = torch.outer(torch.arange(PROBE_SEQ, dtype=torch.float64), torch.rand(rotary_dim // 2, generator=gen) * 2)
     emb = torch.cat((angles, angles), dim=-1)[None]
     return emb.cos().to(device, dtype), emb.sin().to(device, dtype)
 
@@ -187,8 +238,8 @@ def head_norms(m) -> tuple | None:
     for norm in norms:
         weight = getattr(norm, "weight", None)
         eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
-        if not (isinstance(norm, nn.Module) and isinstance(weight, torch.Tensor) and weight.shape == (m.head_dim,)
-                and isinstance(eps, float)):
+        if not (isinstance(norm, nn.Module) and isinstance(weight, torch.Tensor)
+                and weight.shape == (getattr(m, "head_dim", None),) and isinstance(eps, float)):
             return None
     return norms
 
@@ -199,31 +250,33 @@ def _rms_normed(t, norm):
     return t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + eps) * f64(norm.weight)
 
 
-def _expected(m, x, cos, sin, scaling, reference):
+def _expected(m, projections: Projections, x, cos, sin, scaling, reference):
     """What the module must compute, in float64 from its own weights: projections (q and k normalized per head where
-    the module has head_norms), the reference, o_proj."""
+    the module has head_norms), the reference, the output projection."""
     x, cos, sin = x.double(), cos.double(), sin.double()
-    heads = (x.shape[0], x.shape[1], -1, m.head_dim)
-    q, k, v = (nn.functional.linear(x, f64(getattr(m, p).weight), f64(getattr(m, p).bias)).view(heads)
-               for p in PROJECTIONS[:3])
+    q, k, v = projections.qkv(m, x, _applied_f64)
     norms = head_norms(m)
     if norms is not None:
         q, k = _rms_normed(q, norms[0]), _rms_normed(k, norms[1])
     q, k, v = (t.transpose(1, 2) for t in (q, k, v))
     out = reference(q, k, v, cos, sin, True, scaling).transpose(1, 2).reshape(*x.shape[:2], -1)
-    return nn.functional.linear(out, f64(m.o_proj.weight), f64(m.o_proj.bias))
+    return _applied_f64(getattr(m, projections.out), out)
 
 
-def _probe(m, reference) -> tuple[str | None, int | None]:
-    """(None or why not, the forward's output count) from one call of the original on a random input."""
+def _probe(m, projections: Projections, reference) -> tuple[str | None, int | None]:
+    """(None or why not, the forward's output count) from one call of the original on a random input, with tables
+    as wide as the module's rotary dim (rotary_ndims, where it has one: partial rotary) or its head_dim."""
     dtype, device = dtype_device(m)
-    hidden = m.q_proj.in_features
+    hidden = projections.input_weight(m).shape[1]
     x = torch.randn(1, PROBE_SEQ, hidden, generator=torch.Generator().manual_seed(1)).to(device, dtype)
-    cos, sin = _probe_tables(m.head_dim, dtype, device)
+    rotary = getattr(m, "rotary_ndims", None)
+    cos, sin = _probe_tables(rotary if isinstance(rotary, int) and rotary > 0 else projections.head_dim, dtype,
+                             device)
+    scaling = float(getattr(m, "scaling", projections.head_dim ** -0.5))
     try:
         with torch.no_grad():
             got = m(hidden_states=x, position_embeddings=(cos, sin), attention_mask=None)
-            want = _expected(m, x, cos, sin, float(getattr(m, "scaling", m.head_dim ** -0.5)), reference)
+            want = _expected(m, projections, x, cos, sin, scaling, reference)
     except Exception as e:  # a forward that wants other arguments is not this kind of site
         return f"probe raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", None
     n_outputs = len(got) if isinstance(got, tuple) else None
@@ -239,11 +292,12 @@ def _probe(m, reference) -> tuple[str | None, int | None]:
 def module_site(name, m, kernel_type: str, reference):
     """An HF attention module (see the module docstring) that passes the probe against reference (q, k, v, cos,
     sin, causal, sm_scale): (Site, its replacement running kernel_type's op), or None for another module."""
-    if not all(isinstance(getattr(m, p, None), nn.Linear) for p in PROJECTIONS) or not isinstance(
-            getattr(m, "head_dim", None), int) or not hasattr(m, "num_key_value_groups"):
+    projections = Projections.of(m)
+    if projections is None:
         return None
-    what = (f"{type(m).__name__}(Hq={m.q_proj.out_features // m.head_dim}, "
-            f"Hkv={m.k_proj.out_features // m.head_dim}, D={m.head_dim}{', q/k norms' if head_norms(m) else ''})")
+    (hq, hkv), rotary = projections.heads(m), getattr(m, "rotary_ndims", projections.head_dim)
+    notes = f"{f', rotary {rotary}' if rotary != projections.head_dim else ''}{', q/k norms' if head_norms(m) else ''}"
+    what = f"{type(m).__name__}(Hq={hq}, Hkv={hkv}, D={projections.head_dim}{notes})"
     site = Site(name, what, kernel_type, False)
     names = list(inspect.signature(m.forward).parameters)
     if not {"hidden_states", "position_embeddings", "attention_mask"} <= set(names):
@@ -252,13 +306,13 @@ def module_site(name, m, kernel_type: str, reference):
     if not getattr(m, "is_causal", True):
         site.reason = "not causal"
         return site, None
-    reason, n_outputs = _probe(m, reference)
+    reason, n_outputs = _probe(m, projections, reference)
     if reason:
         site.reason = reason
         return site, None
     call = CallShape({n: i for i, n in enumerate(names)}, n_outputs)
     site.swapped = True
-    return site, KernelRopeAttention(m, site, call, kernel_type)
+    return site, KernelRopeAttention(m, site, call, kernel_type, projections)
 
 
 # ------------------------------------------------------------------------------ the causal mask under compile

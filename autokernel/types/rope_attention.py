@@ -29,14 +29,16 @@ def rope_attention_ref(q, k, v, cos, sin, causal: bool = True, sm_scale: float |
     (apply_rotary_pos_emb), K/V repeated for grouped-query attention (repeat_kv), then SDPA.
 
     q is [batch, heads, seq, head_dim]; k and v are [batch, kv_heads, seq, head_dim] with kv_heads
-    dividing heads; cos and sin are [seq, head_dim] or, as HF's rotary module gives them,
-    [batch or 1, seq, head_dim] (both halves present: cat(freqs, freqs)).
+    dividing heads; cos and sin are [seq, rotary_dim] or, as HF's rotary module gives them,
+    [batch or 1, seq, rotary_dim] (both halves present: cat(freqs, freqs)). A rotary_dim under head_dim is
+    partial rotary (GPT-NeoX, Phi): the first rotary_dim features of each head are rotated, the rest pass.
     """
     if cos.dim() == 2:
         cos, sin = cos[None], sin[None]
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    q = q * cos + rotate_half(q) * sin
-    k = k * cos + rotate_half(k) * sin
+    rotary = cos.shape[-1]
+    q, k = (torch.cat((x[..., :rotary] * cos + rotate_half(x[..., :rotary]) * sin, x[..., rotary:]), dim=-1)
+            for x in (q, k))
     batch, kv_heads, seq, head_dim = k.shape
     repeated = (batch, q.shape[1], seq, head_dim)
     groups = q.shape[1] // kv_heads
@@ -65,8 +67,9 @@ def _rope_attention_inputs(scale: float = 1.0, offset: int = 0, quarter_turns: b
         q = randn((b, shape["Hq"], s, d), dtype, device, gen, scale)
         k = randn((b, shape["Hkv"], s, d), dtype, device, gen, scale)
         v = randn((b, shape["Hkv"], s, d), dtype, device, gen)
-        tables = (_quarter_turn_tables(s, d, device, dtype) if quarter_turns
-                  else _hfrope_tables(s, d, device, dtype, offset))
+        r = shape.get("R", d)  # the rotary dim: partial rotary where under d
+        tables = (_quarter_turn_tables(s, r, device, dtype) if quarter_turns
+                  else _hfrope_tables(s, r, device, dtype, offset))
         return (q, k, v, *tables, shape["causal"], shape.get("sm_scale"))
     return make
 
@@ -85,18 +88,21 @@ def _rope_attention_shape(hidden_shape, members) -> dict | None:
         return None
     shape = attention_shape(sdpa)
     b, s, d = shape["B"], shape["S"], shape["D"]
-    heads = []
+    heads, rotary = [], []
     for op in members:  # each op's [B, H, S, D] operands, less the broadcast partners (cos [1, 1, S, D])
         four_d = [tuple(t) for t in op.shapes if isinstance(t, (list, tuple)) and len(t) == 4]
         heads += [t[1] for t in four_d if (t[0], t[2], t[3]) == (b, s, d) and t[1] == max(o[1] for o in four_d)]
+        # tables [1 or B, 1, S, R] narrower than the head: partial rotary on R features
+        rotary += [t[3] for t in four_d if t[1] == 1 and t[2] == s and 0 < t[3] < d and t[3] % 2 == 0]
     return {"B": b, "Hq": shape["H"], "Hkv": min(heads, default=shape["H"]), "S": s, "D": d,
-            **{k: shape[k] for k in ("causal", "sm_scale") if k in shape}}
+            **({"R": max(rotary)} if rotary else {}), **{k: shape[k] for k in ("causal", "sm_scale") if k in shape}}
 
 
 def _sdpa_gqa_after_rope(q, k, v, cos, sin, causal=True, sm_scale=None):
     """The yardstick: RoPE as separate eager ops, then SDPA on the grouped K/V as they are (enable_gqa, no copy)."""
-    cos, sin = (t[None] if t.dim() == 2 else t for t in (cos, sin))
-    q, k = (x * cos.unsqueeze(1) + rotate_half(x) * sin.unsqueeze(1) for x in (q, k))
+    cos, sin = (t[None].unsqueeze(1) if t.dim() == 2 else t.unsqueeze(1) for t in (cos, sin))
+    r = cos.shape[-1]
+    q, k = (torch.cat((x[..., :r] * cos + rotate_half(x[..., :r]) * sin, x[..., r:]), dim=-1) for x in (q, k))
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=sm_scale, enable_gqa=True)
 
 
@@ -104,6 +110,8 @@ def _rope_attention_baselines(liger) -> dict:
     found = {"sdpa_gqa+rope": _sdpa_gqa_after_rope}
     if liger:
         def liger_rope_sdpa(q, k, v, cos, sin, causal=True, sm_scale=None):
+            if cos.shape[-1] != q.shape[-1]:
+                raise ValueError("Liger's RoPE rotates the whole head: no partial rotary")
             q, k = liger.liger_rope(q, k, cos if cos.dim() == 3 else cos[None], sin if sin.dim() == 3 else sin[None])
             return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=sm_scale, enable_gqa=True)
         found["liger_rope+sdpa_gqa"] = liger_rope_sdpa
@@ -118,6 +126,8 @@ def _rope_attention_flops(s):
 # the models' attention shapes: TinyLlama (Hq 32, Hkv 4, D 64), Llama-3-8B (32, 8, 128), Qwen2-1.5B (12, 2, 128)
 _TINYLLAMA, _LLAMA3, _QWEN2 = ({"Hq": 32, "Hkv": 4, "D": 64}, {"Hq": 32, "Hkv": 8, "D": 128},
                                {"Hq": 12, "Hkv": 2, "D": 128})
+# and partial rotary (R: the rotary dim): Pythia-410M's GPT-NeoX attention (a quarter of D 64), Phi-2's (32 of 80)
+_NEOX, _PHI2 = {"Hq": 16, "Hkv": 16, "D": 64, "R": 16}, {"Hq": 32, "Hkv": 32, "D": 80, "R": 32}
 
 def rope_attention_module_site(name, m):
     """An HF attention module (see autokernel/ops/attention_sites.py) that passes the probe against the reference."""
@@ -129,7 +139,8 @@ SPEC = KernelSpec(
     reference=rope_attention_ref,
     make_inputs=_rope_attention_inputs(),
     shapes=[{"B": b, **model, "S": 2048, "causal": True}
-            for model, batches in ((_TINYLLAMA, (1, 2, 4)), (_LLAMA3, (1, 2, 4)), (_QWEN2, (1, 4))) for b in batches]
+            for model, batches in ((_TINYLLAMA, (1, 2, 4)), (_LLAMA3, (1, 2, 4)), (_QWEN2, (1,))) for b in batches]
+           + [{"B": 1, **model, "S": 2048, "causal": True} for model in (_NEOX, _PHI2)]
            + [{"B": 2, "Hq": 16, "Hkv": 16, "S": 1024, "D": 64, "causal": False, "sm_scale": 0.1}],
     small_shapes=[{"B": 1, "Hq": 2, "Hkv": 2, "S": 32, "D": 64, "causal": True},
                   {"B": 2, "Hq": 4, "Hkv": 1, "S": 48, "D": 64, "causal": True},
@@ -138,18 +149,20 @@ SPEC = KernelSpec(
                   # and k, which eager and the kernel both do, took 9 of 100 seeds past bf16's tolerance; at 0.12
                   # eager's worst of 100 is 0.67 of it, the starter's of 150 0.66, and a kernel that ignores
                   # sm_scale is still off by 12x the tolerance or more
-                  {"B": 1, "Hq": 4, "Hkv": 2, "S": 64, "D": 128, "causal": False, "sm_scale": 0.12}],
+                  {"B": 1, "Hq": 4, "Hkv": 2, "S": 64, "D": 128, "causal": False, "sm_scale": 0.12},
+                  {"B": 1, "Hq": 2, "Hkv": 2, "S": 48, "D": 64, "R": 16, "causal": True}],
     edge_shapes=[{"B": 1, **_TINYLLAMA, "S": 1023, "causal": True}, {"B": 1, **_QWEN2, "S": 1537, "causal": True},
                  {"B": 1, "Hq": 8, "Hkv": 2, "S": 1000, "D": 96, "causal": True},
                  {"B": 1, "Hq": 4, "Hkv": 1, "S": 4097, "D": 64, "causal": False}],
     small_edge_shapes=[{"B": 1, "Hq": 2, "Hkv": 1, "S": 37, "D": 96, "causal": True},
                        {"B": 1, "Hq": 4, "Hkv": 4, "S": 97, "D": 64, "causal": False},
-                       {"B": 1, "Hq": 2, "Hkv": 1, "S": 129, "D": 32, "causal": True}],
+                       {"B": 1, "Hq": 2, "Hkv": 1, "S": 129, "D": 32, "causal": True},
+                       {"B": 1, "Hq": 2, "Hkv": 2, "S": 37, "D": 80, "R": 32, "causal": True}],
     bench_shape={"B": 1, **_TINYLLAMA, "S": 2048, "causal": True},
     small_bench_shape={"B": 1, "Hq": 2, "Hkv": 1, "S": 128, "D": 64, "causal": True},
     # q and the output once per query head, k and v once per kv head (no repeated copy), the two tables once
     bytes_moved=lambda s, dt: (2 * numel(s, "B", "Hq", "S", "D") + 2 * numel(s, "B", "Hkv", "S", "D")
-                               + 2 * numel(s, "S", "D")) * esize(dt),
+                               + 2 * s["S"] * s.get("R", s["D"])) * esize(dt),
     flops=_rope_attention_flops,
     # scores of +-64 sigma: exp() without a running max overflows even in fp32. Rotated by quarter turns, which
     # round nothing: at such scores the 16-bit rounding of a rotated q and k (eager's too) moves a score by
@@ -159,7 +172,8 @@ SPEC = KernelSpec(
                  "long_positions": _rope_attention_inputs(offset=100_000)},
     adversarial_tolerance={"large_scores": 4.0},  # as flash_attention's: fp32 rounding of scores near 250
     noncontiguous=_rope_attention_noncontiguous,
-    description="RoPE (rotate-half) on q and k, grouped-query attention, [batch, heads, seq, head_dim]",
+    description="RoPE (rotate-half, on the first R features of a head: partial where R < D) on q and k, "
+                "grouped-query attention, [batch, heads, seq, head_dim]",
     profiling=Profiling(modules=re.compile(r"Attention"), module_needs=frozenset(ATTENTION_OPS),
                         module_needs_function=re.compile(r"rotary|rotate_half|(?<![a-z])rope(?![a-z])", re.I),
                         module_leaves=frozenset({"aten::linear"}), module_shape=_rope_attention_shape, opt_in=True),
