@@ -81,7 +81,7 @@ def test_a_held_helper_starts_nothing_until_it_is_let_go(tmp_path):
 def test_two_helpers_compile_side_by_side_and_one_that_dies_fails_its_model_at_once(tmp_path):
     """Each helper is handed the plan's first model none has begun; one that exits mid-compile leaves its model
     failed, so that the prune waiting for it compiles it itself at once, and the other helper goes on with the
-    rest."""
+    rest. Once the prune is done, a helper still compiling is stopped at once, not waited for."""
     helper = ahead.Ahead(tiny_llama(tmp_path, types="rmsnorm"), "aot_eager", helpers=2)
     try:
         helper.plan([([], None), (["rmsnorm"], 1), (["rmsnorm"], 2)])
@@ -91,8 +91,11 @@ def test_two_helpers_compile_side_by_side_and_one_that_dies_fails_its_model_at_o
         assert time.monotonic() - began < 30 and helper.state["@whole"] == "failed"
         assert helper.failures["@whole"] == "the helper exited"
         assert settled(helper, ["rmsnorm@1", "rmsnorm@2"]) == {"rmsnorm@1": "done", "rmsnorm@2": "done"}
+        helper.plan([(["rmsnorm"], 3)])  # handed to the helper left, which is compiling it when the prune is done
+        began = time.monotonic()
     finally:
         helper.close()
+    assert time.monotonic() - began < 3 and helper.procs[1].returncode == -signal.SIGKILL  # not waited for
     events = [line.split(" s ", 1)[1] for line in helper.timeline]
     assert events[:2] == ["start @whole", "start rmsnorm@1"]  # both at work before either finished
 

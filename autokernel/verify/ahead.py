@@ -119,19 +119,20 @@ class Ahead:
                 self._signal(signal.SIGCONT)
 
     def close(self) -> None:
-        """Hang up on the helpers, and stop what is left of their process groups (compile workers) within 5 s: a
-        worker that outlived the prune would hold the GPU and Inductor's locks in the next run."""
+        """Hang up on the helpers, and stop what is left of their process groups (compile workers): a helper still
+        compiling at once (what it compiles, nobody waits for: the rows would wait up to 5 s for it), an idle one
+        once it has read the end of its input, within 5 s. A worker that outlived the prune would hold the GPU and
+        Inductor's locks in the next run."""
+        with self.changed:
+            busy = [proc for proc, key in zip(self.procs, self.busy) if key is not None]
         for proc in self.procs:
-            try:
+            with contextlib.suppress(OSError):
                 proc.stdin.close()
-            except OSError:
-                pass
         deadline = time.monotonic() + 5
         for proc in self.procs:
-            try:
-                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
+            if proc not in busy:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         self._signal(signal.SIGKILL)
         for proc in self.procs:
             proc.wait()
