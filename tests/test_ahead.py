@@ -96,6 +96,7 @@ def test_two_helpers_compile_side_by_side_and_one_that_dies_fails_its_model_at_o
     finally:
         helper.close()
     assert time.monotonic() - began < 3 and helper.procs[1].returncode == -signal.SIGKILL  # not waited for
+    assert helper.state["rmsnorm@3"] == "stopped" and "rmsnorm@3" not in helper.failures
     events = [line.split(" s ", 1)[1] for line in helper.timeline]
     assert events[:2] == ["start @whole", "start rmsnorm@1"]  # both at work before either finished
 

@@ -63,7 +63,7 @@ class Ahead:
             with contextlib.suppress(OSError):
                 os.setpriority(os.PRIO_PROCESS, proc.pid, NICE)
         self._holds = 0
-        self.state: dict[str, str] = {}  # job's key -> "start", "done" or "failed"
+        self.state: dict[str, str] = {}  # job's key -> "start", "done", "failed" or "stopped" (by close())
         self.jobs: list[dict] = []  # the plan last made
         self.taken: set[str] = set()  # the models the prune compiled: never planned again
         self.busy: list[str | None] = [None] * helpers  # the key each helper compiles now
@@ -125,6 +125,10 @@ class Ahead:
         Inductor's locks in the next run."""
         with self.changed:
             busy = [proc for proc, key in zip(self.procs, self.busy) if key is not None]
+            for helper, key in enumerate(self.busy):  # stopped, not failed: nothing wrong with it
+                if key is not None:
+                    self.state[key], self.busy[helper] = "stopped", None
+                    self._event(f"stopped {key}")
         for proc in self.procs:
             with contextlib.suppress(OSError):
                 proc.stdin.close()
