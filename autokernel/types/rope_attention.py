@@ -92,8 +92,8 @@ def _rope_attention_shape(hidden_shape, members) -> dict | None:
     for op in members:  # each op's [B, H, S, D] operands, less the broadcast partners (cos [1, 1, S, D])
         four_d = [tuple(t) for t in op.shapes if isinstance(t, (list, tuple)) and len(t) == 4]
         heads += [t[1] for t in four_d if (t[0], t[2], t[3]) == (b, s, d) and t[1] == max(o[1] for o in four_d)]
-        # tables [1 or B, 1, S, R] narrower than the head: partial rotary on R features
-        rotary += [t[3] for t in four_d if t[1] == 1 and t[2] == s and 0 < t[3] < d and t[3] % 2 == 0]
+        # tables [1 or B, 1, S, R] narrower than the head: partial rotary on R features (a mask [B, 1, S, S] is not)
+        rotary += [t[3] for t in four_d if t[1] == 1 and t[2] == s and 0 < t[3] < d and t[3] % 2 == 0 and t[3] != s]
     return {"B": b, "Hq": shape["H"], "Hkv": min(heads, default=shape["H"]), "S": s, "D": d,
             **({"R": max(rotary)} if rotary else {}), **{k: shape[k] for k in ("causal", "sm_scale") if k in shape}}
 
