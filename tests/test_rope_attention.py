@@ -94,13 +94,14 @@ def test_optimize_runs_hf_llama_attention_as_one_kernel_call(interpreter, tmp_pa
     assert not [s for s in sites if s.kernel_type in ("rotary_embedding", "flash_attention") and s.calls]
 
 
-def test_under_torch_compile_the_kernel_is_one_node_of_the_graph(interpreter, tmp_path):
+@pytest.mark.parametrize("family, layers", [("llama", 2), ("gpt_neox", 1)])
+def test_under_torch_compile_the_kernel_is_one_node_of_the_graph(interpreter, tmp_path, family, layers):
     # transformers builds a causal mask tensor while compiling (a layer given a mask falls back); the type's
     # create_causal_mask patch passes None where eager transformers would, so the kernel runs compiled too
-    model, ids = _tiny_llama(), _ids()
+    model, ids = (_tiny_llama() if family == "llama" else _tiny_neox()), _ids()
     with torch.no_grad():
         ops = compiled_ops(_optimize(model, tmp_path / "none", [TYPE]), model, ids)
-    assert sum(f"autokernel.{TYPE}" in op for op in ops) == 2  # one per layer
+    assert sum(f"autokernel.{TYPE}" in op for op in ops) == layers  # one per layer
     assert not any("scaled_dot_product" in op for op in ops)
 
 
