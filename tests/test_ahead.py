@@ -236,6 +236,16 @@ def test_copies_cut_deeper_were_planned_before_the_first_trial_compiles_them(mon
     assert not [k for plan in told.plans[deep - 1:] for k in plan if k.endswith("@2")]
 
 
+def test_the_first_plan_goes_out_as_the_model_is_loaded(interpreter, tmp_path):
+    """verify plans the compiled side's first models as soon as its model is loaded, before the outputs are checked
+    (the helpers, started before the load, compile while the check runs): the kept set of every type with a site
+    swapped in, cut to one and two blocks, first."""
+    model, optimized, _ = verification.loaded(tiny_llama(tmp_path, types="rmsnorm,add_rmsnorm"), "cpu")
+    told = Told()
+    pruning.plan_ahead(told, model, optimized, shallow_trials=True)
+    assert told.plans[0][:2] == ["add_rmsnorm,rmsnorm@1", "add_rmsnorm,rmsnorm@2"]
+
+
 def test_a_type_the_eager_side_leaves_out_leaves_the_helper_s_plan(monkeypatch):
     """prune_deployed tells the helper the compiled side's trials before the eager side runs, and again after each of
     its trials: the kept set's copies first, without each type the eager side left out (a kernel that loses graphed
@@ -294,19 +304,14 @@ def test_the_cpu_checks_inductor_runs_before_its_first_c_kernel_run_side_by_side
     assert listed == [sorted(asked)]  # after every check
 
 
-def test_no_helper_where_a_second_copy_of_the_weights_would_crowd_the_gpu(monkeypatch, capsys):
-    """--compile-ahead loads the weights again: where they would take more than a quarter of the free GPU memory,
-    verify says so in one line and prunes without the helper; two helpers where two copies fit and the host has 8
-    CPUs or more, none on a host of fewer than 4."""
-    model = torch.nn.Linear(1024, 1024)  # 4 MiB of weights
+def test_no_helper_where_a_copy_of_the_weights_would_crowd_the_gpu(monkeypatch):
+    """--compile-ahead loads the weights again in each helper, before verify loads its own: where a copy would take
+    more than a quarter of the memory the model's own copy leaves, verify says so in one line and prunes without
+    helpers; two where two copies fit and the host has 8 CPUs or more, none on a host of fewer than 4. The weights
+    are counted on a copy built on the meta device."""
+    weights = 4 * 2**20  # a Linear(1024, 1024) in fp32
     request = verification.Request(class_name="X", compile=True, compile_ahead=True)
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (8 * 2**20, 80 * 2**30))  # 8 MiB free
-    with verification._compiling_ahead(request, model, "cuda", "eager,compile_graph") as helper:
-        assert helper is None
-    assert "compiling ahead: off, a second copy of the weights (0.0 GiB)" in capsys.readouterr().out
-    with verification._compiling_ahead(request, model, "cuda", "eager,graph") as helper:  # no compiled side
-        assert helper is None
-    started = []
+    said, started = [], []
 
     class Started:
         state, failures, waited = {}, {}, 0.0
@@ -317,9 +322,28 @@ def test_no_helper_where_a_second_copy_of_the_weights_would_crowd_the_gpu(monkey
         def close(self):
             pass
     monkeypatch.setattr(ahead, "Ahead", Started)
-    for free_mib, cpus in [(20, 16), (64, 16), (64, 6), (64, 2)]:  # room for one copy, for four; 6 CPUs, 2 CPUs
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (12 * 2**20, 80 * 2**30))  # 8 MiB left by the model
+    with ahead.started(request, "cuda", "eager,compile_graph", said.append, weights) as helpers:
+        assert helpers is None
+    assert said[-1] == "compiling ahead: off, a copy of the weights (0.0 GiB) would take more than 25% of the free " \
+                       "GPU memory (0.0 GiB)"
+    with ahead.started(request, "cuda", "eager,graph", said.append, weights) as helpers:  # no compiled side
+        assert helpers is None
+    for free_mib, cpus in [(20, 16), (68, 16), (68, 6), (68, 2)]:  # room for one copy, for four; 6 CPUs, 2 CPUs
         monkeypatch.setattr(torch.cuda, "mem_get_info", lambda free_mib=free_mib: (free_mib * 2**20, 80 * 2**30))
-        monkeypatch.setattr(verification.os, "cpu_count", lambda cpus=cpus: cpus)
-        with verification._compiling_ahead(request, model, "cuda", "eager,compile_graph"):
+        monkeypatch.setattr(ahead.os, "cpu_count", lambda cpus=cpus: cpus)
+        with ahead.started(request, "cuda", "eager,compile_graph", said.append, weights):
             pass
-    assert started == [1, 2, 1] and "compiling ahead: off, 2 CPUs" in capsys.readouterr().out
+    assert started == [1, 2, 1] and said[-1] == "compiling ahead: off, 2 CPUs"
+    monkeypatch.setattr(ahead, "weights_bytes", lambda request: None)  # a model the meta device cannot build
+    with ahead.started(request, "cuda", "eager,compile_graph", said.append) as helpers:
+        assert helpers is None and "could not be counted" in said[-1]
+
+
+def test_the_weights_are_counted_without_loading_them(tmp_path):
+    """ahead.weights_bytes builds verify's model on the meta device: the bytes of the copy verify then loads."""
+    request = tiny_llama(tmp_path, dtype="fp16")
+    model, _, _ = verification.loaded(request, "cpu")
+    assert ahead.weights_bytes(request) == sum(t.numel() * t.element_size()
+                                              for t in [*model.parameters(), *model.buffers()]) > 0
+    assert ahead.weights_bytes(verification.Request(class_name="Nothing", module="torch.nn")) is None

@@ -36,11 +36,13 @@ from pathlib import Path
 from autokernel import compat
 from autokernel.compat import ROOT
 
-__all__ = ["Ahead", "jobs", "kernel_set", "quiet", "wait"]
+__all__ = ["Ahead", "jobs", "kernel_set", "quiet", "started", "wait", "weights_bytes"]
 
 WAIT_S = 240.0  # the longest the prune waits for a model the helper is compiling (a whole 2B model: ~30 s cold)
 NICE = 10  # the helpers' priority, and their compile workers' (who inherit it): below the prune's
 COMPILE_SHARE = 2  # the helpers' Inductor compile workers, together: this part of the CPUs (the prune compiles too)
+HELPERS = 2  # verify's helpers: at most this many, one per 4 CPUs
+MEMORY_SHARE = 0.25  # each loads the weights again: all their copies at most this part of the free memory
 
 
 class Ahead:
@@ -188,6 +190,57 @@ class Ahead:
         self.busy[helper] = None
         self._hand_out()
         self.changed.notify_all()
+
+
+def weights_bytes(request) -> int | None:
+    """The bytes of verify's model's weights and buffers, counted on a copy built on the meta device (no memory, no
+    initialization; a pretrained model from its config), or None where it cannot be built so."""
+    from autokernel.models import load_model
+    from autokernel.registry import parse_dtype
+
+    try:
+        model = load_model(request.class_name, model_file=request.model, module=request.module, config=request.config,
+                           device="meta", dtype=parse_dtype(request.dtype))
+    except Exception:  # a model that computes something while it is built: no helpers
+        return None
+    return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+
+
+@contextlib.contextmanager
+def started(request, device: str, mode: str, say, weights: int | None = None):
+    """Helpers compiling the compiled prune's next models (Ahead) for verify's request, or None: on a GPU, where the
+    prune runs on the compiled side (mode: verify's deploy modes), as many as HELPERS whose copies of the weights
+    (weights bytes, else counted by weights_bytes) take at most MEMORY_SHARE of the memory the model's own copy
+    leaves, one per 4 CPUs. They start before verify loads its model, and load theirs beside it; say(line) tells
+    how many, or why none."""
+    import torch
+
+    from autokernel.verify import endtoend
+
+    if not (device == "cuda" and request.compile_ahead and not request.keep_all and not request.no_timing
+            and any(m.startswith("compile") for m in mode.split(","))):
+        yield None
+        return
+    weights = weights if weights is not None else weights_bytes(request)
+    free = torch.cuda.mem_get_info()[0] - (weights or 0)  # what the model's own copy, loaded next, leaves
+    count = min(HELPERS, (os.cpu_count() or 1) // 4, int(MEMORY_SHARE * free // max(weights or 1, 1)))
+    if weights is None or count < 1:
+        why = "the model's weights could not be counted on the meta device" if weights is None else \
+            f"a copy of the weights ({weights / 2**30:.1f} GiB) would take more than {MEMORY_SHARE:.0%} of the " \
+            f"free GPU memory ({free / 2**30:.1f} GiB)" if weights > MEMORY_SHARE * free else f"{os.cpu_count()} CPUs"
+        say(f"compiling ahead: off, {why}")
+        yield None
+        return
+    helpers = Ahead(request, endtoend.backend_for(device), count)
+    say(f"compiling ahead: {count} more process{'es' * (count > 1)} compile the compiled prune's next models into "
+        "Inductor's cache")
+    try:
+        yield helpers
+    finally:
+        helpers.close()
+        done = sum(how == "done" for how in helpers.state.values())
+        say(f"compiling ahead: {done} models compiled for the prune, {len(helpers.failures)} failed, "
+            f"{helpers.waited:.0f} s waited for them")
 
 
 def jobs(keep: list[str], upcoming: list[list[str]], depths, deeper: int | None = None) -> list[tuple]:

@@ -59,6 +59,13 @@ def prune_deployed(model, optimized: swap.Optimized, inputs: Callable, device: s
                             memory)
 
 
+def plan_ahead(ahead: compiling_ahead.Ahead, model, optimized: swap.Optimized, shallow_trials: bool) -> None:
+    """The helpers' first plan, before the outputs are checked (prune_deployed plans again as it begins): the
+    compiled side's first models, of every type with a site swapped in (the check then runs them, most often all)."""
+    _plan_compiled_side(ahead, model, optimized, shallow_trials,
+                        sorted({s.kernel_type for s in optimized.sites() if s.swapped}))
+
+
 def _plan_compiled_side(ahead: compiling_ahead.Ahead, model, optimized: swap.Optimized, shallow_trials: bool,
                         types: list[str], decided: dict | None = None):
     """Tell the helper what the compiled side's prune will compile first, as far as it is known before it begins

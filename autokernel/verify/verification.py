@@ -5,7 +5,6 @@ files in turns, export the kept kernels. `verify(Request(...))` returns the repo
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -20,8 +19,6 @@ from autokernel.verify import noise
 CHECK_INPUTS = 3  # fresh inputs the optimized model must match the original on (endtoend.CHECK_INPUTS)
 DEPLOY_MODES = ("eager", "graph", "compile", "compile_graph")  # how a user runs the model; the prune's yardstick
 DEFAULT_KERNELS = ROOT / "workspace" / "kernels"
-AHEAD_MEMORY_SHARE = 0.25  # the helpers compiling ahead load the weights again: at most this part of the free memory
-AHEAD_HELPERS = 2  # at most this many, one per 4 CPUs
 
 
 @dataclass
@@ -106,15 +103,18 @@ def verify(request: Request) -> dict:
 
     from autokernel.models import parse_shape
     from autokernel.registry import parse_dtype
-    from autokernel.verify import endtoend, regionverify
+    from autokernel.verify import ahead, endtoend, pruning, regionverify
 
     dtype, shape = parse_dtype(request.dtype), parse_shape(request.input_shape)
     step = Steps()
     step("loading the model and placing the kernels")
     if request.compile and device == "cuda":
         compat.check_cpu_isas()  # while the model loads: else in the prune's first compile, one after another
-    model, optimized, inputs = loaded(request, device)  # optimize()'s choices: the prune below decides afresh
-    with torch.no_grad(), _compiling_ahead(request, model, device, mode) as ahead:
+    # the helpers load their copies while this process loads its own, and compile from the check on
+    with torch.no_grad(), ahead.started(request, device, mode, _progress) as helpers:
+        model, optimized, inputs = loaded(request, device)  # optimize()'s choices: the prune below decides afresh
+        if helpers is not None:
+            pruning.plan_ahead(helpers, model, optimized, request.shallow_trials)
         choices = optimized.choices
         warnings = _origin_warnings(request, choices, shape, dtype)
         step(f"checking the outputs on {request.checks} input{'s' * (request.checks > 1)}")
@@ -122,7 +122,7 @@ def verify(request: Request) -> dict:
         sites = [s.to_dict() for s in optimized.sites()]  # calls counted over the checked forwards only
         checked_types = optimized.swapped_types()
         passed = correctness["status"] == "PASS"
-        measured = _measure(request, model, optimized, choices, inputs, device, mode, passed, ahead, step)
+        measured = _measure(request, model, optimized, choices, inputs, device, mode, passed, helpers, step)
         step("checking the region kernels under torch.compile" if request.compile and passed else None)
         regions = regionverify.verify_regions(model, optimized.module(), request.kernels, inputs, device,
                                               not request.no_timing and device == "cuda", request.cuda_graph) \
@@ -149,7 +149,7 @@ def verify(request: Request) -> dict:
         "regions": regions,  # region kernels under torch.compile (regionverify.py), None without any or --compile
         "compile_backend": endtoend.backend_for(device), "torch": torch.__version__, "triton": _triton_version(),
         "command": request.command, "steps_s": step.seconds,
-        "compiling_ahead": ahead.timeline if ahead is not None else None,  # the helper's jobs and the prune's waits
+        "compiling_ahead": helpers.timeline if helpers is not None else None,  # the helper's jobs and the prune's waits
     }
 
 
@@ -190,41 +190,6 @@ def loaded(request: Request, device: str) -> tuple:
         optimized = optimize(model, request.kernels, _kernel_types(request), starters=ROOT / "kernels", verified=None,
                              quiet=True).autokernel
     return model, optimized, lambda seed: _inputs(model, shape, device, dtype, seed)
-
-
-@contextlib.contextmanager
-def _compiling_ahead(request: Request, model, device: str, mode: str):
-    """Helper processes that compile the compiled prune's next models while it times (ahead.Ahead), or None: on a
-    GPU, where the prune runs on the compiled side, as many as AHEAD_HELPERS whose copies of the weights take at
-    most AHEAD_MEMORY_SHARE of the free memory, one per 4 CPUs."""
-    import torch
-
-    from autokernel.verify import ahead, endtoend
-
-    if not (device == "cuda" and request.compile_ahead and not request.keep_all and not request.no_timing
-            and any(m.startswith("compile") for m in mode.split(","))):
-        yield None
-        return
-    weights = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
-    free = torch.cuda.mem_get_info()[0]
-    helpers = min(AHEAD_HELPERS, (os.cpu_count() or 1) // 4, int(AHEAD_MEMORY_SHARE * free // max(weights, 1)))
-    if helpers < 1:
-        why = f"a second copy of the weights ({weights / 2**30:.1f} GiB) would take more than " \
-              f"{AHEAD_MEMORY_SHARE:.0%} of the free GPU memory ({free / 2**30:.1f} GiB)" \
-            if weights > AHEAD_MEMORY_SHARE * free else f"{os.cpu_count()} CPUs"
-        _progress(f"compiling ahead: off, {why}")
-        yield None
-        return
-    helper = ahead.Ahead(request, endtoend.backend_for(device), helpers)
-    _progress(f"compiling ahead: {helpers} more process{'es' * (helpers > 1)} compile the compiled prune's next "
-              "models into Inductor's cache")
-    try:
-        yield helper
-    finally:
-        helper.close()
-        done = sum(how == "done" for how in helper.state.values())
-        _progress(f"compiling ahead: {done} models compiled for the prune, {len(helper.failures)} failed, "
-                  f"{helper.waited:.0f} s waited for them")
 
 
 def _checked(request: Request) -> tuple[str, str]:
