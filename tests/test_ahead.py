@@ -307,8 +307,7 @@ def test_the_cpu_checks_inductor_runs_before_its_first_c_kernel_run_side_by_side
 def test_no_helper_where_a_copy_of_the_weights_would_crowd_the_gpu(monkeypatch):
     """--compile-ahead loads the weights again in each helper, before verify loads its own: where a copy would take
     more than a quarter of the memory the model's own copy leaves, verify says so in one line and prunes without
-    helpers; two where two copies fit and the host has 8 CPUs or more, none on a host of fewer than 4. The weights
-    are counted on a copy built on the meta device."""
+    helpers; two where two copies fit and the host has 8 CPUs or more, none on a host of fewer than 4."""
     weights = 4 * 2**20  # a Linear(1024, 1024) in fp32
     request = verification.Request(class_name="X", compile=True, compile_ahead=True)
     said, started = [], []
@@ -335,9 +334,12 @@ def test_no_helper_where_a_copy_of_the_weights_would_crowd_the_gpu(monkeypatch):
         with ahead.started(request, "cuda", "eager,compile_graph", said.append, weights):
             pass
     assert started == [1, 2, 1] and said[-1] == "compiling ahead: off, 2 CPUs"
-    monkeypatch.setattr(ahead, "weights_bytes", lambda request: None)  # a model the meta device cannot build
-    with ahead.started(request, "cuda", "eager,compile_graph", said.append) as helpers:
-        assert helpers is None and "could not be counted" in said[-1]
+    # counted once loaded (a pretrained model): the model's own copy is in memory already, none of it left to take
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (16 * 2**20, 80 * 2**30))
+    monkeypatch.setattr(ahead.os, "cpu_count", lambda: 16)
+    with ahead.started(request, "cuda", "eager,compile_graph", said.append, weights, loaded=True):
+        pass
+    assert started == [1, 2, 1, 1]
 
 
 def test_the_weights_are_counted_without_loading_them(tmp_path):
@@ -347,3 +349,5 @@ def test_the_weights_are_counted_without_loading_them(tmp_path):
     assert ahead.weights_bytes(request) == sum(t.numel() * t.element_size()
                                               for t in [*model.parameters(), *model.buffers()]) > 0
     assert ahead.weights_bytes(verification.Request(class_name="Nothing", module="torch.nn")) is None
+    request.pretrained = True  # its weights are read, its config from the local cache only: counted once loaded
+    assert ahead.weights_bytes(request) is None and ahead.weights_bytes(model=model) > 0

@@ -36,7 +36,7 @@ from pathlib import Path
 from autokernel import compat
 from autokernel.compat import ROOT
 
-__all__ = ["Ahead", "jobs", "kernel_set", "quiet", "started", "wait", "weights_bytes"]
+__all__ = ["Ahead", "jobs", "kernel_set", "quiet", "started", "wait", "wanted", "weights_bytes"]
 
 WAIT_S = 240.0  # the longest the prune waits for a model the helper is compiling (a whole 2B model: ~30 s cold)
 NICE = 10  # the helpers' priority, and their compile workers' (who inherit it): below the prune's
@@ -192,42 +192,50 @@ class Ahead:
         self.changed.notify_all()
 
 
-def weights_bytes(request) -> int | None:
-    """The bytes of verify's model's weights and buffers, counted on a copy built on the meta device (no memory, no
-    initialization; a pretrained model from its config), or None where it cannot be built so."""
-    from autokernel.models import load_model
-    from autokernel.registry import parse_dtype
+def weights_bytes(request=None, model=None) -> int | None:
+    """The bytes of a model's weights and buffers: of `model`, or of verify's request's model counted on a copy built
+    on the meta device (no memory, no initialization), None where it cannot be built so (a pretrained model: its
+    weights are read, and its config only from the local cache; it is counted once loaded)."""
+    if model is None:
+        from autokernel.models import load_model
+        from autokernel.registry import parse_dtype
 
-    try:
-        model = load_model(request.class_name, model_file=request.model, module=request.module, config=request.config,
-                           device="meta", dtype=parse_dtype(request.dtype))
-    except Exception:  # a model that computes something while it is built: no helpers
-        return None
+        if request.pretrained:
+            return None
+        try:
+            model = load_model(request.class_name, model_file=request.model, module=request.module,
+                               config=request.config, device="meta", dtype=parse_dtype(request.dtype))
+        except Exception:  # a model that computes something while it is built
+            return None
     return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
 
 
+def wanted(request, device: str, mode: str) -> bool:
+    """Whether verify's request gets helpers at all: on a GPU, a prune with a compiled side (mode: its deploy
+    modes), --compile-ahead on."""
+    return (device == "cuda" and request.compile_ahead and not request.keep_all and not request.no_timing
+            and any(m.startswith("compile") for m in mode.split(",")))
+
+
 @contextlib.contextmanager
-def started(request, device: str, mode: str, say, weights: int | None = None):
+def started(request, device: str, mode: str, say, weights: int, loaded: bool = False):
     """Helpers compiling the compiled prune's next models (Ahead) for verify's request, or None: on a GPU, where the
     prune runs on the compiled side (mode: verify's deploy modes), as many as HELPERS whose copies of the weights
-    (weights bytes, else counted by weights_bytes) take at most MEMORY_SHARE of the memory the model's own copy
-    leaves, one per 4 CPUs. They start before verify loads its model, and load theirs beside it; say(line) tells
+    (weights bytes: weights_bytes) take at most MEMORY_SHARE of the memory the model's own copy leaves (loaded:
+    that copy is in memory already; else verify loads it beside the helpers' own), one per 4 CPUs; say(line) tells
     how many, or why none."""
     import torch
 
     from autokernel.verify import endtoend
 
-    if not (device == "cuda" and request.compile_ahead and not request.keep_all and not request.no_timing
-            and any(m.startswith("compile") for m in mode.split(","))):
+    if not wanted(request, device, mode):
         yield None
         return
-    weights = weights if weights is not None else weights_bytes(request)
-    free = torch.cuda.mem_get_info()[0] - (weights or 0)  # what the model's own copy, loaded next, leaves
-    count = min(HELPERS, (os.cpu_count() or 1) // 4, int(MEMORY_SHARE * free // max(weights or 1, 1)))
-    if weights is None or count < 1:
-        why = "the model's weights could not be counted on the meta device" if weights is None else \
-            f"a copy of the weights ({weights / 2**30:.1f} GiB) would take more than {MEMORY_SHARE:.0%} of the " \
-            f"free GPU memory ({free / 2**30:.1f} GiB)" if weights > MEMORY_SHARE * free else f"{os.cpu_count()} CPUs"
+    free = torch.cuda.mem_get_info()[0] - (0 if loaded else weights)  # what the model's own copy leaves
+    count = min(HELPERS, (os.cpu_count() or 1) // 4, int(MEMORY_SHARE * free // max(weights, 1)))
+    if count < 1:
+        why = f"a copy of the weights ({weights / 2**30:.1f} GiB) would take more than {MEMORY_SHARE:.0%} of the " \
+              f"free GPU memory ({free / 2**30:.1f} GiB)" if weights > MEMORY_SHARE * free else f"{os.cpu_count()} CPUs"
         say(f"compiling ahead: off, {why}")
         yield None
         return

@@ -5,6 +5,7 @@ files in turns, export the kept kernels. `verify(Request(...))` returns the repo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -110,9 +111,16 @@ def verify(request: Request) -> dict:
     step("loading the model and placing the kernels")
     if request.compile and device == "cuda":
         compat.check_cpu_isas()  # while the model loads: else in the prune's first compile, one after another
-    # the helpers load their copies while this process loads its own, and compile from the check on
-    with torch.no_grad(), ahead.started(request, device, mode, _progress) as helpers:
+    # the helpers load their copies while this process loads its own (where the weights can be counted before), and
+    # compile from the check on
+    with torch.no_grad(), contextlib.ExitStack() as stack:
+        weights = ahead.weights_bytes(request) if ahead.wanted(request, device, mode) else None
+        helpers = None if weights is None else stack.enter_context(ahead.started(request, device, mode, _progress,
+                                                                                 weights))
         model, optimized, inputs = loaded(request, device)  # optimize()'s choices: the prune below decides afresh
+        if weights is None:
+            helpers = stack.enter_context(ahead.started(request, device, mode, _progress,
+                                                        ahead.weights_bytes(model=model), loaded=True))
         if helpers is not None:
             pruning.plan_ahead(helpers, model, optimized, request.shallow_trials)
         choices = optimized.choices
