@@ -104,25 +104,15 @@ def verify(request: Request) -> dict:
 
     from autokernel.models import parse_shape
     from autokernel.registry import parse_dtype
-    from autokernel.verify import ahead, endtoend, pruning, regionverify
+    from autokernel.verify import endtoend, regionverify
 
     dtype, shape = parse_dtype(request.dtype), parse_shape(request.input_shape)
     step = Steps()
     step("loading the model and placing the kernels")
     if request.compile and device == "cuda":
         compat.check_cpu_isas()  # while the model loads: else in the prune's first compile, one after another
-    # the helpers load their copies while this process loads its own (where the weights can be counted before), and
-    # compile from the check on
     with torch.no_grad(), contextlib.ExitStack() as stack:
-        weights = ahead.weights_bytes(request) if ahead.wanted(request, device, mode) else None
-        helpers = None if weights is None else stack.enter_context(ahead.started(request, device, mode, _progress,
-                                                                                 weights))
-        model, optimized, inputs = loaded(request, device)  # optimize()'s choices: the prune below decides afresh
-        if weights is None:
-            helpers = stack.enter_context(ahead.started(request, device, mode, _progress,
-                                                        ahead.weights_bytes(model=model), loaded=True))
-        if helpers is not None:
-            pruning.plan_ahead(helpers, model, optimized, request.shallow_trials)
+        model, optimized, inputs, helpers = _loaded_with_helpers(request, device, mode, stack)
         choices = optimized.choices
         warnings = _origin_warnings(request, choices, shape, dtype)
         step(f"checking the outputs on {request.checks} input{'s' * (request.checks > 1)}")
@@ -180,6 +170,25 @@ class Steps:
 def duration(seconds: float) -> str:
     """'1m05s'."""
     return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+
+
+def _loaded_with_helpers(request: Request, device: str, mode: str, stack: contextlib.ExitStack) -> tuple:
+    """loaded()'s (model, optimized, inputs), and the helpers that compile ahead (ahead.started, or None) on stack:
+    started before the load, where the weights can be counted before (ahead.weights_bytes), so that they load their
+    copies while this process loads its own, else after it; told the compiled side's first models once it is loaded,
+    so that they compile while the outputs are checked."""
+    from autokernel.verify import ahead, pruning
+
+    weights = ahead.weights_bytes(request) if ahead.wanted(request, device, mode) else None
+    helpers = None if weights is None else stack.enter_context(ahead.started(request, device, mode, _progress,
+                                                                             weights))
+    model, optimized, inputs = loaded(request, device)  # optimize()'s choices: the prune decides afresh
+    if weights is None:
+        helpers = stack.enter_context(ahead.started(request, device, mode, _progress, ahead.weights_bytes(model=model),
+                                                    loaded=True))
+    if helpers is not None:
+        pruning.plan_ahead(helpers, model, optimized, request.shallow_trials)
+    return model, optimized, inputs, helpers
 
 
 def loaded(request: Request, device: str) -> tuple:
