@@ -343,11 +343,11 @@ def test_no_helper_where_a_copy_of_the_weights_would_crowd_the_gpu(monkeypatch):
 
 
 def test_the_weights_are_counted_without_loading_them(tmp_path):
-    """ahead.weights_bytes builds verify's model on the meta device: the bytes of the copy verify then loads."""
+    """ahead.weights_to_load builds verify's model on the meta device: the bytes of the copy verify then loads."""
     request = tiny_llama(tmp_path, dtype="fp16")
     model, _, _ = verification.loaded(request, "cpu")
-    assert ahead.weights_bytes(request) == sum(t.numel() * t.element_size()
+    assert ahead.weights_to_load(request) == sum(t.numel() * t.element_size()
                                               for t in [*model.parameters(), *model.buffers()]) > 0
-    assert ahead.weights_bytes(verification.Request(class_name="Nothing", module="torch.nn")) is None
+    assert ahead.weights_to_load(verification.Request(class_name="Nothing", module="torch.nn")) is None
     request.pretrained = True  # its weights are read, its config from the local cache only: counted once loaded
-    assert ahead.weights_bytes(request) is None and ahead.weights_bytes(model=model) > 0
+    assert ahead.weights_to_load(request) is None and ahead.weights_bytes(model) > 0

@@ -36,7 +36,7 @@ from pathlib import Path
 from autokernel import compat
 from autokernel.compat import ROOT
 
-__all__ = ["Ahead", "jobs", "kernel_set", "quiet", "started", "wait", "wanted", "weights_bytes"]
+__all__ = ["Ahead", "jobs", "kernel_set", "quiet", "started", "wait", "wanted", "weights_bytes", "weights_to_load"]
 
 WAIT_S = 240.0  # the longest the prune waits for a model the helper is compiling (a whole 2B model: ~30 s cold)
 NICE = 10  # the helpers' priority, and their compile workers' (who inherit it): below the prune's
@@ -66,7 +66,7 @@ class Ahead:
                 os.setpriority(os.PRIO_PROCESS, proc.pid, NICE)
         self._holds = 0
         self.state: dict[str, str] = {}  # job's key -> "start", "done", "failed" or "stopped" (by close())
-        self.jobs: list[dict] = []  # the plan last made
+        self.jobs: list[tuple[list[str], int | None]] = []  # the plan last made: (types, depth)
         self.taken: set[str] = set()  # the models the prune compiled: never planned again
         self.busy: list[str | None] = [None] * helpers  # the key each helper compiles now
         self.gone: set[int] = set()  # the helpers that exited
@@ -83,7 +83,7 @@ class Ahead:
         """The models the prune compiles next, in order: (kernel types, in the order the prune builds them with, and
         the blocks of the cut copy, or None: whole)."""
         with self.changed:
-            self.jobs = [{"types": list(types), "depth": depth} for types, depth in jobs
+            self.jobs = [(list(types), depth) for types, depth in jobs
                          if job_key(types, depth) not in self.taken]
             self._hand_out()
 
@@ -96,7 +96,7 @@ class Ahead:
             found = self.state.get(key)
             how = found or "not begun by the helper"
             if found is None:
-                self.plan((job["types"], job["depth"]) for job in self.jobs)
+                self.plan(self.jobs)
             elif found == "start":
                 began = time.monotonic()
                 self.changed.wait_for(lambda: self.state.get(key) != "start", WAIT_S)
@@ -145,14 +145,14 @@ class Ahead:
 
     def _hand_out(self) -> None:
         """Each idle helper its next model: the plan's first that none has begun (self.changed held)."""
-        pending = [job for job in self.jobs if job_key(job["types"], job["depth"]) not in self.state]
+        pending = [job for job in self.jobs if job_key(*job) not in self.state]
         for helper, key in enumerate(self.busy):
             if key is None and helper not in self.gone and pending:
                 job = pending.pop(0)
-                key = job_key(job["types"], job["depth"])
+                key = job_key(*job)
                 self.busy[helper], self.state[key] = key, "start"
                 self._event(f"start {key}")
-                self._send(helper, job)
+                self._send(helper, {"types": job[0], "depth": job[1]})
 
     def _signal(self, sig) -> None:
         for proc in self.procs:
@@ -192,22 +192,26 @@ class Ahead:
         self.changed.notify_all()
 
 
-def weights_bytes(request=None, model=None) -> int | None:
-    """The bytes of a model's weights and buffers: of `model`, or of verify's request's model counted on a copy built
-    on the meta device (no memory, no initialization), None where it cannot be built so (a pretrained model: its
-    weights are read, and its config only from the local cache; it is counted once loaded)."""
-    if model is None:
-        from autokernel.models import load_model
-        from autokernel.registry import parse_dtype
-
-        if request.pretrained:
-            return None
-        try:
-            model = load_model(request.class_name, model_file=request.model, module=request.module,
-                               config=request.config, device="meta", dtype=parse_dtype(request.dtype))
-        except Exception:  # a model that computes something while it is built
-            return None
+def weights_bytes(model) -> int:
+    """The bytes of a model's weights and buffers."""
     return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+
+
+def weights_to_load(request) -> int | None:
+    """weights_bytes of the model verify's request loads, counted on a copy built on the meta device (no memory, no
+    initialization), or None where it cannot be built so (a pretrained model: its weights are read, and its config
+    only from the local cache; it is counted once loaded)."""
+    from autokernel.models import load_model
+    from autokernel.registry import parse_dtype
+
+    if request.pretrained:
+        return None
+    try:
+        model = load_model(request.class_name, model_file=request.model, module=request.module,
+                           config=request.config, device="meta", dtype=parse_dtype(request.dtype))
+    except Exception:  # a model that computes something while it is built
+        return None
+    return weights_bytes(model)
 
 
 def wanted(request, device: str, mode: str) -> bool:
@@ -221,9 +225,9 @@ def wanted(request, device: str, mode: str) -> bool:
 def started(request, device: str, mode: str, say, weights: int, loaded: bool = False):
     """Helpers compiling the compiled prune's next models (Ahead) for verify's request, or None: on a GPU, where the
     prune runs on the compiled side (mode: verify's deploy modes), as many as HELPERS whose copies of the weights
-    (weights bytes: weights_bytes) take at most MEMORY_SHARE of the memory the model's own copy leaves (loaded:
-    that copy is in memory already; else verify loads it beside the helpers' own), one per 4 CPUs; say(line) tells
-    how many, or why none."""
+    (weights bytes: weights_bytes or weights_to_load) take at most MEMORY_SHARE of the memory the model's own copy
+    leaves (loaded: that copy is in memory already; else verify loads it beside the helpers' own), one per 4 CPUs;
+    say(line) tells how many, or why none."""
     import torch
 
     from autokernel.verify import endtoend

@@ -174,17 +174,17 @@ def duration(seconds: float) -> str:
 
 def _loaded_with_helpers(request: Request, device: str, mode: str, stack: contextlib.ExitStack) -> tuple:
     """loaded()'s (model, optimized, inputs), and the helpers that compile ahead (ahead.started, or None) on stack:
-    started before the load, where the weights can be counted before (ahead.weights_bytes), so that they load their
+    started before the load, where the weights can be counted before (ahead.weights_to_load), so that they load their
     copies while this process loads its own, else after it; told the compiled side's first models once it is loaded,
     so that they compile while the outputs are checked."""
     from autokernel.verify import ahead, pruning
 
-    weights = ahead.weights_bytes(request) if ahead.wanted(request, device, mode) else None
+    weights = ahead.weights_to_load(request) if ahead.wanted(request, device, mode) else None
     helpers = None if weights is None else stack.enter_context(ahead.started(request, device, mode, _progress,
                                                                              weights))
     model, optimized, inputs = loaded(request, device)  # optimize()'s choices: the prune decides afresh
     if weights is None:
-        helpers = stack.enter_context(ahead.started(request, device, mode, _progress, ahead.weights_bytes(model=model),
+        helpers = stack.enter_context(ahead.started(request, device, mode, _progress, ahead.weights_bytes(model),
                                                     loaded=True))
     if helpers is not None:
         pruning.plan_ahead(helpers, model, optimized, request.shallow_trials)
