@@ -28,8 +28,9 @@ of output error in fp16, where the scale after the dot leaves a quarter-turn rot
 Variants (how K is rotated):
   "fused"           each K tile is rotated in registers as it streams (its two halves and the four
                     half-rows of the tables: table reads come from L2, shared by every program).
-  "rotate_k_first"  a small kernel rotates K once into a [B, Hkv, S, D] scratch buffer in the interleaved order
-                    (a K-sized write and read, one more launch), then the attention loop streams plain K tiles.
+  "rotate_k_first"  a small kernel rotates K once into a [B, Hkv, S, D] scratch buffer in the interleaved order (D
+                    padded to a power of two; a K-sized write and read, one more launch), then the attention loop
+                    streams plain K tiles.
 Q, K, V may be strided views ([B, S, H, D] projections viewed as [B, H, S, D]): strides, no copies.
 
 "rotate_k_first" is the default: its pre-pass costs less than rotating every K tile once per query block, at
