@@ -84,9 +84,8 @@ def _load_f32(ptrs, mask, ROW_MASK: tl.constexpr, EVEN_HALF: tl.constexpr):
 
 @triton.jit
 def _halves(base, cos_base, sin_base, offs_r, offs_h, stride_r, stride_d, stride_cr, stride_sr, n_rows,
-            HALF: tl.constexpr, ROT_HALF: tl.constexpr, ROTATE: tl.constexpr, ROW_MASK: tl.constexpr,
-            EVEN_HALF: tl.constexpr):
-    """Rows offs_r of a [rows, 2*HALF] tile as two halves in fp32, rotated (rotate-half RoPE) when ROTATE. With
+            HALF: tl.constexpr, ROT_HALF: tl.constexpr, ROW_MASK: tl.constexpr, EVEN_HALF: tl.constexpr):
+    """Rows offs_r of a [rows, 2*HALF] tile as two halves in fp32, rotated (rotate-half RoPE). With
     partial rotary (ROT_HALF < HALF: the tables hold 2*ROT_HALF features) each half takes ROT_HALF rotated features
     (lo: x[:ROT_HALF], hi: x[ROT_HALF:2*ROT_HALF], the pairs RoPE rotates together) and then half of the features
     that pass unrotated; a dot over the halves sums every feature once, whatever order they come in."""
@@ -99,22 +98,20 @@ def _halves(base, cos_base, sin_base, offs_r, offs_h, stride_r, stride_d, stride
         hi_cols = tl.where(offs_h < ROT_HALF, offs_h + ROT_HALF, offs_h + HALF)
     x1 = _load_f32(base + offs_r[:, None] * stride_r + lo_cols[None, :] * stride_d, mask, ROW_MASK, EVEN_HALF)
     x2 = _load_f32(base + offs_r[:, None] * stride_r + hi_cols[None, :] * stride_d, mask, ROW_MASK, EVEN_HALF)
-    if ROTATE:
-        c_ptrs = cos_base + offs_r[:, None] * stride_cr + offs_h[None, :]
-        s_ptrs = sin_base + offs_r[:, None] * stride_sr + offs_h[None, :]
-        if ROT_HALF == HALF:
-            c1 = _load_f32(c_ptrs, mask, ROW_MASK, EVEN_HALF)
-            c2 = _load_f32(c_ptrs + HALF, mask, ROW_MASK, EVEN_HALF)
-            s1 = _load_f32(s_ptrs, mask, ROW_MASK, EVEN_HALF)
-            s2 = _load_f32(s_ptrs + HALF, mask, ROW_MASK, EVEN_HALF)
-        else:  # the unrotated features: cos 1, sin 0
-            rot = mask & (offs_h[None, :] < ROT_HALF)
-            c1 = tl.load(c_ptrs, mask=rot, other=1.0).to(tl.float32)
-            c2 = tl.load(c_ptrs + ROT_HALF, mask=rot, other=1.0).to(tl.float32)
-            s1 = tl.load(s_ptrs, mask=rot, other=0.0).to(tl.float32)
-            s2 = tl.load(s_ptrs + ROT_HALF, mask=rot, other=0.0).to(tl.float32)
-        return x1 * c1 - x2 * s1, x2 * c2 + x1 * s2
-    return x1, x2
+    c_ptrs = cos_base + offs_r[:, None] * stride_cr + offs_h[None, :]
+    s_ptrs = sin_base + offs_r[:, None] * stride_sr + offs_h[None, :]
+    if ROT_HALF == HALF:
+        c1 = _load_f32(c_ptrs, mask, ROW_MASK, EVEN_HALF)
+        c2 = _load_f32(c_ptrs + HALF, mask, ROW_MASK, EVEN_HALF)
+        s1 = _load_f32(s_ptrs, mask, ROW_MASK, EVEN_HALF)
+        s2 = _load_f32(s_ptrs + HALF, mask, ROW_MASK, EVEN_HALF)
+    else:  # the unrotated features: cos 1, sin 0
+        rot = mask & (offs_h[None, :] < ROT_HALF)
+        c1 = tl.load(c_ptrs, mask=rot, other=1.0).to(tl.float32)
+        c2 = tl.load(c_ptrs + ROT_HALF, mask=rot, other=1.0).to(tl.float32)
+        s1 = tl.load(s_ptrs, mask=rot, other=0.0).to(tl.float32)
+        s2 = tl.load(s_ptrs + ROT_HALF, mask=rot, other=0.0).to(tl.float32)
+    return x1 * c1 - x2 * s1, x2 * c2 + x1 * s2
 
 
 @triton.jit
@@ -147,7 +144,7 @@ def _attn_blocks(acc, l_i, m_i, q, k_base, v_base, cos_base, sin_base,
         offs_n = start_n + tl.arange(0, BLOCK_N)
         if ROTATE_K:
             k_lo, k_hi = _halves(k_base, cos_base, sin_base, offs_n, offs_h, stride_kn, stride_kd, stride_cs,
-                                 stride_ss, S, HALF, K_ROT_HALF, True, KEY_MASK, EVEN_HALF)
+                                 stride_ss, S, HALF, K_ROT_HALF, KEY_MASK, EVEN_HALF)
             k = tl.interleave(k_lo.to(q.dtype), k_hi.to(q.dtype))
         else:  # rotated and interleaved by the pre-pass, padded to the dot's width with zeros
             k = _load_v(k_base, offs_n, offs_k, stride_kn, stride_kd, S, 2 * HALF_PAD, KEY_MASK, True)
@@ -197,7 +194,7 @@ def _rope_attention_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, o_ptr, S, H, G
     offs_d = tl.arange(0, D_PAD)
 
     q_lo, q_hi = _halves(q_base, cos_base, sin_base, offs_m, offs_h, stride_qs, stride_qd, stride_cs, stride_ss,
-                         S, HALF, ROT_HALF, True, True, EVEN_HALF)
+                         S, HALF, ROT_HALF, True, EVEN_HALF)
     q = tl.interleave(q_lo.to(q_ptr.dtype.element_ty), q_hi.to(q_ptr.dtype.element_ty))
     offs_k = tl.arange(0, 2 * HALF_PAD)
     acc = tl.zeros((BLOCK_M, D_PAD), dtype=tl.float32)
@@ -237,7 +234,7 @@ def _rotate_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, S, H,
     offs_s = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
     offs_h = tl.arange(0, HALF_PAD)
     lo, hi = _halves(x_ptr + b * stride_xb + h * stride_xh, cos_ptr + b * stride_cb, sin_ptr + b * stride_sb,
-                     offs_s, offs_h, stride_xs, stride_xd, stride_cs, stride_ss, S, HALF, ROT_HALF, True, True,
+                     offs_s, offs_h, stride_xs, stride_xd, stride_cs, stride_ss, S, HALF, ROT_HALF, True,
                      HALF == HALF_PAD)
     offs_k = tl.arange(0, 2 * HALF_PAD)
     o_ptrs = out_ptr + (tl.program_id(1).to(tl.int64) * S + offs_s[:, None]) * (2 * HALF_PAD) + offs_k[None, :]

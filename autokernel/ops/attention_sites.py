@@ -58,22 +58,27 @@ CACHE_NAMES = ("cache", "past_key_values", "past_key_value", "layer_past")
 class Projections:
     """How an attention module makes q, k and v from its input, and its output from the attention's: q_proj, k_proj,
     v_proj and o_proj (Phi: dense) with a head_dim (Llama and its relatives), or GPT-NeoX's query_key_value (each
-    head's q, k and v side by side) and dense with a head_size."""
+    head's q, k and v side by side) and dense with a head_size; rotary: the features of a head RoPE rotates (the
+    module's rotary_ndims where it has one: partial rotary), else head_dim."""
     fused: bool
     head_dim: int
     out: str  # the output projection's name
+    rotary: int
 
     @staticmethod
     def of(m) -> Projections | None:
         out = next((p for p in ("o_proj", "dense") if isinstance(getattr(m, p, None), nn.Linear)), None)
+        rotary = getattr(m, "rotary_ndims", None)
         if out and all(isinstance(getattr(m, p, None), nn.Linear) for p in PROJECTIONS[:3]) and isinstance(
                 getattr(m, "head_dim", None), int) and hasattr(m, "num_key_value_groups"):
-            return Projections(False, m.head_dim, out)
-        if isinstance(getattr(m, "query_key_value", None), nn.Linear) and isinstance(getattr(m, "dense", None),
-                                                                                        nn.Linear) \
+            fused, head_dim = False, m.head_dim
+        elif isinstance(getattr(m, "query_key_value", None), nn.Linear) and isinstance(getattr(m, "dense", None),
+                                                                                          nn.Linear) \
                 and isinstance(getattr(m, "head_size", None), int):
-            return Projections(True, m.head_size, "dense")
-        return None
+            fused, head_dim, out = True, m.head_size, "dense"
+        else:
+            return None
+        return Projections(fused, head_dim, out, rotary if isinstance(rotary, int) and rotary > 0 else head_dim)
 
     def qkv(self, m, x, project) -> tuple:
         """q, k, v [batch, seq, heads, head_dim] (views) of x [batch, seq, hidden]; project(linear, x) applies one."""
@@ -269,9 +274,7 @@ def _probe(m, projections: Projections, reference) -> tuple[str | None, int | No
     dtype, device = dtype_device(m)
     hidden = projections.input_weight(m).shape[1]
     x = torch.randn(1, PROBE_SEQ, hidden, generator=torch.Generator().manual_seed(1)).to(device, dtype)
-    rotary = getattr(m, "rotary_ndims", None)
-    cos, sin = _probe_tables(rotary if isinstance(rotary, int) and rotary > 0 else projections.head_dim, dtype,
-                             device)
+    cos, sin = _probe_tables(projections.rotary, dtype, device)
     scaling = float(getattr(m, "scaling", projections.head_dim ** -0.5))
     try:
         with torch.no_grad():
@@ -295,7 +298,7 @@ def module_site(name, m, kernel_type: str, reference):
     projections = Projections.of(m)
     if projections is None:
         return None
-    (hq, hkv), rotary = projections.heads(m), getattr(m, "rotary_ndims", projections.head_dim)
+    (hq, hkv), rotary = projections.heads(m), projections.rotary
     notes = f"{f', rotary {rotary}' if rotary != projections.head_dim else ''}{', q/k norms' if head_norms(m) else ''}"
     what = f"{type(m).__name__}(Hq={hq}, Hkv={hkv}, D={projections.head_dim}{notes})"
     site = Site(name, what, kernel_type, False)

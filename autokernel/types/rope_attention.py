@@ -24,6 +24,14 @@ def rotate_half(x):
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def _rotated(x, cos, sin):
+    """Rotate-half RoPE of x [batch, heads, seq, head_dim] by tables [seq, rotary_dim] or [batch or 1, seq,
+    rotary_dim] on its first rotary_dim features (all of them, or partial rotary); the rest pass."""
+    cos, sin = (t[None].unsqueeze(1) if t.dim() == 2 else t.unsqueeze(1) for t in (cos, sin))
+    r = cos.shape[-1]
+    return torch.cat((x[..., :r] * cos + rotate_half(x[..., :r]) * sin, x[..., r:]), dim=-1)
+
+
 def rope_attention_ref(q, k, v, cos, sin, causal: bool = True, sm_scale: float | None = None):
     """Attention with its prologue, as HF Llama's attention runs it: rotate-half RoPE on q and k
     (apply_rotary_pos_emb), K/V repeated for grouped-query attention (repeat_kv), then SDPA.
@@ -33,12 +41,7 @@ def rope_attention_ref(q, k, v, cos, sin, causal: bool = True, sm_scale: float |
     [batch or 1, seq, rotary_dim] (both halves present: cat(freqs, freqs)). A rotary_dim under head_dim is
     partial rotary (GPT-NeoX, Phi): the first rotary_dim features of each head are rotated, the rest pass.
     """
-    if cos.dim() == 2:
-        cos, sin = cos[None], sin[None]
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    rotary = cos.shape[-1]
-    q, k = (torch.cat((x[..., :rotary] * cos + rotate_half(x[..., :rotary]) * sin, x[..., rotary:]), dim=-1)
-            for x in (q, k))
+    q, k = _rotated(q, cos, sin), _rotated(k, cos, sin)
     batch, kv_heads, seq, head_dim = k.shape
     repeated = (batch, q.shape[1], seq, head_dim)
     groups = q.shape[1] // kv_heads
@@ -100,9 +103,7 @@ def _rope_attention_shape(hidden_shape, members) -> dict | None:
 
 def _sdpa_gqa_after_rope(q, k, v, cos, sin, causal=True, sm_scale=None):
     """The yardstick: RoPE as separate eager ops, then SDPA on the grouped K/V as they are (enable_gqa, no copy)."""
-    cos, sin = (t[None].unsqueeze(1) if t.dim() == 2 else t.unsqueeze(1) for t in (cos, sin))
-    r = cos.shape[-1]
-    q, k = (torch.cat((x[..., :r] * cos + rotate_half(x[..., :r]) * sin, x[..., r:]), dim=-1) for x in (q, k))
+    q, k = _rotated(q, cos, sin), _rotated(k, cos, sin)
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=sm_scale, enable_gqa=True)
 
 
