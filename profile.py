@@ -3,6 +3,8 @@
     python profile.py --model models/llama.py --class-name LlamaModel --input-shape 1,512 --dtype fp16
     python profile.py --module transformers --class-name AutoModelForCausalLM --config gpt2 --input-shape 1,256
     python profile.py --model models/llama.py --class-name LlamaModel --input-shape 1,512 --regions  # + compiled
+    python profile.py --module transformers --class-name AutoModelForCausalLM --config benchmarks/hf/tinyllama \
+        --input-shape 1,2048 --deploy compile_graph  # ranked by the time each type takes under torch.compile
 
 Writes workspace/profile.json (time by kernel type, shape, module and op) and workspace/plan.json
 (each type's share f, expected speedup s and end-to-end gain, ranked), and prints the plan. On a
@@ -46,6 +48,8 @@ if __name__ == "profile":  # imported by cProfile & co. from the repository root
 
 
 from autokernel import cli  # noqa: E402  (after the stdlib hand-over above)
+from autokernel.cli import DEPLOY_MODES  # noqa: E402
+from autokernel.profile.plan import COMPILED  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent
 DEFAULT_OUTPUT = ROOT / "workspace"
@@ -67,6 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="also profile the model as torch.compile runs it: every kernel Inductor makes and every "
                           "extern call (GEMM, attention), with its share of the compiled forward and the built-in "
                           "type whose rules cover it; those no type covers are listed in the plan as regions")
+    how.add_argument("--deploy", choices=DEPLOY_MODES, default="eager",
+                     help="the mode the model will run in (verify.py's --deploy): each type is ranked by its time "
+                          "in that mode and its starter's measured speedup there; compile and compile_graph "
+                          "profile the model under torch.compile (as --regions does) and take the starters' "
+                          "speedups over the reference compiled (default eager; graph ranks as eager)")
     out = p.add_argument_group("output")
     out.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT,
                      help="where profile.json and plan.json go (default workspace/)")
@@ -93,7 +102,7 @@ def run(args) -> int:
     types = cli.kernel_types(args.types, registry.kernel_types())
     dtype = parse_dtype(args.dtype)
     shape = parse_shape(args.input_shape)
-    measured = plan.load_speedups(args.starters)
+    measured = plan.load_speedups(args.starters, args.deploy)
     device = gpu.pick_device(args.device)
     model = load_model(args.class_name, model_file=args.model, module=args.module, config=args.config,
                        pretrained=args.pretrained, device=device, dtype=dtype)
@@ -114,21 +123,21 @@ def run(args) -> int:
             raise
         raise ForwardError(f"{type(model).__name__}'s forward failed on an input of shape "
                            f"{','.join(map(str, shape))}: {str(e).splitlines()[0]}") from e
-    if args.regions:
+    if args.regions or args.deploy in COMPILED:
         prof["regions"] = compiled_regions(model, inputs, device, args.steps, types)
     meta = {"model": describe_model(model), "class_name": args.class_name, "source": args.model or args.module,
             "config": args.config, "input_shape": list(shape), "dtype": str(dtype).replace("torch.", ""),
             "device": gpu.device_name(device) if device == "cuda" else "cpu", "cpu_mode": device == "cpu",
             "torch": torch.__version__, "command": "python " + shlex.join(sys.argv)}
-    the_plan = {**meta, **plan.build_plan(prof, measured, source=str(args.starters))}
-    if "regions" in prof:
+    the_plan = {**meta, **plan.build_plan(prof, measured, source=str(args.starters), deploy=args.deploy)}
+    if prof.get("regions"):
         from autokernel.profile.regions import uncovered
 
         the_plan["regions"] = uncovered(prof["regions"])
     profile_path = plan.write_json({**meta, **prof}, args.output_dir / "profile.json")
     plan_path = plan.write_json(the_plan, args.output_dir / "plan.json")
     show(the_plan)
-    if "regions" in prof:
+    if prof.get("regions"):
         show_regions(prof["regions"], the_plan["cpu_mode"])
     if the_plan["cpu_mode"]:
         print(CPU_CAVEAT)
@@ -198,8 +207,10 @@ def show(the_plan: dict) -> None:
     from rich.table import Table
 
     kind = "CPU time (not GPU time)" if the_plan["cpu_mode"] else f"device time on {the_plan['device']}"
+    deploy = the_plan.get("deploy", "eager")
+    how = f" under torch.compile (--deploy {deploy})" if deploy in COMPILED else ""
     title = (f"{the_plan['model']}, input {'x'.join(map(str, the_plan['input_shape']))} "
-             f"{the_plan['dtype']}: {kind}, {the_plan['total_us'] / 1e3:.2f} ms per forward")
+             f"{the_plan['dtype']}: {kind}, {the_plan['total_us'] / 1e3:.2f} ms per forward{how}")
     table = Table(title=title)
     for col in ("rank", "type", "share f", "time ms", "s", "gain", "top shape"):
         table.add_column(col, justify="left" if col in ("type", "top shape") else "right")

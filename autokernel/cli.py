@@ -19,6 +19,7 @@ from pathlib import Path
 EXIT_FAILURE = 1  # the script ran and its verdict is a failure
 EXIT_ERROR = 2  # the script could not run: bad input, as argparse's own errors
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
+DEPLOY_MODES = ("eager", "graph", "compile", "compile_graph")  # how a user runs the model; the prune's yardstick
 DTYPE_ALIASES = {"fp16": "fp16", "float16": "fp16", "half": "fp16", "bf16": "bf16", "bfloat16": "bf16",
                  "fp32": "fp32", "float32": "fp32", "float": "fp32"}  # autokernel.registry.parse_dtype's table
 DTYPE_HELP = "fp16 | bf16 | fp32 (float16, bfloat16, float32 also accepted)"

@@ -293,6 +293,8 @@ def test_report_puts_the_estimate_beside_verify_and_builds_its_command(repo):
                        "--input-shape", "2,64", "--dtype", "float32", "--device", "cpu", "--report",
                        "workspace/verify.json"]
     assert "--cuda-graph" in report.verify_command({**plan, "cpu_mode": False})
+    compiled = report.verify_command({**plan, "cpu_mode": False, "deploy": "compile_graph"})  # profile.py --deploy
+    assert compiled[compiled.index("--cuda-graph") + 1:][:3] == ["--compile", "--deploy", "compile_graph"]
     assert report.read_verify(repo) is None
     assert "no end-to-end measurement yet" in report.estimate_lines(1.3, None, None)[-1]
     (repo / "workspace" / "verify.json").write_text(json.dumps({

@@ -157,6 +157,40 @@ def test_plan_uses_measured_speedups_when_there_are_some(tmp_path):
     assert math.isclose(plan.amdahl_gain(0.5, 2.0), 4 / 3)
 
 
+def test_a_compiled_deploy_plan_ranks_the_types_by_their_time_under_torch_compile(tmp_path):
+    """profile.py --deploy compile_graph (issue 35): each type's time is the compiled forward's regions it covers and
+    its s the starter over the reference compiled; a type the compiled kernels beat ranks after the ones that gain,
+    by its time there, however much it gains eagerly."""
+    region = lambda name, t, us: {"name": name, "type": t, "time_us": us, "calls": 2.0}  # noqa: E731
+    prof = {"total_us": 200.0, "types": {
+        "rmsnorm": {"time_us": 50.0, "share": 0.25, "calls": 4, "shapes": [{"shape": {"rows": 64}}]},
+        "fused_mlp": {"time_us": 100.0, "share": 0.5, "calls": 2, "shapes": []},
+        "matmul": {"time_us": 20.0, "share": 0.1, "calls": 2, "shapes": []},
+        "softmax": {"time_us": 1.0, "share": 0.005, "calls": 2, "shapes": []}},
+        "other": {"time_us": 30.0, "share": 0.15, "ops": {}},
+        "regions": {"total_us": 100.0, "regions": [
+            region("triton_red_fused_mean_pow_rsqrt_0", "rmsnorm", 5.0), region("extern aten::mm a", "fused_mlp", 40.0),
+            region("triton_poi_fused_mul_silu_1", "fused_mlp", 6.0), region("extern aten::mm b", "matmul", 20.0),
+            region("triton_poi_fused_cat_2", None, 29.0)]}}
+    starters = tmp_path / "starters.json"
+    starters.write_text(json.dumps({"rmsnorm": {"speedup_vs_pytorch": 12.5, "speedup_vs_compile": 0.99},
+                                    "fused_mlp": {"speedup_vs_pytorch": 1.09, "speedup_vs_compile": 1.06}}))
+    eager = plan.build_plan(prof, plan.load_speedups(starters), source=str(starters))
+    assert [e["type"] for e in eager["entries"]][0] == "rmsnorm" and eager["deploy"] == "eager"
+    compiled = plan.build_plan(prof, plan.load_speedups(starters, "compile_graph"), source=str(starters),
+                               deploy="compile_graph")
+    by_type = {e["type"]: e for e in compiled["entries"]}
+    assert [e["type"] for e in compiled["entries"]] == ["fused_mlp", "matmul", "rmsnorm", "softmax"]
+    assert by_type["softmax"]["f"] == 0.0  # Inductor fused it away: still in the plan, last
+    assert by_type["fused_mlp"]["f"] == pytest.approx(0.46) and by_type["fused_mlp"]["s"] == 1.06
+    assert by_type["rmsnorm"]["f"] == pytest.approx(0.05) and by_type["rmsnorm"]["gain"] < 1.0
+    assert by_type["rmsnorm"]["shapes"] == [{"shape": {"rows": 64}}]  # extract makes its inputs from the eager ones
+    assert compiled["total_us"] == 100.0 and compiled["other"]["f"] == pytest.approx(0.29)  # 100 - 71 us typed
+    assert compiled["other"]["ops"] == {"triton_poi_fused_cat_2": 29.0} and compiled["deploy"] == "compile_graph"
+    with pytest.raises(plan.PlanError, match="under torch.compile"):
+        plan.build_plan({**prof, "regions": None}, deploy="compile")
+
+
 def _run(repo_root, *args, cwd=None):
     return subprocess.run([sys.executable, *args], cwd=cwd or repo_root, capture_output=True, text=True,
                           timeout=300, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
@@ -384,3 +418,25 @@ def test_the_default_plan_holds_the_types_optimize_swaps_into_the_model(repo_roo
             optimized(torch.randint(0, 100, shape))
         assert planned == sorted(optimized.autokernel.swapped_types())
         assert {"add_rmsnorm", "rope_attention"} <= set(planned) or model is shipped
+
+
+@pytest.mark.slow(10)
+def test_profile_deploy_compile_ranks_an_hf_llama_by_its_compiled_forward(repo_root, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                             num_key_value_heads=2, vocab_size=128).save_pretrained(tmp_path / "hf")
+    r = _run(repo_root, "profile.py", "--module", "transformers", "--class-name", "AutoModelForCausalLM", "--config",
+             str(tmp_path / "hf"), "--input-shape", "1,64", "--device", "cpu", "--dtype", "float32", "--deploy",
+             "compile", "--output-dir", str(tmp_path / "out"))
+    assert r.returncode == 0, r.stderr
+    assert "under torch.compile (--deploy compile)" in r.stdout
+    the_plan = json.loads((tmp_path / "out" / "plan.json").read_text())
+    found = json.loads((tmp_path / "out" / "profile.json").read_text())["regions"]
+    assert the_plan["deploy"] == "compile" and the_plan["total_us"] == pytest.approx(found["total_us"])
+    mlp = next(e for e in the_plan["entries"] if e["type"] == "fused_mlp")  # its GEMMs and its silu * up
+    assert mlp["time_us"] == pytest.approx(sum(x["time_us"] for x in found["regions"] if x["type"] == "fused_mlp"))
+    assert sum(1 for x in found["regions"] if x["type"] == "fused_mlp" and x["kind"] == "extern") >= 2
+    assert sum(e["f"] for e in the_plan["entries"]) + the_plan["other"]["f"] == pytest.approx(1.0, abs=1e-6)
+    bad = _run(repo_root, "profile.py", "--model", "models/llama.py", "--class-name", "LlamaModel", "--deploy", "jit")
+    assert bad.returncode == 2 and "invalid choice: 'jit'" in bad.stderr
+

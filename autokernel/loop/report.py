@@ -24,7 +24,7 @@ from pathlib import Path
 
 from rich.markup import escape
 
-from autokernel.profile.plan import describe_input, describe_origin, fraction_left, kernel_origin, other_model
+from autokernel.profile.plan import COMPILED, describe_input, describe_origin, fraction_left, kernel_origin, other_model
 from autokernel.results import objective_us
 
 VERIFY_JSON = Path("workspace/verify.json")  # verify.py's full report, written on every run
@@ -289,6 +289,8 @@ def verify_command(plan: dict, device: str | None = None, json_path: Path = VERI
     cmd += ["--input-shape", ",".join(map(str, plan.get("input_shape") or [])), "--dtype", plan.get("dtype", "float16")]
     device = device or ("cpu" if plan.get("cpu_mode") else "cuda")
     cmd += ["--device", device] + (["--cuda-graph"] if device == "cuda" else [])
+    if plan.get("deploy", "eager") in COMPILED and device == "cuda":  # the mode the plan was ranked for decides
+        cmd += ["--compile", "--deploy", plan["deploy"]]
     if any(e.get("kernel_file") for e in plan.get("entries", [])):  # extract.py wrote the files the loop began from
         cmd += ["--against", "extracted"]
     return cmd + ["--report", str(json_path)]

@@ -8,6 +8,14 @@ gain. Two numbers sum the plan up: the combined gain if every planned type reach
 Amdahl ceiling, the gain if every planned type took no time at all (1 / (1 - sum f)); what no type
 covers ("other") bounds both.
 
+The time a type takes is the model's as the user deploys it (profile.py --deploy): eagerly (eager, graph: a CUDA
+graph replays the same kernels) the eager profile's; under torch.compile (compile, compile_graph) the compiled
+forward's, each type's time the Inductor kernels and extern calls its rules cover (profile.py's regions), and s its
+starter's measured speedup over the reference compiled (speedup_vs_compile): a norm that takes 9% of an eager
+forward takes 2% of a compiled one, where Inductor fuses it as well as the starter does, and the plan ranks it so.
+A type torch.compile's kernels beat (s < 1: the prune leaves it out in that mode) ranks after every type that
+gains, by its time there: what it would save once the night makes it win.
+
 The plan also records the model profile.py ran (source, class, config, input shape, dtype), and the kernels
 extracted from it carry that record (MODEL_SOURCE): other_model() is the one comparison of two such records.
 """
@@ -25,6 +33,8 @@ PLAN_VERSION = 1
 STARTERS_JSON = Path("benchmarks/starters.json")
 
 FALLBACK_SPEEDUP = 1.0  # for a type whose registry entry has no default speedup
+COMPILED = ("compile", "compile_graph")  # the modes whose plan scores the compiled forward
+MAX_OTHER = 12  # regions listed under a compiled plan's "other"
 
 
 def default_speedup(type_: str) -> float:
@@ -57,24 +67,28 @@ def fraction_left(profiled_us, best_us, in_model: bool, speedup) -> float:
     return 1.0 / max(1.0, speedup or 1.0)
 
 
-def load_speedups(path: str | Path = STARTERS_JSON) -> dict[str, float]:
-    """Measured speedups of the starters over PyTorch, {} when none were measured."""
-    path = Path(path)
+def load_speedups(path: str | Path = STARTERS_JSON, deploy: str = "eager") -> dict[str, float]:
+    """Measured speedups of the starters over PyTorch (under torch.compile where `deploy` compiles: over the
+    reference compiled), {} when none were measured."""
+    path, key = Path(path), "speedup_vs_compile" if deploy in COMPILED else "speedup_vs_pytorch"
     if not path.is_file():
         return {}
     try:
         data = json.loads(path.read_text())
-        return {t: float(v["speedup_vs_pytorch"]) for t, v in data.items()
-                if isinstance(v, dict) and v.get("speedup_vs_pytorch") and float(v["speedup_vs_pytorch"]) > 0}
+        return {t: float(v[key]) for t, v in data.items() if isinstance(v, dict) and v.get(key) and float(v[key]) > 0}
     except (ValueError, TypeError, KeyError) as e:
         raise PlanError(f"cannot read measured speedups from {path}: {e}") from None
 
 
-def build_plan(profile: dict, measured: dict[str, float] | None = None, source: str = str(STARTERS_JSON)) -> dict:
-    """Rank the profile's types by gain. `measured` maps a type to its starter's measured speedup."""
+def build_plan(profile: dict, measured: dict[str, float] | None = None, source: str = str(STARTERS_JSON),
+               deploy: str = "eager") -> dict:
+    """Rank the profile's types by gain in the `deploy` mode (the module docstring). `measured` maps a type to its
+    starter's measured speedup in that mode (load_speedups)."""
     measured = measured or {}
+    types, other, total = _compiled(profile) if deploy in COMPILED else (
+        profile["types"], profile["other"], profile["total_us"])
     entries = []
-    for type_, info in profile["types"].items():
+    for type_, info in types.items():
         f = info["share"]
         if type_ in measured:
             s, s_source = measured[type_], f"measured ({source})"
@@ -82,7 +96,7 @@ def build_plan(profile: dict, measured: dict[str, float] | None = None, source: 
             s, s_source = default_speedup(type_), "default"
         entries.append({"type": type_, "f": f, "s": s, "s_source": s_source, "gain": amdahl_gain(f, s),
                         "time_us": info["time_us"], "calls": info["calls"], "shapes": info["shapes"]})
-    entries.sort(key=lambda e: (-e["gain"], -e["f"]))
+    entries.sort(key=lambda e: (e["gain"] <= 1.0, -e["gain"] if e["gain"] > 1.0 else -e["f"], -e["f"]))
     for rank, entry in enumerate(entries, start=1):
         entry["rank"] = rank
     covered = sum(e["f"] for e in entries)
@@ -90,15 +104,41 @@ def build_plan(profile: dict, measured: dict[str, float] | None = None, source: 
         "version": PLAN_VERSION,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "time_kind": profile.get("time_kind", "device"),
-        "total_us": profile["total_us"],
+        "deploy": deploy,
+        "total_us": total,
         "entries": entries,
-        "other": {"f": profile["other"]["share"], "time_us": profile["other"]["time_us"],
-                  "ops": profile["other"]["ops"]},
+        "other": {"f": other["share"], "time_us": other["time_us"], "ops": other["ops"]},
         "covered_f": covered,
         "combined_gain": 1.0 / ((1.0 - covered) + sum(e["f"] / e["s"] for e in entries)),
         # None: the planned types are all the time there is, so no ceiling short of infinity
         "amdahl_ceiling": 1.0 / (1.0 - covered) if covered < 1.0 - 1e-9 else None,
     }
+
+
+def _compiled(profile: dict) -> tuple[dict, dict, float]:
+    """(types, other, total_us) of the compiled forward, in the eager profile's form: each type's time the regions
+    its rules cover (profile["regions"], regions.capture's), its shapes the eager profile's (extract makes its inputs
+    from them); "other" the rest of the time, its ops the regions no type covers, by name."""
+    found = profile.get("regions")
+    if not found or not found.get("total_us"):
+        raise PlanError("a plan for a compiled deploy mode needs the model profiled under torch.compile "
+                        "(profile.py --deploy compile_graph captures it; here it was not captured)")
+    total, types, other = found["total_us"], {}, {}
+    for r in found["regions"]:
+        if r["type"] is None:
+            other[r["name"]] = other.get(r["name"], 0.0) + r["time_us"]
+            continue
+        entry = types.setdefault(r["type"], {"time_us": 0.0, "calls": 0.0, "shapes": profile["types"].get(
+            r["type"], {}).get("shapes", [])})
+        entry["time_us"] += r["time_us"]
+        entry["calls"] += r["calls"]
+    for type_, eager in profile["types"].items():  # a type no region is still deployed: nothing left to save there
+        types.setdefault(type_, {"time_us": 0.0, "calls": 0.0, "shapes": eager["shapes"]})
+    for entry in types.values():
+        entry.update(share=entry["time_us"] / total, calls=round(entry["calls"]))
+    other_us = max(0.0, total - sum(entry["time_us"] for entry in types.values()))  # copies and the host's own too
+    top = dict(sorted(other.items(), key=lambda kv: -kv[1])[:MAX_OTHER])
+    return types, {"share": other_us / total, "time_us": other_us, "ops": top}, total
 
 
 def write_json(data: dict, path: str | Path) -> Path:

@@ -41,6 +41,7 @@ MIN_SHARE = 0.01  # a region under this share of the compiled forward is not wor
 LAYOUT_OPS = {"view", "reshape", "permute", "t", "transpose", "expand", "unsqueeze", "squeeze", "getitem",
               "alias", "slice", "select", "clone", "_unsafe_view", "convert_element_type", "as_strided",
               "empty", "empty_like", "empty_strided", "resolve_conj", "resolve_neg"}
+LOWERED = {"aten::linear": {"mm", "addmm", "bmm"}}  # an eager op as the post-grad graph computes it
 _GRAPH_PREFIX = re.compile(r"^graph_(\d+)_")
 _FRAME = re.compile(r', in (\w+)\n')
 
@@ -151,6 +152,7 @@ def regions_of(ops: list, graphs: list[dict], kernels: list[dict], steps: int, r
     """The regions the timed ops are, per forward (see the module docstring)."""
     found: dict[str, Region] = {}
     known: dict[int, tuple] = {}  # graph index -> (node name -> position, _module_ops of the graph)
+    externs = None  # (op, its tensors' shapes) -> the types of the graphs' nodes that call it, built at first need
     for op in ops:
         if op.self_us <= 0 or op.kind not in ("op", "annotation"):
             continue
@@ -168,14 +170,36 @@ def regions_of(ops: list, graphs: list[dict], kernels: list[dict], steps: int, r
         elif op.kind == "op" and op.name.startswith("aten::") and op.name[len("aten::"):] not in LAYOUT_OPS:
             key = f"extern {op.name} {op.shapes}"
             if key not in found:
+                externs = _extern_types(graphs, rules) if externs is None else externs
+                shapes = tuple(tuple(s) for s in op.shapes if s)  # an extern call's out= tensor last, if any
+                votes = externs.get((op.name, shapes)) or externs.get((op.name, shapes[:-1]))
                 found[key] = Region(name=key, kind="extern", time_us=0.0, calls=0, ops=[op.name],
                                     inputs=[{"shape": list(s)} for s in op.shapes if s],
-                                    type=rules.ops.get(op.name))
+                                    type=votes.most_common(1)[0][0] if votes else rules.ops.get(op.name))
         else:
             continue
         found[key].time_us += op.self_us / steps
         found[key].calls += 1 / steps
     return list(found.values())
+
+
+def _extern_types(graphs: list[dict], rules) -> dict[tuple, Counter]:
+    """{(aten op, its tensor inputs' shapes): the types node_type gives the graphs' nodes that call it}: an extern
+    call's region is the type of the nodes that make it, in attribution's order, as a fused region's is (an MLP's
+    GEMMs are fused_mlp's, which takes the MLP whole, where the op alone would make them matmul's). Calls of one op
+    at one shape from modules of two types are the type of the most of them."""
+    found: dict[tuple, Counter] = defaultdict(Counter)
+    for graph in graphs:
+        module_ops = _module_ops(graph)
+        for n in graph.values():
+            if n.op != "call_function" or op_name(n) in LAYOUT_OPS:
+                continue
+            shapes = tuple(tuple(a.meta["val"].shape) for a in n.all_input_nodes
+                           if isinstance(a.meta.get("val"), torch.Tensor))
+            t = node_type(n, rules, module_ops)
+            if t:
+                found[(f"aten::{op_name(n)}", shapes)][t] += 1
+    return found
 
 
 def _graph_of(event: str, kernels: list[dict]) -> tuple[int | None, str]:
@@ -245,21 +269,29 @@ def node_type(node, rules, module_ops: dict) -> str | None:
     """The built-in type whose rules claim a post-grad node, in attribution's order: a module that needs an op
     (a SwiGLU MLP: a silu among its nodes), a module by its class, a function on its stack, its op."""
     stack = list((node.meta.get("nn_module_stack") or {}).values())[::-1]  # innermost first
-    for path, cls in stack:
+    for depth, (path, cls) in enumerate(stack):
         name = getattr(cls, "__name__", str(cls))
         ops, functions = module_ops.get(path, (set(), set()))
         for pattern, needs, needs_function, t in rules.gated:
             if pattern.search(name) and {n.replace("aten::", "") for n in needs} & ops and (
-                    needs_function is None or any(needs_function.search(f) for f in functions)):
+                    needs_function is None or any(needs_function.search(f) for f in functions)) and \
+                    not _left(node, depth, rules.leaves.get(t)):
                 return t
         t = attribution._module_type(name, rules)
-        if t:
+        if t and not _left(node, depth, rules.leaves.get(t)):
             return t
     for func in _FRAME.findall(node.meta.get("stack_trace") or ""):
         t = next((t for pattern, t in rules.functions if pattern.search(func)), None)
         if t:
             return t
     return rules.ops.get(f"aten::{op_name(node)}")
+
+
+def _left(node, depth: int, leaves) -> bool:
+    """A node that a module's rule leaves to its own type (module_leaves, as attribution leaves an attention's
+    projections to matmul): inside a child module (depth > 0 in the stack) and computing a leaf op as it is lowered
+    (a Linear's aten::linear is an mm or addmm by then)."""
+    return depth > 0 and any(op_name(node) in LOWERED.get(leaf, {leaf.replace("aten::", "")}) for leaf in leaves or ())
 
 
 def _module_ops(graph: dict) -> dict[str, tuple[set, set]]:

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autokernel import cli, compat
+from autokernel.cli import DEPLOY_MODES
 from autokernel.compat import ROOT
 from autokernel.verify import noise
 
 CHECK_INPUTS = 3  # fresh inputs the optimized model must match the original on (endtoend.CHECK_INPUTS)
-DEPLOY_MODES = ("eager", "graph", "compile", "compile_graph")  # how a user runs the model; the prune's yardstick
 DEFAULT_KERNELS = ROOT / "workspace" / "kernels"
 
 
