@@ -124,7 +124,7 @@ def run(args) -> int:
         raise ForwardError(f"{type(model).__name__}'s forward failed on an input of shape "
                            f"{','.join(map(str, shape))}: {str(e).splitlines()[0]}") from e
     if args.regions or args.deploy in COMPILED:
-        prof["regions"] = compiled_regions(model, inputs, device, args.steps, types)
+        prof["regions"] = compiled_regions(model, inputs, device, args.steps, types, args.with_loss)
     meta = {"model": describe_model(model), "class_name": args.class_name, "source": args.model or args.module,
             "config": args.config, "input_shape": list(shape), "dtype": str(dtype).replace("torch.", ""),
             "device": gpu.device_name(device) if device == "cuda" else "cpu", "cpu_mode": device == "cpu",
@@ -146,14 +146,14 @@ def run(args) -> int:
     return 0
 
 
-def compiled_regions(model, inputs, device: str, steps: int, types) -> dict | None:
+def compiled_regions(model, inputs, device: str, steps: int, types, with_loss: bool = False) -> dict | None:
     """The regions of the model compiled (autokernel/profile/regions.py), or None with a line saying why not: a
     model torch.compile cannot compile still gets its eager plan."""
     from autokernel.profile import deployed, regions
 
     print("profile: compiling the model with torch.compile to see its regions (Inductor's kernels and extern calls)")
     try:
-        found = regions.capture(model, inputs, device, steps=steps, types=types)
+        found = regions.capture(model, inputs, device, steps=steps, types=types, with_loss=with_loss)
     except Exception as e:  # noqa: BLE001  (any compiler failure: the eager profile stands)
         print(f"profile: no regions: torch.compile failed ({type(e).__name__}: {str(e).splitlines()[0][:200]})")
         return None

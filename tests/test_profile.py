@@ -427,7 +427,7 @@ def test_profile_deploy_compile_ranks_an_hf_llama_by_its_compiled_forward(repo_r
                              num_key_value_heads=2, vocab_size=128).save_pretrained(tmp_path / "hf")
     r = _run(repo_root, "profile.py", "--module", "transformers", "--class-name", "AutoModelForCausalLM", "--config",
              str(tmp_path / "hf"), "--input-shape", "1,64", "--device", "cpu", "--dtype", "float32", "--deploy",
-             "compile", "--output-dir", str(tmp_path / "out"))
+             "compile", "--with-loss", "--output-dir", str(tmp_path / "out"))
     assert r.returncode == 0, r.stderr
     assert "under torch.compile (--deploy compile)" in r.stdout
     the_plan = json.loads((tmp_path / "out" / "plan.json").read_text())
@@ -436,6 +436,8 @@ def test_profile_deploy_compile_ranks_an_hf_llama_by_its_compiled_forward(repo_r
     mlp = next(e for e in the_plan["entries"] if e["type"] == "fused_mlp")  # its GEMMs and its silu * up
     assert mlp["time_us"] == pytest.approx(sum(x["time_us"] for x in found["regions"] if x["type"] == "fused_mlp"))
     assert sum(1 for x in found["regions"] if x["type"] == "fused_mlp" and x["kind"] == "extern") >= 2
+    head = next(e for e in the_plan["entries"] if e["type"] == "linear_cross_entropy")  # the loss compiled too
+    assert head["f"] > 0 and any(x["type"] == "linear_cross_entropy" and x["kind"] == "fused" for x in found["regions"])
     assert sum(e["f"] for e in the_plan["entries"]) + the_plan["other"]["f"] == pytest.approx(1.0, abs=1e-6)
     bad = _run(repo_root, "profile.py", "--model", "models/llama.py", "--class-name", "LlamaModel", "--deploy", "jit")
     assert bad.returncode == 2 and "invalid choice: 'jit'" in bad.stderr

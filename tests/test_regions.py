@@ -60,6 +60,35 @@ def test_the_regions_of_an_hf_llama_are_the_types_optimize_places_there():
     assert sum(x["share"] for x in found["regions"] if x["type"] is None) < 0.15  # other shrinks
 
 
+@pytest.mark.slow(10)
+def test_a_gelu_mlp_s_up_projection_and_its_gelu_are_linear_gelu_s_compiled_too():
+    """attribution pairs a GEMM with the GELU right after it (Profiling.epilogue_of); compiled, the GEMM is an extern
+    call and the GELU's erf, mul and add a fused kernel: both are linear_gelu's, the other GEMMs matmul's."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPTNeoXConfig(hidden_size=64, intermediate_size=256, num_hidden_layers=2,
+                                        num_attention_heads=4, vocab_size=128, rotary_pct=0.25)
+    torch.manual_seed(0)
+    found = regions.capture(transformers.GPTNeoXForCausalLM(config).eval(), (torch.randint(0, 128, (1, 64)),), "cpu")
+    gemms = {x["inputs"][2]["shape"][1]: x["type"] for x in found["regions"] if x["ops"] == ["aten::addmm"]}
+    assert gemms == {256: "linear_gelu", 192: "matmul", 64: "matmul"}
+    assert any(x["type"] == "linear_gelu" and "aten::erf" in x["ops"] for x in found["regions"] if x["kind"] == "fused")
+
+
+def test_an_extern_call_timed_in_the_op_it_calls_is_the_type_of_the_node_that_makes_it():
+    """On a GPU SDPA's time is that of the _flash_attention_forward (or cuDNN) op it calls, which no graph node
+    makes: the call's region takes the type of the nearest op above it that one makes."""
+    from collections import Counter
+
+    from autokernel.profile.attribution import Op
+
+    ops = [Op("ProfilerStep", "step"), Op("aten::_scaled_dot_product_flash_attention", "op", parent=0,
+                                          shapes=[[1, 4, 64, 32]] * 3),
+           Op("aten::_flash_attention_forward", "op", parent=1, self_us=5.0, shapes=[[1, 64, 4, 32]] * 3)]
+    externs = {("aten::_scaled_dot_product_flash_attention", ((1, 4, 64, 32),) * 3): Counter(rope_attention=2)}
+    assert regions._extern_votes(ops[2], ops, externs) == Counter(rope_attention=2)
+    assert regions._extern_votes(ops[2], ops, {}) is None
+
+
 def test_a_region_the_rules_claim_but_no_site_of_the_type_takes_is_covered_by_no_type():
     found = {"regions": [
         {"kind": "fused", "type": "add_layernorm",

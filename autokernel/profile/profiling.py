@@ -121,16 +121,17 @@ class FunctionRanges:
 class LMHeadWithLoss(torch.nn.Module):
     """A language model's output embedding and the next-token loss of its logits as one module call: how a
     profile with a loss (--with-loss) shows the LM head's GEMM and the loss's ops together, as the one call
-    of linear_cross_entropy they become (its profiler rule names this class). The logits go on unchanged."""
+    of linear_cross_entropy they become (its profiler rule names this class). The logits go on unchanged; the
+    loss is kept (self.loss), so torch.compile computes it too (regions.capture) where it would drop a dead value."""
 
     def __init__(self, head: torch.nn.Module, targets: torch.Tensor):
         super().__init__()
-        self.head, self.targets = head, targets
+        self.head, self.targets, self.loss = head, targets, None
 
     def forward(self, x):
         logits = self.head(x)
         if logits.shape[:-1] == self.targets.shape:  # upcast as transformers' loss does
-            F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), self.targets.reshape(-1))
+            self.loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), self.targets.reshape(-1))
         return logits
 
 

@@ -19,6 +19,8 @@ graph's index), so in a model of several graphs two kernels of one name can be t
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import logging
 import re
@@ -31,7 +33,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from autokernel import compat
 from autokernel.profile import attribution
-from autokernel.profile.profiling import STEP_RANGE, to_ops
+from autokernel.profile.profiling import STEP_RANGE, loss_at_head, to_ops
 from autokernel.profile.regionkernel import CASTS, op_name
 
 PROVENANCE = "inductor_provenance_tracking_node_mappings"
@@ -41,7 +43,7 @@ MIN_SHARE = 0.01  # a region under this share of the compiled forward is not wor
 LAYOUT_OPS = {"view", "reshape", "permute", "t", "transpose", "expand", "unsqueeze", "squeeze", "getitem",
               "alias", "slice", "select", "clone", "_unsafe_view", "convert_element_type", "as_strided",
               "empty", "empty_like", "empty_strided", "resolve_conj", "resolve_neg"}
-LOWERED = {"aten::linear": {"mm", "addmm", "bmm"}}  # an eager op as the post-grad graph computes it
+LOWERED = {"aten::linear": {"mm", "addmm", "bmm"}, "aten::matmul": {"mm", "bmm"}}  # eager ops as post-grad has them
 _GRAPH_PREFIX = re.compile(r"^graph_(\d+)_")
 _FRAME = re.compile(r', in (\w+)\n')
 
@@ -118,12 +120,15 @@ class _ProvenanceHandler(logging.Handler):
             self.sink.append({key.rsplit(":", 1)[0]: nodes for key, nodes in payload["cppCodeToPost"].items()})
 
 
-def capture(model, inputs, device: str, steps: int = 3, warmup: int = 2, types=None) -> dict:
+def capture(model, inputs, device: str, steps: int = 3, warmup: int = 2, types=None, with_loss: bool = False
+            ) -> dict:
     """{"total_us": the compiled forward's time per step, "regions": [Region as a dict], by time} for `model`
-    compiled by Inductor as torch.compile(model) would be; types: opt-in types whose rules may claim regions."""
+    compiled by Inductor as torch.compile(model) would be; types: opt-in types whose rules may claim regions;
+    with_loss: each forward computes the next-token loss too, as profile.py --with-loss profiles it eagerly."""
     torch._dynamo.reset()  # a fresh compile: the capture sees every graph
     on_gpu = device.startswith("cuda")
-    with _Capture() as seen, torch.inference_mode():
+    with _Capture() as seen, torch.inference_mode(), (
+            loss_at_head(model, inputs) if with_loss else contextlib.nullcontext()):
         compiled = torch.compile(model)
         for _ in range(warmup):
             compiled(*inputs)
@@ -171,8 +176,7 @@ def regions_of(ops: list, graphs: list[dict], kernels: list[dict], steps: int, r
             key = f"extern {op.name} {op.shapes}"
             if key not in found:
                 externs = _extern_types(graphs, rules) if externs is None else externs
-                shapes = tuple(tuple(s) for s in op.shapes if s)  # an extern call's out= tensor last, if any
-                votes = externs.get((op.name, shapes)) or externs.get((op.name, shapes[:-1]))
+                votes = _extern_votes(op, ops, externs)
                 found[key] = Region(name=key, kind="extern", time_us=0.0, calls=0, ops=[op.name],
                                     inputs=[{"shape": list(s)} for s in op.shapes if s],
                                     type=votes.most_common(1)[0][0] if votes else rules.ops.get(op.name))
@@ -200,6 +204,19 @@ def _extern_types(graphs: list[dict], rules) -> dict[tuple, Counter]:
             if t:
                 found[(f"aten::{op_name(n)}", shapes)][t] += 1
     return found
+
+
+def _extern_votes(op, ops: list, externs: dict) -> Counter | None:
+    """The types of the graphs' nodes that make an extern call (_extern_types'): those of its own op and shapes (an
+    out= tensor last, if any), else of the nearest op above it that has some (on a GPU SDPA's time is that of the
+    _flash_attention_forward or cuDNN op it calls); None where no node makes it."""
+    while op is not None:
+        shapes = tuple(tuple(s) for s in op.shapes if s)
+        votes = externs.get((op.name, shapes)) or externs.get((op.name, shapes[:-1]))
+        if votes:
+            return votes
+        op = ops[op.parent] if op.parent is not None else None
+    return None
 
 
 def _graph_of(event: str, kernels: list[dict]) -> tuple[int | None, str]:
@@ -268,6 +285,9 @@ def _paths(node) -> set[str]:
 def node_type(node, rules, module_ops: dict) -> str | None:
     """The built-in type whose rules claim a post-grad node, in attribution's order: a module that needs an op
     (a SwiGLU MLP: a silu among its nodes), a module by its class, a function on its stack, its op."""
+    t = _epilogue_type(node, rules)
+    if t:
+        return t
     stack = list((node.meta.get("nn_module_stack") or {}).values())[::-1]  # innermost first
     for depth, (path, cls) in enumerate(stack):
         name = getattr(cls, "__name__", str(cls))
@@ -287,6 +307,44 @@ def node_type(node, rules, module_ops: dict) -> str | None:
     return rules.ops.get(f"aten::{op_name(node)}")
 
 
+def _epilogue_type(node, rules) -> str | None:
+    """A GEMM whose result goes (through layout ops) to the epilogue of a type's rules (Profiling.epilogue_of: the
+    GELU after an MLP's up-projection), and the epilogue's nodes that read such a GEMM: that type's, as attribution
+    pairs them eagerly. Inductor decomposes a GELU into erf, mul and add; each keeps aten.gelu as its original."""
+    for modules, names, gemms, t in rules.epilogues:
+        ends = {n.replace("aten::", "") for n in names}
+        is_end = functools.partial(_in_epilogue, modules=modules, ends=ends)
+        starts = set().union(*(LOWERED.get(g, {g.replace("aten::", "")}) for g in gemms))
+        if op_name(node) in starts and _reaches(node, lambda n: list(n.users), is_end):
+            return t
+        if is_end(node) and _reaches(node, lambda n: n.all_input_nodes, lambda n, s=starts: op_name(n) in s, is_end):
+            return t
+    return None
+
+
+def _in_epilogue(node, modules, ends: set[str]) -> bool:
+    """Whether a node computes an epilogue: one of its ops (`ends`), or anything inside a module of its class."""
+    classes = (getattr(cls, "__name__", str(cls)) for _, cls in (node.meta.get("nn_module_stack") or {}).values())
+    return bool(_names(node) & ends) or (modules is not None and any(modules.search(c) for c in classes))
+
+
+def _reaches(node, step, found, through=lambda n: False, hops: int = 8) -> bool:
+    """Whether a node `found` accepts is `hops` steps or fewer away from node along `step` (users or inputs), over
+    layout ops and the nodes `through` accepts."""
+    frontier = list(step(node))
+    for _ in range(hops):
+        if any(found(n) for n in frontier):
+            return True
+        frontier = [m for n in frontier if op_name(n) in LAYOUT_OPS or through(n) for m in step(n)]
+    return False
+
+
+def _names(node) -> set[str]:
+    """The node's op as lowered and as the aten op it was decomposed from."""
+    original = str(node.meta.get("original_aten"))
+    return {op_name(node)} | ({original.split(".")[1]} if original.startswith("aten.") else set())
+
+
 def _left(node, depth: int, leaves) -> bool:
     """A node that a module's rule leaves to its own type (module_leaves, as attribution leaves an attention's
     projections to matmul): inside a child module (depth > 0 in the stack) and computing a leaf op as it is lowered
@@ -299,8 +357,7 @@ def _module_ops(graph: dict) -> dict[str, tuple[set, set]]:
     it was decomposed from (silu, which the CPU lowers to exp and div); the Python functions on their stacks)}."""
     found = defaultdict(lambda: (set(), set()))
     for n in graph.values():
-        original = n.meta.get("original_aten")
-        names = {op_name(n)} | ({str(original).split(".")[1]} if str(original).startswith("aten.") else set())
+        names = _names(n)
         functions = set(_FRAME.findall(n.meta.get("stack_trace") or ""))
         for path, _ in (n.meta.get("nn_module_stack") or {}).values():
             found[path][0].update(names)
