@@ -260,6 +260,8 @@ def test_budget_follows_the_gain_left_and_no_gain_types_go_last():
     assert budget.potential(measured) == pytest.approx(0.4 / 2.0 * 0.5)  # measured speedup, room to the roof
     assert budget.shares([{"name": "a", "status": "pending"}, {"name": "b", "status": "pending"}]) == \
         {"a": 0.5, "b": 0.5}  # --kernel files: no plan share, even split
+    fused_away = {"name": "softmax", "status": "pending", "f": 0.0, "s": 1.8, "gain": 1.0}  # --deploy compile_graph
+    assert budget.shares([{**jobs[1], "status": "pending"}, fused_away]) == {"mlp": 1.0, "softmax": 0.0}
 
 
 def test_the_loop_shares_its_hours_by_amdahl_and_says_so(repo):

@@ -26,9 +26,9 @@ NO_GAIN = 1.0 + 1e-9  # a plan gain at or under this means the type cannot speed
 def potential(job: dict) -> float | None:
     """Share of the model's time the kernel may still save; None for a kernel without a plan share."""
     f = job.get("f")
-    if not f:
+    if f is None:
         return None
-    if job.get("gain") is not None and job["gain"] <= NO_GAIN:
+    if not f or (job.get("gain") is not None and job["gain"] <= NO_GAIN):  # f 0: no time in the deploy mode
         return 0.0
     on_gpu = job.get("measured_on") == "cuda"
     left = fraction_left(job.get("time_us"), job.get("best_us"), on_gpu and job.get("objective") == "model_us",
