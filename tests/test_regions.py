@@ -328,6 +328,25 @@ def test_the_attention_a_compiled_graph_calls_through_cudnn_is_flash_attention_s
     assert [(r.kind, r.type, r.calls) for r in found] == [("extern", "flash_attention", 1)]
 
 
+@pytest.mark.gpu
+def test_an_hf_llama_compiled_on_a_gpu_gives_its_attention_mlp_and_loss_to_the_types_deploy_places():
+    """profile.py --deploy compile_graph's regions on a GPU: SDPA's time (in the flash or cuDNN op SDPA calls) is
+    rope_attention's where its sites take the attention, the MLP's GEMMs fused_mlp's, the head and the loss (with a
+    loss) linear_cross_entropy's; an H100 profile of TinyLlama once gave 29% of the forward to flash_attention."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=1024)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).to("cuda", torch.float16).eval()
+    found = regions.capture(model, (torch.randint(0, 1024, (1, 512), device="cuda"),), "cuda",
+                            types=["rope_attention"], with_loss=True)
+    share = {}
+    for r in found["regions"]:
+        share[r["type"]] = share.get(r["type"], 0.0) + r["share"]
+    assert "flash_attention" not in share and share["rope_attention"] > 0.02
+    assert share["fused_mlp"] > 0.05 and share["matmul"] > 0 and share["linear_cross_entropy"] > 0.02
+
+
 def test_a_region_of_a_batch_of_one_sweeps_no_input_past_its_element_budget():
     """A region's leading dimension is often the batch: the sweep's 128 rows of a [1, 2048, 50304] region would be
     26 GB a tensor. Rows past the budget are left out of the sweep, the model's own shape kept."""
