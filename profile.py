@@ -3,8 +3,7 @@
     python profile.py --model models/llama.py --class-name LlamaModel --input-shape 1,512 --dtype fp16
     python profile.py --module transformers --class-name AutoModelForCausalLM --config gpt2 --input-shape 1,256
     python profile.py --model models/llama.py --class-name LlamaModel --input-shape 1,512 --regions  # + compiled
-    python profile.py --module transformers --class-name AutoModelForCausalLM --config benchmarks/hf/tinyllama \
-        --input-shape 1,2048 --deploy compile_graph  # ranked by the time each type takes under torch.compile
+    python profile.py --model models/llama.py --class-name LlamaModel --input-shape 1,512 --deploy compile_graph
 
 Writes workspace/profile.json (time by kernel type, shape, module and op) and workspace/plan.json
 (each type's share f, expected speedup s and end-to-end gain, ranked), and prints the plan. On a
