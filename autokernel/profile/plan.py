@@ -11,8 +11,8 @@ covers ("other") bounds both.
 The time a type takes is the model's as the user deploys it (profile.py --deploy): eagerly (eager, graph: a CUDA
 graph replays the same kernels) the eager profile's; under torch.compile (compile, compile_graph) the compiled
 forward's, each type's time the Inductor kernels and extern calls its rules cover (profile.py's regions), and s its
-starter's measured speedup over the reference compiled (speedup_vs_compile): a norm that takes 9% of an eager
-forward takes 2% of a compiled one, where Inductor fuses it as well as the starter does, and the plan ranks it so.
+starter's measured speedup over the reference compiled (speedup_vs_compile): TinyLlama's rmsnorm takes 9.7% of its
+eager forward and 2.3% of its compiled one on an H100, where Inductor's kernel is as fast as the starter (0.996x).
 A type torch.compile's kernels beat (s < 1: the prune leaves it out in that mode) ranks after every type that
 gains, by its time there: what it would save once the night makes it win.
 
@@ -96,7 +96,7 @@ def build_plan(profile: dict, measured: dict[str, float] | None = None, source: 
             s, s_source = default_speedup(type_), "default"
         entries.append({"type": type_, "f": f, "s": s, "s_source": s_source, "gain": amdahl_gain(f, s),
                         "time_us": info["time_us"], "calls": info["calls"], "shapes": info["shapes"]})
-    entries.sort(key=lambda e: (e["gain"] <= 1.0, -e["gain"] if e["gain"] > 1.0 else -e["f"], -e["f"]))
+    entries.sort(key=_rank_key)
     for rank, entry in enumerate(entries, start=1):
         entry["rank"] = rank
     covered = sum(e["f"] for e in entries)
@@ -113,6 +113,12 @@ def build_plan(profile: dict, measured: dict[str, float] | None = None, source: 
         # None: the planned types are all the time there is, so no ceiling short of infinity
         "amdahl_ceiling": 1.0 / (1.0 - covered) if covered < 1.0 - 1e-9 else None,
     }
+
+
+def _rank_key(entry: dict) -> tuple:
+    """The types that gain first, by gain; then those that do not (s <= 1 in the deploy mode), by their time."""
+    gains = entry["gain"] > 1.0
+    return not gains, -entry["gain"] if gains else -entry["f"], -entry["f"]
 
 
 def _compiled(profile: dict) -> tuple[dict, dict, float]:
