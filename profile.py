@@ -47,7 +47,6 @@ if __name__ == "profile":  # imported by cProfile & co. from the repository root
 
 
 from autokernel import cli  # noqa: E402  (after the stdlib hand-over above)
-from autokernel.cli import DEPLOY_MODES  # noqa: E402
 from autokernel.profile.plan import COMPILED  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent
@@ -70,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="also profile the model as torch.compile runs it: every kernel Inductor makes and every "
                           "extern call (GEMM, attention), with its share of the compiled forward and the built-in "
                           "type whose rules cover it; those no type covers are listed in the plan as regions")
-    how.add_argument("--deploy", choices=DEPLOY_MODES, default="eager",
+    how.add_argument("--deploy", choices=cli.DEPLOY_MODES, default="eager",
                      help="the mode the model will run in (verify.py's --deploy): each type is ranked by its time "
                           "in that mode and its starter's measured speedup there; compile and compile_graph "
                           "profile the model under torch.compile (as --regions does) and take the starters' "
