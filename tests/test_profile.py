@@ -422,6 +422,8 @@ def test_the_default_plan_holds_the_types_optimize_swaps_into_the_model(repo_roo
 
 @pytest.mark.slow(10)
 def test_profile_deploy_compile_ranks_an_hf_llama_by_its_compiled_forward(repo_root, tmp_path):
+    """The plan of `profile.py --deploy compile --with-loss`: the compiled forward's time, shared among the types as
+    deploy places them (the MLP's GEMMs fused_mlp's, the head and its loss linear_cross_entropy's), the rest other."""
     transformers = pytest.importorskip("transformers")
     transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                              num_key_value_heads=2, vocab_size=128).save_pretrained(tmp_path / "hf")
