@@ -210,16 +210,19 @@ def show(the_plan: dict) -> None:
     title = (f"{the_plan['model']}, input {'x'.join(map(str, the_plan['input_shape']))} "
              f"{the_plan['dtype']}: {kind}, {the_plan['total_us'] / 1e3:.2f} ms per forward{how}")
     table = Table(title=title)
-    for col in ("rank", "type", "share f", "time ms", "s", "gain", "top shape"):
+    eager_f = ["eager f"] if deploy in COMPILED else []  # beside the compiled share: what compiling took away
+    for col in ("rank", "type", "share f", *eager_f, "time ms", "s", "gain", "top shape"):
         table.add_column(col, justify="left" if col in ("type", "top shape") else "right")
     for e in the_plan["entries"]:
         top = e["shapes"][0]["shape"] if e["shapes"] else {}
         s = f"{e['s']:.2f}" + ("" if e["s_source"] == "default" else " (measured)")
-        table.add_row(str(e["rank"]), e["type"], f"{e['f']:.1%}", f"{e['time_us'] / 1e3:.3f}", s,
+        beside = [f"{e.get('f_eager', 0.0):.1%}"] if eager_f else []
+        table.add_row(str(e["rank"]), e["type"], f"{e['f']:.1%}", *beside, f"{e['time_us'] / 1e3:.3f}", s,
                       f"{e['gain']:.3f}x", " ".join(f"{k}={v}" for k, v in top.items()))
     other = the_plan["other"]
     ops = ", ".join(name.replace("aten::", "") for name in list(other["ops"])[:4])
-    table.add_row("", "other", f"{other['f']:.1%}", f"{other['time_us'] / 1e3:.3f}", "", "", ops, style="dim")
+    table.add_row("", "other", f"{other['f']:.1%}", *[""] * len(eager_f), f"{other['time_us'] / 1e3:.3f}", "", "",
+                  ops, style="dim")
     Console(width=None if sys.stdout.isatty() else 140).print(table)  # logs: no wrapping at 80 columns
     ceiling = the_plan["amdahl_ceiling"]
     print(f"named types cover {the_plan['covered_f']:.1%} of the time; all at their s: "

@@ -185,6 +185,7 @@ def test_a_compiled_deploy_plan_ranks_the_types_by_their_time_under_torch_compil
     assert by_type["fused_mlp"]["f"] == pytest.approx(0.46) and by_type["fused_mlp"]["s"] == 1.06
     assert by_type["rmsnorm"]["f"] == pytest.approx(0.05) and by_type["rmsnorm"]["gain"] < 1.0
     assert by_type["rmsnorm"]["shapes"] == [{"shape": {"rows": 64}}]  # extract makes its inputs from the eager ones
+    assert by_type["rmsnorm"]["f_eager"] == 0.25 and "f_eager" not in eager["entries"][0]
     assert compiled["total_us"] == 100.0 and compiled["other"]["f"] == pytest.approx(0.29)  # 100 - 71 us typed
     assert compiled["other"]["ops"] == {"triton_poi_fused_cat_2": 29.0} and compiled["deploy"] == "compile_graph"
     with pytest.raises(plan.PlanError, match="under torch.compile"):
@@ -431,7 +432,7 @@ def test_profile_deploy_compile_ranks_an_hf_llama_by_its_compiled_forward(repo_r
              str(tmp_path / "hf"), "--input-shape", "1,64", "--device", "cpu", "--dtype", "float32", "--deploy",
              "compile", "--with-loss", "--output-dir", str(tmp_path / "out"))
     assert r.returncode == 0, r.stderr
-    assert "under torch.compile (--deploy compile)" in r.stdout
+    assert "under torch.compile (--deploy compile)" in r.stdout and "eager f" in r.stdout
     the_plan = json.loads((tmp_path / "out" / "plan.json").read_text())
     found = json.loads((tmp_path / "out" / "profile.json").read_text())["regions"]
     assert the_plan["deploy"] == "compile" and the_plan["total_us"] == pytest.approx(found["total_us"])

@@ -95,7 +95,8 @@ def build_plan(profile: dict, measured: dict[str, float] | None = None, source: 
         else:
             s, s_source = default_speedup(type_), "default"
         entries.append({"type": type_, "f": f, "s": s, "s_source": s_source, "gain": amdahl_gain(f, s),
-                        "time_us": info["time_us"], "calls": info["calls"], "shapes": info["shapes"]})
+                        "time_us": info["time_us"], "calls": info["calls"], "shapes": info["shapes"],
+                        **({"f_eager": info["f_eager"]} if "f_eager" in info else {})})
     entries.sort(key=_rank_key)
     for rank, entry in enumerate(entries, start=1):
         entry["rank"] = rank
@@ -124,7 +125,8 @@ def _rank_key(entry: dict) -> tuple:
 def _compiled(profile: dict) -> tuple[dict, dict, float]:
     """(types, other, total_us) of the compiled forward, in the eager profile's form: each type's time the regions
     its rules cover (profile["regions"], regions.capture's), its shapes the eager profile's (extract makes its inputs
-    from them); "other" the rest of the time, its ops the regions no type covers, by name."""
+    from them), its share of the eager forward beside (f_eager); "other" the rest of the time, its ops the regions no
+    type covers, by name."""
     found = profile.get("regions")
     if not found or not found.get("total_us"):
         raise PlanError("a plan for a compiled deploy mode needs the model profiled under torch.compile "
@@ -134,12 +136,13 @@ def _compiled(profile: dict) -> tuple[dict, dict, float]:
         if r["type"] is None:
             other[r["name"]] = other.get(r["name"], 0.0) + r["time_us"]
             continue
-        entry = types.setdefault(r["type"], {"time_us": 0.0, "calls": 0.0, "shapes": profile["types"].get(
-            r["type"], {}).get("shapes", [])})
+        eager = profile["types"].get(r["type"], {})
+        entry = types.setdefault(r["type"], {"time_us": 0.0, "calls": 0.0, "shapes": eager.get("shapes", []),
+                                             "f_eager": eager.get("share", 0.0)})
         entry["time_us"] += r["time_us"]
         entry["calls"] += r["calls"]
     for type_, eager in profile["types"].items():  # a type no region is still deployed: nothing left to save there
-        types.setdefault(type_, {"time_us": 0.0, "calls": 0.0, "shapes": eager["shapes"]})
+        types.setdefault(type_, {"time_us": 0.0, "calls": 0.0, "shapes": eager["shapes"], "f_eager": eager["share"]})
     for entry in types.values():
         entry.update(share=entry["time_us"] / total, calls=round(entry["calls"]))
     other_us = max(0.0, total - sum(entry["time_us"] for entry in types.values()))  # copies and the host's own too
