@@ -312,9 +312,8 @@ def _epilogue_type(node, rules) -> str | None:
     GELU after an MLP's up-projection), and the epilogue's nodes that read such a GEMM: that type's, as attribution
     pairs them eagerly. Inductor decomposes a GELU into erf, mul and add; each keeps aten.gelu as its original."""
     for modules, names, gemms, t in rules.epilogues:
-        ends = {n.replace("aten::", "") for n in names}
-        is_end = functools.partial(_in_epilogue, modules=modules, ends=ends)
-        starts = set().union(*(LOWERED.get(g, {g.replace("aten::", "")}) for g in gemms))
+        is_end = functools.partial(_in_epilogue, modules=modules, ends=_lowered(names))
+        starts = _lowered(gemms)
         if op_name(node) in starts and _reaches(node, lambda n: list(n.users), is_end):
             return t
         if is_end(node) and _reaches(node, lambda n: n.all_input_nodes, lambda n, s=starts: op_name(n) in s, is_end):
@@ -322,7 +321,13 @@ def _epilogue_type(node, rules) -> str | None:
     return None
 
 
-def _in_epilogue(node, modules, ends: set[str]) -> bool:
+@functools.cache
+def _lowered(ops: frozenset) -> frozenset:
+    """The names a post-grad graph's nodes have for eager aten ops ("aten::linear" -> mm, addmm, bmm)."""
+    return frozenset().union(*(LOWERED.get(op, {op.replace("aten::", "")}) for op in ops))
+
+
+def _in_epilogue(node, modules, ends: frozenset) -> bool:
     """Whether a node computes an epilogue: one of its ops (`ends`), or anything inside a module of its class."""
     classes = (getattr(cls, "__name__", str(cls)) for _, cls in (node.meta.get("nn_module_stack") or {}).values())
     return bool(_names(node) & ends) or (modules is not None and any(modules.search(c) for c in classes))
@@ -349,7 +354,7 @@ def _left(node, depth: int, leaves) -> bool:
     """A node that a module's rule leaves to its own type (module_leaves, as attribution leaves an attention's
     projections to matmul): inside a child module (depth > 0 in the stack) and computing a leaf op as it is lowered
     (a Linear's aten::linear is an mm or addmm by then)."""
-    return depth > 0 and any(op_name(node) in LOWERED.get(leaf, {leaf.replace("aten::", "")}) for leaf in leaves or ())
+    return depth > 0 and op_name(node) in _lowered(leaves or frozenset())
 
 
 def _module_ops(graph: dict) -> dict[str, tuple[set, set]]:

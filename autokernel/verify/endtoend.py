@@ -398,7 +398,7 @@ class Trials:
         if self.shallow is None:
             return 0.0
         shrink = math.sqrt(done / PRUNE_ROUNDS)
-        close = [noise.compare(samples[m]["without"], samples[m]["with"], margins[m]) for m in _open(samples, margins)]
+        close = [v for v in _open(samples, margins).values() if v is not None]
         wide = [v.high - v.low for v in close if (v.high - v.low) * shrink > WIDE
                 and abs(v.ratio - 1) < (v.high - v.low) * shrink / 2]
         return max(wide, default=0.0)
@@ -408,21 +408,17 @@ class Trials:
         return {m: noise.failed(without_ms[m], with_ms[m]) for m in self.modes}
 
 
-def _open(samples: dict, margins: dict[str, float]) -> list[str]:
-    """The modes of a trial ({mode: {"without", "with"}}) another round of turns can still decide: the close calls
-    (_undecided), but a host-bound one beside graphed modes that all read outside the noise, which decide a
-    conflict (noise.deciding_mode): its turns would change no verdict. On an H100 TinyLlama's rmsnorm read 1.124x
-    graphed in one round (22 turns) and its eager turns went on to 44, a second of host-bound forwards per round."""
-    graphed = [m for m in samples if m in noise.GPU_TIMED]
-    settled = bool(graphed) and all(samples[m]["without"] and noise.compare(
-        samples[m]["without"], samples[m]["with"], margins[m]).outcome != noise.WITHIN_NOISE for m in graphed)
-    return [m for m in samples if _undecided(samples[m], margins[m]) and not (settled and m not in graphed)]
-
-
-def _undecided(samples: dict, margin: float = PRUNE_MARGIN) -> bool:
-    """Not timed yet, or a close call so far."""
-    return not samples["without"] or noise.close_call(noise.compare(samples["without"], samples["with"], margin),
-                                                      margin)
+def _open(samples: dict, margins: dict[str, float]) -> dict[str, noise.Verdict | None]:
+    """{mode: its verdict so far, None before its first turns} of the modes of a trial ({mode: {"without", "with"}})
+    another round of turns can still decide: the close calls (noise.close_call), but a host-bound one beside graphed
+    modes that all read outside the noise, which decide a conflict (noise.deciding_mode): its turns would change no
+    verdict. On an H100 TinyLlama's rmsnorm read 1.124x graphed in one round (22 turns) and its eager turns went on to
+    44, a second of host-bound forwards per round."""
+    now = {m: noise.compare(s["without"], s["with"], margins[m]) if s["without"] else None for m, s in samples.items()}
+    graphed = [m for m in now if m in noise.GPU_TIMED]
+    settled = bool(graphed) and all(now[m] is not None and now[m].outcome != noise.WITHIN_NOISE for m in graphed)
+    return {m: v for m, v in now.items() if (v is None or noise.close_call(v, margins[m]))
+            and not (settled and m not in graphed)}
 
 
 @contextlib.contextmanager
