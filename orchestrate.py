@@ -281,8 +281,9 @@ def cmd_report(args, root: Path) -> int:
     console.print(report_table(summaries, args.tag, device))
     print("\n".join(report.shape_lines(jobs)))
     kept = [r["timestamp"] for r in rows if r["status"] in ("baseline", "keep")]
+    deploy = next((j["deploy"] for j in jobs if j.get("deploy")), "eager")  # what the plan's shares are of
     print("\n".join(report.estimate_lines(amdahl(summaries), verified, max(kept) if kept else None,
-                                         report.is_cpu(device))))
+                                         report.is_cpu(device), deploy)))
     png = Path(getattr(args, "png", "progress.png"))
     png = write_progress_png(rows, {s["source"]: s["kernel"] for s in summaries}, verified,
                              png if png.is_absolute() else root / png, args.tag)

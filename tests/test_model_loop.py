@@ -319,6 +319,32 @@ def test_report_puts_the_estimate_beside_verify_and_builds_its_command(repo):
     assert "1.0036x, faster (this run's faster in 27 of 30 turns" in lines[-1]
 
 
+def test_a_plan_ranked_under_torch_compile_has_its_estimate_over_torch_compile(repo):
+    """profile.py --deploy compile_graph: the shares are of the compiled forward, so the estimate is over
+    torch.compile and is compared with verify.py's compiled + graphed row, not the graphed row over eager (an H100
+    night on TinyLlama: estimate 1.273x, compiled + graphed 1.282x, graphed over eager 1.627x)."""
+    kernels = repo / "workspace" / "kernels"
+    kernels.mkdir(parents=True)
+    (kernels / "01_rmsnorm.py").write_text(set_model_shapes(FAKE_KERNEL, SHAPES[:1], "shapes", [3]))
+    plan = write_plan(repo, [entry("rmsnorm", 1, 0.3, 2.0, SHAPES[:1])])
+    plan.write_text(json.dumps({**json.loads(plan.read_text()), "deploy": "compile_graph"}))
+    assert [j["deploy"] for j in load_jobs(repo, plan, warn=lambda _: None)] == ["compile_graph"]
+    timing = {"optimized_graph": {"speedup_vs_eager": 1.627},
+              "optimized_compile": {"speedup_vs_compile": 1.273},
+              "optimized_compile_graph": {"speedup_vs_compile": 1.282}}
+    verify = {"model": "TestModel", "input_shape": [1, 2048], "gpu": "NVIDIA H100", "cpu_mode": False,
+              "written": "2026-11-27T07:55:55+00:00", "timing": timing, "prune": {"mode": "compile_graph"}}
+    lines = report.estimate_lines(1.273, verify, None, deploy="compile_graph")
+    assert lines[0] == "end-to-end estimate (Amdahl over the plan's shares): 1.273x over torch.compile"
+    assert any("1.282x over torch.compile, both with CUDA graphs" in line and "off by -0.7%" in line for line in lines)
+    assert any(line.strip() == "1.627x over eager with CUDA graphs" for line in lines)  # shown, not compared
+    assert report.measured_speedup(verify) == (1.282, "over torch.compile, both with CUDA graphs")
+    # verify.py run in every mode: the eager side's graphed figure, as before
+    every = {**verify, "prune": {"mode": "eager,graph,compile,compile_graph"}}
+    assert report.measured_speedup(every) == (1.627, "over eager with CUDA graphs")
+    assert "over eager with CUDA graphs" in report.estimate_lines(1.6, every, None)[2]
+
+
 def test_workers_share_their_gpu_hours_by_amdahl():
     jobs = [{"name": n, "f": f, "s": s, "gain": 1 / ((1 - f) + f / s)}
             for n, f, s in (("norm", 0.4, 10.0), ("mlp", 0.4, 1.1), ("matmul", 0.2, 1.0))]

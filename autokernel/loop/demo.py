@@ -138,7 +138,7 @@ def measured_line(root: Path) -> str:
     if measured is None:
         return f"{head}, not timed ({where})"
     speedup, how = measured
-    return f"{head}, {speedup:.3g}x over PyTorch eager {how}, measured by verify.py ({where})"
+    return f"{head}, {speedup:.3g}x {how}, measured by verify.py ({where})"
 
 
 def where_lines(root: Path, tag: str, started_on: str | None) -> list[str]:

@@ -29,10 +29,20 @@ from autokernel.results import objective_us
 
 VERIFY_JSON = Path("workspace/verify.json")  # verify.py's full report, written on every run
 KERNELS_DIR = Path("workspace/kernels")  # extract.py's files and the loop's winners, each with its MODEL_SOURCE
-# verify.py's timing rows the estimate is compared with: GPU time alone (the profile's f is GPU time),
-# then the model as an eager user runs it
-VERIFY_ROWS = (("optimized_graph", "with CUDA graphs (GPU time, the estimate's counterpart)"),
-               ("optimized", "in eager mode (launch costs included)"), ("optimized_compile", "under torch.compile"))
+# verify.py's timing rows the estimate is compared with, (row, its speedup's key, what it is), by the side the
+# plan was ranked for (profile.py --deploy): first GPU time alone (the profile's f is GPU time), the estimate's
+# counterpart, then the model as a user of that side runs it
+COUNTERPART = " (GPU time, the estimate's counterpart)"
+VERIFY_ROWS = {
+    "eager": (("optimized_graph", "speedup_vs_eager", "over eager with CUDA graphs" + COUNTERPART),
+              ("optimized", "speedup_vs_eager", "over eager in eager mode (launch costs included)"),
+              ("optimized_compile", "speedup_vs_eager", "over eager under torch.compile")),
+    "compiled": (("optimized_compile_graph", "speedup_vs_compile",
+                  "over torch.compile, both with CUDA graphs" + COUNTERPART),
+                 ("optimized_compile", "speedup_vs_compile",
+                  "over torch.compile without graphs (launch costs included)"),
+                 ("optimized_graph", "speedup_vs_eager", "over eager with CUDA graphs")),
+}
 
 CPU_CAVEAT = "Triton interpreter timings, not performance figures"  # what every CPU-mode figure says of itself
 NON_TTY_WIDTH = 200  # characters per line when the output goes to a file
@@ -197,9 +207,10 @@ def shape_lines(jobs: list[dict]) -> list[str]:
 
 # ------------------------------------------------------------------------------ the measurement beside it
 def measured_speedup(verify: dict) -> tuple[float, str] | None:
-    """(speedup over eager, how it was run, e.g. "with CUDA graphs") of the first of VERIFY_ROWS verify.py timed."""
-    for row, label in VERIFY_ROWS:
-        speedup = (verify["timing"].get(row) or {}).get("speedup_vs_eager")
+    """(speedup, over what and how it was run, e.g. "over eager with CUDA graphs") of the first of VERIFY_ROWS
+    verify.py timed, on the side of the modes it was deployed in (its prune's modes)."""
+    for row, key, label in VERIFY_ROWS[side((verify.get("prune") or {}).get("mode"))]:
+        speedup = (verify["timing"].get(row) or {}).get(key)
         if speedup:
             return speedup, label.split(" (")[0]
     return None
@@ -243,14 +254,24 @@ def verify_warnings(verify: dict, kernel_files: list[Path]) -> list[str]:
     return lines
 
 
-def estimate_lines(estimate: float | None, verify: dict | None, last_kept: str | None, cpu: bool = False) -> list[str]:
+def side(deploy: str | None) -> str:
+    """"compiled" where every mode of `deploy` (a plan's, or verify.py's "mode[,mode...]") compiles, else "eager"."""
+    modes = (deploy or "eager").split(",")
+    return "compiled" if all(m in COMPILED for m in modes) else "eager"
+
+
+def estimate_lines(estimate: float | None, verify: dict | None, last_kept: str | None, cpu: bool = False,
+                   deploy: str = "eager") -> list[str]:
     """The Amdahl estimate beside verify.py's measurement (or what to run to get one).
     last_kept: ISO time of the tag's last kept experiment; a measurement older than it is said to be.
-    cpu: the kernels were timed in CPU mode, and the estimate is made of those times."""
-    lines = []
+    cpu: the kernels were timed in CPU mode, and the estimate is made of those times.
+    deploy: the mode the plan was ranked for; under torch.compile its shares are of the compiled forward, so the
+    estimate is over torch.compile and its counterpart is verify.py's compiled + graphed row."""
+    lines, rows = [], VERIFY_ROWS[side(deploy)]
     if estimate:
         caveat = f" (from CPU mode's {CPU_CAVEAT})" if cpu else ""
-        lines.append(f"end-to-end estimate (Amdahl over the plan's shares): {estimate:.3f}x over PyTorch eager{caveat}")
+        base = "torch.compile" if side(deploy) == "compiled" else "PyTorch eager"
+        lines.append(f"end-to-end estimate (Amdahl over the plan's shares): {estimate:.3f}x over {base}{caveat}")
     if verify is None:
         return lines + ["no end-to-end measurement yet: run verify.py (or `orchestrate.py run --verify`); "
                         "the estimate alone is not a measurement"]
@@ -260,12 +281,12 @@ def estimate_lines(estimate: float | None, verify: dict | None, last_kept: str |
     lines.append(f"measured by verify.py, {verify.get('model', '?')} input {verify.get('input_shape')} "
                  f"({where}, {verify['written']}){stale}:")
     lines += [f"  {line}" for line in verify.get("warnings") or []]
-    for row, label in VERIFY_ROWS:
-        r = verify["timing"].get(row)
-        if r and r.get("speedup_vs_eager"):
-            off = f"; the estimate is off by {100 * (estimate / r['speedup_vs_eager'] - 1):+.1f}%" \
-                if estimate and row == "optimized_graph" else ""
-            lines.append(f"  {r['speedup_vs_eager']:.3f}x over eager {label}{off}")
+    for row, key, label in rows:
+        speedup = (verify["timing"].get(row) or {}).get(key)
+        if speedup:
+            off = f"; the estimate is off by {100 * (estimate / speedup - 1):+.1f}%" \
+                if estimate and row == rows[0][0] else ""
+            lines.append(f"  {speedup:.3f}x {label}{off}")
     if not verify["timing"]:
         lines.append("  (no timing: correctness only, or the optimized model failed its check)")
     against = verify.get("against") or {}

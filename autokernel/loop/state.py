@@ -166,13 +166,14 @@ def load_jobs(root: Path, plan: str | Path | None = None, kernels: list[str] | N
         plan_path = root / plan_path
     if not plan_path.is_file():
         raise LoopError(f"no plan at {plan_path}: run profile.py (and extract.py) first, or pass --kernel FILE")
-    entries = json.loads(plan_path.read_text()).get("entries", [])
+    plan = json.loads(plan_path.read_text())
     jobs = []
-    for entry in sorted(entries, key=lambda e: -(e.get("gain") or 0.0)):
+    for entry in sorted(plan.get("entries", []), key=lambda e: -(e.get("gain") or 0.0)):
         source = plan_kernel_file(root, entry, warn)
         if source is None:
             continue
-        jobs.append(new_job(root, source, entry))
+        # the mode the plan's shares were measured in (profile.py --deploy): the report's estimate is over it
+        jobs.append({**new_job(root, source, entry), "deploy": plan.get("deploy", "eager")})
     if not jobs:
         raise LoopError(f"no kernel of {plan_path} has a kernel file: run extract.py first")
     return jobs
