@@ -98,6 +98,34 @@ def test_the_agent_proposes_the_combination_the_screen_ranks_first_where_no_sing
     assert tunable_space((tmp_path / "kernel.py").read_text())[1] == {"VARIANT": "b", "BLOCK": 128, "WARPS": 8}
 
 
+def test_the_coordinate_search_does_not_bench_what_the_screen_passed_over(tmp_path):
+    """A move the screen timed no faster than the file's configuration, or saw fail, is no experiment's worth: the
+    coordinate search goes on with the moves it did not reach; with the whole space screened and nothing faster,
+    the agent has nothing left to try."""
+    (tmp_path / "kernel.py").write_text(KERNEL)
+    def reached_four(configs):  # the file's own, one timed 0.5% faster, one that fails, one slower; rest unreached
+        times = {0: 100.0, 1: 99.5, 3: 125.0}
+        out = fake_screen(lambda c: times.get(configs.index(c), 0.0))(configs)
+        out["results"][2].update(status="failed", us=[], model_us=None)
+        for r in out["results"][4:]:
+            r.update(status="unreached", us=[], model_us=None)
+        return out
+    task = Task(root=tmp_path, kernel_name="k", kernel_type="rmsnorm", experiment=1, memory={}, screen=reached_four)
+    agent = make_agent("builtin")
+    agent.observe(task, None, "baseline")
+    proposal = agent.propose(task)
+    drawn = [json.loads(k) for k in task.memory["screened"]]
+    assert len(drawn) == 4 and set(task.memory["passed_over"]) == {search.key(c) for c in drawn}
+    assert proposal is not None and "screen" not in proposal.description  # nothing queued: a coordinate move
+    assert search.key(tunable_space((tmp_path / "kernel.py").read_text())[1]) not in task.memory["passed_over"]
+    # the whole space screened, nothing 1% faster: nothing is benched again
+    (tmp_path / "kernel.py").write_text(KERNEL)
+    task = Task(root=tmp_path, kernel_name="k", kernel_type="rmsnorm", experiment=1, memory={},
+                screen=fake_screen(lambda c: 100.0 - (c["BLOCK"] == 128) * 0.5))
+    agent.observe(task, None, "baseline")
+    assert agent.propose(task) is None and len(task.memory["passed_over"]) == 12
+
+
 def test_a_screen_that_fails_leaves_the_coordinate_search_to_go_on(tmp_path):
     (tmp_path / "kernel.py").write_text(KERNEL)
 

@@ -16,7 +16,8 @@ harness's launch record: a tunable of a variant these shapes do not run) is not 
 others, until a keep changes the configuration. When a
 move is kept, the same tunable is pushed one step further in the same direction before anything else.
 When every single-tunable move from the best has been tried, pairs are tried, then triples, until
-the whole space is exhausted, which ends the kernel. Configurations already tried are never repeated;
+the whole space is exhausted, which ends the kernel. Configurations already tried are never repeated, nor those
+a screen passed over (timed there no faster than the configuration it screened from, or wrong or failed there);
 ties are broken by a seeded shuffle, so a run is reproducible.
 
 Edits are made by rewriting the literal in the `NAME = value` line, leaving comments and the rest of
@@ -121,9 +122,11 @@ def describe_move(old: dict, new: dict) -> str:
 
 
 def next_move(source: str, memory: dict, seed: int) -> Proposal | None:
-    """The configuration to try next from the one in `source`, given what `memory` says was tried."""
+    """The configuration to try next from the one in `source`, given what `memory` says was tried (and what a
+    screen passed over: search.passed_over)."""
     space, current = tunable_space(source)
     tried = {config_key(c) for c in memory.get("tried", [])} | {config_key(current)}
+    tried |= set(memory.get("passed_over", ()))
     inert = set(memory.get("inert", ()))
     space = {n: values for n, values in space.items() if n not in inert}
     for config in candidates(space, current, seed, memory.get("momentum"), memory.get("flat", ())):

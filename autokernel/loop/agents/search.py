@@ -82,12 +82,27 @@ def proposals(screened: dict, best: dict) -> list[dict]:
     return queue + ([{"kind": "table"}] if len(screened.get("shapes", [])) > 1 else [])
 
 
+def passed_over(screened: dict, best: dict) -> set[str]:
+    """The keys of the configurations a screen showed to be no experiment's worth: wrong or failed there, or timed
+    no faster in the model than `best` by MIN_SCREEN_GAIN_PCT (an H100 night spent one on a tile the screen had
+    timed 0.04% faster). Nothing where the screen did not time `best`."""
+    results = screened.get("results", [])
+    anchor = next((r for r in results if r["status"] == "timed" and key(r["config"]) == key(best)), None)
+    if anchor is None:
+        return set()
+    limit = anchor["model_us"] * (1 - MIN_SCREEN_GAIN_PCT / 100)
+    return {key(r["config"]) for r in results
+            if r["status"] in ("wrong", "failed") or (r["status"] == "timed" and r["model_us"] >= limit)}
+
+
 def remember(memory: dict, screened: dict, best: dict) -> None:
-    """A screen's figures in the agent's memory: the keys screened (never drawn again), the elite the next screen
-    mutates, the per-shape times a table is made from, and the queue of proposals."""
+    """A screen's figures in the agent's memory: the keys screened (never drawn again), those passed over (the
+    coordinate search does not try them either), the elite the next screen mutates, the per-shape times a table is
+    made from, and the queue of proposals."""
     results = screened.get("results", [])
     memory["screened"] = sorted(set(memory.get("screened", [])) | {key(r["config"]) for r in results
                                                                    if r["status"] != "unreached"})
+    memory["passed_over"] = sorted(set(memory.get("passed_over", [])) | passed_over(screened, best))
     timed = sorted((r for r in results if r["status"] == "timed"), key=lambda r: r["model_us"])
     memory["elite"] = [r["config"] for r in timed[:ELITE]]
     memory["screen"] = {"shapes": screened.get("shapes", []),
