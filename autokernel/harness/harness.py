@@ -272,7 +272,7 @@ def _known_spec(ktype: str) -> KernelSpec | None:
 
 
 def run(path: str, device: str, quick: bool, seed: int, dtype: str, timed: bool = True,
-        reuse_baselines: bool = False, same_as: str | None = None) -> dict:
+        reuse_baselines: bool = False, same_as: str | None = None, compile_ahead: bool = False) -> dict:
     result = {"status": "crash", "correctness": "FAIL", "failed_stage": None, "reason": "", "stages": [],
               "seed": seed}
     loaded = _load_or_verdict(path, device, result)
@@ -295,6 +295,10 @@ def run(path: str, device: str, quick: bool, seed: int, dtype: str, timed: bool 
         print(f"CRASH  {result['reason']}")
         traceback.print_exc(file=sys.stderr)
         return result
+    if compile_ahead:  # the stages' calls made first by several processes at once: a cold cache's compiles
+        from autokernel.harness import precompile
+
+        print(precompile.warm(path, device, seed, quick), flush=True)
     return _check_and_time(harness, module, result, parse_dtype(dtype) if timed else None, reuse_baselines, same_as)
 
 
@@ -363,6 +367,8 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="fp16", help="dtype of the timing run")
     p.add_argument("--no-timing", action="store_true")
     p.add_argument("--reuse-baselines", action="store_true")
+    p.add_argument("--compile-ahead", action="store_true",
+                   help="make the stages' calls in several processes first (autokernel/harness/precompile.py)")
     p.add_argument("--same-as", metavar="DIGEST",
                    help="skip the timing when the kernel launches exactly this (autokernel/harness/launch_record.py)")
     p.add_argument("--key-fd", type=int, default=None,
@@ -374,7 +380,7 @@ def main(argv=None) -> int:
         compat.prepare_interpreter()
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
     result = run(args.kernel, args.device, args.quick, seed, args.dtype, timed=not args.no_timing,
-                 reuse_baselines=args.reuse_baselines, same_as=args.same_as)
+                 reuse_baselines=args.reuse_baselines, same_as=args.same_as, compile_ahead=args.compile_ahead)
     result["gpu"] = gpu.device_name(args.device)
     channel.write(args.out, result, key)
     return 0

@@ -1,0 +1,100 @@
+"""Compiling ahead of the stages: the calls the five stages will make, made first by several processes at once.
+
+A kernel's first bench on a cold cache spends most of its time in Triton's compiler, one specialization after
+another (on an H100, the rope_attention file extracted for TinyLlama: the shape sweep 55.8 s and the edge cases
+43.3 s cold, 0.6 s and 0.3 s once Triton's on-disk cache held its kernels; the timing, torch.compile's reference
+included, 13.6 s). A night's first bench of each kernel is such a bench. Before the stages run, WORKERS processes
+each make every WORKERS-th of the calls the stages make (on inputs of the same shapes, other values), unchecked, so
+the compiles run side by side and the stages find them in the cache. Nothing a worker does is a verdict: the stages
+then run as always, in the harness's process, every call checked.
+
+    python -m autokernel.harness.precompile kernel.py --worker 2 --of 8 --seed S [--quick] [--device cuda]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+TIMEOUT_S = 240  # workers still compiling after this long are stopped; the stages compile what is left
+MAX_WORKERS = 8
+
+
+def workers() -> int:
+    """Processes to compile with: half the cores (the other half for the harness and the host), at most
+    MAX_WORKERS; below 2 there is nothing to gain."""
+    return min(MAX_WORKERS, (os.cpu_count() or 2) // 2)
+
+
+def warm(path: str, device: str, seed: int, quick: bool, count: int | None = None,
+         timeout: float = TIMEOUT_S) -> str:
+    """Run the workers and wait for them (stopping any still going after `timeout`); a line saying what they did."""
+    count = workers() if count is None else count
+    if count < 2:
+        return "compiling ahead: off (fewer than 4 cores)"
+    start = time.monotonic()
+    command = [sys.executable, "-m", "autokernel.harness.precompile", path, "--of", str(count),
+               "--seed", str(seed + 1), "--device", device] + (["--quick"] if quick else [])
+    procs = [subprocess.Popen(command + ["--worker", str(i)], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL) for i in range(count)]
+    stopped = 0
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.0, timeout - (time.monotonic() - start)))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            stopped += 1
+    late = f", {stopped} stopped at the {timeout:.0f} s limit" if stopped else ""
+    return f"compiling ahead: {count} processes made the stages' calls in {time.monotonic() - start:.1f} s{late}"
+
+
+def make_calls(path: str, device: str, seed: int, quick: bool, worker: int, of: int) -> int:
+    """This worker's share of the stages' calls (the harness's own stages, each call the i-th of all with
+    i % of == worker), unchecked; returns how many it made."""
+    from autokernel.harness import harness
+
+    module, spec, _ = harness._load(path, device)
+
+    class Share(harness.Harness):
+        made = seen = 0
+
+        def call(self, inputs, what: str, tol_scale: float = 1.0):
+            self.seen += 1
+            if self.seen % of == worker:
+                self.made += 1
+                self.fn(*inputs)
+                self.sync()
+
+    share = Share(module, spec, device, quick, seed)
+    for stage in harness.STAGES:
+        try:
+            getattr(share, stage)()
+        except Exception:  # noqa: BLE001, S112  (a failure is the stages' to report, in the harness's process)
+            continue
+    return share.made
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description="One worker compiling a kernel's stage calls ahead (the harness's child)")
+    p.add_argument("kernel")
+    p.add_argument("--worker", type=int, required=True)
+    p.add_argument("--of", type=int, required=True)
+    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--device", default="cuda", choices=["cpu", "cuda"])
+    p.add_argument("--quick", action="store_true")
+    args = p.parse_args(argv)
+    from autokernel import compat
+
+    if compat.interpreting():
+        compat.prepare_interpreter()
+    made = make_calls(args.kernel, args.device, args.seed, args.quick, args.worker, args.of)
+    print(f"worker {args.worker} of {args.of}: {made} calls")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""Compiling ahead of the stages (autokernel/harness/precompile.py): workers make the stages' calls side by side,
+each its share, before the harness's process runs the stages; nothing they do is a verdict."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autokernel.harness import harness, precompile, runner
+
+ROOT = Path(__file__).resolve().parent.parent
+RMSNORM = '''"""rmsnorm in torch: right, and fast in the interpreter."""
+import torch
+
+KERNEL_TYPE = "rmsnorm"
+
+
+def kernel_fn(x, weight, eps=1e-6):
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
+'''
+TRITON_RMSNORM = '''"""rmsnorm in Triton, one row a program."""
+import torch
+import triton
+import triton.language as tl
+
+KERNEL_TYPE = "rmsnorm"
+
+
+@triton.jit
+def _row(x_ptr, w_ptr, y_ptr, N, eps, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + tl.program_id(0) * N + offs, mask=offs < N, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + offs, mask=offs < N, other=0.0).to(tl.float32)
+    y = x * tl.rsqrt(tl.sum(x * x, axis=0) / N + eps) * w * SCALE
+    tl.store(y_ptr + tl.program_id(0) * N + offs, y.to(y_ptr.dtype.element_ty), mask=offs < N)
+
+
+def kernel_fn(x, weight, eps=1e-6):
+    x2 = x.reshape(-1, x.shape[-1]).contiguous()
+    y = torch.empty_like(x2)
+    _row[(x2.shape[0],)](x2, weight.contiguous(), y, x2.shape[1], eps, BLOCK=triton.next_power_of_2(x2.shape[1]))
+    return y.reshape(x.shape)
+'''
+RIGHT = TRITON_RMSNORM.replace("SCALE", "1.0")
+WRONG = TRITON_RMSNORM.replace("SCALE", "1.5")
+HANGS = RMSNORM.replace("    xf = x.float()", "    while x.numel() > 0:\n        x = x + 0\n    xf = x.float()")
+
+
+@pytest.fixture
+def kernel(tmp_path):
+    def write(text: str, name: str = "kernel.py"):
+        path = tmp_path / name
+        path.write_text(text)
+        return str(path)
+    return write
+
+
+def test_the_workers_share_the_stages_calls_between_them(kernel):
+    path = kernel(RMSNORM)
+    whole = precompile.make_calls(path, "cpu", seed=1, quick=True, worker=0, of=1)
+    shares = [precompile.make_calls(path, "cpu", seed=1, quick=True, worker=w, of=3) for w in range(3)]
+    assert whole > 10 and sum(shares) == whole and max(shares) - min(shares) <= 1
+    worker = subprocess.run([sys.executable, "-m", "autokernel.harness.precompile", path, "--worker", "1", "--of", "3",
+                             "--seed", "1", "--device", "cpu", "--quick"], capture_output=True, text=True, cwd=ROOT)
+    assert worker.returncode == 0 and worker.stdout.strip() == f"worker 1 of 3: {shares[1]} calls", worker.stderr
+
+
+def test_a_worker_that_hangs_is_stopped_at_the_limit(kernel):
+    line = precompile.warm(kernel(HANGS), "cpu", seed=1, quick=True, count=2, timeout=8)
+    assert line.startswith("compiling ahead: 2 processes") and "2 stopped at the 8 s limit" in line
+
+
+@pytest.mark.parametrize("text, verdict", [(RIGHT, ("pass", "PASS")), (WRONG, ("fail", "FAIL"))])
+def test_the_verdict_is_the_stages_own(kernel, interpreter, monkeypatch, capsys, text, verdict):
+    """The workers' calls are unchecked: a wrong kernel compiled ahead still fails its stages, a right one passes."""
+    monkeypatch.setattr(precompile, "workers", lambda: 2)
+    result = harness.run(kernel(text), "cpu", quick=True, seed=3, dtype="fp32", timed=False, compile_ahead=True)
+    out = capsys.readouterr().out
+    assert (result["status"], result["correctness"]) == verdict
+    assert "compiling ahead: 2 processes made the stages' calls" in out
+    assert out.index("compiling ahead") < out.index("stage 1/5")
+
+
+def test_a_timed_gpu_bench_with_fresh_baselines_compiles_ahead():
+    args = lambda device, reuse: runner._harness_args("k.py", device, "o.json", False, "fp16", 1, True, reuse)  # noqa: E731
+    assert "--compile-ahead" in args("cuda", False)
+    assert "--compile-ahead" not in args("cuda", True) and "--compile-ahead" not in args("cpu", False)
+
+
+@pytest.mark.gpu
+def test_a_first_bench_on_a_cold_cache_compiles_ahead_and_then_finds_its_kernels_compiled(tmp_path, monkeypatch):
+    """On a GPU with an empty Triton cache: the workers compile the starter's stage calls, the stages pass, and a
+    second bench (the cache now full) compiles nothing ahead and passes the same."""
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    first = runner.run_bench(ROOT / "kernels" / "rmsnorm.py", device="cuda")
+    assert first["status"] == "pass" and "compiling ahead: " in first["log"], first["log"][-2000:]
+    again = runner.run_bench(ROOT / "kernels" / "rmsnorm.py", device="cuda", reuse_baselines=True)
+    assert again["status"] == "pass" and "compiling ahead" not in again["log"]
+    sweep = [s for s in again["stages"] if s["name"] == "shape_sweep"][0]
+    assert sweep["seconds"] < 10, again["log"][-2000:]
