@@ -89,6 +89,24 @@ def test_a_timed_gpu_bench_with_fresh_baselines_compiles_ahead():
     assert "--compile-ahead" not in args("cuda", True) and "--compile-ahead" not in args("cpu", False)
 
 
+def test_the_screens_configurations_are_called_ahead_and_screened_as_before(tmp_path, interpreter, monkeypatch):
+    from test_search import SCREENED
+
+    from autokernel.harness import screen
+
+    path = tmp_path / "kernel.py"
+    path.write_text(SCREENED)
+    configs = [{"BLOCK": 256, "SCALE": 1.0}, {"BLOCK": 512, "SCALE": 1.0}, {"BLOCK": 256, "SCALE": 2.0},
+               {"BLOCK": 100, "SCALE": 1.0}]
+    shares = [precompile.make_config_calls(str(path), configs, "cpu", "fp16", w, 2) for w in range(2)]
+    assert shares == [2, 1]  # the fourth does not compile (a block of 100): the screen's verdict, not the worker's
+    monkeypatch.setattr(precompile, "workers", lambda: 2)
+    said = []
+    ahead = screen.screen(str(path), configs, "cpu", "fp16", seconds=60, progress=said.append, compile_ahead=True)
+    assert said[0].startswith("compiling ahead: 2 processes made the configurations' calls")
+    assert [r["status"] for r in ahead["results"]] == ["timed", "timed", "wrong", "failed"]
+
+
 @pytest.mark.gpu
 def test_a_first_bench_on_a_cold_cache_compiles_ahead_and_then_finds_its_kernels_compiled(tmp_path, monkeypatch):
     """On a GPU with an empty Triton cache: the workers compile the starter's stage calls, the stages pass, and a

@@ -6,18 +6,23 @@ another (on an H100, the rope_attention file extracted for TinyLlama: the shape 
 included, 13.6 s). A night's first bench of each kernel is such a bench. Before the stages run, WORKERS processes
 each make every WORKERS-th of the calls the stages make (on inputs of the same shapes, other values), unchecked, so
 the compiles run side by side and the stages find them in the cache. Nothing a worker does is a verdict: the stages
-then run as always, in the harness's process, every call checked.
+then run as always, in the harness's process, every call checked. The screen (autokernel/harness/screen.py) does the
+same with its configurations: each worker loads every WORKERS-th of them and calls it at the model's shapes, so the
+screen finds them compiled (each configuration is a compile of its own: an H100 screen of 48 took 49-61 s).
 
     python -m autokernel.harness.precompile kernel.py --worker 2 --of 8 --seed S [--quick] [--device cuda]
+    python -m autokernel.harness.precompile kernel.py --worker 2 --of 8 --configs configs.json [--dtype fp16]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 TIMEOUT_S = 240  # workers still compiling after this long are stopped; the stages compile what is left
 MAX_WORKERS = 8
@@ -31,13 +36,24 @@ def workers() -> int:
 
 def warm(path: str, device: str, seed: int, quick: bool, count: int | None = None,
          timeout: float = TIMEOUT_S) -> str:
-    """Run the workers and wait for them (stopping any still going after `timeout`); a line saying what they did."""
+    """The stages' calls made by the workers (stopping any still going after `timeout`); a line saying so."""
+    flags = ["--seed", str(seed + 1), "--device", device] + (["--quick"] if quick else [])
+    return _run(path, flags, "the stages' calls", count, timeout)
+
+
+def warm_configs(path: str, configs_file: str, device: str, dtype: str, count: int | None = None,
+                 timeout: float = TIMEOUT_S) -> str:
+    """The configurations in configs_file (a JSON list) called at the model's shapes by the workers; a line."""
+    flags = ["--configs", configs_file, "--device", device, "--dtype", dtype]
+    return _run(path, flags, "the configurations' calls", count, timeout)
+
+
+def _run(path: str, flags: list[str], what: str, count: int | None, timeout: float) -> str:
     count = workers() if count is None else count
     if count < 2:
         return "compiling ahead: off (fewer than 4 cores)"
     start = time.monotonic()
-    command = [sys.executable, "-m", "autokernel.harness.precompile", path, "--of", str(count),
-               "--seed", str(seed + 1), "--device", device] + (["--quick"] if quick else [])
+    command = [sys.executable, "-m", "autokernel.harness.precompile", path, "--of", str(count), *flags]
     procs = [subprocess.Popen(command + ["--worker", str(i)], stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL) for i in range(count)]
     stopped = 0
@@ -49,7 +65,7 @@ def warm(path: str, device: str, seed: int, quick: bool, count: int | None = Non
             proc.wait()
             stopped += 1
     late = f", {stopped} stopped at the {timeout:.0f} s limit" if stopped else ""
-    return f"compiling ahead: {count} processes made the stages' calls in {time.monotonic() - start:.1f} s{late}"
+    return f"compiling ahead: {count} processes made {what} in {time.monotonic() - start:.1f} s{late}"
 
 
 def make_calls(path: str, device: str, seed: int, quick: bool, worker: int, of: int) -> int:
@@ -78,21 +94,58 @@ def make_calls(path: str, device: str, seed: int, quick: bool, worker: int, of: 
     return share.made
 
 
+def make_config_calls(path: str, configs: list[dict], device: str, dtype: str, worker: int, of: int) -> int:
+    """This worker's share of the configurations (the i-th with i % of == worker), each loaded as the screen loads
+    it and called once at every model shape, unchecked; returns how many it called."""
+    import shutil
+
+    import torch
+
+    from autokernel.harness import screen
+    from autokernel.registry import parse_dtype
+
+    box = screen._Screen(path, device, parse_dtype(dtype))
+    made = 0
+    try:
+        for index, config in enumerate(configs):
+            if index % of != worker:
+                continue
+            try:
+                fn = box.load(index, config)
+                for sets in box.inputs:
+                    fn(*sets[0])
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                made += 1
+            except Exception:  # noqa: BLE001, S112  (the screen gives this configuration its verdict)
+                continue
+    finally:
+        shutil.rmtree(box.dir, ignore_errors=True)
+    return made
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description="One worker compiling a kernel's stage calls ahead (the harness's child)")
     p.add_argument("kernel")
     p.add_argument("--worker", type=int, required=True)
     p.add_argument("--of", type=int, required=True)
-    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--seed", type=int, default=0, help="the stages' seed")
     p.add_argument("--device", default="cuda", choices=["cpu", "cuda"])
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--configs", help="a JSON list of configurations: call those, not the stages' calls")
+    p.add_argument("--dtype", default="fp16", help="with --configs: the inputs' dtype")
     args = p.parse_args(argv)
     from autokernel import compat
 
     if compat.interpreting():
         compat.prepare_interpreter()
-    made = make_calls(args.kernel, args.device, args.seed, args.quick, args.worker, args.of)
-    print(f"worker {args.worker} of {args.of}: {made} calls")
+    if args.configs:
+        configs = json.loads(Path(args.configs).read_text())
+        made = make_config_calls(args.kernel, configs, args.device, args.dtype, args.worker, args.of)
+        print(f"worker {args.worker} of {args.of}: {made} configurations")
+    else:
+        made = make_calls(args.kernel, args.device, args.seed, args.quick, args.worker, args.of)
+        print(f"worker {args.worker} of {args.of}: {made} calls")
     return 0
 
 

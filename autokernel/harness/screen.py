@@ -103,12 +103,13 @@ class _Screen:
 
 
 def screen(path: str, configs: list[dict], device: str, dtype: str = "fp16", seconds: float = 120.0,
-           eta: int = ETA, progress=None, update=None) -> dict:
+           eta: int = ETA, progress=None, update=None, compile_ahead: bool | None = None) -> dict:
     """{"shapes": [{"key": the tensor arguments' shapes, "calls": per forward}], "results": one per configuration,
     in the order given: {"config", "status" (timed, wrong, failed or unreached), "us" (per shape, at the last rung
     it reached), "model_us", "rung", "reason"}}. The first rung stops starting configurations after `seconds` (the
     rest: unreached); the later ones time the few it sends on. update, if given, gets the figures so far (with
-    "on": the index of the configuration about to run) before each configuration."""
+    "on": the index of the configuration about to run) before each configuration. compile_ahead (default: on a
+    GPU) has workers call the configurations first, side by side (autokernel/harness/precompile.py)."""
     from autokernel.registry import parse_dtype
 
     box = _Screen(path, device, parse_dtype(dtype))
@@ -118,6 +119,8 @@ def screen(path: str, configs: list[dict], device: str, dtype: str = "fp16", sec
               for (_, calls), sets in zip(box.shapes, box.inputs)]
     if not box.shapes:
         return {"shapes": [], "results": results}
+    if compile_ahead or (compile_ahead is None and device == "cuda"):
+        _compile_ahead(path, configs, device, dtype, seconds, progress)
     deadline, fns = time.monotonic() + seconds, {}
     todo = list(range(len(configs)))
     try:
@@ -136,6 +139,17 @@ def screen(path: str, configs: list[dict], device: str, dtype: str = "fp16", sec
     finally:
         shutil.rmtree(box.dir, ignore_errors=True)  # the configurations' files
     return {"shapes": shapes, "results": results}
+
+
+def _compile_ahead(path: str, configs: list[dict], device: str, dtype: str, seconds: float, progress) -> None:
+    from autokernel.harness import precompile
+
+    with tempfile.TemporaryDirectory(prefix="autokernel-ahead-") as tmp:
+        given = Path(tmp) / "configs.json"
+        given.write_text(json.dumps(configs))
+        line = precompile.warm_configs(str(path), str(given), device, dtype, timeout=seconds)
+    if progress:
+        progress(line)
 
 
 def _measure(box: _Screen, result: dict, index: int, fns: dict, rung: int, reps: int) -> None:
