@@ -32,13 +32,16 @@ Variants (how K is rotated):
                     padded to a power of two; a K-sized write and read, one more launch), then the attention loop
                     streams plain K tiles.
 Q, K, V may be strided views ([B, S, H, D] projections viewed as [B, H, S, D]): strides, no copies.
+PACK_GQA (either variant) gives one program the Hq/Hkv query heads of one kv head: its BLOCK_M rows are those
+heads x BLOCK_M/(Hq/Hkv) positions, so each K and V tile is loaded (and with "fused" rotated) once for the whole
+group instead of once per query head, and the causal diagonal is cut finer. Not yet timed on a GPU: the screen
+tries it (a group that does not divide BLOCK_M runs unpacked).
 
 "rotate_k_first" is the default: its pre-pass costs less than rotating every K tile once per query block, at
 D 64 and D 128 (BENCHMARKS.md: the starter defaults; rope_attention at model shapes, where cuDNN's attention loop
 is still ahead at batch 2-4 with D 128). Toward FlashAttention-3 from here, in order: (1) K and V
 through TMA descriptors as flash_attention's "tma" variant does (plain K after "rotate_k_first"; Q once, its two
-halves as two [BLOCK_M, D/2] boxes); (2) pack GQA: one program takes the Hq/Hkv query heads of one kv head, so
-each K/V tile is loaded (and rotated) once for all of them; (3) warp specialization (a producer warp issuing the
+halves as two [BLOCK_M, D/2] boxes); (2) pack GQA (PACK_GQA above); (3) warp specialization (a producer warp issuing the
 TMA copies, tl.range(..., warp_specialize=True) on triton >= 3.4) and ping-pong softmax between two consumer
 warpgroups, which is where cuDNN's and FA3's lead over a FlashAttention-2 loop comes from on Hopper.
 """
@@ -58,6 +61,7 @@ NUM_WARPS = 0  # 0 = by tile (4 for 16-bit tiles)
 NUM_STAGES = 0  # K/V pipeline depth; 0 = by tile (3; 2 at D = 128 when K tiles are rotated in the loop)
 REVERSE_CAUSAL_ORDER = True  # causal: launch the longest query blocks first to shorten the tail
 ROTATE_BLOCK_S = 64  # positions per program of the "rotate_k_first" pre-pass
+PACK_GQA = False  # one program takes the Hq/Hkv query heads of one kv head: BLOCK_M rows = heads x positions
 
 TUNABLES = {
     "VARIANT": ["fused", "rotate_k_first"],
@@ -67,6 +71,7 @@ TUNABLES = {
     "NUM_STAGES": [0, 1, 2, 3, 4],
     "REVERSE_CAUSAL_ORDER": [True, False],
     "ROTATE_BLOCK_S": [32, 64, 128],
+    "PACK_GQA": [False, True],
 }
 
 LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)); folded into the score scale
@@ -83,9 +88,10 @@ def _load_f32(ptrs, mask, ROW_MASK: tl.constexpr, EVEN_HALF: tl.constexpr):
 
 
 @triton.jit
-def _halves(base, cos_base, sin_base, offs_r, offs_h, stride_r, stride_d, stride_cr, stride_sr, n_rows,
+def _halves(base, cos_base, sin_base, offs_r, row_off, offs_h, stride_d, stride_cr, stride_sr, n_rows,
             HALF: tl.constexpr, ROT_HALF: tl.constexpr, ROW_MASK: tl.constexpr, EVEN_HALF: tl.constexpr):
-    """Rows offs_r of a [rows, 2*HALF] tile as two halves in fp32, rotated (rotate-half RoPE). With
+    """The rows at positions offs_r (at element offsets row_off from base) of a [rows, 2*HALF] tile as two halves
+    in fp32, rotated (rotate-half RoPE). With
     partial rotary (ROT_HALF < HALF: the tables hold 2*ROT_HALF features) each half takes ROT_HALF rotated features
     (lo: x[:ROT_HALF], hi: x[ROT_HALF:2*ROT_HALF], the pairs RoPE rotates together) and then half of the features
     that pass unrotated; a dot over the halves sums every feature once, whatever order they come in."""
@@ -96,8 +102,8 @@ def _halves(base, cos_base, sin_base, offs_r, offs_h, stride_r, stride_d, stride
     else:
         lo_cols = tl.where(offs_h < ROT_HALF, offs_h, offs_h + ROT_HALF)
         hi_cols = tl.where(offs_h < ROT_HALF, offs_h + ROT_HALF, offs_h + HALF)
-    x1 = _load_f32(base + offs_r[:, None] * stride_r + lo_cols[None, :] * stride_d, mask, ROW_MASK, EVEN_HALF)
-    x2 = _load_f32(base + offs_r[:, None] * stride_r + hi_cols[None, :] * stride_d, mask, ROW_MASK, EVEN_HALF)
+    x1 = _load_f32(base + row_off[:, None] + lo_cols[None, :] * stride_d, mask, ROW_MASK, EVEN_HALF)
+    x2 = _load_f32(base + row_off[:, None] + hi_cols[None, :] * stride_d, mask, ROW_MASK, EVEN_HALF)
     c_ptrs = cos_base + offs_r[:, None] * stride_cr + offs_h[None, :]
     s_ptrs = sin_base + offs_r[:, None] * stride_sr + offs_h[None, :]
     if ROT_HALF == HALF:
@@ -143,8 +149,8 @@ def _attn_blocks(acc, l_i, m_i, q, k_base, v_base, cos_base, sin_base,
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         if ROTATE_K:
-            k_lo, k_hi = _halves(k_base, cos_base, sin_base, offs_n, offs_h, stride_kn, stride_kd, stride_cs,
-                                 stride_ss, S, HALF, K_ROT_HALF, KEY_MASK, EVEN_HALF)
+            k_lo, k_hi = _halves(k_base, cos_base, sin_base, offs_n, offs_n.to(tl.int64) * stride_kn, offs_h,
+                                 stride_kd, stride_cs, stride_ss, S, HALF, K_ROT_HALF, KEY_MASK, EVEN_HALF)
             k = tl.interleave(k_lo.to(q.dtype), k_hi.to(q.dtype))
         else:  # rotated and interleaved by the pre-pass, padded to the dot's width with zeros
             k = _load_v(k_base, offs_n, offs_k, stride_kn, stride_kd, S, 2 * HALF_PAD, KEY_MASK, True)
@@ -171,30 +177,41 @@ def _rope_attention_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, o_ptr, S, H, G
                            stride_vb, stride_vh, stride_vs, stride_vd,
                            stride_ob, stride_oh, stride_os, stride_od,
                            stride_cb, stride_cs, stride_sb, stride_ss,
-                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HALF: tl.constexpr, ROT_HALF: tl.constexpr,
+                           BLOCK_M: tl.constexpr, BLOCK_POS: tl.constexpr, BLOCK_N: tl.constexpr,
+                           HALF: tl.constexpr, ROT_HALF: tl.constexpr,
                            K_ROT_HALF: tl.constexpr, HALF_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
                            D_PAD: tl.constexpr, EVEN_HALF: tl.constexpr, EVEN_D: tl.constexpr, CAUSAL: tl.constexpr,
-                           ROTATE_K: tl.constexpr, REVERSE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                           ROTATE_K: tl.constexpr, REVERSE: tl.constexpr, PACK: tl.constexpr,
+                           DOT_PRECISION: tl.constexpr):
+    """One program: BLOCK_M query rows against the keys of one kv head. Unpacked (H: the query heads) the rows are
+    BLOCK_M positions of one query head; packed (PACK, H: the kv heads) they are the GROUP query heads of the kv
+    head, BLOCK_POS = BLOCK_M / GROUP positions each, so each K and V tile is loaded once for the whole group."""
     qk_scale = tl.full([], qk_scale, tl.float32)  # under torch.compile Inductor passes a Python float as fp64
     start_m = tl.program_id(0)
     if REVERSE:
         start_m = tl.num_programs(0) - 1 - start_m
     b = (tl.program_id(1) // H).to(tl.int64)
-    h = tl.program_id(1) % H
-    kv = (h // GROUP).to(tl.int64)  # grouped-query attention: the query head's kv head, no repeated copy
-    h = h.to(tl.int64)
-    q_base = q_ptr + b * stride_qb + h * stride_qh
+    if PACK:
+        kv = (tl.program_id(1) % H).to(tl.int64)
+        rows = tl.arange(0, BLOCK_M)
+        head = kv * GROUP + (rows // BLOCK_POS).to(tl.int64)  # each row's query head
+        offs_m = start_m * BLOCK_POS + rows % BLOCK_POS  # and its position
+    else:
+        h = tl.program_id(1) % H
+        kv = (h // GROUP).to(tl.int64)  # grouped-query attention: the query head's kv head, no repeated copy
+        head = h.to(tl.int64)
+        offs_m = start_m * BLOCK_POS + tl.arange(0, BLOCK_M)
+    q_base = q_ptr + b * stride_qb
     k_base = k_ptr + b * stride_kb + kv * stride_kh
     v_base = v_ptr + b * stride_vb + kv * stride_vh
-    o_base = o_ptr + b * stride_ob + h * stride_oh
+    o_base = o_ptr + b * stride_ob
     cos_base = cos_ptr + b * stride_cb
     sin_base = sin_ptr + b * stride_sb
-    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_h = tl.arange(0, HALF_PAD)
     offs_d = tl.arange(0, D_PAD)
 
-    q_lo, q_hi = _halves(q_base, cos_base, sin_base, offs_m, offs_h, stride_qs, stride_qd, stride_cs, stride_ss,
-                         S, HALF, ROT_HALF, True, EVEN_HALF)
+    q_lo, q_hi = _halves(q_base, cos_base, sin_base, offs_m, head * stride_qh + offs_m.to(tl.int64) * stride_qs,
+                         offs_h, stride_qd, stride_cs, stride_ss, S, HALF, ROT_HALF, True, EVEN_HALF)
     q = tl.interleave(q_lo.to(q_ptr.dtype.element_ty), q_hi.to(q_ptr.dtype.element_ty))
     offs_k = tl.arange(0, 2 * HALF_PAD)
     acc = tl.zeros((BLOCK_M, D_PAD), dtype=tl.float32)
@@ -202,8 +219,8 @@ def _rope_attention_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, o_ptr, S, H, G
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     # Key ranges: [0, free) needs no mask at all, [free, end) is masked (the diagonal or the ragged tail).
     if CAUSAL:
-        end = tl.minimum((start_m + 1) * BLOCK_M, S)
-        free = start_m * BLOCK_M
+        end = tl.minimum((start_m + 1) * BLOCK_POS, S)
+        free = start_m * BLOCK_POS // BLOCK_N * BLOCK_N
     else:
         end = S
         free = (S // BLOCK_N) * BLOCK_N
@@ -218,7 +235,8 @@ def _rope_attention_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, o_ptr, S, H, G
                                  BLOCK_N, HALF, HALF_PAD, K_ROT_HALF, HEAD_DIM, EVEN_HALF, EVEN_D, ROTATE_K, CAUSAL, True,
                                  DOT_PRECISION)
     out = acc / l_i[:, None]
-    o_ptrs = o_base + offs_m[:, None] * stride_os + offs_d[None, :] * stride_od
+    o_rows = head * stride_oh + offs_m.to(tl.int64) * stride_os
+    o_ptrs = o_base + o_rows[:, None] + offs_d[None, :] * stride_od
     tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=(offs_m[:, None] < S) & (offs_d[None, :] < HEAD_DIM))
 
 
@@ -234,8 +252,8 @@ def _rotate_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, S, H,
     offs_s = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
     offs_h = tl.arange(0, HALF_PAD)
     lo, hi = _halves(x_ptr + b * stride_xb + h * stride_xh, cos_ptr + b * stride_cb, sin_ptr + b * stride_sb,
-                     offs_s, offs_h, stride_xs, stride_xd, stride_cs, stride_ss, S, HALF, ROT_HALF, True,
-                     HALF == HALF_PAD)
+                     offs_s, offs_s.to(tl.int64) * stride_xs, offs_h, stride_xd, stride_cs, stride_ss, S, HALF,
+                     ROT_HALF, True, HALF == HALF_PAD)
     offs_k = tl.arange(0, 2 * HALF_PAD)
     o_ptrs = out_ptr + (tl.program_id(1).to(tl.int64) * S + offs_s[:, None]) * (2 * HALF_PAD) + offs_k[None, :]
     rows = tl.interleave(lo.to(out_ptr.dtype.element_ty), hi.to(out_ptr.dtype.element_ty))  # zero past HALF
@@ -297,13 +315,17 @@ def kernel_fn(q, k, v, cos, sin, causal=True, sm_scale=None):
     block_n = min(block_n, block_m)  # the causal diagonal is whole BLOCK_N steps
     if not rotate_k:
         k = _rotate_k(k, cos3, cb, cs, sin3, sb, ss, half, rot_half, half_pad)
-    grid = ((seq + block_m - 1) // block_m, batch * heads)
+    group = heads // kv_heads
+    pack = PACK_GQA and group > 1 and block_m % group == 0  # the group's heads fill the tile evenly
+    block_pos = block_m // group if pack else block_m
+    grid = ((seq + block_pos - 1) // block_pos, batch * (kv_heads if pack else heads))
     _rope_attention_kernel[grid](
-        q, k, v, cos3, sin3, out, seq, heads, heads // kv_heads, scale * LOG2E,
+        q, k, v, cos3, sin3, out, seq, kv_heads if pack else heads, group, scale * LOG2E,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(), cb, cs, sb, ss,
-        BLOCK_M=block_m, BLOCK_N=block_n, HALF=half, ROT_HALF=rot_half, K_ROT_HALF=rot_half if rotate_k else half,
-        HALF_PAD=half_pad, HEAD_DIM=head_dim, D_PAD=d_pad,
-        EVEN_HALF=half == half_pad, EVEN_D=head_dim == d_pad, CAUSAL=bool(causal), ROTATE_K=rotate_k, REVERSE=bool(causal) and REVERSE_CAUSAL_ORDER,
+        BLOCK_M=block_m, BLOCK_POS=block_pos, BLOCK_N=block_n, HALF=half, ROT_HALF=rot_half,
+        K_ROT_HALF=rot_half if rotate_k else half, HALF_PAD=half_pad, HEAD_DIM=head_dim, D_PAD=d_pad,
+        EVEN_HALF=half == half_pad, EVEN_D=head_dim == d_pad, CAUSAL=bool(causal), ROTATE_K=rotate_k,
+        REVERSE=bool(causal) and REVERSE_CAUSAL_ORDER, PACK=pack,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=warps, num_stages=stages)
     return out

@@ -372,3 +372,33 @@ def test_the_keys_rotated_for_the_cache_are_hfs_bit_for_bit(dtype):
             tables = (cos, sin) if batched else (cos[0], sin[0])
             for _ in range(2):  # the second call with the same tables takes them from the memo
                 assert torch.equal(_rotated(k, *tables, eager), want)
+
+
+def _with(source: str, tmp_path, name: str, **config):
+    from autokernel.kernelfile import apply_config, import_kernel
+
+    path = tmp_path / f"{name}.py"
+    path.write_text(apply_config(source, config) if config else source)
+    return import_kernel(path)
+
+
+@pytest.mark.parametrize("variant", ["rotate_k_first", "fused"])
+def test_packed_gqa_computes_each_query_head_s_own_attention(interpreter, repo_root, tmp_path, variant):
+    """PACK_GQA: one program takes a kv head's whole group of query heads (BLOCK_M rows = heads x positions); every
+    shape of the sweep and the edges (groups 1, 2, 4, 8, causal or not, partial rotary, ragged S) as the reference
+    computes it. A packed program that reads its rows' heads wrong is caught."""
+    spec = get_spec(TYPE)
+    source = (repo_root / "kernels" / f"{TYPE}.py").read_text()
+    packed = _with(source, tmp_path, f"packed_{variant}", VARIANT=variant, PACK_GQA=True, BLOCK_M=32)
+    bug = ("head = kv * GROUP + (rows // BLOCK_POS).to(tl.int64)", "head = kv * GROUP + (rows % GROUP).to(tl.int64)")
+    assert bug[0] in source
+    wrong = _with(source.replace(*bug), tmp_path, f"wrong_{variant}", VARIANT=variant, PACK_GQA=True, BLOCK_M=32)
+    gen = torch.Generator().manual_seed(0)
+    off = []
+    for shape in spec.sweep(True) + spec.edges(True):
+        inputs = spec.make_inputs(shape, torch.float32, "cpu", gen)
+        expected = spec.reference(*inputs)
+        torch.testing.assert_close(packed.kernel_fn(*inputs), expected, atol=2e-3, rtol=2e-3, msg=str(shape))
+        if shape["Hq"] > shape["Hkv"]:
+            off.append(not torch.allclose(wrong.kernel_fn(*inputs), expected, atol=2e-3, rtol=2e-3))
+    assert off and all(off)
