@@ -121,6 +121,31 @@ def test_a_norm_region_that_computes_the_residual_add_before_it_is_the_fused_typ
     assert regions._fused("k", [add, *norm], rules, {}).type == "add_rmsnorm"
 
 
+def test_a_node_a_compiler_pass_made_takes_the_type_of_what_it_reads():
+    """On a GPU Inductor rewrites the loss's softmax into prims.prepare_softmax_online after tracing: a node with no
+    module stack, whose region (2.6% of a compiled GPT-NeoX's forward) no type covered. It reads the head's logits
+    (linear_cross_entropy's, LMHeadWithLoss), so it is that type's; a node of no module reading nothing typed stays
+    untyped."""
+    import torch._inductor.inductor_prims  # noqa: F401  (registers prims.prepare_softmax_online)
+
+    from autokernel.profile.profiling import LMHeadWithLoss
+
+    graph = torch.fx.Graph()
+    logits = graph.create_node("call_function", torch.ops.aten.mm.default, name="mm")
+    logits.meta["nn_module_stack"] = {"a": ("L['self'].lm_head", LMHeadWithLoss),
+                                      "b": ("L['self'].lm_head.head", torch.nn.Linear)}
+    upcast = graph.create_node("call_function", torch.ops.prims.convert_element_type.default, (logits, torch.float32))
+    upcast.meta["nn_module_stack"] = {"a": ("L['self'].lm_head", LMHeadWithLoss)}
+    online = graph.create_node("call_function", torch.ops.prims.prepare_softmax_online.default, (upcast, 1))
+    x = graph.placeholder("x")
+    for n in (logits, upcast, x):
+        n.meta["val"] = torch.empty(4, 8)
+    rules = regions.attribution._Rules(regions.attribution._rules())
+    assert regions._fused("k", [online], rules, {}).type == "linear_cross_entropy"
+    stray = graph.create_node("call_function", torch.ops.prims.prepare_softmax_online.default, (x, 1))
+    assert regions._fused("k", [stray], rules, {}).type is None
+
+
 # ------------------------------------------------------------------------------ a region becomes a kernel type
 @pytest.fixture(scope="module")
 def region_plan(tmp_path_factory):
