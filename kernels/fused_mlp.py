@@ -57,6 +57,7 @@ DOWN_NUM_STAGES = 0  # phase 2 pipeline depth; 0 = 3
 GROUP_M = 8  # tile rows per L2 swizzle group (both phases)
 PRECISE_H = False  # 16-bit: carry h as hi + lo halves (phase 2 does two MMAs); see the docstring
 DESCRIPTORS = "host"  # "tma": "host" | "device" (made by each program; see the docstring)
+WARP_SPECIALIZE = False  # "tma": the K loop as tl.range(warp_specialize=True) (Triton >= 3.4: async load / MMA partitions)
 
 # "auto" takes TMA only from this many FLOPs per GEMM phase: a launch on host-side descriptors costs the host
 # more than a pointer launch (docs/launch-cost.md), which small phases cannot amortize.
@@ -79,6 +80,7 @@ TUNABLES = {
     "GROUP_M": [1, 4, 8, 16],
     "PRECISE_H": [True, False],
     "DESCRIPTORS": ["host", "device"],
+    "WARP_SPECIALIZE": [False, True],
 }
 
 
@@ -166,7 +168,8 @@ def _mlp_gemm_tma_kernel(a_desc, a2_desc, w1_desc, w2_desc, c_desc, c2_desc, M, 
                          stride_a, stride_a2, stride_w1, stride_w2, stride_c, stride_c2,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                          GROUP_M: tl.constexpr, GATED: tl.constexpr, SPLIT_A: tl.constexpr,
-                         SPLIT_OUT: tl.constexpr, DOT_PRECISION: tl.constexpr, ON_DEVICE: tl.constexpr):
+                         SPLIT_OUT: tl.constexpr, DOT_PRECISION: tl.constexpr, ON_DEVICE: tl.constexpr,
+                         WARP_SPECIALIZE: tl.constexpr):
     """Persistent TMA version of _mlp_gemm_kernel; out-of-bounds loads are zero-filled by TMA. ON_DEVICE: the
     *_desc arguments are pointers, the descriptors are made here (the row strides serve only then)."""
     if ON_DEVICE:  # a compile-time branch: with host descriptors none of this is generated
@@ -184,7 +187,7 @@ def _mlp_gemm_tma_kernel(a_desc, a2_desc, w1_desc, w2_desc, c_desc, c2_desc, M, 
         off_n = pid_n * BLOCK_N
         acc1 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k in range(0, tl.cdiv(K, BLOCK_K)):
+        for k in tl.range(0, tl.cdiv(K, BLOCK_K), warp_specialize=WARP_SPECIALIZE):
             a = a_desc.load([off_m, k * BLOCK_K])
             w1 = tl.trans(w1_desc.load([off_n, k * BLOCK_K]))
             acc1 = tl.dot(a, w1, acc1, input_precision=DOT_PRECISION)
@@ -293,7 +296,8 @@ def _gemm(a, a2, w1, w2, c, c2, gated, split_a, split_out):
                      ((a, [bm, bk]), (a2, [bm, bk]), (w1, [bn, bk]), (w2, [bn, bk]), (c, [bm, bn]), (c2, [bm, bn]))]
         programs = min(tiles, sms or _sm_count(a.get_device()))  # the interpreter runs the TMA path on the CPU
         _mlp_gemm_tma_kernel[(programs,)](*descs, m, n, k, programs, a.stride(0), a2.stride(0), w1.stride(0),
-                                          w2.stride(0), c.stride(0), c2.stride(0), ON_DEVICE=on_device, **flags)
+                                          w2.stride(0), c.stride(0), c2.stride(0), ON_DEVICE=on_device,
+                                          WARP_SPECIALIZE=WARP_SPECIALIZE, **flags)
         return
     masked = m % bm != 0 or n % bn != 0 or k % bk != 0
     _mlp_gemm_kernel[(tiles,)](a, a2, w1, w2, c, c2, m, n, k, *a.stride(), *w1.stride(), *c.stride(),

@@ -49,6 +49,7 @@ GROUP_M = 8  # tile rows per L2 swizzle group
 NUM_WARPS = 0  # warps per program; 0 = by tile size (8 for 128x256)
 NUM_STAGES = 0  # software pipeline depth (shared-memory buffers); 0 = by tile size
 PROGRAMS_PER_SM = 1  # persistent variants: programs launched per SM
+WARP_SPECIALIZE = False  # "tma": the K loop as tl.range(warp_specialize=True) (Triton >= 3.4: async load / MMA partitions)
 # "auto" takes TMA only from this many FLOPs: a launch on host-side descriptors costs the host more than a
 # pointer launch (docs/launch-cost.md), which a model's small GEMMs cannot amortize.
 TMA_MIN_FLOPS = 2**34
@@ -62,6 +63,7 @@ TUNABLES = {
     "NUM_WARPS": [0, 4, 8],
     "NUM_STAGES": [0, 2, 3, 4, 5],
     "PROGRAMS_PER_SM": [1, 2],
+    "WARP_SPECIALIZE": [False, True],
 }
 
 CPU_PROGRAMS = 4  # persistent programs in the interpreter, enough to exercise the tile loop
@@ -147,7 +149,7 @@ def _linear_gelu_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, M, N, K, stride_xm, str
 def _linear_gelu_tma_kernel(x_desc, w_desc, bias_ptr, out_desc, M, N, K, num_programs,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                             W_KMAJOR: tl.constexpr, HAS_BIAS: tl.constexpr, TANH: tl.constexpr,
-                            DOT_PRECISION: tl.constexpr):
+                            DOT_PRECISION: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
     # W_KMAJOR: w_desc describes weight [N, K] (nn.Linear), its tiles transposed on chip; else weight^T [K, N]
     # (a Conv1D weight). Out-of-bounds loads are zero-filled and out-of-bounds stores dropped by TMA.
     num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -157,7 +159,7 @@ def _linear_gelu_tma_kernel(x_desc, w_desc, bias_ptr, out_desc, M, N, K, num_pro
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k in range(0, tl.cdiv(K, BLOCK_K)):
+        for k in tl.range(0, tl.cdiv(K, BLOCK_K), warp_specialize=WARP_SPECIALIZE):
             a = x_desc.load([off_m, k * BLOCK_K])
             if W_KMAJOR:
                 b = tl.trans(w_desc.load([off_n, k * BLOCK_K]))
@@ -247,7 +249,7 @@ def _launch_tma(x, weight, bias, out, approximate, cfg, num_sms):
     _linear_gelu_tma_kernel[(programs,)](
         TensorDescriptor.from_tensor(x, [bm, bk]), w_desc, out if bias is None else bias,
         TensorDescriptor.from_tensor(out, [bm, bn]), m, n, k, programs, W_KMAJOR=w_kmajor,
-        **_flags(x, bias, approximate, cfg))
+        WARP_SPECIALIZE=WARP_SPECIALIZE, **_flags(x, bias, approximate, cfg))
 
 
 def _launch_pointers(x, weight, bias, out, approximate, cfg, num_sms, persistent):

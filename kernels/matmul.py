@@ -45,6 +45,7 @@ NUM_WARPS = 0  # warps per program; 0 = by tile size (8 for 128x256)
 NUM_STAGES = 0  # software pipeline depth (shared-memory buffers); 0 = by tile size
 PROGRAMS_PER_SM = 1  # persistent variants: programs launched per SM
 DESCRIPTORS = "host"  # "tma": "host" | "device" (made by each program; see the docstring)
+WARP_SPECIALIZE = False  # "tma": the K loop as tl.range(warp_specialize=True) (Triton >= 3.4: async load / MMA partitions)
 # "auto" takes TMA only from this many FLOPs: a launch on host-side descriptors costs the host more than a
 # pointer launch (docs/launch-cost.md), which a model's small matmuls cannot amortize; at 4096^3 (137 GFLOP)
 # it is noise.
@@ -60,6 +61,7 @@ TUNABLES = {
     "NUM_STAGES": [0, 2, 3, 4, 5],
     "PROGRAMS_PER_SM": [1, 2],
     "DESCRIPTORS": ["host", "device"],
+    "WARP_SPECIALIZE": [False, True],
 }
 
 CPU_PROGRAMS = 4  # persistent programs in the interpreter, enough to exercise the tile loop
@@ -142,7 +144,7 @@ def _matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk
 def _matmul_tma_kernel(a_desc, b_desc, c_desc, M, N, K, num_programs, stride_a, stride_b, stride_c,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                        GROUP_M: tl.constexpr, B_KMAJOR: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                       ON_DEVICE: tl.constexpr):
+                       ON_DEVICE: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
     # B_KMAJOR: b_desc describes B^T [N, K] (B came as a W.t() view), tiles are transposed on chip.
     # ON_DEVICE: the *_desc arguments are pointers, the descriptors are made here from the row strides (a
     # compile-time branch: with host descriptors none of it is generated).
@@ -160,7 +162,7 @@ def _matmul_tma_kernel(a_desc, b_desc, c_desc, M, N, K, num_programs, stride_a, 
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k in range(0, tl.cdiv(K, BLOCK_K)):
+        for k in tl.range(0, tl.cdiv(K, BLOCK_K), warp_specialize=WARP_SPECIALIZE):
             a = a_desc.load([off_m, k * BLOCK_K])
             if B_KMAJOR:
                 b = tl.trans(b_desc.load([off_n, k * BLOCK_K]))
@@ -255,7 +257,7 @@ def _launch_tma(a, b, c, cfg, num_sms):
     _matmul_tma_kernel[(programs,)](*descs, m, n, k, programs, a.stride(0), b_rows.stride(0), c.stride(0),
                                     BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=GROUP_M, B_KMAJOR=b_kmajor,
                                     DOT_PRECISION=_dot_precision(a.dtype), ON_DEVICE=on_device,
-                                    num_warps=warps, num_stages=stages)
+                                    WARP_SPECIALIZE=WARP_SPECIALIZE, num_warps=warps, num_stages=stages)
 
 
 def _launch_pointers(a, b, c, cfg, num_sms, persistent):

@@ -177,3 +177,34 @@ def test_inductor_launches_a_kernel_on_device_descriptors_from_its_own_code(repo
     code = "\n".join(codes)
     assert "_tma_kernel" in code and "_opaque" not in code
     assert swap.rel_l2(got, want) < 1e-3
+
+
+WS_TYPES = ("fused_mlp", "matmul", "linear_gelu")  # the TMA GEMMs whose K loop WARP_SPECIALIZE turns over
+WS_CPU_SHAPES = {**CPU_SHAPES, "linear_gelu": {"T": 40, "H": 96, "I": 136, "approximate": "none"}}
+
+
+@pytest.mark.parametrize("kernel_type", WS_TYPES)
+def test_a_warp_specialized_tma_gemm_computes_the_reference(repo_root, interpreter, monkeypatch, kernel_type):
+    """WARP_SPECIALIZE (a tunable the screen tries): the TMA kernel's K loop as tl.range(warp_specialize=True)."""
+    module = _tma_kernel(repo_root, kernel_type, "host")
+    module.WARP_SPECIALIZE = True
+    monkeypatch.setattr(module, "_tma_ok", lambda *arguments: True)
+    monkeypatch.setattr(module, "_sm_count", lambda device_index: 3)
+    launched = []
+    kernel = next(v for k, v in vars(module).items() if k.endswith("_tma_kernel"))
+    monkeypatch.setattr(kernel, "run", _counting(kernel.run, launched))
+    args = _inputs(kernel_type, WS_CPU_SHAPES[kernel_type], "cpu")
+    spec = get_spec(kernel_type)
+    got, want = module.kernel_fn(*args), spec.reference(*args)
+    assert launched, "the TMA kernel did not run"
+    atol, rtol = spec.tolerance(torch.float16)
+    torch.testing.assert_close(got.float(), want.float(), atol=atol, rtol=rtol)
+
+
+@pytest.mark.slow(15)
+def test_the_warp_specialized_tma_gemms_compile_for_hopper(repo_root):
+    """On an H100 the screen may pick WARP_SPECIALIZE: each TMA GEMM compiles so for sm_90 at a model-like shape."""
+    jobs = [(repo_root / "kernels" / f"{t}.py", {"VARIANT": "tma", "WARP_SPECIALIZE": True}) for t in ("fused_mlp",
+                                                                                                        "matmul")]
+    compiled = helpers.compiled_for(helpers.HOPPER, jobs, "test_descriptors:hopper_inputs", "_tma_kernel")
+    assert [len(launches) for launches in compiled] == [2, 1]
