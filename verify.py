@@ -109,7 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     how.add_argument("--against", metavar="KERNELS",
                      help="GPU: also time the kept types with other kernel files, in turns with this run's in one "
                           "process, each side replayed from its CUDA graph: 'extracted' (the files the loop began "
-                          "from: --kernels without its *_optimized winners), 'starters' (kernels/) or a directory")
+                          "from: --kernels without its *_optimized winners), 'starters' (kernels/) or a directory; "
+                          "where --deploy takes a compiled mode, also each side compiled with its own kernels")
     how.add_argument("--generate", metavar="N", type=int, default=0,
                      help="also time model.generate() of N new tokens with a static cache (greedy, a transformers "
                           "model), the original against the optimized model in turns: tokens per second eagerly and, "
@@ -216,13 +217,15 @@ def show(report: dict) -> None:
         print(f"{key}: {'' if value is None else (f'{value:.4g}' if isinstance(value, float) else value)}")
 
 
+AGAINST_MODES = {"graph": "CUDA graph", "compile_graph": "torch.compile in a CUDA graph"}
+
+
 def against_line(a: dict, cpu_mode: bool = False) -> str:
     """One line for --against: the two medians, their ratio, the rounds won and the sign test's verdict."""
     head = f"against the {a['against']} kernels ({', '.join(a['differs']) or 'none'} differ)"
     if "note" in a or "error" in a:
         return f"{head}: {a.get('note') or 'not timed: ' + a['error']}"
-    how = "CPU, Triton interpreter: NOT a performance figure" if cpu_mode else \
-        ("CUDA graph" if a["mode"] == "graph" else a["mode"])
+    how = "CPU, Triton interpreter: NOT a performance figure" if cpu_mode else AGAINST_MODES.get(a["mode"], a["mode"])
     return (f"{head}, {a['rounds']} turns of one run each ({how}): {a['ms']:.3f} ms vs {a['against_ms']:.3f} ms, "
             f"{a['speedup']:.4f}x, this run's kernels faster in {a['won_rounds']} of {a['rounds']} turns "
             f"(sign test p={a['p_value']:.2g}): {a['verdict']}")
@@ -253,6 +256,7 @@ def summary(report: dict) -> dict:
             "timing_errors": ",".join(report.get("timing_errors") or {}) or None,
             "against_speedup": (report.get("against") or {}).get("speedup"),
             "against_verdict": (report.get("against") or {}).get("verdict"),
+            "against_compiled_speedup": ((report.get("against") or {}).get("compiled") or {}).get("speedup"),
             "graph_breaks": g.get("graph_breaks"),
             "region_kernels": ",".join(report["regions"]["types"]) if (report.get("regions") or {}).get("kept")
             else None, "device": report["gpu"] or "cpu", "cpu_mode": report["cpu_mode"]}
@@ -260,7 +264,11 @@ def summary(report: dict) -> dict:
 
 def comparison_lines(report: dict) -> list[str]:
     """--against's line and --generate's lines, where they ran."""
-    against = [against_line(report["against"], report["cpu_mode"])] if report.get("against") else []
+    a = report.get("against")
+    against = [against_line(a, report["cpu_mode"])] if a else []
+    if a and a.get("compiled"):  # the model deployed under torch.compile: each side compiled with its kernels
+        against.append(against_line({"against": a["against"], "differs": a["differs"], **a["compiled"]},
+                                    report["cpu_mode"]))
     return against + generation_lines(report.get("generation"))
 
 

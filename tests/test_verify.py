@@ -16,6 +16,7 @@ from helpers import SharedForward, import_file, summary_values
 
 import verify
 from autokernel import compat
+from autokernel.loop import report as loop_report
 from autokernel.ops import customops, swap
 from autokernel.types import rmsnorm
 from autokernel.verify import deploy, endtoend, paired, pruning, verification
@@ -678,6 +679,30 @@ def test_against_a_wrong_kernel_is_an_error_not_a_verdict(repo_root, tmp_path, c
     assert "verdict" not in report["against"] and "wrong output" in report["against"]["error"]
     # and the model as verified still runs this run's kernel
     assert customops._LABELS["rmsnorm"].endswith("01_rmsnorm_optimized.py")
+
+
+@pytest.mark.slow(20)
+def test_against_under_torch_compile_compiles_each_side_with_its_own_kernels(repo_root, tmp_path, capsys,
+                                                                            interpreter):
+    """Deployed under torch.compile (profile.py --deploy compile_graph; the report's verify runs --deploy), the two
+    kernel sets are also compared compiled, each compiled with its own kernels installed: a wrong extracted kernel is
+    caught there too, so the compiled side really ran it."""
+    kernels = against_kernels(repo_root, tmp_path)
+    flags = ("--kernels", str(kernels), "--types", "rmsnorm", "--against", "extracted", "--compile", "--deploy",
+             "compile")
+    code, report, printed = run_verify(repo_root, tmp_path, capsys, "llama", *flags)
+    assert code == 0, printed.out + printed.err
+    compiled = report["against"]["compiled"]
+    assert compiled["mode"] == "compile" and compiled["verdict"] in ("faster", "slower", "no measurable difference")
+    assert "timed in turns under torch.compile" in "\n".join(loop_report.estimate_lines(1.1, {**report,
+                                                                                                "written": "x"}, None))
+    summary = dict(line.split(": ", 1) for line in printed.out.split("\n---\n", 1)[1].splitlines() if ": " in line)
+    assert float(summary["against_compiled_speedup"]) == pytest.approx(compiled["speedup"], rel=1e-3)
+    (tmp_path / "wrong").mkdir()
+    wrong = against_kernels(repo_root, tmp_path / "wrong", extracted_factor=" * 1.05") / "01_rmsnorm.py"
+    (kernels / "01_rmsnorm.py").write_text(wrong.read_text())
+    code, report, _ = run_verify(repo_root, tmp_path, capsys, "llama", *flags)
+    assert "wrong output" in report["against"]["error"] and "wrong output" in report["against"]["compiled"]["error"]
 
 
 def test_against_names_a_bad_directory_in_one_line(repo_root, tmp_path, capsys, interpreter):

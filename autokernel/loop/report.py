@@ -290,10 +290,11 @@ def estimate_lines(estimate: float | None, verify: dict | None, last_kept: str |
     if not verify["timing"]:
         lines.append("  (no timing: correctness only, or the optimized model failed its check)")
     against = verify.get("against") or {}
-    if "verdict" in against:  # verify.py --against: the kernels in turns with the ones the loop began from
-        lines.append(f"  the kept kernels against the {against['against']} ones ({', '.join(against['differs'])} "
-                     f"differ), timed in turns: {against['speedup']:.4f}x, {against['verdict']} (this run's faster "
-                     f"in {against['won_rounds']} of {against['rounds']} turns, sign test p={against['p_value']:.2g})")
+    for how, a in (("", against), (" under torch.compile", against.get("compiled") or {})):
+        if "verdict" in a:  # verify.py --against: the kernels in turns with the ones the loop began from
+            lines.append(f"  the kept kernels against the {against['against']} ones ({', '.join(against['differs'])} "
+                         f"differ), timed in turns{how}: {a['speedup']:.4f}x, {a['verdict']} (this run's faster "
+                         f"in {a['won_rounds']} of {a['rounds']} turns, sign test p={a['p_value']:.2g})")
     return lines
 
 

@@ -359,7 +359,8 @@ def _time_against(request, model, optimized, choices: dict, inputs, device: str)
     if not differs:
         return {**result, "note": "the same source for every kept type: nothing to compare"}
     rounds = paired.PAIRED_ROUNDS if device == "cuda" else paired.CPU_PAIRED_ROUNDS  # the interpreter is slow
-    return {**result, **paired.paired(model, optimized.module(), ours, theirs, inputs, device, rounds)}
+    compiled = any(m in ("compile", "compile_graph") for m in deploy_modes(deploy_mode(request)))
+    return {**result, **paired.paired(model, optimized.module(), ours, theirs, inputs, device, rounds, compiled)}
 
 
 def _against_dir(request) -> Path:
