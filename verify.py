@@ -107,10 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "weights where they take at most a quarter of the free GPU memory: Gemma-2 2B at 1x8192 in "
                           "309 s instead of 373 s on H100s)")
     how.add_argument("--against", metavar="KERNELS",
-                     help="GPU: also time the kept types with other kernel files, in turns with this run's in one "
-                          "process, each side replayed from its CUDA graph: 'extracted' (the files the loop began "
-                          "from: --kernels without its *_optimized winners), 'starters' (kernels/) or a directory; "
-                          "where --deploy takes a compiled mode, also each side compiled with its own kernels")
+                     help="GPU: time the kept types with other files too, in turns with this run's, each side a "
+                          "CUDA graph (deployed compiled, also compiled with its kernels): 'extracted' (the loop's "
+                          "first files: --kernels less its *_optimized), 'starters' (kernels/) or a directory")
     how.add_argument("--generate", metavar="N", type=int, default=0,
                      help="also time model.generate() of N new tokens with a static cache (greedy, a transformers "
                           "model), the original against the optimized model in turns: tokens per second eagerly and, "

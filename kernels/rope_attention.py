@@ -149,7 +149,7 @@ def _attn_blocks(acc, l_i, m_i, q, k_base, v_base, cos_base, sin_base,
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         if ROTATE_K:
-            k_lo, k_hi = _halves(k_base, cos_base, sin_base, offs_n, offs_n.to(tl.int64) * stride_kn, offs_h,
+            k_lo, k_hi = _halves(k_base, cos_base, sin_base, offs_n, offs_n * stride_kn, offs_h,
                                  stride_kd, stride_cs, stride_ss, S, HALF, K_ROT_HALF, KEY_MASK, EVEN_HALF)
             k = tl.interleave(k_lo.to(q.dtype), k_hi.to(q.dtype))
         else:  # rotated and interleaved by the pre-pass, padded to the dot's width with zeros
@@ -252,7 +252,7 @@ def _rotate_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, S, H,
     offs_s = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
     offs_h = tl.arange(0, HALF_PAD)
     lo, hi = _halves(x_ptr + b * stride_xb + h * stride_xh, cos_ptr + b * stride_cb, sin_ptr + b * stride_sb,
-                     offs_s, offs_s.to(tl.int64) * stride_xs, offs_h, stride_xd, stride_cs, stride_ss, S, HALF,
+                     offs_s, offs_s * stride_xs, offs_h, stride_xd, stride_cs, stride_ss, S, HALF,
                      ROT_HALF, True, HALF == HALF_PAD)
     offs_k = tl.arange(0, 2 * HALF_PAD)
     o_ptrs = out_ptr + (tl.program_id(1).to(tl.int64) * S + offs_s[:, None]) * (2 * HALF_PAD) + offs_k[None, :]
