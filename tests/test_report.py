@@ -197,3 +197,18 @@ def test_every_kernel_label_ends_inside_the_axes(tmp_path):
     for label in labels:
         box = label.get_window_extent(renderer)
         assert box.x1 <= axes_box.x1 + 1 and box.x1 <= figure_box.x1, label.get_text()
+
+
+def test_each_experiment_s_line_says_what_it_took_and_the_bench_s_share():
+    """Where a night's time goes, line by line (an H100 night spent 80% of its loop in cold baselines): the whole
+    experiment's seconds, the bench's and its stages'."""
+    result = {"wall_s": 14.2, "stages": [{"name": "smoke", "seconds": 1.2}, {"name": "shape_sweep", "seconds": 2.0}]}
+    took = report.took_text(16.4, result)
+    assert took == "16 s (bench 14 s: stages 3 s)" and report.took_text(0.4, {}) == "0 s"
+    row = {"experiment": 7, "status": "revert", "description": "BLOCK_K 0 -> 32", "model_us": "5271.6",
+           "latency_us": "242.6"}
+    job = {"name": "01_fused_mlp", "baseline_us": 4778.0, "best_us": 4778.0, "kept": 0, "experiments": 3}
+    line = report.progress_line(row, job, 251.0, took)
+    assert "| 16 s (bench 14 s: stages 3 s) | 0:04:11 left" in line
+    bare = report.progress_line(row, job, 251.0)
+    assert bare.endswith("kept 0/3 | 0:04:11 left") and "bench" not in bare

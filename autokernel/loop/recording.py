@@ -11,7 +11,7 @@ import time
 
 from autokernel import results
 from autokernel.loop.agents import Proposal
-from autokernel.loop.report import progress_line
+from autokernel.loop.report import progress_line, took_text
 
 # what an experiment's outcome keeps of the harness result (the loop state and the agent read them)
 OUTCOME_KEYS = ("latency_us", "noise_pct", "pct_peak", "model_pct_peak", "speedup_vs_pytorch", "model_us",
@@ -51,7 +51,7 @@ class Recording:
         self.state.save()
         results.append_row(row, self.results_path)
         self._apply(job, inflight)
-        self._say(progress_line(row, job, self._time_left()))
+        self._say(progress_line(row, job, self._time_left(), took_text(inflight["outcome"]["seconds"], result)))
 
     def _apply(self, job: dict, inflight: dict) -> None:
         """Move the state past a recorded experiment (also used when resuming)."""

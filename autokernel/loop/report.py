@@ -75,8 +75,8 @@ def _float(value) -> float | None:
 STATUS_STYLE = {"keep": "green", "baseline": "cyan", "revert": "yellow", "crash": "red", "timeout": "red"}
 
 
-def progress_line(row: dict, job: dict, seconds_left: float) -> str:
-    """One line per experiment: what was tried, what came of it, where the kernel stands."""
+def progress_line(row: dict, job: dict, seconds_left: float, took: str = "") -> str:
+    """One line per experiment: what was tried, what came of it, where the kernel stands, what it took (took)."""
     status = row["status"]
     speedup = (f"{job['baseline_us'] / job['best_us']:.2f}x baseline"
                if job.get("baseline_us") and job.get("best_us") else "no correct version yet")
@@ -84,7 +84,16 @@ def progress_line(row: dict, job: dict, seconds_left: float) -> str:
     return (f"exp {row['experiment']:>3} {escape(job['name'])} [{STATUS_STYLE.get(status, 'white')}]"
             f"{status:<8}[/] {format_us(objective_us(row)):>10}  {escape(row['description'][:90])}"
             f"  | best {speedup}{vs_torch}, kept {job['kept']}/{job['experiments']}"
-            f" | {format_duration(seconds_left)} left")
+            f"{f' | {took}' if took else ''} | {format_duration(seconds_left)} left")
+
+
+def took_text(seconds: float, result: dict) -> str:
+    """Where an experiment's seconds went, as far as the bench says: "16 s (bench 14 s: stages 3 s)". The rest is
+    the agent (a screen included), the commit and the child's start."""
+    wall = result.get("wall_s")
+    stages = sum(s.get("seconds") or 0.0 for s in result.get("stages") or [])
+    bench = f" (bench {wall:.0f} s: stages {stages:.0f} s)" if wall else ""
+    return f"{seconds:.0f} s{bench}"
 
 
 class LiveLine:
