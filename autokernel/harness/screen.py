@@ -174,9 +174,10 @@ def _measure(box: _Screen, result: dict, index: int, fns: dict, rung: int, reps:
 def run_screen(path: str | Path, configs: list[dict], device: str | None = None, dtype: str = "fp16",
                seconds: float = 120.0, timeout: float | None = None) -> dict:
     """screen() in a child process (the loop's own process never imports a kernel), stopped after `timeout`
-    seconds (default: `seconds` and HANG_S more). The child writes its figures after every configuration, so a
-    child stopped by the timeout (a configuration that compiles for minutes) still gives what it measured, the
-    configuration it was on marked failed; a child that dies before any figure is a RuntimeError."""
+    seconds (default: `seconds` and HANG_S more, on a GPU `seconds` more for compiling ahead). The child writes its
+    figures after every configuration, so a child stopped by the timeout (a configuration that compiles for minutes)
+    still gives what it measured, the configuration it was on marked failed; a child that dies before any figure is
+    a RuntimeError."""
     from autokernel.harness.gpu import pick_device
     from autokernel.harness.processes import kill_group
     from autokernel.harness.runner import REPO_ROOT, child_env
@@ -191,7 +192,9 @@ def run_screen(path: str | Path, configs: list[dict], device: str | None = None,
             proc = subprocess.Popen(args, env=child_env(device), cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
                                     start_new_session=True)
             try:
-                returncode, hung = proc.wait(timeout=timeout or seconds + HANG_S), False
+                # on a GPU compiling ahead may take up to `seconds` before the first rung's `seconds` start
+                limit = timeout or (2 * seconds if device == "cuda" else seconds) + HANG_S
+                returncode, hung = proc.wait(timeout=limit), False
             except subprocess.TimeoutExpired:
                 kill_group(proc)
                 returncode, hung = proc.returncode, True
