@@ -41,9 +41,9 @@ tries it (a group that does not divide BLOCK_M runs unpacked).
 D 64 and D 128 (BENCHMARKS.md: the starter defaults; rope_attention at model shapes, where cuDNN's attention loop
 is still ahead at batch 2-4 with D 128). Toward FlashAttention-3 from here, in order: (1) K and V
 through TMA descriptors as flash_attention's "tma" variant does (plain K after "rotate_k_first"; Q once, its two
-halves as two [BLOCK_M, D/2] boxes); (2) pack GQA (PACK_GQA above); (3) warp specialization (a producer warp issuing the
-TMA copies, tl.range(..., warp_specialize=True) on triton >= 3.4) and ping-pong softmax between two consumer
-warpgroups, which is where cuDNN's and FA3's lead over a FlashAttention-2 loop comes from on Hopper.
+halves as two [BLOCK_M, D/2] boxes); (2) pack GQA (PACK_GQA above); (3) warp specialization (a producer warp
+issuing the TMA copies, tl.range(..., warp_specialize=True) on triton >= 3.4) and ping-pong softmax between two
+consumer warpgroups, which is where cuDNN's and FA3's lead over a FlashAttention-2 loop comes from on Hopper.
 """
 
 import math
@@ -91,10 +91,10 @@ def _load_f32(ptrs, mask, ROW_MASK: tl.constexpr, EVEN_HALF: tl.constexpr):
 def _halves(base, cos_base, sin_base, offs_r, row_off, offs_h, stride_d, stride_cr, stride_sr, n_rows,
             HALF: tl.constexpr, ROT_HALF: tl.constexpr, ROW_MASK: tl.constexpr, EVEN_HALF: tl.constexpr):
     """The rows at positions offs_r (at element offsets row_off from base) of a [rows, 2*HALF] tile as two halves
-    in fp32, rotated (rotate-half RoPE). With
-    partial rotary (ROT_HALF < HALF: the tables hold 2*ROT_HALF features) each half takes ROT_HALF rotated features
-    (lo: x[:ROT_HALF], hi: x[ROT_HALF:2*ROT_HALF], the pairs RoPE rotates together) and then half of the features
-    that pass unrotated; a dot over the halves sums every feature once, whatever order they come in."""
+    in fp32, rotated (rotate-half RoPE). With partial rotary (ROT_HALF < HALF: the tables hold 2*ROT_HALF features)
+    each half takes ROT_HALF rotated features (lo: x[:ROT_HALF], hi: x[ROT_HALF:2*ROT_HALF], the pairs RoPE rotates
+    together) and then half of the features that pass unrotated; a dot over the halves sums every feature once,
+    whatever order they come in."""
     mask = (offs_r[:, None] < n_rows) & (offs_h[None, :] < HALF)
     if ROT_HALF == HALF:
         lo_cols = offs_h

@@ -28,25 +28,26 @@ def paired(model, module, ours: dict, theirs: dict, inputs: Callable, device: st
     "compiled" in the result."""
     sets = [inputs(TIMING_SEED + i) for i in range(TIMING_INPUTS)]
     sides = {"ours": ours, "theirs": theirs}
-    eager = _in_turns(lambda name, kernels: _made(module, kernels, sets[0], device), model, sides, sets, device,
-                      rounds, "graph" if device == "cuda" else "eager")
+    eager = _in_turns(lambda kernels: _made(module, kernels, sets[0], device), model, sides, sets, device, rounds,
+                      "graph" if device == "cuda" else "eager")
     if not compiled:
         return eager
     try:
-        return {**eager, "compiled": _in_turns(lambda name, kernels: _compiled(module, kernels, sets[0], device),
-                                               model, sides, sets, device, rounds,
+        return {**eager, "compiled": _in_turns(lambda kernels: _compiled(module, kernels, sets[0], device), model,
+                                               sides, sets, device, rounds,
                                                "compile_graph" if device == "cuda" else "compile")}
     finally:
         torch._dynamo.reset()  # what runs after compiles its own
 
 
 def _in_turns(make: Callable, model, sides: dict, sets: list, device: str, rounds: int, mode: str) -> dict:
-    """Each side made (make(name, kernels)) and checked, then both timed in turns: the verdict, or the error."""
+    """Each side made (make(its kernels), with them installed) and checked, then both timed in turns: the verdict,
+    or the error."""
     fns = {}
     try:
         for name, kernels in sides.items():
             customops.reinstall(kernels)
-            fns[name] = make(name, kernels)
+            fns[name] = make(kernels)
             wrong = wrong_output(fns[name], model, sets[-1])
             if wrong:
                 return {"mode": mode, "error": f"{name}: {wrong}"}
