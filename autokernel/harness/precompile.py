@@ -54,8 +54,9 @@ def _run(path: str, flags: list[str], what: str, count: int | None, timeout: flo
         return "compiling ahead: off (fewer than 4 cores)"
     start = time.monotonic()
     command = [sys.executable, "-m", "autokernel.harness.precompile", path, "--of", str(count), *flags]
-    procs = [subprocess.Popen(command + ["--worker", str(i)], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL) for i in range(count)]
+    # close_fds: the pipe that holds the key the harness signs its result with stays in the harness (channel.py)
+    procs = [subprocess.Popen(command + ["--worker", str(i)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              close_fds=True) for i in range(count)]
     stopped = 0
     for proc in procs:
         try:
