@@ -35,7 +35,9 @@ Q, K, V may be strided views ([B, S, H, D] projections viewed as [B, H, S, D]): 
 PACK_GQA (either variant) gives one program the Hq/Hkv query heads of one kv head: its BLOCK_M rows are those
 heads x BLOCK_M/(Hq/Hkv) positions, so each K and V tile is loaded (and with "fused" rotated) once for the whole
 group instead of once per query head, and the causal diagonal is cut finer. Not yet timed on a GPU: the screen
-tries it (a group that does not divide BLOCK_M runs unpacked).
+tries it (a group that does not divide BLOCK_M runs unpacked). KV_LOADS "tma" ("rotate_k_first", a Hopper GPU, D 64
+or 128) loads each K tile of the pre-pass and each V tile with one bulk copy through descriptors each program makes
+(step 1 below, without Q's); untimed too.
 
 "rotate_k_first" is the default: its pre-pass costs less than rotating every K tile once per query block, at
 D 64 and D 128 (BENCHMARKS.md: the starter defaults; rope_attention at model shapes, where cuDNN's attention loop
@@ -46,6 +48,7 @@ issuing the TMA copies, tl.range(..., warp_specialize=True) on triton >= 3.4) an
 consumer warpgroups, which is where cuDNN's and FA3's lead over a FlashAttention-2 loop comes from on Hopper.
 """
 
+import functools
 import math
 
 import torch
@@ -62,6 +65,7 @@ NUM_STAGES = 0  # K/V pipeline depth; 0 = by tile (3; 2 at D = 128 when K tiles 
 REVERSE_CAUSAL_ORDER = True  # causal: launch the longest query blocks first to shorten the tail
 ROTATE_BLOCK_S = 64  # positions per program of the "rotate_k_first" pre-pass
 PACK_GQA = False  # one program takes the Hq/Hkv query heads of one kv head: BLOCK_M rows = heads x positions
+KV_LOADS = "pointers"  # "rotate_k_first": "pointers" | "tma" (K and V tiles through descriptors made on the device)
 
 TUNABLES = {
     "VARIANT": ["fused", "rotate_k_first"],
@@ -72,6 +76,7 @@ TUNABLES = {
     "REVERSE_CAUSAL_ORDER": [True, False],
     "ROTATE_BLOCK_S": [32, 64, 128],
     "PACK_GQA": [False, True],
+    "KV_LOADS": ["pointers", "tma"],
 }
 
 LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)); folded into the score scale
@@ -143,15 +148,17 @@ def _attn_blocks(acc, l_i, m_i, q, k_base, v_base, cos_base, sin_base,
                  BLOCK_N: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr, K_ROT_HALF: tl.constexpr,
                  HEAD_DIM: tl.constexpr,
                  EVEN_HALF: tl.constexpr, EVEN_D: tl.constexpr, ROTATE_K: tl.constexpr, CAUSAL_MASK: tl.constexpr,
-                 KEY_MASK: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                 KEY_MASK: tl.constexpr, DOT_PRECISION: tl.constexpr, TMA_KV: tl.constexpr):
     """Fold keys [lo, hi) into the running (acc, l, m); q is rotated and interleaved, the scores are scaled to exp2
-    units in fp32."""
+    units in fp32. TMA_KV: k_base and v_base are tensor descriptors (rows past S come as zeros)."""
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         if ROTATE_K:
             k_lo, k_hi = _halves(k_base, cos_base, sin_base, offs_n, offs_n * stride_kn, offs_h,
                                  stride_kd, stride_cs, stride_ss, S, HALF, K_ROT_HALF, KEY_MASK, EVEN_HALF)
             k = tl.interleave(k_lo.to(q.dtype), k_hi.to(q.dtype))
+        elif TMA_KV:  # one bulk copy of the pre-pass's rows
+            k = k_base.load([start_n, 0])
         else:  # rotated and interleaved by the pre-pass, padded to the dot's width with zeros
             k = _load_v(k_base, offs_n, offs_k, stride_kn, stride_kd, S, 2 * HALF_PAD, KEY_MASK, True)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
@@ -164,7 +171,10 @@ def _attn_blocks(acc, l_i, m_i, q, k_base, v_base, cos_base, sin_base,
         p = tl.math.exp2(qk - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = _load_v(v_base, offs_n, offs_d, stride_vn, stride_vd, S, HEAD_DIM, KEY_MASK, EVEN_D)
+        if TMA_KV:
+            v = v_base.load([start_n, 0])
+        else:
+            v = _load_v(v_base, offs_n, offs_d, stride_vn, stride_vd, S, HEAD_DIM, KEY_MASK, EVEN_D)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
         m_i = m_new
     return acc, l_i, m_i
@@ -182,7 +192,7 @@ def _rope_attention_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, o_ptr, S, H, G
                            K_ROT_HALF: tl.constexpr, HALF_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
                            D_PAD: tl.constexpr, EVEN_HALF: tl.constexpr, EVEN_D: tl.constexpr, CAUSAL: tl.constexpr,
                            ROTATE_K: tl.constexpr, REVERSE: tl.constexpr, PACK: tl.constexpr,
-                           DOT_PRECISION: tl.constexpr):
+                           DOT_PRECISION: tl.constexpr, TMA_KV: tl.constexpr):
     """One program: BLOCK_M query rows against the keys of one kv head. Unpacked (H: the query heads) the rows are
     BLOCK_M positions of one query head; packed (PACK, H: the kv heads) they are the GROUP query heads of the kv
     head, BLOCK_POS = BLOCK_M / GROUP positions each, so each K and V tile is loaded once for the whole group."""
@@ -207,6 +217,9 @@ def _rope_attention_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, o_ptr, S, H, G
     o_base = o_ptr + b * stride_ob
     cos_base = cos_ptr + b * stride_cb
     sin_base = sin_ptr + b * stride_sb
+    if TMA_KV:  # the pre-pass's K rows (2 * HALF_PAD wide, contiguous) and V's rows of this (batch, kv head)
+        k_base = tl.make_tensor_descriptor(k_base, [S, 2 * HALF_PAD], [stride_ks, 1], [BLOCK_N, 2 * HALF_PAD])
+        v_base = tl.make_tensor_descriptor(v_base, [S, HEAD_DIM], [stride_vs, 1], [BLOCK_N, D_PAD])
     offs_h = tl.arange(0, HALF_PAD)
     offs_d = tl.arange(0, D_PAD)
 
@@ -228,12 +241,12 @@ def _rope_attention_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, o_ptr, S, H, G
                                  stride_ks, stride_kd, stride_vs, stride_vd, stride_cs, stride_ss,
                                  offs_m, offs_h, offs_k, offs_d, 0, free, S, qk_scale,
                                  BLOCK_N, HALF, HALF_PAD, K_ROT_HALF, HEAD_DIM, EVEN_HALF, EVEN_D, ROTATE_K, False, False,
-                                 DOT_PRECISION)
+                                 DOT_PRECISION, TMA_KV)
     acc, l_i, m_i = _attn_blocks(acc, l_i, m_i, q, k_base, v_base, cos_base, sin_base,
                                  stride_ks, stride_kd, stride_vs, stride_vd, stride_cs, stride_ss,
                                  offs_m, offs_h, offs_k, offs_d, free, end, S, qk_scale,
                                  BLOCK_N, HALF, HALF_PAD, K_ROT_HALF, HEAD_DIM, EVEN_HALF, EVEN_D, ROTATE_K, CAUSAL, True,
-                                 DOT_PRECISION)
+                                 DOT_PRECISION, TMA_KV)
     out = acc / l_i[:, None]
     o_rows = head * stride_oh + offs_m.to(tl.int64) * stride_os
     o_ptrs = o_base + o_rows[:, None] + offs_d[None, :] * stride_od
@@ -271,6 +284,37 @@ def _auto_config(d_pad, dtype, rotate_k):
     if d_pad <= 128:
         return 64, 64, 4, (2 if rotate_k else 3)  # rotating K tiles in the loop needs the registers of a stage
     return 64, 32, 4, 2
+
+
+def _tma_kv_ok(k, v) -> bool:
+    """K and V tiles through TMA: a Hopper+ GPU, 16-bit, a head dim of 64 or 128 (a tile as wide as the head), V's
+    rows unit-stride and every stride and base 16-byte aligned (the pre-pass's K is a fresh contiguous buffer)."""
+    if not v.is_cuda or _capability_major(v.get_device()) < 9 or v.dtype not in (torch.float16, torch.bfloat16):
+        return False
+    if v.shape[-1] not in (64, 128):
+        return False
+    size = v.element_size()
+    return v.stride(3) == 1 and all(st * size % 16 == 0 for st in v.stride()[:3]) and \
+        all(_address(t) % 16 == 0 for t in (k, v))
+
+
+@functools.cache
+def _capability_major(device_index: int) -> int:  # once per device: the query costs host time on every call
+    return torch.cuda.get_device_capability(device_index)[0]
+
+
+def _address(t):
+    """t's data pointer; traced under torch.compile (a FakeTensor has none) its offset into an allocation, which
+    PyTorch's allocators align to at least 256 bytes."""
+    try:
+        return t.data_ptr()
+    except RuntimeError:
+        return t.storage_offset() * t.element_size()
+
+
+def _scratch(size: int, alignment: int, stream):
+    """Global memory for the descriptors made on the device, which Triton's launcher asks for at each launch."""
+    return torch.empty(size, dtype=torch.int8, device="cuda")
 
 
 def _next_pow2(n: int) -> int:
@@ -315,6 +359,9 @@ def kernel_fn(q, k, v, cos, sin, causal=True, sm_scale=None):
     block_n = min(block_n, block_m)  # the causal diagonal is whole BLOCK_N steps
     if not rotate_k:
         k = _rotate_k(k, cos3, cb, cs, sin3, sb, ss, half, rot_half, half_pad)
+    tma_kv = KV_LOADS == "tma" and not rotate_k and _tma_kv_ok(k, v)
+    if tma_kv:
+        triton.set_allocator(_scratch)
     group = heads // kv_heads
     pack = PACK_GQA and group > 1 and block_m % group == 0  # the group's heads fill the tile evenly
     block_pos = block_m // group if pack else block_m
@@ -325,7 +372,7 @@ def kernel_fn(q, k, v, cos, sin, causal=True, sm_scale=None):
         BLOCK_M=block_m, BLOCK_POS=block_pos, BLOCK_N=block_n, HALF=half, ROT_HALF=rot_half,
         K_ROT_HALF=rot_half if rotate_k else half, HALF_PAD=half_pad, HEAD_DIM=head_dim, D_PAD=d_pad,
         EVEN_HALF=half == half_pad, EVEN_D=head_dim == d_pad, CAUSAL=bool(causal), ROTATE_K=rotate_k,
-        REVERSE=bool(causal) and REVERSE_CAUSAL_ORDER, PACK=pack,
+        REVERSE=bool(causal) and REVERSE_CAUSAL_ORDER, PACK=pack, TMA_KV=tma_kv,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=warps, num_stages=stages)
     return out

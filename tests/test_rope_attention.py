@@ -402,3 +402,41 @@ def test_packed_gqa_computes_each_query_head_s_own_attention(interpreter, repo_r
         if shape["Hq"] > shape["Hkv"]:
             off.append(not torch.allclose(wrong.kernel_fn(*inputs), expected, atol=2e-3, rtol=2e-3))
     assert off and all(off)
+
+
+@pytest.mark.parametrize("pack", [False, True])
+def test_k_and_v_through_tma_descriptors_compute_the_reference(interpreter, repo_root, tmp_path, monkeypatch, pack):
+    """KV_LOADS = "tma": the pre-pass's K rows and V's rows (a strided view, as HF's projections give it) through
+    descriptors made on the device, rows past S zero-filled; taken at every shape the GPU's gate lets through."""
+    spec = get_spec(TYPE)
+    source = (repo_root / "kernels" / f"{TYPE}.py").read_text()
+    module = _with(source, tmp_path, f"tma_{pack}", KV_LOADS="tma", PACK_GQA=pack, BLOCK_M=32)
+    taken = []
+    monkeypatch.setattr(module, "_tma_kv_ok", lambda k, v: taken.append(v.shape[-1]) or v.shape[-1] in (64, 128))
+    gen = torch.Generator().manual_seed(1)
+    for shape in spec.sweep(True) + spec.edges(True):
+        q, k, v, *rest = spec.make_inputs(shape, torch.float32, "cpu", gen)
+        v = v.transpose(1, 2).contiguous().transpose(1, 2)  # [B, S, H, D] viewed as [B, H, S, D]
+        got = module.kernel_fn(q, k, v, *rest)
+        torch.testing.assert_close(got, spec.reference(q, k, v, *rest), atol=2e-3, rtol=2e-3, msg=str(shape))
+    assert {64, 128} <= set(taken)
+
+
+def hopper_args(module):
+    """kernel_fn's arguments at a model-like shape with the TMA loads taken (the launches are recorded, not run)."""
+    module._tma_kv_ok = lambda k, v: True
+    shape = {"B": 1, "Hq": 8, "Hkv": 2, "S": 256, "D": 64, "causal": True}
+    return get_spec(TYPE).make_inputs(shape, torch.float16, "cpu", torch.Generator().manual_seed(0))
+
+
+@pytest.mark.slow(15)
+def test_the_untimed_switches_compile_for_hopper(repo_root):
+    """PACK_GQA and KV_LOADS = "tma", which the screen tries on an H100, compile for sm_90 (descriptors made on the
+    device take global scratch)."""
+    import helpers
+
+    path = repo_root / "kernels" / f"{TYPE}.py"
+    jobs = [(path, {"KV_LOADS": "tma"}), (path, {"KV_LOADS": "tma", "PACK_GQA": True}), (path, {"PACK_GQA": True})]
+    compiled = helpers.compiled_for(helpers.HOPPER, jobs, "test_rope_attention:hopper_args", "_rope_attention_kernel")
+    assert [len(launches) for launches in compiled] == [1, 1, 1]
+    assert [launches[0]["global_scratch_size"] > 0 for launches in compiled] == [True, True, False]
