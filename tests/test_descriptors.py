@@ -36,14 +36,20 @@ def _inputs(kernel_type: str, shape: dict, device: str):
 @pytest.mark.parametrize("descriptors", ["host", "device"])
 def test_the_tma_kernels_compute_the_reference_with_either_descriptors(repo_root, interpreter, monkeypatch,
                                                                        kernel_type, descriptors):
-    module = _tma_kernel(repo_root, kernel_type, descriptors)
+    _tma_path_computes_the_reference(_tma_kernel(repo_root, kernel_type, descriptors), CPU_SHAPES[kernel_type],
+                                     monkeypatch)
+
+
+def _tma_path_computes_the_reference(module, shape: dict, monkeypatch) -> None:
+    """The module's TMA kernel, forced (the interpreter runs it on the CPU), runs and computes the reference."""
+    kernel_type = module.KERNEL_TYPE
     monkeypatch.setattr(module, TMA_GATES.get(kernel_type, "_tma_ok"), lambda *arguments: True)
     if hasattr(module, "_sm_count"):
         monkeypatch.setattr(module, "_sm_count", lambda device_index: 3)  # persistent programs over several tiles
     launched = []
     kernel = next(v for k, v in vars(module).items() if k.endswith("_tma_kernel"))
     monkeypatch.setattr(kernel, "run", _counting(kernel.run, launched))
-    args = _inputs(kernel_type, CPU_SHAPES[kernel_type], "cpu")
+    args = _inputs(kernel_type, shape, "cpu")
     spec = get_spec(kernel_type)
     got, want = module.kernel_fn(*args), spec.reference(*args)
     assert launched, "the TMA kernel did not run"
@@ -188,17 +194,7 @@ def test_a_warp_specialized_tma_gemm_computes_the_reference(repo_root, interpret
     """WARP_SPECIALIZE (a tunable the screen tries): the TMA kernel's K loop as tl.range(warp_specialize=True)."""
     module = _tma_kernel(repo_root, kernel_type, "host")
     module.WARP_SPECIALIZE = True
-    monkeypatch.setattr(module, "_tma_ok", lambda *arguments: True)
-    monkeypatch.setattr(module, "_sm_count", lambda device_index: 3)
-    launched = []
-    kernel = next(v for k, v in vars(module).items() if k.endswith("_tma_kernel"))
-    monkeypatch.setattr(kernel, "run", _counting(kernel.run, launched))
-    args = _inputs(kernel_type, WS_CPU_SHAPES[kernel_type], "cpu")
-    spec = get_spec(kernel_type)
-    got, want = module.kernel_fn(*args), spec.reference(*args)
-    assert launched, "the TMA kernel did not run"
-    atol, rtol = spec.tolerance(torch.float16)
-    torch.testing.assert_close(got.float(), want.float(), atol=atol, rtol=rtol)
+    _tma_path_computes_the_reference(module, WS_CPU_SHAPES[kernel_type], monkeypatch)
 
 
 @pytest.mark.slow(15)

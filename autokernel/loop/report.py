@@ -276,10 +276,11 @@ def estimate_lines(estimate: float | None, verify: dict | None, last_kept: str |
     cpu: the kernels were timed in CPU mode, and the estimate is made of those times.
     deploy: the mode the plan was ranked for; under torch.compile its shares are of the compiled forward, so the
     estimate is over torch.compile and its counterpart is verify.py's compiled + graphed row."""
-    lines, rows = [], VERIFY_ROWS[side(deploy)]
+    lines, compiled = [], side(deploy) == "compiled"
+    rows = VERIFY_ROWS["compiled" if compiled else "eager"]
     if estimate:
         caveat = f" (from CPU mode's {CPU_CAVEAT})" if cpu else ""
-        base = "torch.compile" if side(deploy) == "compiled" else "PyTorch eager"
+        base = "torch.compile" if compiled else "PyTorch eager"
         lines.append(f"end-to-end estimate (Amdahl over the plan's shares): {estimate:.3f}x over {base}{caveat}")
     if verify is None:
         return lines + ["no end-to-end measurement yet: run verify.py (or `orchestrate.py run --verify`); "

@@ -359,7 +359,7 @@ def _time_against(request, model, optimized, choices: dict, inputs, device: str)
     if not differs:
         return {**result, "note": "the same source for every kept type: nothing to compare"}
     rounds = paired.PAIRED_ROUNDS if device == "cuda" else paired.CPU_PAIRED_ROUNDS  # the interpreter is slow
-    compiled = any(m in ("compile", "compile_graph") for m in deploy_modes(deploy_mode(request)))
+    compiled = bool(sides(deploy_modes(deploy_mode(request)))[1])  # deployed compiled: compare compiled too
     return {**result, **paired.paired(model, optimized.module(), ours, theirs, inputs, device, rounds, compiled)}
 
 

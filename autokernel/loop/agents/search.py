@@ -72,12 +72,12 @@ def proposals(screened: dict, best: dict) -> list[dict]:
     in the model by more than MIN_SCREEN_GAIN_PCT, fastest first, then one per-shape table (made when it comes
     up, against the configuration the file has then)."""
     results = [r for r in screened.get("results", []) if r["status"] == "timed"]
-    anchor = next((r for r in results if key(r["config"]) == key(best)), None)
-    if anchor is None:
+    line = _gain_line(results, best)
+    if line is None:
         return []
-    limit = anchor["model_us"] * (1 - MIN_SCREEN_GAIN_PCT / 100)
+    anchor_us, limit = line
     faster = sorted((r for r in results if r["model_us"] < limit), key=lambda r: r["model_us"])
-    queue = [{"kind": "config", "config": r["config"], "screen_us": r["model_us"], "anchor_us": anchor["model_us"]}
+    queue = [{"kind": "config", "config": r["config"], "screen_us": r["model_us"], "anchor_us": anchor_us}
              for r in faster[:PROPOSALS]]
     return queue + ([{"kind": "table"}] if len(screened.get("shapes", [])) > 1 else [])
 
@@ -87,12 +87,19 @@ def passed_over(screened: dict, best: dict) -> set[str]:
     no faster in the model than `best` by MIN_SCREEN_GAIN_PCT (an H100 night spent one on a tile the screen had
     timed 0.04% faster). Nothing where the screen did not time `best`."""
     results = screened.get("results", [])
-    anchor = next((r for r in results if r["status"] == "timed" and key(r["config"]) == key(best)), None)
-    if anchor is None:
+    line = _gain_line(results, best)
+    if line is None:
         return set()
-    limit = anchor["model_us"] * (1 - MIN_SCREEN_GAIN_PCT / 100)
+    limit = line[1]
     return {key(r["config"]) for r in results
             if r["status"] in ("wrong", "failed") or (r["status"] == "timed" and r["model_us"] >= limit)}
+
+
+def _gain_line(results: list[dict], best: dict) -> tuple[float, float] | None:
+    """(`best`'s model time in the screen, the time a screened configuration must beat to be worth an experiment:
+    that less MIN_SCREEN_GAIN_PCT); None where the screen did not time `best`."""
+    anchor = next((r for r in results if r["status"] == "timed" and key(r["config"]) == key(best)), None)
+    return (anchor["model_us"], anchor["model_us"] * (1 - MIN_SCREEN_GAIN_PCT / 100)) if anchor else None
 
 
 def remember(memory: dict, screened: dict, best: dict) -> None:
