@@ -89,8 +89,8 @@ def install_starter():
     from autokernel.ops import customops
     from autokernel.registry import get_spec
 
-    before = {name: dict(table) for name, table in
-              (("_IMPLS", customops._IMPLS), ("_LABELS", customops._LABELS), ("_TRACEABLE", customops._TRACEABLE))}
+    tables = ("_IMPLS", "_LABELS", "_TRACEABLE", "_DIGESTS")
+    before = {name: dict(getattr(customops, name)) for name in tables}
 
     def install(kernel_type: str):
         path = ROOT / "kernels" / f"{kernel_type}.py"
@@ -102,6 +102,7 @@ def install_starter():
     for name, table in before.items():
         getattr(customops, name).clear()
         getattr(customops, name).update(table)
+    customops._retag()
 
 
 @pytest.fixture

@@ -56,3 +56,59 @@ def _every_argument(kernel_fn, inputs) -> tuple:
     bound = inspect.signature(kernel_fn).bind(*inputs)
     bound.apply_defaults()
     return tuple(bound.arguments.values())
+
+
+DOUBLED = "\n_single = kernel_fn\n\n\ndef kernel_fn(x, weight, eps=1e-6):\n    return _single(x, weight, eps) * 2\n"
+
+
+def _two_files(tmp_path) -> tuple:
+    """The rmsnorm starter, and a copy of it that doubles its output (another file behind the same op)."""
+    from autokernel import kernelfile
+
+    source = (ROOT / "kernels" / "rmsnorm.py").read_text()
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "rmsnorm.py").write_text(source)
+    (tmp_path / "b" / "rmsnorm.py").write_text(source + DOUBLED)
+    return tuple(kernelfile.import_kernel(tmp_path / d / "rmsnorm.py").kernel_fn for d in ("a", "b"))
+
+
+def test_the_compile_caches_are_keyed_on_the_files_behind_the_ops(tmp_path, install_starter, monkeypatch):
+    """Dynamo's graph names the op, not the file: torch.compile's cache key carries the installed files (beside the
+    user's own tag), anew for another file, the same again for the same file or a snapshot put back."""
+    monkeypatch.setattr(torch.compiler.config, "cache_key_tag", "users-own")
+    install_starter("rmsnorm")
+    single, doubled = _two_files(tmp_path)
+    deployment = get_spec("rmsnorm").deployment
+    customops.install("rmsnorm", single, "a/rmsnorm.py", deployment)
+    tag_a, snapshot = torch.compiler.config.cache_key_tag, customops.installed(["rmsnorm"])
+    customops.install("rmsnorm", doubled, "b/rmsnorm.py", deployment)
+    tag_b = torch.compiler.config.cache_key_tag
+    assert tag_a.startswith("users-own|autokernel:") and tag_b.startswith("users-own|autokernel:")
+    assert tag_a != tag_b
+    customops.reinstall(snapshot)
+    assert torch.compiler.config.cache_key_tag == tag_a
+    customops.install("rmsnorm", doubled, "elsewhere", deployment)  # the same bytes under another label
+    assert torch.compiler.config.cache_key_tag == tag_b
+
+
+@pytest.mark.gpu
+def test_a_compile_after_another_file_is_installed_runs_that_file(tmp_path, install_starter):
+    """verify --against compiles one model with two kernel sets in turn, a deployed winner is compiled where the
+    starter was compiled before: each compile launches the file installed when it ran, not one AOTAutograd's cache
+    kept for the same graph (on torch 2.11 the second side ran the first side's kernel until the key held the
+    files)."""
+    install_starter("rmsnorm")
+    deployment, call = get_spec("rmsnorm").deployment, customops.op("rmsnorm")
+    inputs = get_spec("rmsnorm").make_inputs({"M": 256, "N": 1024}, torch.float16, "cuda",
+                                             torch.Generator("cuda").manual_seed(0))
+    outputs = []
+    try:
+        for label, kernel_fn in zip(("a", "b"), _two_files(tmp_path)):
+            customops.install("rmsnorm", kernel_fn, label, deployment)
+            torch._dynamo.reset()
+            with torch.no_grad():
+                outputs.append(torch.compile(lambda x, w: call(x, w, 1e-6) + 0)(*inputs[:2]))
+    finally:
+        torch._dynamo.reset()
+    torch.testing.assert_close(outputs[1], outputs[0] * 2)

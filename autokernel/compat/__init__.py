@@ -3,10 +3,11 @@
 Every workaround for a moved API or an interpreter gap lives in this package, once: the version probes and the
 switches here; interpreter.py (the interpreter's fixes, `prepare_interpreter`), launch.py (how each Triton
 release launches a compiled kernel), fastlaunch.py (FastLaunch, cheap launches built on it), tracing.py (torch's
-analysis of a traced Triton launch, done once per kernel and arguments) and checkout.py (the checkout's own
-modules when autokernel is pip-installed). Importers use `compat.<name>` for all of them. Nothing is patched at
-import: the harness calls `prepare_interpreter()` in its child process when it runs on the CPU, customops calls
-`memoize_kernel_analysis()` when it defines a traceable op.
+analysis of a traced Triton launch, done once per kernel and arguments; the compile caches keyed on the installed
+kernels) and checkout.py (the checkout's own modules when autokernel is pip-installed). Importers use
+`compat.<name>` for all of them. Nothing is patched at import: the harness calls `prepare_interpreter()` in its child
+process when it runs on the CPU, customops calls `memoize_kernel_analysis()` when it defines a traceable op and
+`tag_compile_caches()` whenever the kernels behind its ops change.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from autokernel.compat.launch import (
     stream_of,
     triton_version,
 )
-from autokernel.compat.tracing import memoize_kernel_analysis
+from autokernel.compat.tracing import memoize_kernel_analysis, tag_compile_caches
 
 __all__ = ["DESCRIPTOR_EXPANSION_TRITON", "DIRECT_LAUNCH_TRITON", "FAST_LAUNCH_TRITON", "ROOT", "FastLaunch",
            "check_cpu_isas", "compile_for", "count_launches", "descriptor_expansion", "fast_launch_enabled",
@@ -43,7 +44,7 @@ __all__ = ["DESCRIPTOR_EXPANSION_TRITON", "DIRECT_LAUNCH_TRITON", "FAST_LAUNCH_T
            "is_triton_kernel", "launch_arguments", "launch_hooks_probe", "launcher", "load_root_module",
            "memoize_kernel_analysis", "native_compile_enabled", "prepare_interpreter", "provenance_options",
            "raw_launcher", "recompile_limit_option", "replay_enabled", "scratch_allocator", "set_scratch_allocator",
-           "stream_of", "triton_version", "wrap_triton_enabled"]
+           "stream_of", "tag_compile_caches", "triton_version", "wrap_triton_enabled"]
 
 
 def interpreting() -> bool:

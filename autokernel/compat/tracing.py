@@ -1,4 +1,5 @@
-"""One analysis per kernel and arguments when torch.compile traces a Triton launch, not one per launch.
+"""One analysis per kernel and arguments when torch.compile traces a Triton launch, not one per launch; and the
+compile caches keyed on the kernel files installed (tag_compile_caches).
 
 Each Triton launch inside a triton_op becomes a graph node, and torch finds the tensors it writes by compiling the
 kernel to Triton's IR and walking its stores: twice per launch (functionalization, then Inductor's IR), each a
@@ -98,3 +99,26 @@ def _arg_key(value):
         return value
     except TypeError:
         return repr(value)
+
+OUR_TAG = "autokernel:"  # what precedes the digest in torch.compile's cache key tag (after the user's own and a "|")
+
+
+def tag_compile_caches(kernels: str) -> None:
+    """Make torch.compile's caches key on the kernels installed now (a digest of their files), beside the user's own
+    tag. Dynamo's graph holds each kernel as one op call, `autokernel::<type>(...)`, the same whichever file runs
+    behind it, and AOTAutograd's cache keys on that graph: without the tag a compile after another kernel file was
+    installed (verify --against's second side, a night's winner deployed after the starter was compiled, in this
+    process or any other sharing the cache directory) loads the code compiled for the first file, and launches its
+    kernel. torch.compiler.config.cache_key_tag (torch >= 2.6) is part of both the AOTAutograd and the Inductor key;
+    a torch without it has AOTAutograd's cache turned off instead, so that Inductor's key (which holds each traced
+    kernel's source) decides."""
+    import torch
+
+    config = getattr(torch.compiler, "config", None)
+    if config is not None and hasattr(config, "cache_key_tag"):
+        users = config.cache_key_tag.split(OUR_TAG)[0].removesuffix("|")  # the user's tag, ours (if any) cut off
+        config.cache_key_tag = f"{users}|{OUR_TAG}{kernels}" if users else f"{OUR_TAG}{kernels}"
+        return
+    functorch_config = getattr(getattr(torch, "_functorch", None), "config", None)
+    if functorch_config is not None and hasattr(functorch_config, "enable_autograd_cache"):
+        functorch_config.enable_autograd_cache = False

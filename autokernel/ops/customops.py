@@ -15,11 +15,13 @@ dispatch per call; a file it cannot trace (CUDA C++) runs behind an opaque custo
 whose fake only computes the output's shape and dtype. The ops are defined once per process
 (torch.library cannot redefine a name); what each op runs is looked up at call time (`_IMPLS`,
 `_TRACEABLE`), so verify.py can plug in other files (or a single type, to find the kernel behind a
-mismatch) without redefining anything. Outside a compile the model calls the kernel straight (through
-launchers.fast): the op only matters to a graph, and its dispatch (autograd wrapper, redispatch,
-alias checks) costs host time on every call, several times a launch's, which a model of a hundred kernel
-calls per forward pays in full whenever it runs without a CUDA graph (docs/launch-cost.md). A call that needs a
-gradient runs the original op.
+mismatch) without redefining anything; since dynamo's graph names the op, not the file, torch.compile's caches are
+keyed on the files installed (`_DIGESTS`, compat.tag_compile_caches), or a compile would load code compiled with
+another file behind the op and launch that file's kernels. Outside a compile the model calls the kernel straight
+(through launchers.fast): the op only matters to a graph, and its dispatch (autograd wrapper, redispatch, alias
+checks) costs host time on every call, several times a launch's, which a model of a hundred kernel calls per forward
+pays in full whenever it runs without a CUDA graph (docs/launch-cost.md). A call that needs a gradient runs the
+original op.
 
 What an op is (its schema, its output's shape) comes from the type's registry entry (`Deployment`,
 autokernel/kerneltype.py), handed over with the kernel (`install`); this module keeps no per-type table.
@@ -32,6 +34,7 @@ Where the wrappers are patched in, and for how long, is swap.py's business.
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import re
 import sys
@@ -52,6 +55,7 @@ _LABELS: dict[str, str] = {}  # kernel type -> the file it came from, for error 
 _DEFINED: dict[str, object] = {}  # kernel type -> its op definitions (kept alive)
 _TRACEABLE: dict[str, Callable | None] = {}  # kernel type -> kernel_fn as torch.compile traces it
 _DEPLOYMENTS: dict = {}  # kernel type -> its registry entry's Deployment (schema, output shape, sites)
+_DIGESTS: dict[str, str] = {}  # kernel type -> a digest of the file its kernel came from (the compile caches' key)
 _PACKAGE = str(Path(__file__).parent.parent)  # autokernel/: the replacements' code (CallSites.hit skips it)
 
 
@@ -140,6 +144,24 @@ def install(kernel_type: str, kernel_fn: Callable, label: str, deployment) -> No
     _IMPLS[kernel_type] = launchers.fast(kernel_fn)
     _LABELS[kernel_type] = label
     _TRACEABLE[kernel_type] = launchers.traceable(kernel_fn) if compat.native_compile_enabled() else None
+    _DIGESTS[kernel_type] = _digest(kernel_fn, label)
+    _retag()
+
+
+def _digest(kernel_fn: Callable, label: str) -> str:
+    """What the kernel's file holds (a digest of its bytes), so that two files of one type never share a compiled
+    model; a function with no file of its own is known by its label and name."""
+    try:
+        return hashlib.sha256(Path(inspect.getsourcefile(inspect.unwrap(kernel_fn))).read_bytes()).hexdigest()[:16]
+    except (TypeError, OSError):
+        return f"{label}:{getattr(kernel_fn, '__qualname__', '')}"
+
+
+def _retag() -> None:
+    """torch.compile's caches keyed on the kernels installed now (compat.tag_compile_caches): dynamo's graph names
+    only the op, whichever file runs behind it."""
+    kernels = "".join(f"{t}={d};" for t, d in sorted(_DIGESTS.items()))
+    compat.tag_compile_caches(hashlib.sha256(kernels.encode()).hexdigest()[:16])
 
 
 def is_installed(kernel_type: str) -> bool:
@@ -148,19 +170,21 @@ def is_installed(kernel_type: str) -> bool:
 
 def uninstall(kernel_type: str) -> None:
     """The type's op runs no kernel any more (op() raises, as before install); its definition stays."""
-    for table in (_IMPLS, _LABELS, _TRACEABLE):
+    for table in (_IMPLS, _LABELS, _TRACEABLE, _DIGESTS):
         table.pop(kernel_type, None)
+    _retag()
 
 
 def installed(types) -> dict[str, tuple]:
     """What the ops of `types` run now, to put back with reinstall(): verify.py times two kernel sets in turn."""
-    return {t: (_IMPLS[t], _LABELS[t], _TRACEABLE[t]) for t in types}
+    return {t: (_IMPLS[t], _LABELS[t], _TRACEABLE[t], _DIGESTS[t]) for t in types}
 
 
 def reinstall(kernels: dict[str, tuple]) -> None:
     """Make the ops run what installed() returned."""
-    for t, (impl, label, traceable) in kernels.items():
-        _IMPLS[t], _LABELS[t], _TRACEABLE[t] = impl, label, traceable
+    for t, (impl, label, traceable, digest) in kernels.items():
+        _IMPLS[t], _LABELS[t], _TRACEABLE[t], _DIGESTS[t] = impl, label, traceable, digest
+    _retag()
 
 
 def op(kernel_type: str):
