@@ -295,11 +295,15 @@ def run(path: str, device: str, quick: bool, seed: int, dtype: str, timed: bool 
         print(f"CRASH  {result['reason']}")
         traceback.print_exc(file=sys.stderr)
         return result
-    if compile_ahead:  # the stages' calls made first by several processes at once: a cold cache's compiles
+    ahead = None
+    if compile_ahead:  # the stages' calls made by several processes alongside them: a cold cache's compiles
         from autokernel.harness import precompile
 
-        print(precompile.warm(path, device, seed, quick), flush=True)
-    return _check_and_time(harness, module, result, parse_dtype(dtype) if timed else None, reuse_baselines, same_as)
+        ahead = precompile.start(path, device, seed, quick)
+        print(f"compiling ahead: {len(ahead.procs)} processes" if ahead else "compiling ahead: off (too few cores)",
+              flush=True)
+    return _check_and_time(harness, module, result, parse_dtype(dtype) if timed else None, reuse_baselines, same_as,
+                           ahead)
 
 
 def _load_or_verdict(path: str, device: str, result: dict) -> tuple | None:
@@ -323,11 +327,16 @@ def _load_or_verdict(path: str, device: str, result: dict) -> tuple | None:
 
 
 def _check_and_time(harness: Harness, module, result: dict, dtype, reuse_baselines: bool,
-                    same_as: str | None) -> dict:
+                    same_as: str | None, ahead=None) -> dict:
     """The five stages, then the timing in `dtype` (None: untimed); the verdict in `result`. Whatever the kernel
-    raises, in a stage or in the timing, is a crash whose reason names it (crash.exception_cause)."""
+    raises, in a stage or in the timing, is a crash whose reason names it (crash.exception_cause). ahead: the
+    workers compiling alongside the stages (precompile.start), stopped when the stages end."""
     try:
-        stages = harness.run_stages()
+        try:
+            stages = harness.run_stages()
+        finally:
+            if ahead is not None:
+                print(ahead.stop(), flush=True)
         result["stages"] = [asdict(s) for s in stages]
         failed = next((s for s in stages if not s.passed), None)
         if failed:

@@ -1,12 +1,14 @@
-"""Compiling ahead of the stages: the calls the five stages will make, made first by several processes at once.
+"""Compiling ahead of the stages: the calls the five stages will make, made by several processes at once.
 
-A kernel's first bench on a cold cache spends most of its time in Triton's compiler, one specialization after
-another (on an H100, the rope_attention file extracted for TinyLlama: the shape sweep 55.8 s and the edge cases
-43.3 s cold, 0.6 s and 0.3 s once Triton's on-disk cache held its kernels; the timing, torch.compile's reference
-included, 13.6 s). A night's first bench of each kernel is such a bench. Before the stages run, WORKERS processes
-each make every WORKERS-th of the calls the stages make (on inputs of the same shapes, other values), unchecked, so
-the compiles run side by side and the stages find them in the cache. Nothing a worker does is a verdict: the stages
-then run as always, in the harness's process, every call checked. The screen (autokernel/harness/screen.py) does the
+A bench that meets a cold cache spends most of its time in Triton's compiler, one specialization after another (on
+an H100, the rope_attention file extracted for TinyLlama: the shape sweep 55.8 s and the edge cases 43.3 s cold,
+0.6 s and 0.3 s once Triton's on-disk cache held its kernels). A night's first bench of each kernel is such a bench,
+and so is every experiment that changes a compile-time constant (a night's GROUP_M move on fused_mlp: stages 37 s).
+As the stages start, WORKERS processes each make every WORKERS-th of the calls the stages make (on inputs of the same
+shapes, other values), unchecked, so the compiles run side by side and the stages find most of them in the cache;
+when the stages end, the workers still going are stopped, before anything is timed. A bench whose kernels the cache
+holds already loses nothing to them. Nothing a worker does is a verdict: the stages run as always, in the harness's
+process, every call checked. The screen (autokernel/harness/screen.py) does the
 same with its configurations: each worker loads every WORKERS-th of them and calls it at the model's shapes, so the
 screen finds them compiled (each configuration is a compile of its own: an H100 screen of 48 took 49-61 s).
 
@@ -34,11 +36,33 @@ def workers() -> int:
     return min(MAX_WORKERS, (os.cpu_count() or 2) // 2)
 
 
-def warm(path: str, device: str, seed: int, quick: bool, count: int | None = None,
-         timeout: float = TIMEOUT_S) -> str:
-    """The stages' calls made by the workers (stopping any still going after `timeout`); a line saying so."""
+class Alongside:
+    """Workers making the stages' calls while the harness runs the stages (start); stop() ends them."""
+
+    def __init__(self, procs: list, started: float):
+        self.procs, self.started = procs, started
+
+    def stop(self) -> str:
+        """Each worker still going stopped (the stages are over: what it would compile now serves nothing); a line."""
+        done = sum(proc.poll() is not None for proc in self.procs)
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+        took = time.monotonic() - self.started
+        return (f"compiling ahead: {len(self.procs)} processes made the stages' calls alongside them, {done} finished, "
+                f"{len(self.procs) - done} stopped when the stages ended ({took:.1f} s)")
+
+
+def start(path: str, device: str, seed: int, quick: bool, count: int | None = None) -> Alongside | None:
+    """Workers started on the stages' calls, for the stages to run meanwhile (None: too few cores). Started
+    alongside rather than waited for: a bench whose kernels are all in the cache (most of a night's experiments)
+    loses nothing to them, one that meets a cold cache finds most of its compiles done by the time it gets there."""
+    count = workers() if count is None else count
+    if count < 2:
+        return None
     flags = ["--seed", str(seed + 1), "--device", device] + (["--quick"] if quick else [])
-    return _run(path, flags, "the stages' calls", count, timeout)
+    return Alongside(_started(path, flags, count), time.monotonic())
 
 
 def warm_configs(path: str, configs_file: str, device: str, dtype: str, count: int | None = None,
@@ -53,10 +77,7 @@ def _run(path: str, flags: list[str], what: str, count: int | None, timeout: flo
     if count < 2:
         return "compiling ahead: off (fewer than 4 cores)"
     start = time.monotonic()
-    command = [sys.executable, "-m", "autokernel.harness.precompile", path, "--of", str(count), *flags]
-    # close_fds: the pipe that holds the key the harness signs its result with stays in the harness (channel.py)
-    procs = [subprocess.Popen(command + ["--worker", str(i)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              close_fds=True) for i in range(count)]
+    procs = _started(path, flags, count)
     stopped = 0
     for proc in procs:
         try:
@@ -67,6 +88,13 @@ def _run(path: str, flags: list[str], what: str, count: int | None, timeout: flo
             stopped += 1
     late = f", {stopped} stopped at the {timeout:.0f} s limit" if stopped else ""
     return f"compiling ahead: {count} processes made {what} in {time.monotonic() - start:.1f} s{late}"
+
+
+def _started(path: str, flags: list[str], count: int) -> list:
+    command = [sys.executable, "-m", "autokernel.harness.precompile", path, "--of", str(count), *flags]
+    # close_fds: the pipe that holds the key the harness signs its result with stays in the harness (channel.py)
+    return [subprocess.Popen(command + ["--worker", str(i)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             close_fds=True) for i in range(count)]
 
 
 def make_calls(path: str, device: str, seed: int, quick: bool, worker: int, of: int) -> int:

@@ -128,12 +128,12 @@ def _run_warm(args: list, env: dict, timeout: float, echo: bool, warm: bool | No
 
 def _harness_args(kernel_path: str, device: str, out_json: str, quick: bool, dtype: str, seed: int | None,
                  timed: bool, reuse_baselines: bool, same_as: str | None = None) -> list:
-    """The command line of `python -m autokernel.harness.harness` (and of a zygote's request). A timed GPU bench
-    that measures its baselines afresh (a night's first bench of a kernel, a bench by hand) compiles ahead
-    (autokernel/harness/precompile.py): the one that meets a cold compile cache."""
+    """The command line of `python -m autokernel.harness.harness` (and of a zygote's request). A GPU bench compiles
+    ahead (autokernel/harness/precompile.py: workers make the stages' calls alongside them): a night's first bench of
+    a kernel, and an experiment that changes a compile-time constant, meet a cold compile cache."""
     args = [kernel_path, "--device", device, "--out", out_json, "--dtype", dtype]
     args += ["--quick"] * quick + ["--no-timing"] * (not timed) + ["--reuse-baselines"] * reuse_baselines
-    args += ["--compile-ahead"] * (device == "cuda" and timed and not reuse_baselines)
+    args += ["--compile-ahead"] * (device == "cuda")
     args += ["--same-as", same_as] if same_as else []
     return args + (["--seed", str(seed)] if seed is not None else [])
 
