@@ -43,6 +43,7 @@ ORDER = ("end_to_end", "end_to_end_gpt2", "starters", "starters_extra", "starter
          "shapes_linear_gelu", "shapes_rope_attention", "shapes_attention", "shapes_linear_cross_entropy",
          "verify_runs",
          "traced_under_compile", "host_cost", "host_cost_breakdown", "tma_descriptors", "families", "nights",
+         "night_kernels",
          "loop_rate", "harness_wall_time", "anti_cheat", "l2_flush", "workers", "profiles", "regions", "kernelbench",
          "cuda_starters", "gpu_tests")
 HEADER = """# Benchmarks

@@ -90,6 +90,9 @@ def test_the_compile_caches_are_keyed_on_the_files_behind_the_ops(tmp_path, inst
     assert torch.compiler.config.cache_key_tag == tag_a
     customops.install("rmsnorm", doubled, "elsewhere", deployment)  # the same bytes under another label
     assert torch.compiler.config.cache_key_tag == tag_b
+    monkeypatch.setitem(doubled.__globals__, "NUM_WARPS", 16)  # a tunable set on the imported module
+    customops.install("rmsnorm", doubled, "elsewhere", deployment)
+    assert torch.compiler.config.cache_key_tag not in (tag_a, tag_b)
 
 
 @pytest.mark.gpu

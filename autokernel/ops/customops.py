@@ -149,12 +149,17 @@ def install(kernel_type: str, kernel_fn: Callable, label: str, deployment) -> No
 
 
 def _digest(kernel_fn: Callable, label: str) -> str:
-    """What the kernel's file holds (a digest of its bytes), so that two files of one type never share a compiled
-    model; a function with no file of its own is known by its label and name."""
+    """What the kernel's file holds (a digest of its bytes) and the values of its module's constants now (a tunable
+    set on the imported module, as a test or a notebook does, changes what it launches), so that two kernels of one
+    type never share a compiled model; a function with no file of its own is known by its label and name."""
+    fn = inspect.unwrap(kernel_fn)
+    constants = sorted((k, v) for k, v in getattr(fn, "__globals__", {}).items()
+                       if k.isupper() and isinstance(v, (bool, int, float, str, tuple, type(None))))
     try:
-        return hashlib.sha256(Path(inspect.getsourcefile(inspect.unwrap(kernel_fn))).read_bytes()).hexdigest()[:16]
+        source = Path(inspect.getsourcefile(fn)).read_bytes()
     except (TypeError, OSError):
-        return f"{label}:{getattr(kernel_fn, '__qualname__', '')}"
+        source = f"{label}:{getattr(fn, '__qualname__', '')}".encode()
+    return hashlib.sha256(source + repr(constants).encode()).hexdigest()[:16]
 
 
 def _retag() -> None:
