@@ -180,21 +180,48 @@ class Harness:
             self.watch.check(when, ignore_threads)
 
 
-def _timing(harness: Harness, module, dtype, reuse_baselines: bool, same_as: str | None = None) -> dict:
-    spec, device = harness.spec, harness.device
-    shape = harness.model_shapes[0] if harness.model_shapes else spec.timing_shape(harness.small)
+def _timed_dtype(spec, dtype):
+    """The dtype the timing runs in: the one asked for, or the type's own where it is checked in others only."""
     if dtype not in spec.dtypes:  # e.g. the fp16 default on a KernelBench problem, which is fp32
         print(f"  note: {spec.name} is checked in {', '.join(map(dtype_name, spec.dtypes))} only; timed in "
               f"{dtype_name(spec.dtypes[0])}, not {dtype_name(dtype)}")
-        dtype = spec.dtypes[0]
+        return spec.dtypes[0]
+    return dtype
+
+
+def _launch_digest(harness: Harness, module, dtype) -> str | None:
+    """The launch record's digest at every timed shape (None where it cannot be made: the timing then runs)."""
     from autokernel.harness import launch_record, modeltime
 
+    shape = harness.model_shapes[0] if harness.model_shapes else harness.spec.timing_shape(harness.small)
     shapes = [s for s, _ in modeltime.weighted_shapes(module, harness.model_shapes)] or [shape]
     try:
         launched = launch_record.digest(module.kernel_fn, [harness.inputs(s, dtype) for s in shapes])
-    except Exception:  # noqa: BLE001  (no digest: the timing below runs the kernel and reports what fails)
+    except Exception:  # noqa: BLE001  (no digest: the timing runs the kernel and reports what fails)
         launched = None
     harness.check_integrity("after recording the launches")
+    return launched
+
+
+def _unchanged(harness: Harness, module, dtype, same_as: str) -> dict | None:
+    """Before any stage: a candidate that launches exactly what the best launches at every timed shape cannot be
+    faster there, so it is reverted whatever its stages would say (they would cost the loop tens of seconds of
+    compiles at shapes nothing is timed at). Its verdict is "unchanged", never a pass: nothing was checked."""
+    launched = _launch_digest(harness, module, _timed_dtype(harness.spec, dtype))
+    if launched != same_as:
+        return None
+    reason = (f"the same launches and torch ops as {same_as} at every timed shape (its launch record): it cannot be "
+              "faster; not checked, not timed")
+    print(f"unchanged: {reason}")
+    return {"status": "unchanged", "correctness": "-", "unchanged": True, "launch_digest": launched,
+            "reason": reason}
+
+
+def _timing(harness: Harness, module, dtype, reuse_baselines: bool, same_as: str | None = None) -> dict:
+    spec, device = harness.spec, harness.device
+    shape = harness.model_shapes[0] if harness.model_shapes else spec.timing_shape(harness.small)
+    dtype = _timed_dtype(spec, dtype)
+    launched = _launch_digest(harness, module, dtype)
     if same_as and launched == same_as:
         print(f"timing skipped: the same launches and torch ops as {same_as} at every timed shape "
               "(its launch record): it cannot be faster")
@@ -223,6 +250,8 @@ def _timing(harness: Harness, module, dtype, reuse_baselines: bool, same_as: str
     out = {k: v for k, v in result.__dict__.items() if k != "ceilings"}
     out.update(speedup_vs_pytorch=result.speedup_vs_pytorch, speedup_vs_compile=result.speedup_vs_compile,
                shape=shape_label(shape), dtype=dtype_name(dtype))
+    from autokernel.harness import modeltime
+
     out.update(modeltime.measure_model(harness, module, dtype, reuse_baselines))  # the loop's objective
     out["launch_digest"] = launched
     return out
@@ -294,6 +323,10 @@ def run(path: str, device: str, quick: bool, seed: int, dtype: str, timed: bool 
                       f"{crash.exception_cause(e)}")
         print(f"CRASH  {result['reason']}")
         traceback.print_exc(file=sys.stderr)
+        return result
+    unchanged = _unchanged(harness, module, parse_dtype(dtype), same_as) if same_as and timed else None
+    if unchanged:
+        result.update(unchanged)
         return result
     ahead = None
     if compile_ahead:  # the stages' calls made by several processes alongside them: a cold cache's compiles
