@@ -6,6 +6,7 @@ beside them. The figure is inspected through the matplotlib objects progress_fig
 
 import json
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
 from helpers import unwrapped
@@ -163,6 +164,20 @@ def test_the_plot_and_the_report_count_the_outcomes_results_tsv_records(tmp_path
     assert "12 experiments: 2 baselines, 1 kept, 5 reverted, 3 failed, 1 by hand" in str(table.title)
     columns = {c.header: list(c._cells) for c in table.columns}
     assert columns["reverted"] == ["4", "1"] and columns["failed"] == ["2", "1"] and columns["kept"] == ["1", "0"]
+
+
+def test_the_report_says_the_loop_s_rate_and_what_its_screens_timed(tmp_path):
+    """Experiments an hour of the loop's own time (the jobs' seconds), and the configurations the builtin agent's
+    screens timed at the model's shapes beside them."""
+    rows = write_rows(tmp_path, EVERY_OUTCOME)
+    sources = sorted({r["kernel_file"] for r in rows})
+    jobs = [{"name": Path(src).stem, "source": src, "seconds": 900.0,
+             "memory": {"screened": [f"config {i}" for i in range(48 * n)]}} for n, src in enumerate(sources)]
+    table = report.report_table(report.kernel_summaries(rows, jobs), "night", "NVIDIA H200")
+    assert "12 experiments: 2 baselines, 1 kept, 5 reverted, 3 failed, 1 by hand (24 an hour); 48 configurations " \
+           "screened at the model's shapes (96 an hour)" in str(table.title)
+    bare = report.report_table(report.kernel_summaries(rows, []), "night")  # no loop state: no rate
+    assert "an hour" not in str(bare.title)
 
 
 def test_an_untimed_revert_sits_at_the_best_and_an_unbenched_one_on_the_floor(tmp_path):
