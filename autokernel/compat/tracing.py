@@ -100,6 +100,7 @@ def _arg_key(value):
     except TypeError:
         return repr(value)
 
+
 OUR_TAG = "autokernel:"  # what precedes the digest in torch.compile's cache key tag (after the user's own and a "|")
 
 

@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-TIMEOUT_S = 240  # workers still compiling after this long are stopped; the stages compile what is left
+TIMEOUT_S = 240  # the screen's workers still compiling after this long are stopped; the screen compiles the rest
 MAX_WORKERS = 8
 
 

@@ -155,7 +155,7 @@ class Experiments:
         self.benched += 1
         if baseline:
             status, why = "baseline", first_line(result.get("reason")) if result.get("status") != "pass" else ""
-        elif result.get("unchanged") and result.get("status") in ("unchanged", "pass"):  # (checked, or not at all)
+        elif result.get("unchanged") and result.get("status") in ("unchanged", "pass"):  # before its stages, or after
             status, why = "revert", ("launches exactly what the best launches at every timed shape (the same "
                                      "compiled kernels, grids and arguments, the same torch ops): not timed")
         else:
