@@ -115,7 +115,10 @@ def tag_compile_caches(kernels: str) -> None:
     kernel's source) decides."""
     import torch
 
-    config = getattr(torch.compiler, "config", None)
+    try:
+        from torch.compiler import config
+    except ImportError:
+        config = None
     if config is not None and hasattr(config, "cache_key_tag"):
         users = config.cache_key_tag.split(OUR_TAG)[0].removesuffix("|")  # the user's tag, ours (if any) cut off
         config.cache_key_tag = f"{users}|{OUR_TAG}{kernels}" if users else f"{OUR_TAG}{kernels}"
