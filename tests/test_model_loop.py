@@ -287,6 +287,36 @@ def test_the_loop_shares_its_hours_by_amdahl_and_says_so(repo):
     assert [j["status"] for j in loop.state.jobs] == ["done"] * 3
 
 
+
+def test_a_share_smaller_than_a_baseline_waits_for_the_time_the_others_leave(repo):
+    """A type with a sliver of the model's time (a 20-minute H100 night gave rotary_embedding, 0.03% of the compiled
+    forward, its baseline and a screen: 58 s) starts no baseline in the first round when its share of the time is
+    less than a baseline has taken; it gets the time the others leave, in the next round."""
+    import time
+
+    for name in ("mlp", "sliver"):
+        (repo / "kernels" / f"{name}.py").write_text(FAKE_KERNEL)
+    plan = write_plan(repo, [{**entry("rmsnorm", 1, 0.4, 1.1), "kernel_file": "kernels/mlp.py"},
+                             {**entry("rmsnorm", 2, 0.001, 1.05), "kernel_file": "kernels/sliver.py"}])
+    commit_all(repo)
+
+    class SlowBaselines(FakeBench):  # a baseline takes 0.5 s, an experiment no time
+        def __call__(self, path, **options):
+            if not options.get("reuse_baselines"):
+                time.sleep(0.5)
+            return super().__call__(path, **options)
+
+    ui = Lines()
+    loop = Loop(repo, LoopConfig(tag="t", hours=0.01, max_reverts=1), make_agent("builtin"),
+                load_jobs(repo, plan, warn=ui.print), bench=SlowBaselines(), ui=ui)
+    loop.run()
+    waited = [line for line in ui.lines if line.startswith("sliver parked (its 0.0 min share is less than a baseline")]
+    assert waited and "(~1 s): waits for the time the others leave)" in waited[0]
+    log = rows(repo)
+    first = next(i for i, r in enumerate(log) if r["kernel_file"] == "kernels/sliver.py")
+    assert log[first]["status"] == "baseline" and any("round 2" in line for line in ui.lines)
+    assert all(r["kernel_file"] == "kernels/mlp.py" for r in log[:first])
+
 # ------------------------------------------------------------------------------ the morning report
 def test_report_puts_the_estimate_beside_verify_and_builds_its_command(repo):
     plan = json.loads(write_plan(repo, []).read_text())

@@ -254,9 +254,19 @@ class Loop(Experiments, Recording):
             return None
         if job.get("budget_s") is None and not budget.shares(self.state.jobs)[job["name"]]:
             return "nothing to gain over PyTorch while others can: waits for the time they leave"
+        took = self._baseline_seconds()
+        if job["baseline_sha"] is None and self.state.data.get("round", 1) == 1 and took and \
+                self._budget_s(job) - job["seconds"] < took:
+            return (f"its {self._budget_s(job) / 60:.1f} min share is less than a baseline takes here "
+                    f"(~{took:.0f} s): waits for the time the others leave")
         if job["baseline_sha"] is not None and job["seconds"] >= self._budget_s(job):
             return f"its {self._budget_s(job) / 60:.1f} min share is used"
         return None
+
+    def _baseline_seconds(self) -> float | None:
+        """What a kernel's baseline took in this run so far, on average (None before the first)."""
+        took = [j["baseline_s"] for j in self.state.jobs if j.get("baseline_s")]
+        return sum(took) / len(took) if took else None
 
     def _budget_s(self, job: dict) -> float:
         """The kernel's time: --per-kernel-minutes, else its Amdahl share of this run's time left when it

@@ -63,6 +63,7 @@ class Recording:
         status = out["status"]
         if status == "baseline":
             job["baseline_sha"] = job["best_sha"] = row["commit"]
+            job["baseline_s"] = out["seconds"]  # what a baseline takes here (engine: a share too small for one)
             in_model = out.get("model_us") is not None
             job["objective"] = "model_us" if in_model else "latency_us"
             job["noise_pct"] = out.get("model_noise_pct") if in_model else out["noise_pct"]
