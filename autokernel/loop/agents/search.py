@@ -3,12 +3,14 @@
 One knob at a time from a tuned starter finds little: the gains are in other variants with other tiles (a TMA
 GEMM wants other blocks and stages than the grouped one), and in a different configuration at each model shape.
 So the agent draws configurations from the whole space of the file's TUNABLES: the configuration it has now (what
-the others must beat), a share of single moves from it, mutations of the best configurations earlier screens found
-(two or three tunables changed at once) and the rest uniformly from the whole space, never one already screened
-or tried. The harness's screen (autokernel/harness/screen.py) checks and times them all at the model's shapes by
-successive halving, in one process. What it ranks above the current configuration becomes the agent's next
-proposals, fastest first, each a loop experiment like any other (five stages, timing, a confirmation before a
-keep); then, where the shapes disagree on their fastest configuration, a per-shape table (builtin.apply_table).
+the others must beat), single moves from it (up to half the screen: each one a screen times costs a fraction of a
+second, where the coordinate search would spend a whole experiment on it, 10-40 s on an H100), mutations of the best
+configurations earlier screens found (two or three tunables changed at once) and the rest uniformly from the whole
+space, never one already screened or tried. The harness's screen (autokernel/harness/screen.py) checks and times
+them all at the model's shapes by successive halving, in one process. What it ranks above the current configuration
+becomes the agent's next proposals, fastest first, each a loop experiment like any other (five stages, timing, a
+confirmation before a keep); then, where the shapes disagree on their fastest configuration, a per-shape table
+(builtin.apply_table).
 
 A kernel is screened when the agent starts on it, again each time a keep changed its configuration, and after
 SCREEN_EVERY experiments of the coordinate search without one, SCREEN_ROUNDS times at most; a screen that fails
@@ -20,7 +22,7 @@ from __future__ import annotations
 import json
 import random
 
-SCREEN_SIZE = 48  # configurations drawn per screen
+SCREEN_SIZE = 64  # configurations drawn per screen (48 took an H100 31-36 s at TinyLlama's shapes)
 # configurations screened, and seconds after which a screen's first rung stops starting them, per device: on the
 # CPU (Triton's interpreter) a screen shows that the path works, and its times rank nothing
 SCREEN_LIMITS = {"cuda": (SCREEN_SIZE, 150.0), "cpu": (6, 30.0)}
@@ -38,8 +40,8 @@ def key(config: dict) -> str:
 
 def draw(space: dict, best: dict, seed: int, seen: set[str], n: int = SCREEN_SIZE,
          elite: list[dict] | None = None) -> list[dict]:
-    """Up to n configurations, `best` first, none of them in `seen` (keys) but best: a third single moves from
-    best, a third mutations of the elite (best among them), the rest drawn uniformly from the whole space."""
+    """Up to n configurations, `best` first, none of them in `seen` (keys) but best: up to half single moves from
+    best, a quarter mutations of the elite (best among them), the rest drawn uniformly from the whole space."""
     rng = random.Random(f"screen:{seed}:{key(best)}")
     chosen, keys = [best], {key(best)}
 
@@ -51,11 +53,11 @@ def draw(space: dict, best: dict, seed: int, seen: set[str], n: int = SCREEN_SIZ
     names = sorted(space)
     singles = [{**best, name: v} for name in names for v in space[name] if v != best[name]]
     rng.shuffle(singles)
-    for config in singles[:n // 3]:
+    for config in singles[:n // 2 - 1]:
         add(config)
     parents = [best] + list(elite or [])
     for _ in range(20 * n):
-        if len(chosen) >= n * 2 // 3:
+        if len(chosen) >= n * 3 // 4:
             break
         parent = rng.choice(parents)
         changed = rng.sample(names, min(len(names), rng.choice((2, 2, 3))))
