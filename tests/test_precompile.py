@@ -127,3 +127,19 @@ def test_a_first_bench_on_a_cold_cache_compiles_ahead_and_then_finds_its_kernels
     assert again["status"] == "pass" and "compiling ahead: " in again["log"]
     sweep = [s for s in again["stages"] if s["name"] == "shape_sweep"][0]
     assert sweep["seconds"] < 10, again["log"][-2000:]
+
+
+def test_a_candidate_that_launches_what_the_best_launches_stops_its_workers_and_runs_no_stage(kernel, interpreter,
+                                                                                            monkeypatch, capsys):
+    """The workers start first (nothing compiles in the harness before them); a candidate found "unchanged" before
+    its stages stops them at once."""
+    monkeypatch.setattr(precompile, "workers", lambda: 2)
+    path = kernel(RIGHT)
+    first = harness.run(path, "cpu", quick=True, seed=3, dtype="fp32")
+    assert first["status"] == "pass" and first["launch_digest"]
+    capsys.readouterr()
+    again = harness.run(path, "cpu", quick=True, seed=3, dtype="fp32", same_as=first["launch_digest"],
+                        compile_ahead=True)
+    out = capsys.readouterr().out
+    assert again["status"] == "unchanged" and again["stages"] == [] and "stage 1/5" not in out
+    assert out.index("compiling ahead: 2 processes") < out.index("unchanged: ") < out.index("with no stage to run")

@@ -324,19 +324,26 @@ def run(path: str, device: str, quick: bool, seed: int, dtype: str, timed: bool 
         print(f"CRASH  {result['reason']}")
         traceback.print_exc(file=sys.stderr)
         return result
+    ahead = _started_ahead(path, device, seed, quick) if compile_ahead else None
     unchanged = _unchanged(harness, module, parse_dtype(dtype), same_as) if same_as and timed else None
     if unchanged:
+        if ahead is not None:
+            print(ahead.stop("with no stage to run"), flush=True)
         result.update(unchanged)
         return result
-    ahead = None
-    if compile_ahead:  # the stages' calls made by several processes alongside them: a cold cache's compiles
-        from autokernel.harness import precompile
-
-        ahead = precompile.start(path, device, seed, quick)
-        print(f"compiling ahead: {len(ahead.procs)} processes" if ahead else "compiling ahead: off (too few cores)",
-              flush=True)
     return _check_and_time(harness, module, result, parse_dtype(dtype) if timed else None, reuse_baselines, same_as,
                            ahead)
+
+
+def _started_ahead(path: str, device: str, seed: int, quick: bool):
+    """The workers making the stages' calls alongside them (precompile.start: a cold cache's compiles side by side),
+    started before anything compiles here; None where there are too few cores."""
+    from autokernel.harness import precompile
+
+    ahead = precompile.start(path, device, seed, quick)
+    print(f"compiling ahead: {len(ahead.procs)} processes" if ahead else "compiling ahead: off (too few cores)",
+          flush=True)
+    return ahead
 
 
 def _load_or_verdict(path: str, device: str, result: dict) -> tuple | None:

@@ -42,7 +42,7 @@ class Alongside:
     def __init__(self, procs: list, started: float):
         self.procs, self.started = procs, started
 
-    def stop(self) -> str:
+    def stop(self, when: str = "when the stages ended") -> str:
         """Each worker still going stopped (the stages are over: what it would compile now serves nothing); a line."""
         done = sum(proc.poll() is not None for proc in self.procs)
         for proc in self.procs:
@@ -51,7 +51,7 @@ class Alongside:
             proc.wait()
         took = time.monotonic() - self.started
         return (f"compiling ahead: {len(self.procs)} processes made the stages' calls alongside them, {done} finished, "
-                f"{len(self.procs) - done} stopped when the stages ended ({took:.1f} s)")
+                f"{len(self.procs) - done} stopped {when} ({took:.1f} s)")
 
 
 def start(path: str, device: str, seed: int, quick: bool, count: int | None = None) -> Alongside | None:
