@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import inspect
 import json
 import os
 import re
@@ -383,3 +384,10 @@ class SharedForward(torch.nn.Module):  # kernel sets as swap.build makes them: o
             for _ in range(int(kernel_type.removeprefix("type")) + 1):
                 x = x * 2 / 2
         return x.abs()
+
+
+def every_argument(kernel_fn, inputs) -> tuple:
+    """The inputs with kernel_fn's defaults after them: an op's schema asks for every argument, as a site passes."""
+    bound = inspect.signature(kernel_fn).bind(*inputs)
+    bound.apply_defaults()
+    return tuple(bound.arguments.values())

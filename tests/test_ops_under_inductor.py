@@ -4,10 +4,9 @@ eagerly, so a kernel can pass it and still fail here: Inductor types a Python fl
 as fp64, and the decode starter's score scale made Triton refuse its loop (docs/kernels-under-compile.md); a
 deployed model then leaves the type out in the compiled modes, and generate() compiled by transformers failed."""
 
-import inspect
-
 import pytest
 import torch
+from helpers import every_argument
 
 from autokernel.compat import ROOT
 from autokernel.ops import customops
@@ -28,7 +27,7 @@ def test_each_starter_s_op_compiled_by_inductor_gives_the_eager_output(install_s
 
 
 @pytest.mark.slow(8)
-def test_each_starter_s_op_traces_whole_with_every_argument(interpreter, install_starter):
+def test_each_starter_s_op_traces_whole_withevery_argument(interpreter, install_starter):
     """On the CPU (no Inductor for Triton there): each op traced by dynamo whole, fake tensors and schema included,
     gives the eager kernel's output."""
     for kernel_type in DEPLOYED:
@@ -41,7 +40,7 @@ def _compiled_like_eager(kernel_fn, kernel_type: str, shapes: list, device: str,
     torch._dynamo.reset()
     try:
         for shape in shapes:
-            inputs = _every_argument(kernel_fn, spec.make_inputs(shape, torch.float16, device,
+            inputs = every_argument(kernel_fn, spec.make_inputs(shape, torch.float16, device,
                                                                  torch.Generator(device).manual_seed(0)))
             with torch.no_grad():
                 want = call(*inputs)
@@ -49,13 +48,6 @@ def _compiled_like_eager(kernel_fn, kernel_type: str, shapes: list, device: str,
             torch.testing.assert_close(got, want, atol=2e-3, rtol=2e-3)  # one kernel: the same sums, in any order
     finally:
         torch._dynamo.reset()
-
-
-def _every_argument(kernel_fn, inputs) -> tuple:
-    """The inputs with kernel_fn's defaults after them: the op's schema asks for every argument, as a site passes."""
-    bound = inspect.signature(kernel_fn).bind(*inputs)
-    bound.apply_defaults()
-    return tuple(bound.arguments.values())
 
 
 DOUBLED = "\n_single = kernel_fn\n\n\ndef kernel_fn(x, weight, eps=1e-6):\n    return _single(x, weight, eps) * 2\n"
