@@ -43,6 +43,38 @@ def test_profile_lists_the_compiled_regions_and_the_plan_the_ones_no_type_covers
     assert all(x["f"] >= regions.MIN_SHARE for x in planned)
 
 
+VIT = ROOT / "tests" / "fixtures" / "vit_model.py"  # an image model built as torchvision's ViT-B/16 is
+VIT_ARGS = ["--model", str(VIT), "--class-name", "TinyViT", "--input-shape", "2,3,32,32", "--device", "cpu",
+            "--dtype", "float32"]
+
+
+@pytest.mark.slow(15)
+def test_an_image_model_s_profile_shows_its_regions(tmp_path):
+    """Not a decoder: conv patches, nn.MultiheadAttention, an nn.Sequential GELU MLP. The compiled forward's regions
+    go to the types that compute them, and what none computes (the patch convolution) is a region of its own."""
+    r = subprocess.run([sys.executable, "profile.py", *VIT_ARGS, "--regions", "--output-dir", str(tmp_path)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    found = json.loads((tmp_path / "profile.json").read_text())["regions"]["regions"]
+    by_op = {op: x for x in found for op in x["ops"]}
+    assert by_op["aten::mkldnn_convolution"]["type"] is None and by_op["aten::mkldnn_convolution"]["share"] > 0.01
+    assert next(x for x in found if any("scaled_dot_product" in op for op in x["ops"]) and x["kind"] == "extern")[
+        "type"] == "flash_attention"
+    assert by_op["aten::erf"]["type"] == "linear_gelu" and by_op["aten::erf"]["calls"] == 2  # one per block
+    assert "regions no built-in type covers" in r.stdout
+
+
+@pytest.mark.slow(17)
+def test_an_image_model_is_verified_with_the_kernels_its_modules_take(tmp_path):
+    r = subprocess.run([sys.executable, "verify.py", *VIT_ARGS, "--compile", "--report", str(tmp_path / "v.json")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    report = json.loads((tmp_path / "v.json").read_text())
+    swapped = {s["kernel_type"] for s in report["sites"] if s["swapped"] and s["calls"]}
+    assert {"layernorm", "linear_gelu"} <= swapped  # the blocks' norms and MLPs ran our kernels
+    assert "correctness: PASS" in r.stdout
+
+
 @pytest.mark.slow(10)
 def test_the_regions_of_an_hf_llama_are_the_types_optimize_places_there():
     transformers = pytest.importorskip("transformers")
