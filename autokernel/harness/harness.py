@@ -203,29 +203,23 @@ def _launch_digest(harness: Harness, module, dtype) -> str | None:
     return launched
 
 
-def _unchanged(harness: Harness, module, dtype, same_as: str) -> dict | None:
-    """Before any stage: a candidate that launches exactly what the best launches at every timed shape cannot be
-    faster there, so it is reverted whatever its stages would say (they would cost the loop tens of seconds of
-    compiles at shapes nothing is timed at). Its verdict is "unchanged", never a pass: nothing was checked."""
-    launched = _launch_digest(harness, module, _timed_dtype(harness.spec, dtype))
-    if launched != same_as:
-        return None
+def _unchanged(same_as: str) -> dict:
+    """The verdict on a candidate that launches exactly what the best launches at every timed shape, found before
+    any stage: it cannot be faster there, so it is reverted whatever its stages would say (they would cost the loop
+    tens of seconds of compiles at shapes nothing is timed at). "unchanged", never a pass: nothing was checked."""
     reason = (f"the same launches and torch ops as {same_as} at every timed shape (its launch record): it cannot be "
               "faster; not checked, not timed")
     print(f"unchanged: {reason}")
-    return {"status": "unchanged", "correctness": "-", "unchanged": True, "launch_digest": launched,
-            "reason": reason}
+    return {"status": "unchanged", "correctness": "-", "unchanged": True, "launch_digest": same_as, "reason": reason}
 
 
-def _timing(harness: Harness, module, dtype, reuse_baselines: bool, same_as: str | None = None) -> dict:
+def _timing(harness: Harness, module, dtype, reuse_baselines: bool, launched: str | None = None) -> dict:
+    """The kernel timed in `dtype` and its time in the model; launched: its launch record's digest where the run took
+    it before the stages (else taken here)."""
     spec, device = harness.spec, harness.device
     shape = harness.model_shapes[0] if harness.model_shapes else spec.timing_shape(harness.small)
     dtype = _timed_dtype(spec, dtype)
-    launched = _launch_digest(harness, module, dtype)
-    if same_as and launched == same_as:
-        print(f"timing skipped: the same launches and torch ops as {same_as} at every timed shape "
-              "(its launch record): it cannot be faster")
-        return {"launch_digest": launched, "unchanged": True}
+    launched = launched or _launch_digest(harness, module, dtype)
     start = time.perf_counter()
     result = perf.measure(harness.fn, spec, lambda: harness.inputs(shape, dtype), shape, dtype, device,
                           reuse_baselines, after_kernel=lambda: harness.check_integrity("after timing"))
@@ -325,12 +319,6 @@ def run(path: str, device: str, quick: bool, seed: int, dtype: str, timed: bool 
         traceback.print_exc(file=sys.stderr)
         return result
     ahead = _started_ahead(path, device, seed, quick) if compile_ahead else None
-    unchanged = _unchanged(harness, module, parse_dtype(dtype), same_as) if same_as and timed else None
-    if unchanged:
-        if ahead is not None:
-            print(ahead.stop("with no stage to run"), flush=True)
-        result.update(unchanged)
-        return result
     return _check_and_time(harness, module, result, parse_dtype(dtype) if timed else None, reuse_baselines, same_as,
                            ahead)
 
@@ -369,21 +357,28 @@ def _load_or_verdict(path: str, device: str, result: dict) -> tuple | None:
 def _check_and_time(harness: Harness, module, result: dict, dtype, reuse_baselines: bool,
                     same_as: str | None, ahead=None) -> dict:
     """The five stages, then the timing in `dtype` (None: untimed); the verdict in `result`. Whatever the kernel
-    raises, in a stage or in the timing, is a crash whose reason names it (crash.exception_cause). ahead: the
-    workers compiling alongside the stages (precompile.start), stopped when the stages end."""
+    raises, in a stage or in the timing, is a crash whose reason names it (crash.exception_cause). same_as: a timed
+    candidate's launch record is taken first, and one that launches exactly that is "unchanged" (_unchanged) with
+    no stage run. ahead: the workers compiling alongside the stages (precompile.start), stopped when the stages
+    end."""
     try:
+        launched = (_launch_digest(harness, module, _timed_dtype(harness.spec, dtype))
+                    if same_as and dtype is not None else None)
+        if same_as and launched == same_as:
+            result.update(_unchanged(same_as))
+            _stop(ahead, "with no stage to run")
+            return result
         try:
             stages = harness.run_stages()
         finally:
-            if ahead is not None:
-                print(ahead.stop(), flush=True)
+            _stop(ahead)
         result["stages"] = [asdict(s) for s in stages]
         failed = next((s for s in stages if not s.passed), None)
         if failed:
             result.update(status="fail", failed_stage=failed.name, reason=failed.reason)
             return result
         if dtype is not None:
-            result.update(_timing(harness, module, dtype, reuse_baselines, same_as))
+            result.update(_timing(harness, module, dtype, reuse_baselines, launched))
         harness.check_integrity("at the end", ignore_threads=True)
         result.update(status="pass", correctness="PASS")
     except guards.GuardFailed as e:
@@ -396,7 +391,15 @@ def _check_and_time(harness: Harness, module, result: dict, dtype, reuse_baselin
         result.update(status="crash", failed_stage=harness.stage, reason=reason)
         print(f"CRASH  {reason}")
         traceback.print_exc(file=sys.stderr)
+    finally:
+        _stop(ahead)  # a guard caught before the stages: no worker outlives the run
     return result
+
+
+def _stop(ahead, when: str = "when the stages ended") -> None:
+    line = ahead.stop(when) if ahead is not None else ""
+    if line:
+        print(line, flush=True)
 
 
 def _guard_failed(result: dict, e: Exception) -> dict:

@@ -40,10 +40,14 @@ class Alongside:
     """Workers making the stages' calls while the harness runs the stages (start); stop() ends them."""
 
     def __init__(self, procs: list, started: float):
-        self.procs, self.started = procs, started
+        self.procs, self.started, self.stopped = procs, started, False
 
     def stop(self, when: str = "when the stages ended") -> str:
-        """Each worker still going stopped (the stages are over: what it would compile now serves nothing); a line."""
+        """Each worker still going stopped (the stages are over: what it would compile now serves nothing); a line,
+        "" when they were stopped before."""
+        if self.stopped:
+            return ""
+        self.stopped = True
         done = sum(proc.poll() is not None for proc in self.procs)
         for proc in self.procs:
             if proc.poll() is None:

@@ -254,9 +254,9 @@ class Loop(Experiments, Recording):
             return None
         if job.get("budget_s") is None and not budget.shares(self.state.jobs)[job["name"]]:
             return "nothing to gain over PyTorch while others can: waits for the time they leave"
-        took = self._baseline_seconds()
-        if job["baseline_sha"] is None and self.state.data.get("round", 1) == 1 and took and \
-                self._budget_s(job) - job["seconds"] < took:
+        first = job["baseline_sha"] is None and self.state.data.get("round", 1) == 1
+        took = self._baseline_seconds() if first else None
+        if took and self._budget_s(job) - job["seconds"] < took:
             return (f"its {self._budget_s(job) / 60:.1f} min share is less than a baseline takes here "
                     f"(~{took:.0f} s): waits for the time the others leave")
         if job["baseline_sha"] is not None and job["seconds"] >= self._budget_s(job):
