@@ -163,6 +163,21 @@ def run_and_show(args) -> int:
 
 
 # ------------------------------------------------------------------------------ report
+def prune_lines(report: dict) -> list[str]:
+    """What the prune left out, in which modes, and what decided each type."""
+    prune, lines = report["prune"], []
+    if prune["decided"]:
+        lines.append(f"prune: timed in {prune['mode'].replace(',', ', ')} (--deploy), {len(report['pruned'])} "
+                     "type(s) left out"
+                     + (f" eagerly, {len(prune['left_out_compiled'])} under torch.compile" if prune["split"] else ""))
+    lines += [f"left out after timing: {t}: {why}" for t, why in report["pruned"].items()]
+    if prune["split"]:
+        lines += [f"left out under torch.compile: {t}: {why}" for t, why in prune["left_out_compiled"].items()]
+    lines += [f"left out of eager calls (CUDA graphs run it): {t}: {why}"
+              for t, why in prune.get("left_out_eagerly", {}).items()]
+    return lines + decision_lines(prune.get("decisions", {}))
+
+
 def show(report: dict) -> None:
     from rich.console import Console
 
@@ -183,17 +198,7 @@ def show(report: dict) -> None:
                       f"max rel {r.get('max_rel', float('nan')):.3g}{loss}")
     for t, r in c.get("blame", {}).items():
         console.print(f"  {t} alone: rel L2 {r['rel_l2']:.3g} {'ok' if r['ok'] else 'OVER'}")
-    prune = report["prune"]
-    if prune["decided"]:
-        console.print(f"prune: timed in {prune['mode'].replace(',', ', ')} (--deploy), {len(report['pruned'])} "
-                      "type(s) left out"
-                      + (f" eagerly, {len(prune['left_out_compiled'])} under torch.compile" if prune["split"] else ""))
-    for t, why in report["pruned"].items():
-        console.print(f"left out after timing: {t}: {why}")
-    if prune["split"]:
-        for t, why in prune["left_out_compiled"].items():
-            console.print(f"left out under torch.compile: {t}: {why}")
-    for line in decision_lines(prune.get("decisions", {})):
+    for line in prune_lines(report):
         console.print(line)
     if report["timing"]:
         console.print(_timing_table(report))
@@ -243,6 +248,7 @@ def summary(report: dict) -> dict:
             "optimized_compile_graph_ms": ms("optimized_compile_graph"), "pruned": ",".join(report["pruned"]) or None,
             "compiled_types": ",".join(report["compiled_types"]),
             "pruned_compiled": ",".join(report["prune"]["left_out_compiled"]) or None,
+            "pruned_eagerly": ",".join(report["prune"].get("left_out_eagerly", {})) or None,
             "deploy_mode": report["prune"]["mode"],
             "speedup_vs_eager": speedup("optimized", "eager"), "speedup_vs_compile": speedup("optimized", "compile"),
             "compiled_speedup_vs_compile": speedup("optimized_compile", "compile"),

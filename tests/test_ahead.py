@@ -169,7 +169,7 @@ def told_prune(monkeypatch, ms, blocks: int = 6, spread=None) -> tuple:
     rng = random.Random(0)
     told = Told()
     monkeypatch.setattr(endtoend, "backend_for", lambda device: told.backend)
-    monkeypatch.setattr(swap, "build", lambda model, types, traced=None: Layered(types, blocks))
+    monkeypatch.setattr(swap, "build", lambda model, types, traced=None, graphed=None: Layered(types, blocks))
     monkeypatch.setattr(timing, "time_turns", lambda fns, sets, device, turns, latency=False: {
         name: [ms(fn.types, len(fn.layers)) * 1e3 * (1 + rng.gauss(0, spread(len(fn.layers)) if spread else 0))
                for _ in range(turns)] for name, fn in fns.items()})
@@ -261,7 +261,7 @@ def test_a_type_the_eager_side_leaves_out_leaves_the_helper_s_plan(monkeypatch):
             after_trial(["type0", "type2"], {"type2": {"graph": {"ratio": 0.99}}})
         return optimized, {}
     monkeypatch.setattr(pruning, "prune", fake_prune)
-    monkeypatch.setattr(swap, "build", lambda model, types, traced=None: Layered(types))
+    monkeypatch.setattr(swap, "build", lambda model, types, traced=None, graphed=None: Layered(types))
     optimized = Layered(["type0", "type1", "type2"])
     pruning.prune_deployed(Layered([]), optimized, lambda seed: (torch.ones(4),), "cuda",
                            ["eager", "graph", "compile", "compile_graph"], shallow_trials=True, ahead=told)

@@ -81,7 +81,8 @@ def test_types_no_forward_runs_are_decided_on_generation(monkeypatch):
     rows = {"eager": {"outcome": noise.WITHIN_NOISE, "kernel_types": ["decode_attention", "rmsnorm"]},
             "compile_graph": {"outcome": noise.FASTER, "speedup": 0.95, "speedup_interval": [0.94, 0.96]}}
     timed, built = [], []
-    monkeypatch.setattr(swap, "build", lambda model, types, traced=None: built.append((types, traced)) or kept)
+    monkeypatch.setattr(swap, "build", lambda model, types, traced=None, graphed=None:
+                        built.append((types, traced)) or kept)
     monkeypatch.setattr(generation, "measure", lambda without, with_, *a: timed.append((without, with_)) or rows)
     eagerly, traced = generation.decide(kept.model, kept, ["decode_attention", "layernorm"], None, 4, "cuda", True)
     assert built == [(["decode_attention", "layernorm"],) * 2]  # the kept types (none here) with the candidates

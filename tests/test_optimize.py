@@ -145,6 +145,62 @@ def test_optimize_follows_the_prune_of_verify_report_for_this_model(llama, tmp_p
     assert "no site" in optimized.left_out["matmul"] and "no site" in optimized.left_out_compiled["matmul"]
 
 
+def wrong_rmsnorm_for_graphs_alone(repo_root, tmp_path):
+    """A kernels directory holding a wrong rmsnorm file, beside a verify.py report on LlamaModel that left rmsnorm out
+    of eager calls alone (kept in CUDA graphs)."""
+    kernels = tmp_path / "kernels"
+    kernels.mkdir()
+    source = (repo_root / "kernels" / "rmsnorm.py").read_text()
+    (kernels / "01_rmsnorm_optimized.py").write_text(source.replace(PLANTED, PLANTED + " * 1.05"))
+    report = {"model": "LlamaModel (0.1M parameters)", "correctness": {"status": "PASS"}, "pruned": {},
+              "prune": {"mode": "eager,graph", "left_out_eagerly": {"rmsnorm": "faster without it in eager mode"}}}
+    (tmp_path / "verify.json").write_text(json.dumps(report))
+    return kernels
+
+
+def test_a_type_verify_left_out_of_eager_calls_runs_where_a_cuda_graph_captures(llama, repo_root, tmp_path,
+                                                                                 monkeypatch, capsys):
+    """verify.py left rmsnorm out of eager calls (slower eagerly, faster graphed): the optimized model's eager calls
+    run without it, a forward under CUDA graph capture runs it (a wrong file shows which ran), and so does the first
+    eager call, the warm-up before a capture, which loads its kernels (Triton cannot load one while a stream
+    captures)."""
+    kernels = wrong_rmsnorm_for_graphs_alone(repo_root, tmp_path)
+    ids = torch.randint(0, llama.config.vocab_size, (1, 8), generator=torch.Generator().manual_seed(0))
+    capturing = [False]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    with torch.no_grad():
+        want = llama(ids)
+        optimized = autokernel.optimize(llama, kernels, ["rmsnorm", "matmul"])
+        errors = []
+        for capture in (False, False, True, False):
+            capturing[0] = capture
+            errors.append(swap.rel_l2(optimized(ids), want) > swap.REL_L2_TOLERANCE[torch.float32])
+    assert errors == [True, False, True, False]  # the warm-up, an eager call, a capture, an eager call
+    assert optimized.autokernel.types == ["matmul"] and optimized.autokernel.graphed_types() == ["rmsnorm", "matmul"]
+    assert "eager mode" in optimized.autokernel.left_out_eagerly["rmsnorm"]
+    assert "in CUDA graphs: rmsnorm, matmul" in capsys.readouterr().out
+
+
+@pytest.mark.gpu
+def test_a_cuda_graph_captured_after_a_plain_warm_up_runs_the_types_kept_for_graphs(llama, repo_root, tmp_path):
+    """On the GPU, captured as a user captures (warm-up calls on a side stream, then the capture): rmsnorm, kept for
+    CUDA graphs alone, from a file never launched in this process before (a wrong one, so that the replay shows it
+    ran). Its first launch inside the capture would fail (Triton loads a kernel with cuModuleLoadData, which a
+    capturing stream forbids): the first warm-up call ran it."""
+    from autokernel.harness import timing
+
+    kernels = wrong_rmsnorm_for_graphs_alone(repo_root, tmp_path)
+    model = llama.to("cuda", torch.float16)
+    ids = torch.randint(0, model.config.vocab_size, (1, 64), device="cuda")
+    tol = swap.REL_L2_TOLERANCE[torch.float16]
+    with torch.no_grad():
+        want = model(ids)
+        optimized = autokernel.optimize(model, kernels, ["rmsnorm", "matmul"], quiet=True)
+        replayed = timing.cuda_graphed(optimized, (ids,))(ids).clone()
+        eager = optimized(ids)
+    assert swap.rel_l2(eager, want) < tol and swap.rel_l2(replayed, want) > tol
+
+
 def test_where_a_gradient_is_wanted_the_original_ops_run_and_train(llama, tmp_path):
     ids = torch.randint(0, llama.config.vocab_size, (1, 8), generator=torch.Generator().manual_seed(0))
     optimized = autokernel.optimize(llama, tmp_path, ["rmsnorm", "matmul", "rotary_embedding"], quiet=True)
@@ -272,19 +328,25 @@ def test_an_exported_cuda_kernel_brings_its_build_helper(repo_root, tmp_path):
             assert all((package / "_runtime" / f"{m}.py").is_file() for m in wanted), wanted
 
 
-def test_the_export_runs_the_types_kept_under_torch_compile_there(repo_root, tmp_path):
-    """verify.py's prune in an eager and a compiled mode kept other types in each: the package's optimize()
-    passes both sets on (autokernel.optimize's compiled_types), with the files of either."""
+def test_the_export_runs_the_types_kept_under_torch_compile_and_in_cuda_graphs_there(repo_root, tmp_path):
+    """verify.py's prune kept other types eagerly, in CUDA graphs and under torch.compile: the package's optimize()
+    passes each set on (autokernel.optimize's compiled_types, graphed_types), with the files of any."""
     from autokernel.verify import export
 
     kernels = {t: repo_root / "kernels" / f"{t}.py" for t in ("layernorm", "softmax")}
-    package = export.write_package(tmp_path, kernels, name="two_sets", eager=["softmax", "layernorm"],
-                                   compiled=["softmax"])
-    assignments = {n.targets[0].id: ast.literal_eval(n.value) for n in ast.parse((package / "__init__.py").read_text())
-                   .body if isinstance(n, ast.Assign) and isinstance(n.value, ast.List)}
-    assert assignments == {"TYPES": ["layernorm", "softmax"], "COMPILED_TYPES": ["softmax"]}
-    assert "compiled_types=COMPILED_TYPES" in (package / "__init__.py").read_text()
+    package = export.write_package(tmp_path, kernels, name="three_sets", eager=["softmax"], compiled=["softmax"],
+                                   graphed=["softmax", "layernorm"])
+    source = (package / "__init__.py").read_text()
+    assignments = {n.targets[0].id: ast.literal_eval(n.value) for n in ast.parse(source).body
+                   if isinstance(n, ast.Assign) and isinstance(n.value, ast.List)}
+    assert assignments == {"TYPES": ["softmax"], "COMPILED_TYPES": ["softmax"],
+                           "GRAPHED_TYPES": ["layernorm", "softmax"]}
+    assert "compiled_types=COMPILED_TYPES" in source and "graphed_types=GRAPHED_TYPES" in source
+    assert "in CUDA graphs: layernorm, softmax" in source
     assert sorted(p.stem for p in (package / "kernels").glob("[!_]*.py")) == ["layernorm", "softmax"]
+    package = export.write_package(tmp_path, kernels, name="two_sets", eager=["softmax", "layernorm"],
+                                   compiled=["softmax"])  # no graphed set: CUDA graphs run the eager one
+    assert "GRAPHED_TYPES = ['layernorm', 'softmax']" in (package / "__init__.py").read_text()
 
 
 def test_exported_triton_kernels_pass_the_static_check(repo_root, tmp_path):

@@ -444,8 +444,8 @@ def test_an_eager_and_a_compiled_mode_each_keep_the_types_that_win_there(monkeyp
     monkeypatch.setattr(Candidate, "ms", property(lambda c: 10.0 + sum({"rmsnorm": -2.0, "matmul": +1.5}[t]
                                                                        for t in c.types)), raising=False)
     built = []
-    monkeypatch.setattr(swap, "build", lambda model, types, traced=None: built.append((types, traced)) or
-                        Candidate(types))
+    monkeypatch.setattr(swap, "build", lambda model, types, traced=None, graphed=None:
+                        built.append((types, traced)) or Candidate(types))
     optimized, dropped, dropped_traced = pruning.prune_deployed(Candidate([]), Candidate(["rmsnorm", "matmul"]),
                                                                  lambda seed: (), "cuda", ["eager", "compile"])
     assert list(dropped) == ["matmul"] and "in eager mode" in dropped["matmul"]
@@ -587,7 +587,7 @@ def test_verify_reports_the_prune_mode_and_writes_its_report(repo_root, tmp_path
     assert code == 0, printed.out + printed.err
     # no GPU: no prune; with --compile, the eager and the compiled mode would each decide their types
     assert report["prune"] == {"mode": "eager,compile", "decided": False, "left_out": {}, "left_out_compiled": {},
-                               "split": True, "decisions": {}}
+                               "left_out_eagerly": {}, "split": True, "decisions": {}}
     assert report["compiled_types"] == report["swapped_types"] == ["softmax"]
     parse = lambda *flags: verify.build_parser().parse_args(["--model", "m.py", "--class-name", "M", *flags])
     assert verification.deploy_mode(parse("--cuda-graph")) == "eager,graph"

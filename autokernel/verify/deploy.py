@@ -39,14 +39,16 @@ STARTERS = compat.ROOT / "kernels"  # the shipped starters, for types without a 
 
 def optimize(model: nn.Module, kernels: str | Path = DEFAULT_KERNELS, types: Iterable[str] | None = None, *,
              exclude: Iterable[str] = (), compiled_types: Iterable[str] | None = None,
-             verified: str | Path | None = "auto", starters: str | Path | None = STARTERS,
-             quiet: bool = False) -> nn.Module:
+             graphed_types: Iterable[str] | None = None, verified: str | Path | None = "auto",
+             starters: str | Path | None = STARTERS, quiet: bool = False) -> nn.Module:
     """The model with the kernels of `types` (default: every type with a file) in place; see the module doc.
 
     exclude: types to leave out. compiled_types: the types that run where torch.compile traces the model
-    (default: `types`; a kernel can win eagerly and lose against Inductor's fused code). verified: a
-    verify.py report (workspace/verify.json) whose prune to follow: the types it left out for this model class
-    are left out too, eagerly and under torch.compile as it decided for each (default "auto": the report beside
+    (default: `types`; a kernel can win eagerly and lose against Inductor's fused code). graphed_types: the types
+    that run where a CUDA graph captures an eager forward (default: `types`; a kernel can save GPU time and cost a
+    host-bound forward more launch time than it saves). verified: a verify.py report (workspace/verify.json) whose
+    prune to follow: the types it left out for this model class are left out too, eagerly, in CUDA graphs and
+    under torch.compile as it decided for each (default "auto": the report beside
     the kernels directory, if it is about this model's class; None: none). starters: where types without a
     file in `kernels` fall back to (None: no fallback, only the files in `kernels`)."""
     if isinstance(getattr(model, "autokernel", None), swap.Optimized):  # optimized before: start from the original
@@ -59,16 +61,19 @@ def optimize(model: nn.Module, kernels: str | Path = DEFAULT_KERNELS, types: Ite
         verified = Path(kernels).parent / "verify.json"
         verified = verified if verified.is_file() else None
     report = json.loads(Path(verified).read_text()) if verified is not None else None  # read once, used twice
-    pruned, pruned_traced = verified_prune(model, report) if report is not None else ({}, {})
+    pruned, pruned_traced, eagerly = verified_prune(model, report) if report is not None else ({}, {}, {})
     types = None if types is None else list(types)
     compiled_types = types if compiled_types is None else list(compiled_types)
-    wanted = None if types is None else list(dict.fromkeys([*types, *compiled_types]))  # each type once
+    graphed_types = types if graphed_types is None else list(graphed_types)
+    wanted = None if types is None else list(dict.fromkeys([*types, *compiled_types, *graphed_types]))  # each once
     choices = load_kernels(kernels, wanted, starters, [*exclude, *(set(pruned) & set(pruned_traced))])
-    eager = [t for t in choices if (types is None or t in types) and t not in pruned]
+    graphed = [t for t in choices if (graphed_types is None or t in graphed_types) and t not in pruned]
+    eager = [t for t in choices if (types is None or t in types) and t not in pruned and t not in eagerly]
     traced = [t for t in choices if (compiled_types is None or t in compiled_types) and t not in pruned_traced]
-    optimized = swap.build(model, eager, traced=traced).module()
+    optimized = swap.build(model, eager, traced=traced, graphed=graphed).module()
     optimized.autokernel.choices = choices  # type -> KernelChoice: which file, and from where
     optimized.autokernel.left_out = pruned  # type -> why verify.py left it out
+    optimized.autokernel.left_out_eagerly = eagerly  # type -> why verify.py left it out of eager calls (graphs run it)
     optimized.autokernel.left_out_compiled = pruned_traced  # type -> why verify.py left it out under compile
     optimized.autokernel.summary = summary_line(model, optimized.autokernel, choices)
     optimized.autokernel.warnings = origin_lines(model, choices) + report_lines(model, verified, report)
@@ -104,26 +109,28 @@ def entries() -> dict:
     return registry.specs_where("deployment")
 
 
-def verified_prune(model: nn.Module, found: dict) -> tuple[dict[str, str], dict[str, str]]:
-    """({type: why} left out eagerly, {type: why} left out under torch.compile) by a verify.py report (its JSON) for
-    this model's class (({}, {}) if the report is about another).
+def verified_prune(model: nn.Module, found: dict) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+    """({type: why} left out eagerly and in CUDA graphs, {type: why} left out under torch.compile, {type: why} left
+    out of eager calls alone, CUDA graphs running it) by a verify.py report (its JSON) for this model's class (({},
+    {}, {}) if the report is about another).
 
     A report is followed only when it is about a model of this class that passed: the prune was timed
     on that model in the mode it is deployed in, and a kernel it left out makes the model slower there.
     A prune in modes of one side (eager, graph; compile, compile_graph) decided both sets, one in modes of both
     sides decided each set in its own."""
     if _report_model(found) != type(model).__name__ or found.get("correctness", {}).get("status") != "PASS":
-        return {}, {}
+        return {}, {}, {}
     prune = found.get("prune", {})
     modes = prune.get("mode", "eager").split(",")
     # verification.sides(), which this module cannot import: it is copied into exported packages without it
     sides = [[m for m in modes if m.startswith("compile") == compiled] for compiled in (False, True)]
     # types no site of the model ran when it was checked: verify timed the model without them, so it runs without them
     idle = dict.fromkeys(found.get("unused_types", []), "no site of this model ran it when verify.py checked it")
+    eagerly = _left_out(prune.get("left_out_eagerly", {}), ["eager"])
     if not all(sides):  # modes of one side decided both
-        return ({**idle, **_left_out(found.get("pruned", {}), modes)},) * 2
+        return (*({**idle, **_left_out(found.get("pruned", {}), modes)},) * 2, eagerly)
     return ({**idle, **_left_out(found.get("pruned", {}), sides[0])},
-            {**idle, **_left_out(prune.get("left_out_compiled", {}), sides[1])})
+            {**idle, **_left_out(prune.get("left_out_compiled", {}), sides[1])}, eagerly)
 
 
 def _report_model(found: dict) -> str:
@@ -205,13 +212,15 @@ def summary_line(model: nn.Module, optimized: swap.Optimized, choices: dict) -> 
     those verify.py's prune left out."""
     planned = optimized.planned()
     swapped = "; ".join(f"{t} ({choices[t].source}): {', '.join(what)}" for t, what in planned.items())
-    traced = optimized.traced.planned() if optimized.traced is not None else {}
-    idle = sorted(set(choices) - set(planned) - set(traced))
+    others = [o.planned() for o in (optimized.traced, optimized.graphed) if o is not None]
+    idle = sorted(set(choices) - set(planned).union(*others))
     tail = f"; no site for {', '.join(idle)}" if idle else ""
     left_out = getattr(optimized, "left_out", {})
     tail += f"; left out as verify.py decided: {', '.join(left_out)}" if left_out else ""
     if sorted(optimized.traced_types()) != sorted(optimized.types):
         tail += f"; under torch.compile: {', '.join(optimized.traced_types()) or 'no kernel'}"
+    if sorted(optimized.graphed_types()) != sorted(optimized.types):
+        tail += f"; in CUDA graphs: {', '.join(optimized.graphed_types()) or 'no kernel'}"
     return f"autokernel: {type(model).__name__} with {swapped or 'no kernel'}{tail}"
 
 

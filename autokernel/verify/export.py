@@ -34,9 +34,11 @@ VERSION = "0.1.0"  # of the exported package
 
 
 def write_package(directory: str | Path, kernels: dict[str, Path], name: str = "autokernel_kernels",
-                  eager: list[str] | None = None, compiled: list[str] | None = None) -> Path:
+                  eager: list[str] | None = None, compiled: list[str] | None = None,
+                  graphed: list[str] | None = None) -> Path:
     """Write the package for {kernel type: file} into directory; returns the package's import directory.
-    eager, compiled: the types that run eagerly and where torch.compile traces the model (default: every type)."""
+    eager, compiled, graphed: the types that run eagerly, where torch.compile traces the model and where a CUDA
+    graph captures an eager forward (default: every type; graphed: eager's)."""
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
         raise ValueError(f"package name {name!r} is not a Python identifier")
     package = Path(directory) / name
@@ -60,8 +62,9 @@ def write_package(directory: str | Path, kernels: dict[str, Path], name: str = "
             (package / "_runtime" / copied / path.name).write_text(relative_imports(path.read_text(), copied))
     (package / "kernels" / "__init__.py").write_text('"""The kernel files, one per type."""\n')
     everywhere = sorted(kernels)
-    (package / "__init__.py").write_text(_init_source(name, sorted(everywhere if eager is None else eager),
-                                                      sorted(everywhere if compiled is None else compiled)))
+    eager = sorted(everywhere if eager is None else eager)
+    (package / "__init__.py").write_text(_init_source(name, eager, sorted(everywhere if compiled is None else compiled),
+                                                      sorted(eager if graphed is None else graphed)))
     (Path(directory) / "pyproject.toml").write_text(_pyproject(name))
     return package
 
@@ -104,9 +107,10 @@ def _kernel_source(source: str, name: str) -> tuple[str, bool]:
     return rewritten, rewritten != source
 
 
-def _init_source(name: str, types: list[str], compiled: list[str]) -> str:
+def _init_source(name: str, types: list[str], compiled: list[str], graphed: list[str]) -> str:
     what = ", ".join(types) or "none"
     what += "" if compiled == types else f"; under torch.compile: {', '.join(compiled) or 'none'}"
+    what += "" if graphed == types else f"; in CUDA graphs: {', '.join(graphed) or 'none'}"
     return f'''"""Kernels optimized by AutoKernel and exported by verify.py: {what}.
 
     import {name}
@@ -118,15 +122,18 @@ from pathlib import Path
 from ._runtime import deploy
 
 KERNELS = Path(__file__).resolve().parent / "kernels"
-TYPES = {types!r}  # those that run eagerly (and in CUDA graphs captured eagerly)
+TYPES = {types!r}  # those that run eagerly
 COMPILED_TYPES = {compiled!r}  # those that run where torch.compile traces the model
+GRAPHED_TYPES = {graphed!r}  # those that run where a CUDA graph captures an eager forward
 
 
 def optimize(model, types=None, exclude=(), quiet=False):
     """The model with this package's kernels in place (a copy over the same weights); one line says what.
-    types: these kernels, eagerly and under torch.compile (default: the types verify.py's prune kept in each)."""
+    types: these kernels, eagerly, in CUDA graphs and under torch.compile (default: the types verify.py's prune kept
+    in each)."""
     return deploy.optimize(model, KERNELS, TYPES if types is None else types, exclude=exclude,
-                           compiled_types=COMPILED_TYPES if types is None else types, verified=None,
+                           compiled_types=COMPILED_TYPES if types is None else types,
+                           graphed_types=GRAPHED_TYPES if types is None else types, verified=None,
                            starters=None, quiet=quiet)
 '''
 

@@ -14,8 +14,6 @@ import contextlib
 import functools
 import math
 import statistics
-import threading
-import time
 from collections.abc import Callable
 
 import torch
@@ -24,7 +22,8 @@ from autokernel.ops import swap
 from autokernel.verify import ahead as compiling_ahead
 from autokernel.verify import endtoend, noise, recall, regional
 from autokernel.verify.endtoend import PRUNE_MARGIN, Trials, compiling_each_once
-from autokernel.verify.verification import DEPLOY_MODES, duration, sides
+from autokernel.verify.pruneclock import Clock
+from autokernel.verify.verification import DEPLOY_MODES, sides
 
 __all__ = ["deciding_modes", "prune", "prune_deployed"]
 
@@ -34,7 +33,6 @@ TRACES_PER_MODEL = (1 + len(regional.DEPTHS)) * (1 + len(regional.DEEPER))
 # an eager forward whose GPU works this part of its wall time or more is timed in GPU time (_settled_losses): HF's
 # Gemma-2 2B at 1x8192 ran 113 ms eagerly, 107 ms compiled and graphed
 DEVICE_BOUND = 0.9
-HEARTBEAT_S = 30.0  # a progress line at least this often while a prune runs (_Clock)
 
 
 def prune_deployed(model, optimized: swap.Optimized, inputs: Callable, device: str, modes: list[str],
@@ -50,7 +48,7 @@ def prune_deployed(model, optimized: swap.Optimized, inputs: Callable, device: s
     memory: prune()'s, for both sides."""
     eager, compiled = sides(modes)
     types = optimized.swapped_types()
-    clock = _Clock(progress, trials=(len(types) + 1) * (2 if eager and compiled else 1))
+    clock = Clock(progress, trials=(len(types) + 1) * (2 if eager and compiled else 1))
     decisions = {} if decisions is None else decisions
     if ahead is not None and compiled:
         _plan_compiled_side(ahead, model, optimized, shallow_trials, types)
@@ -87,6 +85,11 @@ def _prune_sides(model, optimized, inputs, device, modes, clock, decisions, reus
         side = deciding_modes(modes)
         optimized, dropped = prune(model, optimized, inputs, device, side, clock, decisions.setdefault(
             ",".join(side), {}), reuse, shallow_trials, ahead=ahead, memory=memory)
+        kept = optimized.types
+        apart = _eager_alone(model, kept, inputs, device, clock, decisions, side)
+        if apart:
+            optimized = swap.build(model, [t for t in kept if t not in apart], graphed=kept)
+        optimized.left_out_eagerly = apart
         return optimized, dropped, dropped
     replan = functools.partial(_plan_compiled_side, ahead, model, optimized, shallow_trials) \
         if ahead is not None else None
@@ -98,9 +101,35 @@ def _prune_sides(model, optimized, inputs, device, modes, clock, decisions, reus
     _, dropped_traced = prune(model, optimized, inputs, device, side, clock, decisions.setdefault(",".join(side), {}),
                               reuse, shallow_trials, prior=_costs(decisions[",".join(eager)]), settled=settled,
                               ahead=ahead, memory=memory)
-    both = swap.build(model, [t for t in types if t not in dropped],
-                      traced=[t for t in types if t not in dropped_traced])
+    kept = [t for t in types if t not in dropped]
+    apart = _eager_alone(model, kept, inputs, device, clock, decisions, eager)
+    both = swap.build(model, [t for t in kept if t not in apart], traced=[t for t in types if t not in dropped_traced],
+                      graphed=kept)
+    both.left_out_eagerly = apart
     return both, dropped, dropped_traced
+
+
+def _eager_alone(model, kept: list[str], inputs: Callable, device: str, clock: Clock, decisions: dict,
+                 side: list[str]) -> dict[str, str]:
+    """{type: why} of the eager side's kept types that the model runs slower with eagerly, where eager and graph
+    mode disagreed: a trial of the side's prune (or its last check) read faster without in eager mode, outside the
+    noise, and graph mode, which decides a conflict (noise.deciding_mode), kept them. The kept types are then pruned
+    again in eager mode alone, the user's forward without graphs: what that prune leaves out runs only where a CUDA
+    graph captures the model (swap.build's graphed). ViT-B/16 at 32x3x224x224 on an H100 ran 0.87x eagerly with
+    layernorm, kept for its 1.07x graphed: a launch of ours costs the host more than torch's, and a host-bound
+    forward pays it."""
+    decided = decisions.get(",".join(side), {})
+    if set(side) != {"eager", "graph"} or not kept or not any(
+            verdicts.get("eager", {}).get("outcome") == noise.FASTER for key, verdicts in decided.items()
+            if key == "kept together" or set(key.split("+")) <= set(kept)):
+        return {}
+    clock.note("prune (eager): eager and graph mode disagree; the kept kernels pruned again in eager mode alone "
+               "(CUDA graphs run them all the same)")
+    ran = swap.build(model, kept)
+    with torch.no_grad():  # its sites count their calls: the prune starts from the types that ran
+        ran.module()(*inputs(endtoend.CHECK_SEED))
+    _, apart = prune(model, ran, inputs, device, ["eager"], clock, decisions.setdefault("eager", {}))
+    return {t: f"{why}; CUDA graphs run it" for t, why in apart.items()}
 
 
 def _device_bound(model, inputs: Callable, device: str, ahead: compiling_ahead.Ahead | None,
@@ -149,55 +178,6 @@ def deciding_modes(modes: list[str]) -> list[str]:
     (its figure is GPU time; the compile row without graphs is host-bound and moves with the host, and both run the
     same traced kernels), else every mode given."""
     return ["compile_graph"] if {"compile", "compile_graph"} <= set(modes) else list(modes)
-
-
-class _Clock:
-    """progress() with each line prefixed by the trials done, the time spent and an estimate of what is left; while
-    it runs (a context), a line every HEARTBEAT_S that passes without one, naming the step under way (begin()): one
-    compile can take minutes (Gemma-2 2B's first compiled trial at 1x8192, 107 s; Qwen3's last check, minutes in
-    ptxas), and a silent prompt reads as a hang."""
-
-    def __init__(self, progress: Callable[[str], None] | None, trials: int):
-        self.progress, self.trials, self.done, self.started = progress, max(trials, 1), 0, time.monotonic()
-        self.step, self.step_at, self.said, self._stop = "", self.started, self.started, threading.Event()
-
-    def __call__(self, line: str) -> None:
-        self.done += 1
-        self.trials = max(self.trials, self.done)  # a joint trial (_try_together) is one more than counted
-        if self.progress is None:
-            return
-        spent = time.monotonic() - self.started
-        left = spent / self.done * max(self.trials - self.done, 0)
-        self._say(f"[{self.done}/{self.trials}, {duration(spent)} spent, ~{duration(left)} left] {line}")
-
-    def note(self, line: str) -> None:
-        """A line about the step under way (a long compile), counted as no trial."""
-        self.begin(line)
-        if self.progress is not None:
-            self._say(f"[{self.done}/{self.trials}, {duration(time.monotonic() - self.started)} spent] {line}")
-
-    def begin(self, step: str) -> None:
-        """The step now under way, for the heartbeat's line (no line of its own)."""
-        self.step, self.step_at = step, time.monotonic()
-
-    def _say(self, line: str) -> None:
-        self.said = time.monotonic()
-        self.progress(line)
-
-    def __enter__(self):
-        if self.progress is not None:
-            threading.Thread(target=self._beat, daemon=True, name="prune-heartbeat").start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-
-    def _beat(self) -> None:
-        while not self._stop.wait(HEARTBEAT_S / 4):
-            now = time.monotonic()
-            if now - self.said >= HEARTBEAT_S and self.step:
-                self._say(f"[{self.done}/{self.trials}, {duration(now - self.started)} spent] {self.step}: "
-                          f"still under way ({duration(now - self.step_at)})")
 
 
 def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes: str | list[str] = "eager",
@@ -361,8 +341,8 @@ def _held(trials: Trials, left_out: list[str], against: list[str], verdicts: dic
 
 
 def _begin(progress: Callable[[str], None] | None, step: str) -> None:
-    """Name the step under way to progress, where it is a _Clock (its heartbeat names it); no line of its own."""
-    if isinstance(progress, _Clock):
+    """Name the step under way to progress, where it is a Clock (its heartbeat names it); no line of its own."""
+    if isinstance(progress, Clock):
         progress.begin(step)
 
 

@@ -129,7 +129,8 @@ def verify(request: Request) -> dict:
     _mark_pruned(sites, measured["pruned"])
     kept = [t for t in checked_types if t not in measured["pruned"]]
     kept_traced = [t for t in checked_types if t not in measured["pruned_traced"]]
-    exported = _export(request, choices, kept, kept_traced) \
+    kept_eagerly = [t for t in kept if t not in measured["pruned_eagerly"]]
+    exported = _export(request, choices, kept_eagerly, kept_traced, kept) \
         if request.export and correctness["status"] == "PASS" else None
     return {
         **_about(request, model, device, shape, dtype), "origin_warnings": warnings, "sites": sites,
@@ -139,6 +140,8 @@ def verify(request: Request) -> dict:
         "compiled_types": kept_traced,  # the types that run where torch.compile traces the model
         "prune": {"mode": mode, "decided": measured["decided"], "left_out": measured["pruned"],
                   "left_out_compiled": measured["pruned_traced"],  # under torch.compile: decided apart when `split`
+                  # kept for CUDA graphs, left out of eager calls without one (pruning._eager_alone)
+                  "left_out_eagerly": measured["pruned_eagerly"],
                   "split": all(sides(mode.split(","))), "decisions": measured["decisions"]},
         "unused_types": sorted(set(choices) - set(checked_types)), "correctness": correctness,
         **{key: measured[key] for key in ("timing", "timing_errors", "against", "graph", "generation")},
@@ -304,6 +307,7 @@ def _measure(request: Request, model, optimized, choices: dict, inputs, device: 
                               traced=[t for t in choices if t not in pruned_traced])
         generated = generation.measure(model, deployed.module(), prompt, request.generate, device, request.compile)
     return {"decided": decided, "pruned": pruned, "pruned_traced": pruned_traced, "decisions": decisions,
+            "pruned_eagerly": getattr(optimized, "left_out_eagerly", None) or {},
             "timing": timings, "timing_errors": errors, "against": against, "graph": graph, "generation": generated}
 
 
@@ -371,12 +375,14 @@ def _against_dir(request) -> Path:
     return where
 
 
-def _export(request, choices: dict, kept: list[str], kept_traced: list[str]) -> dict:
+def _export(request, choices: dict, kept: list[str], kept_traced: list[str], kept_graphed: list[str]) -> dict:
     from autokernel.verify import export
 
-    files = {t: choices[t].path for t in [*kept, *kept_traced]}
-    package = export.write_package(request.export, files, name=request.package_name, eager=kept, compiled=kept_traced)
-    return {"path": str(request.export), "package": package.name, "types": kept, "compiled_types": kept_traced}
+    files = {t: choices[t].path for t in [*kept, *kept_traced, *kept_graphed]}
+    package = export.write_package(request.export, files, name=request.package_name, eager=kept, compiled=kept_traced,
+                                   graphed=kept_graphed)
+    return {"path": str(request.export), "package": package.name, "types": kept, "compiled_types": kept_traced,
+            "graphed_types": kept_graphed}
 
 
 def _inputs(model, shape, device, dtype, seed: int) -> tuple:
