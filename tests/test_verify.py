@@ -7,6 +7,7 @@ Kernels run through Triton's interpreter, so the models are the tiny presets on 
 import json
 import re
 import shutil
+from types import SimpleNamespace as types_ns
 
 import pytest
 import torch
@@ -669,6 +670,29 @@ def test_against_times_the_loops_kernels_in_turns_with_the_ones_it_began_from(re
     code, report, _ = run_verify(repo_root, tmp_path, capsys, "llama", "--kernels", str(kernels),
                                  "--types", "rmsnorm", "--against", "extracted")
     assert report["against"]["differs"] == [] and "nothing to compare" in report["against"]["note"]
+
+
+def test_against_swaps_the_types_of_every_kept_set(monkeypatch, tmp_path):
+    """A type kept only in CUDA graphs (left out of eager calls) or only under torch.compile is still one of the
+    kernels compared: its file is the other side's too, not this run's on both sides."""
+    sets = {"types": ["rmsnorm"], "traced": ["rmsnorm", "matmul"], "graphed": ["rmsnorm", "rope_attention"]}
+    optimized = types_ns(types=sets["types"], traced_types=lambda: sets["traced"],
+                         graphed_types=lambda: sets["graphed"], module=lambda: None)
+    loaded, files = [], {}
+    for t in ("rmsnorm", "matmul", "rope_attention"):
+        files[t] = tmp_path / f"{t}.py"
+        files[t].write_text(f"# this run's {t}")
+        (tmp_path / f"{t}_theirs.py").write_text(f"# the other {t}")
+    monkeypatch.setattr(customops, "installed", lambda types: list(types))
+    monkeypatch.setattr(customops, "reinstall", lambda snapshot: None)
+    monkeypatch.setattr(deploy, "load_kernels", lambda where, types, starters, winners: loaded.append(types) or
+                        {t: types_ns(path=tmp_path / f"{t}_theirs.py") for t in types})
+    monkeypatch.setattr(paired, "paired", lambda *a: {"verdict": "faster"})
+    request = verify.build_parser().parse_args(["--model", "m.py", "--class-name", "M", "--kernels", str(tmp_path),
+                                                "--against", "extracted", "--compile", "--cuda-graph"])
+    result = verification._time_against(request, None, optimized, {t: types_ns(path=p) for t, p in files.items()},
+                                        None, "cuda")
+    assert loaded == [["rmsnorm", "matmul", "rope_attention"]] and result["differs"] == loaded[0]
 
 
 def test_against_a_wrong_kernel_is_an_error_not_a_verdict(repo_root, tmp_path, capsys, interpreter):

@@ -303,8 +303,10 @@ def _measure(request: Request, model, optimized, choices: dict, inputs, device: 
             eagerly, traced = generation.decide(model, optimized, unrun, prompt, request.generate, device,
                                                 request.compile)
             pruned, pruned_traced = {**pruned, **eagerly}, {**pruned_traced, **traced}
-        deployed = swap.build(model, [t for t in choices if t not in pruned],
-                              traced=[t for t in choices if t not in pruned_traced])
+        kept = [t for t in choices if t not in pruned]
+        eagerly = getattr(optimized, "left_out_eagerly", None) or {}
+        deployed = swap.build(model, [t for t in kept if t not in eagerly],
+                              traced=[t for t in choices if t not in pruned_traced], graphed=kept)
         generated = generation.measure(model, deployed.module(), prompt, request.generate, device, request.compile)
     return {"decided": decided, "pruned": pruned, "pruned_traced": pruned_traced, "decisions": decisions,
             "pruned_eagerly": getattr(optimized, "left_out_eagerly", None) or {},
@@ -348,7 +350,8 @@ def _time_against(request, model, optimized, choices: dict, inputs, device: str)
     from autokernel.verify import paired
     from autokernel.verify.deploy import load_kernels
 
-    types = list(optimized.types)  # the kept set, as the prune (or the rows) built it from the types a site ran
+    # the kept sets, as the prune (or the rows) built them from the types a site ran: eagerly, traced and graphed
+    types = list(dict.fromkeys([*optimized.types, *optimized.traced_types(), *optimized.graphed_types()]))
     ours = customops.installed(types)
     where = _against_dir(request)
     try:
