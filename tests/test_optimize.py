@@ -162,20 +162,21 @@ def test_a_type_verify_left_out_of_eager_calls_runs_where_a_cuda_graph_captures(
                                                                                  monkeypatch, capsys):
     """verify.py left rmsnorm out of eager calls (slower eagerly, faster graphed): the optimized model's eager calls
     run without it, a forward under CUDA graph capture runs it (a wrong file shows which ran), and so does the first
-    eager call, the warm-up before a capture, which loads its kernels (Triton cannot load one while a stream
-    captures)."""
+    eager call with given input shapes, the warm-up before their capture, which loads its kernels for them (Triton
+    cannot load one while a stream captures)."""
     kernels = wrong_rmsnorm_for_graphs_alone(repo_root, tmp_path)
-    ids = torch.randint(0, llama.config.vocab_size, (1, 8), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(0, llama.config.vocab_size, (1, 12), generator=torch.Generator().manual_seed(0))
     capturing = [False]
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
     with torch.no_grad():
-        want = llama(ids)
         optimized = autokernel.optimize(llama, kernels, ["rmsnorm", "matmul"])
         errors = []
-        for capture in (False, False, True, False):
+        for capture, length in ((False, 8), (False, 8), (True, 8), (False, 8), (False, 12), (False, 12)):
             capturing[0] = capture
-            errors.append(swap.rel_l2(optimized(ids), want) > swap.REL_L2_TOLERANCE[torch.float32])
-    assert errors == [True, False, True, False]  # the warm-up, an eager call, a capture, an eager call
+            got, want = optimized(ids[:, :length]), llama(ids[:, :length])
+            errors.append(swap.rel_l2(got, want) > swap.REL_L2_TOLERANCE[torch.float32])
+    # a warm-up, an eager call, a capture, an eager call; at another length a warm-up again, then an eager call
+    assert errors == [True, False, True, False, True, False]
     assert optimized.autokernel.types == ["matmul"] and optimized.autokernel.graphed_types() == ["rmsnorm", "matmul"]
     assert "eager mode" in optimized.autokernel.left_out_eagerly["rmsnorm"]
     assert "in CUDA graphs: rmsnorm, matmul" in capsys.readouterr().out

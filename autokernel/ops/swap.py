@@ -229,15 +229,17 @@ class Optimized:
             inner = type(tree).forward.__get__(tree) if own else wrapped
         traced = self.traced.module() if self.traced is not None else None
         graphed = self.graphed.module() if self.graphed is not None else None
-        warm = []  # the graphed copy ran once: its kernels are loaded (Triton cannot load one while a stream captures)
+        warm = set()  # the input signatures the graphed copy ran: its kernels are loaded for them
 
         @functools.wraps(inner)  # generate() reads forward's signature
         def forward(*args, **kwargs):
             if traced is not None and not in_eager():  # dynamo folds the test: the trace holds one model
                 return traced(*args, **kwargs)
-            if graphed is not None and in_eager() and (not warm or torch.cuda.is_current_stream_capturing()):
-                warm.append(True)  # the first call runs it too: a warm-up before a capture loads its kernels
-                return graphed(*args, **kwargs)
+            if graphed is not None and in_eager():
+                signature = _signature(args, kwargs)
+                if signature not in warm or torch.cuda.is_current_stream_capturing():
+                    warm.add(signature)  # the first call of a signature is the warm-up before its capture
+                    return graphed(*args, **kwargs)
             saved = [getattr(owner, name) for owner, name, _ in patches]
             for owner, name, new in patches:
                 setattr(owner, name, new)
@@ -292,6 +294,12 @@ class Optimized:
         return sorted({s.kernel_type for s in self.sites() if s.swapped and s.calls})
 
 
+def _signature(args: tuple, kwargs: dict) -> tuple:
+    """The shapes and dtypes of a call's tensors (other arguments by type): what the kernels' compiles depend on."""
+    describe = lambda a: (tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else type(a).__name__
+    return tuple(map(describe, args)), tuple((k, describe(v)) for k, v in sorted(kwargs.items()))
+
+
 def build(model: nn.Module, types, traced=None, graphed=None) -> Optimized:
     """The model with the installed kernels of `types` plugged in (see customops.install).
 
@@ -300,8 +308,9 @@ def build(model: nn.Module, types, traced=None, graphed=None) -> Optimized:
     forward hands a trace to a second copy over the same weights, with those types plugged in. graphed: likewise
     the types that run while a CUDA graph captures an eager forward, when they are not `types` (a kernel can save
     GPU time and cost more host time than it saves, eagerly: ViT-B/16's layernorm at batch 32, 1.07x graphed and
-    0.87x eagerly on an H100); the first eager call runs that copy too, as the warm-up before a capture that loads
-    its kernels. Other eager calls run `types`."""
+    0.87x eagerly on an H100); the first eager call with given input shapes runs that copy too, as the warm-up
+    before a capture, which loads its kernels for them (Triton loads a kernel with cuModuleLoadData, which a
+    capturing stream forbids). Other eager calls run `types`."""
     types = list(types)
     apart = {"traced": traced, "graphed": graphed}
     if any(t is not None and sorted(t) != sorted(types) for t in apart.values()):
