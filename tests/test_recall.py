@@ -151,3 +151,16 @@ def test_a_figure_on_a_line_gives_the_answer_of_the_run_whose_readings_it_overla
     assert not answer([0.86, 0.87, 0.88])  # clear of the anchor: afresh
     assert answer([0.90, 0.91, 0.92], root=tmp_path / "other")
     assert not answer([0.88, 0.89, 0.905], root=tmp_path / "other", fresh=True)
+
+
+def test_a_trial_timed_again_in_eager_mode_alone_keeps_its_graphed_reading_too(tmp_path):
+    """pruning._eager_alone times the eager side's trials again in eager mode alone: the stored trial keeps the graph
+    reading of the first timing beside the eager reading of the second, so the next run holds both."""
+    memory = recall.Recall(IDENTITY, KERNELS, root=tmp_path)
+    verdict = lambda ratio, outcome: noise.Verdict(10.0 * ratio, 10.0, ratio, ratio - 0.01, ratio + 0.01, 40, outcome)
+    memory.hold(["rmsnorm"], ["rmsnorm"], {"eager": verdict(0.95, noise.FASTER), "graph": verdict(1.05, noise.SLOWER)},
+                ["eager", "graph"])
+    memory.hold(["rmsnorm"], ["rmsnorm"], {"eager": verdict(0.94, noise.FASTER)}, ["eager"])
+    memory.save()
+    stored = recall.Recall(IDENTITY, KERNELS, root=tmp_path).earlier["rmsnorm against rmsnorm"]["verdicts"]
+    assert stored["eager"]["ratio"] == 0.94 and stored["graph"]["ratio"] == 1.05

@@ -86,7 +86,7 @@ def _prune_sides(model, optimized, inputs, device, modes, clock, decisions, reus
         optimized, dropped = prune(model, optimized, inputs, device, side, clock, decisions.setdefault(
             ",".join(side), {}), reuse, shallow_trials, ahead=ahead, memory=memory)
         kept = optimized.types
-        apart = _eager_alone(model, kept, inputs, device, clock, decisions, side)
+        apart = _eager_alone(model, kept, inputs, device, clock, decisions, side, memory)
         if apart:
             optimized = swap.build(model, [t for t in kept if t not in apart], graphed=kept)
         optimized.left_out_eagerly = apart
@@ -102,7 +102,7 @@ def _prune_sides(model, optimized, inputs, device, modes, clock, decisions, reus
                               reuse, shallow_trials, prior=_costs(decisions[",".join(eager)]), settled=settled,
                               ahead=ahead, memory=memory)
     kept = [t for t in types if t not in dropped]
-    apart = _eager_alone(model, kept, inputs, device, clock, decisions, eager)
+    apart = _eager_alone(model, kept, inputs, device, clock, decisions, eager, memory)
     both = swap.build(model, [t for t in kept if t not in apart], traced=[t for t in types if t not in dropped_traced],
                       graphed=kept)
     both.left_out_eagerly = apart
@@ -110,14 +110,14 @@ def _prune_sides(model, optimized, inputs, device, modes, clock, decisions, reus
 
 
 def _eager_alone(model, kept: list[str], inputs: Callable, device: str, clock: Clock, decisions: dict,
-                 side: list[str]) -> dict[str, str]:
+                 side: list[str], memory: recall.Recall | None) -> dict[str, str]:
     """{type: why} of the eager side's kept types that the model runs slower with eagerly, where eager and graph
     mode disagreed: a trial of the side's prune (or its last check) read faster without in eager mode, outside the
     noise, and graph mode, which decides a conflict (noise.deciding_mode), kept them. The kept types are then pruned
     again in eager mode alone, the user's forward without graphs: what that prune leaves out runs only where a CUDA
     graph captures the model (swap.build's graphed). ViT-B/16 at 32x3x224x224 on an H100 ran 0.87x eagerly with
     layernorm, kept for its 1.07x graphed: a launch of ours costs the host more than torch's, and a host-bound
-    forward pays it."""
+    forward pays it. memory: prune()'s (a trial timed on the eager side too keeps both readings)."""
     decided = decisions.get(",".join(side), {})
     if set(side) != {"eager", "graph"} or not kept or not any(
             verdicts.get("eager", {}).get("outcome") == noise.FASTER for key, verdicts in decided.items()
@@ -128,7 +128,7 @@ def _eager_alone(model, kept: list[str], inputs: Callable, device: str, clock: C
     ran = swap.build(model, kept)
     with torch.no_grad():  # its sites count their calls: the prune starts from the types that ran
         ran.module()(*inputs(endtoend.CHECK_SEED))
-    _, apart = prune(model, ran, inputs, device, ["eager"], clock, decisions.setdefault("eager", {}))
+    _, apart = prune(model, ran, inputs, device, ["eager"], clock, decisions.setdefault("eager", {}), memory=memory)
     return {t: f"{why}; CUDA graphs run it" for t, why in apart.items()}
 
 

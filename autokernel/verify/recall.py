@@ -81,6 +81,9 @@ class Recall:
                 held[mode], stored[mode] = replace(verdict, outcome=before["outcome"], earlier=before["ratio"]), before
             else:
                 held[mode], stored[mode] = verdict, verdict.to_dict()
+        now = self.now.get(key)  # the same trial timed again in other modes (pruning._eager_alone): both kept
+        if now and now["kernels"] == kernels:
+            stored = {**now["verdicts"], **stored}
         self.now[key] = {"kernels": kernels, "verdicts": stored}
         return held
 
