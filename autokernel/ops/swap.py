@@ -237,7 +237,7 @@ class Optimized:
                 return traced(*args, **kwargs)
             if graphed is not None and in_eager():
                 signature = _signature(args, kwargs)
-                if signature not in warm or torch.cuda.is_current_stream_capturing():
+                if signature not in warm or _capturing():
                     warm.add(signature)  # the first call of a signature is the warm-up before its capture
                     return graphed(*args, **kwargs)
             saved = [getattr(owner, name) for owner, name, _ in patches]
@@ -292,6 +292,16 @@ class Optimized:
     def swapped_types(self) -> list[str]:
         """Types whose kernel ran at least once (after an eager call)."""
         return sorted({s.kernel_type for s in self.sites() if s.swapped and s.calls})
+
+
+@functools.cache
+def _has_cuda() -> bool:  # once: the query costs host time on every call
+    return torch.cuda.is_available()
+
+
+def _capturing() -> bool:
+    """Whether the current CUDA stream captures a graph (never, on a torch built without CUDA, where asking raises)."""
+    return _has_cuda() and torch.cuda.is_current_stream_capturing()
 
 
 def _signature(args: tuple, kwargs: dict) -> tuple:
