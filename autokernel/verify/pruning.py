@@ -118,10 +118,7 @@ def _eager_alone(model, kept: list[str], inputs: Callable, device: str, clock: C
     graph captures the model (swap.build's graphed). ViT-B/16 at 32x3x224x224 on an H100 ran 0.87x eagerly with
     layernorm, kept for its 1.07x graphed: a launch of ours costs the host more than torch's, and a host-bound
     forward pays it. memory: prune()'s (a trial timed on the eager side too keeps both readings)."""
-    decided = decisions.get(",".join(side), {})
-    if set(side) != {"eager", "graph"} or not kept or not any(
-            verdicts.get("eager", {}).get("outcome") == noise.FASTER for key, verdicts in decided.items()
-            if key == "kept together" or set(key.split("+")) <= set(kept)):
+    if set(side) != {"eager", "graph"} or not kept or not _lost_eagerly(decisions.get(",".join(side), {}), kept):
         return {}
     clock.note("prune (eager): eager and graph mode disagree; the kept kernels pruned again in eager mode alone "
                "(CUDA graphs run them all the same)")
@@ -130,6 +127,13 @@ def _eager_alone(model, kept: list[str], inputs: Callable, device: str, clock: C
         ran.module()(*inputs(endtoend.CHECK_SEED))
     _, apart = prune(model, ran, inputs, device, ["eager"], clock, decisions.setdefault("eager", {}), memory=memory)
     return {t: f"{why}; CUDA graphs run it" for t, why in apart.items()}
+
+
+def _lost_eagerly(decided: dict, kept: list[str]) -> bool:
+    """Whether a trial of kept types (or the last check, "kept together") read the model faster without them in
+    eager mode, outside the noise, in a side's prune()'s decisions."""
+    return any(verdicts.get("eager", {}).get("outcome") == noise.FASTER for key, verdicts in decided.items()
+               if key == recall.TOGETHER or set(key.split("+")) <= set(kept))
 
 
 def _device_bound(model, inputs: Callable, device: str, ahead: compiling_ahead.Ahead | None,
