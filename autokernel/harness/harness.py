@@ -189,12 +189,16 @@ def _timed_dtype(spec, dtype):
     return dtype
 
 
+def _timing_shape(harness: Harness) -> dict:
+    """The shape the kernel is timed at alone: the model's first, else the type's timing shape."""
+    return harness.model_shapes[0] if harness.model_shapes else harness.spec.timing_shape(harness.small)
+
+
 def _launch_digest(harness: Harness, module, dtype) -> str | None:
     """The launch record's digest at every timed shape (None where it cannot be made: the timing then runs)."""
     from autokernel.harness import launch_record, modeltime
 
-    shape = harness.model_shapes[0] if harness.model_shapes else harness.spec.timing_shape(harness.small)
-    shapes = [s for s, _ in modeltime.weighted_shapes(module, harness.model_shapes)] or [shape]
+    shapes = [s for s, _ in modeltime.weighted_shapes(module, harness.model_shapes)] or [_timing_shape(harness)]
     try:
         launched = launch_record.digest(module.kernel_fn, [harness.inputs(s, dtype) for s in shapes])
     except Exception:  # noqa: BLE001  (no digest: the timing runs the kernel and reports what fails)
@@ -217,7 +221,7 @@ def _timing(harness: Harness, module, dtype, reuse_baselines: bool, launched: st
     """The kernel timed in `dtype` and its time in the model; launched: its launch record's digest where the run took
     it before the stages (else taken here)."""
     spec, device = harness.spec, harness.device
-    shape = harness.model_shapes[0] if harness.model_shapes else spec.timing_shape(harness.small)
+    shape = _timing_shape(harness)
     dtype = _timed_dtype(spec, dtype)
     launched = launched or _launch_digest(harness, module, dtype)
     start = time.perf_counter()

@@ -283,6 +283,7 @@ def _measure(request: Request, model, optimized, choices: dict, inputs, device: 
             ahead.close()  # the rows compile nothing new: its copy of the weights goes before they run
     elif timed:  # the rows time what optimize() installs by this report: the types a site ran, no others
         optimized = swap.build(model, optimized.swapped_types())
+    graphs_only = getattr(optimized, "left_out_eagerly", None) or {}  # kept for CUDA graphs alone (the prune's)
     graphs = request.cuda_graph and device == "cuda"
     step("timing the original and the optimized model in turns" if timed else None)
     timings, errors = endtoend.time_models(model, optimized, inputs, device, request.compile, graphs, reuse) \
@@ -304,12 +305,11 @@ def _measure(request: Request, model, optimized, choices: dict, inputs, device: 
                                                 request.compile)
             pruned, pruned_traced = {**pruned, **eagerly}, {**pruned_traced, **traced}
         kept = [t for t in choices if t not in pruned]
-        eagerly = getattr(optimized, "left_out_eagerly", None) or {}
-        deployed = swap.build(model, [t for t in kept if t not in eagerly],
+        deployed = swap.build(model, [t for t in kept if t not in graphs_only],
                               traced=[t for t in choices if t not in pruned_traced], graphed=kept)
         generated = generation.measure(model, deployed.module(), prompt, request.generate, device, request.compile)
     return {"decided": decided, "pruned": pruned, "pruned_traced": pruned_traced, "decisions": decisions,
-            "pruned_eagerly": getattr(optimized, "left_out_eagerly", None) or {},
+            "pruned_eagerly": graphs_only,
             "timing": timings, "timing_errors": errors, "against": against, "graph": graph, "generation": generated}
 
 
