@@ -35,9 +35,17 @@ Q, K, V may be strided views ([B, S, H, D] projections viewed as [B, H, S, D]): 
 PACK_GQA (either variant) gives one program the Hq/Hkv query heads of one kv head: its BLOCK_M rows are those
 heads x BLOCK_M/(Hq/Hkv) positions, so each K and V tile is loaded (and with "fused" rotated) once for the whole
 group instead of once per query head, and the causal diagonal is cut finer. Not yet timed on a GPU: the screen
-tries it (a group that does not divide BLOCK_M runs unpacked). KV_LOADS "tma" ("rotate_k_first", a Hopper GPU, D 64
-or 128) loads each K tile of the pre-pass and each V tile with one bulk copy through descriptors each program makes
-(step 1 below, without Q's); untimed too.
+tries it (a group that does not divide BLOCK_M runs unpacked). KV_LOADS "tma" ("rotate_k_first", a Hopper GPU, D 64,
+128 or 256) loads each K tile of the pre-pass and each V tile with one bulk copy through descriptors each program
+makes (step 1 below, without Q's): 17% slower at TinyLlama's D 64, 1.09-1.10x at Gemma-2's D 256 (its "auto").
+CAUSAL_ORDER, which query blocks a causal program takes: "longest_first" one block, the longest (last) launched first
+to shorten the tail; "launch" one block in launch order; "paired", where the grid holds at most two programs per SM,
+the longest blocks to the first SM-count programs and the rest shortest first, so the program the block scheduler's
+second pass puts beside a long one is a short one (a guess at the hardware's placement); "fold" block j and then its
+mirror n-1-j, so every program does the same work, whatever the placement; "auto": "fold" at D 256, else
+"longest_first". On an H100 (fp16, the model's strided layout, 64x32 tiles, TMA loads) at Gemma-2's attention
+(B1 Hq8 Hkv4 D256): S 2048 96.3 us longest first, 85.2 paired, 88.0 folded; S 4096 263.5, 262.6, 201.9. At D 64
+and 128 the orders trade places by tile and shape (0.48x to 1.40x of longest first): a choice for the search.
 
 "rotate_k_first" is the default: its pre-pass costs less than rotating every K tile once per query block, at
 D 64 and D 128 (BENCHMARKS.md: the starter defaults; rope_attention at model shapes, where cuDNN's attention loop
@@ -62,10 +70,11 @@ BLOCK_M = 0  # query rows per program; 0 = by head dim and dtype (64 for 16-bit 
 BLOCK_N = 0  # keys per inner step; 0 = by head dim and dtype (64); capped at BLOCK_M
 NUM_WARPS = 0  # 0 = by tile (4 for 16-bit tiles)
 NUM_STAGES = 0  # K/V pipeline depth; 0 = by tile (3; 2 at D = 128 when K tiles are rotated in the loop)
-REVERSE_CAUSAL_ORDER = True  # causal: launch the longest query blocks first to shorten the tail
+CAUSAL_ORDER = "auto"  # which query blocks a causal program takes, and when: see the docstring
 ROTATE_BLOCK_S = 64  # positions per program of the "rotate_k_first" pre-pass
 PACK_GQA = False  # one program takes the Hq/Hkv query heads of one kv head: BLOCK_M rows = heads x positions
-KV_LOADS = "pointers"  # "rotate_k_first": "pointers" | "tma" (K and V tiles through descriptors made on the device)
+KV_LOADS = "auto"  # "rotate_k_first": "pointers" | "tma" (K and V tiles through descriptors made on the device) |
+# "auto": "tma" at a head dim of 256 (1.09-1.10x at Gemma-2's attention on an H100), else "pointers"
 
 TUNABLES = {
     "VARIANT": ["fused", "rotate_k_first"],
@@ -73,10 +82,10 @@ TUNABLES = {
     "BLOCK_N": [0, 32, 64, 128],
     "NUM_WARPS": [0, 4, 8],
     "NUM_STAGES": [0, 1, 2, 3, 4],
-    "REVERSE_CAUSAL_ORDER": [True, False],
+    "CAUSAL_ORDER": ["auto", "longest_first", "launch", "paired", "fold"],
     "ROTATE_BLOCK_S": [32, 64, 128],
     "PACK_GQA": [False, True],
-    "KV_LOADS": ["pointers", "tma"],
+    "KV_LOADS": ["auto", "pointers", "tma"],
 }
 
 LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)); folded into the score scale
@@ -181,7 +190,7 @@ def _attn_blocks(acc, l_i, m_i, q, k_base, v_base, cos_base, sin_base,
 
 
 @triton.jit
-def _rope_attention_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, o_ptr, S, H, GROUP, qk_scale,
+def _rope_attention_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, o_ptr, S, H, GROUP, qk_scale, sms,
                            stride_qb, stride_qh, stride_qs, stride_qd,
                            stride_kb, stride_kh, stride_ks, stride_kd,
                            stride_vb, stride_vh, stride_vs, stride_vd,
@@ -191,26 +200,34 @@ def _rope_attention_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, o_ptr, S, H, G
                            HALF: tl.constexpr, ROT_HALF: tl.constexpr,
                            K_ROT_HALF: tl.constexpr, HALF_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
                            D_PAD: tl.constexpr, EVEN_HALF: tl.constexpr, EVEN_D: tl.constexpr, CAUSAL: tl.constexpr,
-                           ROTATE_K: tl.constexpr, REVERSE: tl.constexpr, PACK: tl.constexpr,
+                           ROTATE_K: tl.constexpr, REVERSE: tl.constexpr, PAIRED: tl.constexpr, FOLD: tl.constexpr,
+                           PACK: tl.constexpr,
                            DOT_PRECISION: tl.constexpr, TMA_KV: tl.constexpr):
     """One program: BLOCK_M query rows against the keys of one kv head. Unpacked (H: the query heads) the rows are
     BLOCK_M positions of one query head; packed (PACK, H: the kv heads) they are the GROUP query heads of the kv
     head, BLOCK_POS = BLOCK_M / GROUP positions each, so each K and V tile is loaded once for the whole group."""
     qk_scale = tl.full([], qk_scale, tl.float32)  # under torch.compile Inductor passes a Python float as fp64
     start_m = tl.program_id(0)
-    if REVERSE:
+    row = tl.program_id(1)  # (batch, query head), or (batch, kv head) packed
+    if PAIRED:  # the launch position's rank among all tiles, longest first
+        n_m, rows = tl.num_programs(0), tl.num_programs(1)
+        pid = row * n_m + start_m  # the launch order: the grid's first axis fastest
+        rank = tl.where(pid < sms, pid, n_m * rows - 1 - (pid - sms))
+        start_m = n_m - 1 - rank // rows
+        row = rank % rows
+    elif REVERSE:
         start_m = tl.num_programs(0) - 1 - start_m
-    b = (tl.program_id(1) // H).to(tl.int64)
+    b = (row // H).to(tl.int64)
     if PACK:
-        kv = (tl.program_id(1) % H).to(tl.int64)
+        kv = (row % H).to(tl.int64)
         rows = tl.arange(0, BLOCK_M)
         head = kv * GROUP + (rows // BLOCK_POS).to(tl.int64)  # each row's query head
-        offs_m = start_m * BLOCK_POS + rows % BLOCK_POS  # and its position
+        offs_pos = rows % BLOCK_POS  # and its position in the block
     else:
-        h = tl.program_id(1) % H
+        h = row % H
         kv = (h // GROUP).to(tl.int64)  # grouped-query attention: the query head's kv head, no repeated copy
         head = h.to(tl.int64)
-        offs_m = start_m * BLOCK_POS + tl.arange(0, BLOCK_M)
+        offs_pos = tl.arange(0, BLOCK_M)
     q_base = q_ptr + b * stride_qb
     k_base = k_ptr + b * stride_kb + kv * stride_kh
     v_base = v_ptr + b * stride_vb + kv * stride_vh
@@ -220,12 +237,38 @@ def _rope_attention_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, o_ptr, S, H, G
     if TMA_KV:  # the pre-pass's K rows (2 * HALF_PAD wide, contiguous) and V's rows of this (batch, kv head)
         k_base = tl.make_tensor_descriptor(k_base, [S, 2 * HALF_PAD], [stride_ks, 1], [BLOCK_N, 2 * HALF_PAD])
         v_base = tl.make_tensor_descriptor(v_base, [S, HEAD_DIM], [stride_vs, 1], [BLOCK_N, D_PAD])
+    if FOLD:  # block j, then its mirror n-1-j (none for the middle one): every program does the same work
+        mirror = tl.cdiv(S, BLOCK_POS) - 1 - start_m
+        for fold in range(0, tl.where(mirror > start_m, 2, 1)):
+            _query_block(start_m + fold * (mirror - start_m), q_base, k_base, v_base, o_base, cos_base,
+                         sin_base, head, offs_pos, S, qk_scale, stride_qh, stride_qs, stride_qd,
+                         stride_ks, stride_kd, stride_vs, stride_vd, stride_oh, stride_os, stride_od, stride_cs,
+                         stride_ss, BLOCK_M, BLOCK_POS, BLOCK_N, HALF, ROT_HALF, K_ROT_HALF, HALF_PAD, HEAD_DIM,
+                         D_PAD, EVEN_HALF, EVEN_D, CAUSAL, ROTATE_K, DOT_PRECISION, TMA_KV)
+    else:
+        _query_block(start_m, q_base, k_base, v_base, o_base, cos_base, sin_base, head, offs_pos, S,
+                     qk_scale, stride_qh, stride_qs, stride_qd, stride_ks, stride_kd, stride_vs, stride_vd,
+                     stride_oh, stride_os, stride_od, stride_cs, stride_ss, BLOCK_M, BLOCK_POS, BLOCK_N, HALF,
+                     ROT_HALF, K_ROT_HALF, HALF_PAD, HEAD_DIM, D_PAD, EVEN_HALF, EVEN_D, CAUSAL, ROTATE_K,
+                     DOT_PRECISION, TMA_KV)
+
+
+@triton.jit
+def _query_block(start_m, q_base, k_base, v_base, o_base, cos_base, sin_base, head, offs_pos, S, qk_scale,
+                 stride_qh, stride_qs, stride_qd, stride_ks, stride_kd, stride_vs, stride_vd,
+                 stride_oh, stride_os, stride_od, stride_cs, stride_ss,
+                 BLOCK_M: tl.constexpr, BLOCK_POS: tl.constexpr, BLOCK_N: tl.constexpr, HALF: tl.constexpr,
+                 ROT_HALF: tl.constexpr, K_ROT_HALF: tl.constexpr, HALF_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+                 D_PAD: tl.constexpr, EVEN_HALF: tl.constexpr, EVEN_D: tl.constexpr, CAUSAL: tl.constexpr,
+                 ROTATE_K: tl.constexpr, DOT_PRECISION: tl.constexpr, TMA_KV: tl.constexpr):
+    """Query block start_m of one program's rows (offs_pos: each row's position in the block, head: its query head):
+    its Q rotated, the keys folded in, its output stored."""
+    offs_m = start_m * BLOCK_POS + offs_pos
     offs_h = tl.arange(0, HALF_PAD)
     offs_d = tl.arange(0, D_PAD)
-
     q_lo, q_hi = _halves(q_base, cos_base, sin_base, offs_m, head * stride_qh + offs_m.to(tl.int64) * stride_qs,
                          offs_h, stride_qd, stride_cs, stride_ss, S, HALF, ROT_HALF, True, EVEN_HALF)
-    q = tl.interleave(q_lo.to(q_ptr.dtype.element_ty), q_hi.to(q_ptr.dtype.element_ty))
+    q = tl.interleave(q_lo.to(q_base.dtype.element_ty), q_hi.to(q_base.dtype.element_ty))
     offs_k = tl.arange(0, 2 * HALF_PAD)
     acc = tl.zeros((BLOCK_M, D_PAD), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
@@ -250,7 +293,7 @@ def _rope_attention_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, o_ptr, S, H, G
     out = acc / l_i[:, None]
     o_rows = head * stride_oh + offs_m.to(tl.int64) * stride_os
     o_ptrs = o_base + o_rows[:, None] + offs_d[None, :] * stride_od
-    tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=(offs_m[:, None] < S) & (offs_d[None, :] < HEAD_DIM))
+    tl.store(o_ptrs, out.to(o_base.dtype.element_ty), mask=(offs_m[:, None] < S) & (offs_d[None, :] < HEAD_DIM))
 
 
 @triton.jit
@@ -287,15 +330,20 @@ def _auto_config(d_pad, dtype, rotate_k):
 
 
 def _tma_kv_ok(k, v) -> bool:
-    """K and V tiles through TMA: a Hopper+ GPU, 16-bit, a head dim of 64 or 128 (a tile as wide as the head), V's
+    """K and V tiles through TMA: a Hopper+ GPU, 16-bit, a head dim of 64, 128 or 256 (a tile as wide as the head), V's
     rows unit-stride and every stride and base 16-byte aligned (the pre-pass's K is a fresh contiguous buffer)."""
     if not v.is_cuda or _capability_major(v.get_device()) < 9 or v.dtype not in (torch.float16, torch.bfloat16):
         return False
-    if v.shape[-1] not in (64, 128):
+    if v.shape[-1] not in (64, 128, 256):
         return False
     size = v.element_size()
     return v.stride(3) == 1 and all(st * size % 16 == 0 for st in v.stride()[:3]) and \
         all(_address(t) % 16 == 0 for t in (k, v))
+
+
+@functools.cache
+def _sm_count(device_index: int) -> int:  # once per device: the query costs host time on every call
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 @functools.cache
@@ -359,20 +407,28 @@ def kernel_fn(q, k, v, cos, sin, causal=True, sm_scale=None):
     block_n = min(block_n, block_m)  # the causal diagonal is whole BLOCK_N steps
     if not rotate_k:
         k = _rotate_k(k, cos3, cb, cs, sin3, sb, ss, half, rot_half, half_pad)
-    tma_kv = KV_LOADS == "tma" and not rotate_k and _tma_kv_ok(k, v)
+    loads = KV_LOADS if KV_LOADS != "auto" else ("tma" if d_pad >= 256 else "pointers")
+    tma_kv = loads == "tma" and not rotate_k and _tma_kv_ok(k, v)
     if tma_kv:
         triton.set_allocator(_scratch)
     group = heads // kv_heads
     pack = PACK_GQA and group > 1 and block_m % group == 0  # the group's heads fill the tile evenly
     block_pos = block_m // group if pack else block_m
     grid = ((seq + block_pos - 1) // block_pos, batch * (kv_heads if pack else heads))
+    order = CAUSAL_ORDER if CAUSAL_ORDER != "auto" else ("fold" if d_pad >= 256 else "longest_first")
+    order = order if causal else "launch"
+    tiles = grid[0] * grid[1]
+    sms = _sm_count(q.get_device()) if q.is_cuda else max(1, tiles // 2)  # interpreted: a mapping at every shape
+    paired = order == "paired" and tiles <= 2 * sms  # else longest first
+    if order == "fold":
+        grid = ((grid[0] + 1) // 2, grid[1])
     _rope_attention_kernel[grid](
-        q, k, v, cos3, sin3, out, seq, kv_heads if pack else heads, group, scale * LOG2E,
+        q, k, v, cos3, sin3, out, seq, kv_heads if pack else heads, group, scale * LOG2E, sms,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(), cb, cs, sb, ss,
         BLOCK_M=block_m, BLOCK_POS=block_pos, BLOCK_N=block_n, HALF=half, ROT_HALF=rot_half,
         K_ROT_HALF=rot_half if rotate_k else half, HALF_PAD=half_pad, HEAD_DIM=head_dim, D_PAD=d_pad,
         EVEN_HALF=half == half_pad, EVEN_D=head_dim == d_pad, CAUSAL=bool(causal), ROTATE_K=rotate_k,
-        REVERSE=bool(causal) and REVERSE_CAUSAL_ORDER, PACK=pack, TMA_KV=tma_kv,
+        REVERSE=order in ("longest_first", "paired"), PAIRED=paired, FOLD=order == "fold", PACK=pack, TMA_KV=tma_kv,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=warps, num_stages=stages)
     return out

@@ -424,6 +424,34 @@ def test_packed_gqa_computes_each_query_head_s_own_attention(interpreter, repo_r
     assert off and all(off)
 
 
+ORDER_BUGS = {"fold": ("mirror = tl.cdiv(S, BLOCK_POS) - 1 - start_m", "mirror = tl.cdiv(S, BLOCK_POS) - 2 - start_m"),
+              "paired": ("rank = tl.where(pid < sms, pid, n_m * rows - 1 - (pid - sms))",
+                         "rank = tl.where(pid < sms, pid, n_m * rows - 2 - (pid - sms))")}
+
+
+@pytest.mark.parametrize("order", ["launch", "paired", "fold"])
+def test_every_causal_order_computes_each_query_block_once(interpreter, repo_root, tmp_path, order):
+    """CAUSAL_ORDER: a program's query blocks (one, its rank among all tiles, or a block and its mirror) cover every
+    block once, packed or not, at every shape of the sweep and the edges (odd block counts: the middle block folds
+    onto itself); a mirror or a rank one block off leaves a block unwritten and is caught."""
+    spec = get_spec(TYPE)
+    source = (repo_root / "kernels" / f"{TYPE}.py").read_text()
+    gen = torch.Generator().manual_seed(2)
+    shapes = [(shape, spec.make_inputs(shape, torch.float32, "cpu", gen))
+              for shape in spec.sweep(True) + spec.edges(True)]
+    for pack in (False, True):
+        module = _with(source, tmp_path, f"{order}_{pack}", CAUSAL_ORDER=order, PACK_GQA=pack, BLOCK_M=32)
+        for shape, inputs in shapes:
+            got, expected = module.kernel_fn(*inputs), spec.reference(*inputs)
+            torch.testing.assert_close(got, expected, atol=2e-3, rtol=2e-3, msg=str(shape))
+    if order in ORDER_BUGS:
+        assert ORDER_BUGS[order][0] in source
+        wrong = _with(source.replace(*ORDER_BUGS[order]), tmp_path, f"wrong_{order}", CAUSAL_ORDER=order, BLOCK_M=32)
+        causal = [inputs for shape, inputs in shapes if shape.get("causal", True) and shape["S"] > 64]
+        assert causal and any(not torch.allclose(torch.nan_to_num(wrong.kernel_fn(*inputs), nan=1e9),
+                                                 spec.reference(*inputs), atol=2e-3, rtol=2e-3) for inputs in causal)
+
+
 @pytest.mark.parametrize("pack", [False, True])
 def test_k_and_v_through_tma_descriptors_compute_the_reference(interpreter, repo_root, tmp_path, monkeypatch, pack):
     """KV_LOADS = "tma": the pre-pass's K rows and V's rows (a strided view, as HF's projections give it) through
@@ -451,12 +479,13 @@ def hopper_args(module):
 
 @pytest.mark.slow(15)
 def test_the_untimed_switches_compile_for_hopper(repo_root):
-    """PACK_GQA and KV_LOADS = "tma", which the screen tries on an H100, compile for sm_90 (descriptors made on the
-    device take global scratch)."""
+    """PACK_GQA, KV_LOADS = "tma" and the causal orders, which the screen tries on an H100, compile for sm_90
+    (descriptors made on the device take global scratch)."""
     import helpers
 
     path = repo_root / "kernels" / f"{TYPE}.py"
-    jobs = [(path, {"KV_LOADS": "tma"}), (path, {"KV_LOADS": "tma", "PACK_GQA": True}), (path, {"PACK_GQA": True})]
+    jobs = [(path, {"KV_LOADS": "tma"}), (path, {"KV_LOADS": "tma", "PACK_GQA": True}), (path, {"PACK_GQA": True}),
+            (path, {"KV_LOADS": "tma", "CAUSAL_ORDER": "fold"}), (path, {"CAUSAL_ORDER": "paired"})]
     compiled = helpers.compiled_for(helpers.HOPPER, jobs, "test_rope_attention:hopper_args", "_rope_attention_kernel")
-    assert [len(launches) for launches in compiled] == [1, 1, 1]
-    assert [launches[0]["global_scratch_size"] > 0 for launches in compiled] == [True, True, False]
+    assert [len(launches) for launches in compiled] == [1, 1, 1, 1, 1]
+    assert [launches[0]["global_scratch_size"] > 0 for launches in compiled] == [True, True, False, True, False]
