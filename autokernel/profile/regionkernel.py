@@ -47,6 +47,7 @@ def subgraph(nodes: list, casts: bool = False) -> tuple[torch.fx.GraphModule, li
     become their input unless `casts`. The outputs are the nodes whose values leave the region (the last one, if
     none does): one tensor, or a tuple of them (a residual stream and its norm)."""
     graph, env, reads = torch.fx.Graph(), {}, []
+    nodes = _with_items(nodes)
     inside = {n.name for n in nodes}
     for n in nodes:
         if op_name(n) in VIEWS and n.args[0].name not in inside:  # a view of what it reads: read the view
@@ -67,6 +68,15 @@ def subgraph(nodes: list, casts: bool = False) -> tuple[torch.fx.GraphModule, li
     graph.output(env[leaving[0].name] if len(leaving) == 1 else tuple(env[n.name] for n in leaving))
     graph.eliminate_dead_code()
     return torch.fx.GraphModule(torch.nn.Module(), graph), reads
+
+
+def _with_items(nodes: list) -> list:
+    """The nodes with the getitems that take apart their tuples (var_mean's variance and mean), each after its
+    tuple: a fused kernel's origins leave them out, and a tuple whose items are read inside is no output."""
+    inside, out = {n.name for n in nodes}, []
+    for n in nodes:
+        out += [n, *(u for u in n.users if op_name(u) == "getitem" and u.name not in inside)]
+    return out
 
 
 def reference_source(nodes: list, name: str = "reference", casts: bool = False) -> tuple[str, list]:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from autokernel.kerneltype import KernelSpec
+from autokernel.kerneltype import TOLERANCES, KernelSpec
 
 PREFIX = "region/"
 SWEEP_ELEMENTS = 2**28  # the most elements an input of a region's sweep has, the model's own shape aside
@@ -88,6 +88,10 @@ def module_path(name: str, root: Path) -> Path:
     return root / DIR / f"{match.group(1)}.py"
 
 
+ROUNDING_ALLOWANCE = 8.0  # a region kernel may be off by this many times the error of its math run in float32
+RTOL32 = TOLERANCES[torch.float32][1]
+
+
 def region_spec(name: str, reference, inputs: tuple, rows: int, ops: int = 1) -> KernelSpec:
     """The KernelSpec of a region that reads `inputs` ((shape, dtype) each, captured with `rows` rows) and computes
     `ops` elementwise ops per output element (its FLOP count for the roofline)."""
@@ -108,6 +112,15 @@ def region_spec(name: str, reference, inputs: tuple, rows: int, ops: int = 1) ->
     def flops(shape) -> int:
         return max(torch.Size(s).numel() for s in shapes_at(shape["M"])) * max(1, ops)
 
+    def error_scale(inputs):
+        """Where the region's math is ill-conditioned (the norm of nearly equal values: their mean subtracted, then
+        divided by a tiny deviation) the error the math itself makes in float32, which the model's own kernel makes
+        too: each output may be off by ROUNDING_ALLOWANCE times it (in float32's rtol units, compare's scale)."""
+        exact, single = reference(*inputs), reference(*(x.float() for x in inputs))
+        pairs = zip(exact, single) if isinstance(exact, tuple) else [(exact, single)]
+        scales = tuple((s.double() - e).abs().nan_to_num(0.0) * (ROUNDING_ALLOWANCE / RTOL32) for e, s in pairs)
+        return scales if isinstance(exact, tuple) else scales[0]
+
     def scaled(factor: float, offset: float = 0.0):  # inputs that stress the numerics: huge, or nearly equal
         def make(shape, dtype, device, gen):
             return tuple(x * factor + offset for x in make_inputs(shape, torch.float32, device, gen))
@@ -126,7 +139,7 @@ def region_spec(name: str, reference, inputs: tuple, rows: int, ops: int = 1) ->
         shapes=[{"M": m} for m in sorted({rows, *filter(fits, (1, 16, 128, 2 * rows))})],
         small_shapes=[{"M": m} for m in small],
         edge_shapes=[{"M": m} for m in filter(fits, (7, 33))] or [{"M": 1}], small_edge_shapes=[{"M": 5}],
-        bench_shape={"M": rows},
+        bench_shape={"M": rows}, error_scale=error_scale,
         small_bench_shape={"M": min(rows, 16)}, bytes_moved=bytes_moved, flops=flops,
         adversarial={"large values": scaled(100.0), "nearly equal values": scaled(1e-3, 1.0)},
         description=f"a region of a model, captured from torch.compile's graph ({rows} rows)")
