@@ -41,7 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--regions", type=int, default=0, metavar="N",
                    help="also make kernel types of the plan's N largest regions no built-in type covers (profile.py "
                         "--regions): workspace/regions/<name>.py (the reference, read-only) and a Triton starter "
-                        "RNN_<name>.py (elementwise regions, and those that reduce over their rows)")
+                        "RNN_<name>.py (elementwise regions, and those that reduce over their rows; a larger region "
+                        "without a starter is passed over, with why)")
     p.add_argument("--backend", choices=["triton", "cuda"], default="triton",
                    help="triton: kernels/<type>.py; cuda: kernels/cuda/<type>.py (default triton)")
     p.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT_DIR,
@@ -72,7 +73,8 @@ def run(args) -> int:
         share = "" if share is None else f"{share:6.1%}"
         primary = " ".join(f"{k}={v}" for k, v in r.shapes[0].items()) if r.shapes else "no shapes recorded"
         if r.path is None:
-            print(f"  #{r.rank} {r.type:<17} {share}  MISSING: {r.problem}")
+            print(f"  #{r.rank} {r.type:<17} {share}  {'PASSED OVER' if r.type.startswith('region/') else 'MISSING'}: "
+                  f"{r.problem}")
         else:
             print(f"  #{r.rank} {r.type:<17} {share}  -> {_rel(r.path)}  "
                   f"({len(r.shapes)} model shapes; primary {primary})")
@@ -83,10 +85,19 @@ def run(args) -> int:
         copied = "" if args.plan.resolve() == target else f" (a copy of {_rel(args.plan)})"
         print(f"kernel files recorded in {_rel(recorded)}{copied}: `python orchestrate.py run` takes them")
         print(f"next: python bench.py {_rel(written[0].path)}")
-    missing = [r for r in results if r.path is None]
+    passed = [r for r in regions if r.path is None]
+    if passed:
+        print(f"extract.py: {len(passed)} larger region(s) passed over: no starter for them yet (above)",
+              file=sys.stderr)
+    missing = [r for r in results[:len(results) - len(regions)] if r.path is None]
     if missing:
-        print(f"extract.py: {len(missing)} of {len(results)} starters do not exist yet: "
+        print(f"extract.py: {len(missing)} of {len(results) - len(regions)} starters do not exist yet: "
               f"{', '.join(r.type for r in missing)}", file=sys.stderr)
+    made = len(regions) - len(passed)
+    if made < args.regions:
+        print(f"extract.py: {made} of the {args.regions} region kernels asked for: the plan's other regions have no "
+              "starter", file=sys.stderr)
+    if missing or made < args.regions:
         return cli.EXIT_FAILURE
     return 0
 

@@ -6,6 +6,7 @@ On the CPU Inductor makes C++ kernels, which the profiler times by name as it ti
 
 import contextlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -388,6 +389,29 @@ MAKES_ITS_OWN = '''def reference(in0):
     where = torch.ops.aten.where.ScalarOther(le, in0, nan)
     return where
 '''
+
+
+@pytest.mark.slow(10)
+def test_extract_passes_over_a_larger_region_it_cannot_make_and_takes_the_next(region_plan, tmp_path):
+    """Pythia-410M's two largest uncovered regions on an H100 were a causal mask (an iota of its own) and a transpose:
+    `extract.py --regions 2` made neither and stopped there. A region without a starter is passed over, said why,
+    and the next one taken; asking for more than can be made still fails."""
+    mask = {**region_plan["regions"][0], "name": "triton_poi_fused_mask_iota_0", "share": 0.5, "f": 0.5,
+            "code": MAKES_ITS_OWN.format(dev="cpu")}
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({**region_plan, "regions": [mask, *region_plan["regions"]]}))
+    out = tmp_path / "kernels"
+    env = {**os.environ, "AUTOKERNEL_REGIONS": str(tmp_path / "workspace" / "regions")}
+    r = subprocess.run([sys.executable, "extract.py", "--plan", str(plan), "--top", "1", "--regions", "1",
+                        "--output-dir", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "PASSED OVER" in r.stdout and "tensors of its own" in r.stdout and "passed over" in r.stderr
+    [made] = sorted(out.glob("R*.py"))
+    assert made.name.startswith("R02_fused_div_mul_sigmoid_tanh_1_")
+    asked = len(region_plan["regions"]) + 1  # more than the plan's regions can give
+    r = subprocess.run([sys.executable, "extract.py", "--plan", str(plan), "--top", "1", "--regions", str(asked),
+                        "--output-dir", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode != 0 and f"of the {asked} region kernels asked for" in r.stderr
 
 
 @pytest.mark.parametrize("dev", ["cpu", "cuda:7"])

@@ -170,15 +170,18 @@ REGION_SPEEDUP = 1.5  # a region's expected speedup over eager until its kernel 
 
 
 def extract_regions(plan: dict, top: int, out_dir: Path, root: Path) -> list[Extracted]:
-    """For the plan's `top` largest regions no type covers (profile.py --regions): the region's type module,
-    workspace/regions/<name>.py (read-only), and its starter, out_dir/RNN_<name>.py; a region without a starter
-    (reductions, integer inputs, several outputs, so far) is reported with why."""
+    """For the plan's `top` largest regions no type covers (profile.py --regions) that can be made kernels: the
+    region's type module, workspace/regions/<name>.py (read-only), and its starter, out_dir/RNN_<name>.py (NN its
+    rank among the regions). A larger region without a starter (one that makes tensors of its own, integer inputs,
+    too many outputs, so far) is passed over and reported with why (its path None), largest first."""
     from autokernel.profile import regionkernel
     from autokernel.types import _region as regiontype
 
     model, origin = plan.get("model", "the model"), model_origin(plan)
     results = []
-    for k, region in enumerate(cut_regions(plan)[:top], start=1):
+    for k, region in enumerate(cut_regions(plan), start=1):
+        if sum(r.path is not None for r in results) == top:
+            break
         type_ = regiontype.type_name(region)
         shapes = [{"M": regiontype.rows_of(region)}]
         module = regiontype.module_path(type_, root)
