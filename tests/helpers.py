@@ -53,10 +53,10 @@ HOPPER = ("cuda", 90, 32)  # the GPU machine's target: compute capability 9.0, 3
 def compiled_for(target: tuple, jobs: list[tuple], args_of: str, kernels_named: str = "") -> list[list[dict]]:
     """The @triton.jit launches kernel_fn makes, compiled for a GPU target (backend, capability, warp size) on this
     CPU-only machine (Triton's compiler and its bundled ptxas need no device): per job (a kernel file, module
-    constants to set first), per launch of a kernel whose name ends with `kernels_named`, its name and metadata
-    (global_scratch_size, shared). The launches are recorded, not run, in one fresh Python without the interpreter
-    (a process's @triton.jit functions are all interpreted or none). args_of: "module:function" that gives
-    kernel_fn's arguments from the module."""
+    constants to set first), per launch of a kernel whose name ends with `kernels_named`, its name, metadata
+    (global_scratch_size, shared) and grid (a tuple's, else None). The launches are recorded, not run, in one fresh
+    Python without the interpreter (a process's @triton.jit functions are all interpreted or none). args_of:
+    "module:function" that gives kernel_fn's arguments from the module."""
     code = "import sys, json, helpers; print(json.dumps(helpers._compile_launches(*json.loads(sys.argv[1]))))"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "tests"), env.get("PYTHONPATH", "")])
@@ -86,15 +86,16 @@ def _compile_launches(target: list, jobs: list, args_of: str, kernels_named: str
         def record(kernel, grid, kernel_args, kwargs, launches=launches):
             options = {k: kwargs.pop(k) for k in ("num_warps", "num_stages") if k in kwargs}
             bound = dict(zip(kernel.arg_names, compat.launch_arguments(kernel, kernel_args, kwargs)))
-            launches.append((kernel, bound, options))
+            launches.append((kernel, bound, options, grid))
 
         args = args_for(module)  # before the namespace is copied: it may set module constants too
         launchers.rebound(module.kernel_fn, compat.is_jit_kernel,
                           lambda k, record=record: launchers.Intercepted(k, record))(*args)
-        compiled = [(kernel, compat.compile_for(tuple(target), kernel, *rest)) for kernel, *rest in launches
-                    if kernel.__name__.endswith(kernels_named)]
+        compiled = [(kernel, compat.compile_for(tuple(target), kernel, bound, options), grid)
+                    for kernel, bound, options, grid in launches if kernel.__name__.endswith(kernels_named)]
         found.append([{"kernel": kernel.__name__, "global_scratch_size": k.metadata.global_scratch_size,
-                       "shared": k.metadata.shared} for kernel, k in compiled])
+                       "shared": k.metadata.shared, "grid": list(grid) if isinstance(grid, (tuple, list)) else None}
+                      for kernel, k, grid in compiled])
     return found
 
 

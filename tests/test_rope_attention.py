@@ -477,6 +477,26 @@ def hopper_args(module):
     return get_spec(TYPE).make_inputs(shape, torch.float16, "cpu", torch.Generator().manual_seed(0))
 
 
+def hopper_args_d256(module):
+    """kernel_fn's arguments at Gemma-2's head dim (256), the TMA gate open as on an H100."""
+    module._tma_kv_ok = lambda k, v: True
+    shape = {"B": 1, "Hq": 8, "Hkv": 4, "S": 256, "D": 256, "causal": True}
+    return get_spec(TYPE).make_inputs(shape, torch.float16, "cpu", torch.Generator().manual_seed(0))
+
+
+@pytest.mark.slow(15)
+def test_the_head_dim_256_defaults_compile_for_hopper_within_its_shared_memory(repo_root):
+    """At head dim 256 the file's defaults take K and V through TMA (descriptors made on the device: global
+    scratch) and fold the causal blocks, with 64x32 tiles: compiled for sm_90, within an H100's 227 KB per block."""
+    import helpers
+
+    path = repo_root / "kernels" / f"{TYPE}.py"
+    [[launch]] = helpers.compiled_for(helpers.HOPPER, [(path, {})], "test_rope_attention:hopper_args_d256",
+                                      "_rope_attention_kernel")
+    assert launch["global_scratch_size"] > 0 and launch["shared"] <= 232448
+    assert launch["grid"][:2] == [2, 8]  # 256 positions: 4 query blocks of 64, folded in pairs; 8 query heads
+
+
 @pytest.mark.slow(15)
 def test_the_untimed_switches_compile_for_hopper(repo_root):
     """PACK_GQA, KV_LOADS = "tma" and the causal orders, which the screen tries on an H100, compile for sm_90
