@@ -210,11 +210,11 @@ def _rope_attention_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, o_ptr, S, H, G
     start_m = tl.program_id(0)
     row = tl.program_id(1)  # (batch, query head), or (batch, kv head) packed
     if PAIRED:  # the launch position's rank among all tiles, longest first
-        n_m, rows = tl.num_programs(0), tl.num_programs(1)
+        n_m, n_rows = tl.num_programs(0), tl.num_programs(1)
         pid = row * n_m + start_m  # the launch order: the grid's first axis fastest
-        rank = tl.where(pid < sms, pid, n_m * rows - 1 - (pid - sms))
-        start_m = n_m - 1 - rank // rows
-        row = rank % rows
+        rank = tl.where(pid < sms, pid, n_m * n_rows - 1 - (pid - sms))
+        start_m = n_m - 1 - rank // n_rows
+        row = rank % n_rows
     elif REVERSE:
         start_m = tl.num_programs(0) - 1 - start_m
     b = (row // H).to(tl.int64)

@@ -425,8 +425,8 @@ def test_packed_gqa_computes_each_query_head_s_own_attention(interpreter, repo_r
 
 
 ORDER_BUGS = {"fold": ("mirror = tl.cdiv(S, BLOCK_POS) - 1 - start_m", "mirror = tl.cdiv(S, BLOCK_POS) - 2 - start_m"),
-              "paired": ("rank = tl.where(pid < sms, pid, n_m * rows - 1 - (pid - sms))",
-                         "rank = tl.where(pid < sms, pid, n_m * rows - 2 - (pid - sms))")}
+              "paired": ("rank = tl.where(pid < sms, pid, n_m * n_rows - 1 - (pid - sms))",
+                         "rank = tl.where(pid < sms, pid, n_m * n_rows - 2 - (pid - sms))")}
 
 
 @pytest.mark.parametrize("order", ["launch", "paired", "fold"])
