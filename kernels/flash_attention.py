@@ -19,7 +19,8 @@ and exponentiated with exp2. The head dim is padded to a power of two and masked
 Variants:
   "split"        the causal key loop in two parts: the blocks left of the diagonal run without any
                  mask, only the BLOCK_M-wide diagonal block is masked; non-causal: full key blocks
-                 unmasked, only the ragged tail masked. Causal programs start from the longest rows.
+                 unmasked, only the ragged tail masked. Causal programs start from the longest rows
+                 (CAUSAL_ORDER; "fold" gives each program a block and its mirror, in every variant).
   "single_loop"  one loop with every mask on every block: simpler, slower; a baseline for the split.
   "tma"          the split loop as Triton's tutorial 06-fused-attention writes it for Hopper: Q, K, V
                  and O go through host-side tensor descriptors over the [B*H*S, D] view. Each K/V tile
@@ -62,7 +63,9 @@ BLOCK_M = 0  # query rows per program; 0 = by head dim and dtype (64 for 16-bit 
 BLOCK_N = 0  # keys per inner step; 0 = by head dim and dtype (64); capped at BLOCK_M
 NUM_WARPS = 0  # 0 = by tile (4 for 16-bit tiles)
 NUM_STAGES = 0  # K/V pipeline depth; 0 = by tile (3)
-REVERSE_CAUSAL_ORDER = True  # causal: launch the longest query blocks first to shorten the tail
+CAUSAL_ORDER = "longest_first"  # causal: "longest_first" (the longest query blocks launched first, to shorten
+# the tail) | "launch" | "fold" (each program a block and its mirror: the same work for all; rope_attention's
+# docstring has what it did there, untimed here)
 DESCRIPTORS = "host"  # "tma": "host" | "device" (made by each program; see the docstring)
 # "auto" takes TMA only from this many FLOPs: a launch on host-side descriptors costs the host more than a
 # pointer launch (docs/launch-cost.md), and a call must keep the GPU busy for longer than that.
@@ -74,7 +77,7 @@ TUNABLES = {
     "BLOCK_N": [0, 32, 64, 128],
     "NUM_WARPS": [0, 4, 8],
     "NUM_STAGES": [0, 1, 2, 3, 4, 5],
-    "REVERSE_CAUSAL_ORDER": [True, False],
+    "CAUSAL_ORDER": ["longest_first", "launch", "fold"],
     "DESCRIPTORS": ["host", "device"],
 }
 
@@ -141,8 +144,9 @@ def _flash_attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, alibi_ptr, S, H, GROUP, 
                             stride_ob, stride_oh, stride_os, stride_od,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                             D_PAD: tl.constexpr, CAUSAL: tl.constexpr, SPLIT: tl.constexpr,
-                            EVEN_D: tl.constexpr, REVERSE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                            WINDOWED: tl.constexpr, CAPPED: tl.constexpr, ALIBI: tl.constexpr):
+                            EVEN_D: tl.constexpr, REVERSE: tl.constexpr, FOLD: tl.constexpr,
+                            DOT_PRECISION: tl.constexpr, WINDOWED: tl.constexpr, CAPPED: tl.constexpr,
+                            ALIBI: tl.constexpr):
     qk_scale = tl.full([], qk_scale, tl.float32)  # under torch.compile Inductor passes a Python float as fp64
     cap = tl.full([], cap, tl.float32)
     start_m = tl.program_id(0)
@@ -158,9 +162,28 @@ def _flash_attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, alibi_ptr, S, H, GROUP, 
     slope = 0.0
     if ALIBI:  # the head's ALiBi slope, in the scores' log2 units
         slope = tl.load(alibi_ptr + h).to(tl.float32) * 1.4426950408889634
+    if FOLD:  # block j, then its mirror n-1-j (none for the middle one): every program does the same work
+        mirror = tl.cdiv(S, BLOCK_M) - 1 - start_m
+        for fold in range(0, tl.where(mirror > start_m, 2, 1)):
+            _query_block(start_m + fold * (mirror - start_m), q_base, k_base, v_base, o_base, S, qk_scale, window,
+                         cap, slope, stride_qs, stride_qd, stride_ks, stride_kd, stride_vs, stride_vd, stride_os,
+                         stride_od, BLOCK_M, BLOCK_N, HEAD_DIM, D_PAD, CAUSAL, SPLIT, EVEN_D, DOT_PRECISION, WINDOWED,
+                         CAPPED, ALIBI)
+    else:
+        _query_block(start_m, q_base, k_base, v_base, o_base, S, qk_scale, window, cap, slope, stride_qs, stride_qd,
+                     stride_ks, stride_kd, stride_vs, stride_vd, stride_os, stride_od, BLOCK_M, BLOCK_N, HEAD_DIM,
+                     D_PAD, CAUSAL, SPLIT, EVEN_D, DOT_PRECISION, WINDOWED, CAPPED, ALIBI)
+
+
+@triton.jit
+def _query_block(start_m, q_base, k_base, v_base, o_base, S, qk_scale, window, cap, slope, stride_qs, stride_qd,
+                 stride_ks, stride_kd, stride_vs, stride_vd, stride_os, stride_od,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+                 CAUSAL: tl.constexpr, SPLIT: tl.constexpr, EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                 WINDOWED: tl.constexpr, CAPPED: tl.constexpr, ALIBI: tl.constexpr):
+    """The pointer kernel's query block start_m of one (batch, head): Q loaded, the keys folded in, O stored."""
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, D_PAD)
-
     q = _load_tile(q_base, offs_m, offs_d, stride_qs, stride_qd, S, HEAD_DIM, True, EVEN_D)
     acc = tl.zeros((BLOCK_M, D_PAD), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
@@ -186,7 +209,7 @@ def _flash_attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, alibi_ptr, S, H, GROUP, 
                                      BLOCK_N, HEAD_DIM, EVEN_D, CAUSAL, True, DOT_PRECISION, False, CAPPED, ALIBI)
     out = acc / l_i[:, None]
     o_ptrs = o_base + offs_m[:, None] * stride_os + offs_d[None, :] * stride_od
-    tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=(offs_m[:, None] < S) & (offs_d[None, :] < HEAD_DIM))
+    tl.store(o_ptrs, out.to(o_base.dtype.element_ty), mask=(offs_m[:, None] < S) & (offs_d[None, :] < HEAD_DIM))
 
 
 @triton.jit
@@ -218,7 +241,8 @@ def _attn_tma_blocks(acc, l_i, m_i, q, k_desc, v_desc, kv_row0, offs_m, lo, hi, 
 @triton.jit
 def _flash_attention_tma_kernel(q_desc, k_desc, v_desc, o_desc, S, H, GROUP, qk_scale, rows,
                                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-                                CAUSAL: tl.constexpr, REVERSE: tl.constexpr, ON_DEVICE: tl.constexpr):
+                                CAUSAL: tl.constexpr, REVERSE: tl.constexpr, FOLD: tl.constexpr,
+                                ON_DEVICE: tl.constexpr):
     qk_scale = tl.full([], qk_scale, tl.float32)  # under torch.compile Inductor passes a Python float as fp64
     # Descriptors view Q and O as [B*H*S, HEAD_DIM], K and V as [B*(H/GROUP)*S, HEAD_DIM]; S % BLOCK_M == 0, so no
     # tile crosses a head.
@@ -234,6 +258,20 @@ def _flash_attention_tma_kernel(q_desc, k_desc, v_desc, o_desc, S, H, GROUP, qk_
         start_m = tl.num_programs(0) - 1 - start_m
     row0 = tl.program_id(1) * S
     kv_row0 = (tl.program_id(1) // H * (H // GROUP) + tl.program_id(1) % H // GROUP) * S  # its K/V head's rows
+    if FOLD:  # block j, then its mirror n-1-j (none for the middle one): every program does the same work
+        mirror = S // BLOCK_M - 1 - start_m
+        for fold in range(0, tl.where(mirror > start_m, 2, 1)):
+            _tma_query_block(start_m + fold * (mirror - start_m), q_desc, k_desc, v_desc, o_desc, row0, kv_row0, S,
+                             qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL)
+    else:
+        _tma_query_block(start_m, q_desc, k_desc, v_desc, o_desc, row0, kv_row0, S, qk_scale, BLOCK_M, BLOCK_N,
+                         HEAD_DIM, CAUSAL)
+
+
+@triton.jit
+def _tma_query_block(start_m, q_desc, k_desc, v_desc, o_desc, row0, kv_row0, S, qk_scale, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr):
+    """The TMA kernel's query block start_m of one (batch, head), whose rows start at row0 and its K/V's at kv_row0."""
     first = start_m * BLOCK_M
     offs_m = first + tl.arange(0, BLOCK_M)
     q = q_desc.load([row0 + first, 0])
@@ -310,22 +348,27 @@ def _launch_tma(q, k, v, out, causal, qk_scale, cfg):
         q_desc, o_desc = (TensorDescriptor.from_tensor(t.view(-1, head_dim), [block_m, head_dim]) for t in (q, out))
         k_desc, v_desc = (TensorDescriptor.from_tensor(t.view(-1, head_dim), [block_n, head_dim]) for t in (k, v))
         descs = (q_desc, k_desc, v_desc, o_desc)
-    grid = (seq // block_m, batch * heads)
+    fold = bool(causal) and CAUSAL_ORDER == "fold"
+    grid = ((seq // block_m + 1) // 2 if fold else seq // block_m, batch * heads)
     _flash_attention_tma_kernel[grid](
         *descs, seq, heads, heads // k.shape[1], qk_scale, batch * heads * seq,
         BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, CAUSAL=bool(causal),
-        REVERSE=bool(causal) and REVERSE_CAUSAL_ORDER, ON_DEVICE=on_device, num_warps=warps, num_stages=stages)
+        REVERSE=bool(causal) and CAUSAL_ORDER == "longest_first", FOLD=fold, ON_DEVICE=on_device, num_warps=warps,
+        num_stages=stages)
 
 
 def _launch_pointers(q, k, v, out, causal, qk_scale, cfg, d_pad, window=0, softcap=0.0, alibi=None):
     block_m, block_n, warps, stages = cfg
     batch, heads, seq, head_dim = q.shape
-    grid = ((seq + block_m - 1) // block_m, batch * heads)  # not triton.cdiv: a slow host call on triton 3.6
+    blocks = (seq + block_m - 1) // block_m  # not triton.cdiv: a slow host call on triton 3.6
+    fold = bool(causal) and CAUSAL_ORDER == "fold"
+    grid = ((blocks + 1) // 2 if fold else blocks, batch * heads)
     _flash_attention_kernel[grid](
         q, k, v, out, q if alibi is None else alibi, seq, heads, heads // k.shape[1], qk_scale, window, softcap * LOG2E,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
         BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, D_PAD=d_pad, CAUSAL=bool(causal),
-        EVEN_D=head_dim == d_pad, SPLIT=VARIANT != "single_loop", REVERSE=bool(causal) and REVERSE_CAUSAL_ORDER,
+        EVEN_D=head_dim == d_pad, SPLIT=VARIANT != "single_loop", REVERSE=bool(causal) and CAUSAL_ORDER ==
+        "longest_first", FOLD=fold,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", WINDOWED=window > 0, CAPPED=softcap > 0,
         ALIBI=alibi is not None, num_warps=warps, num_stages=stages)
 

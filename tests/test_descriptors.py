@@ -117,7 +117,10 @@ def test_the_tma_kernels_compile_for_hopper_with_either_descriptors(repo_root):
     map per descriptor and program), host ones none."""
     jobs = [(repo_root / "kernels" / f"{t}.py", {"VARIANT": "tma", "DESCRIPTORS": d, "LINEAR_WEIGHT": linear})
             for t in TMA_TYPES for d in ("host", "device") for linear in ((False, True) if t == "matmul" else (False,))]
+    jobs.append((repo_root / "kernels" / "flash_attention.py", {"VARIANT": "tma", "DESCRIPTORS": "device",
+                                                                 "CAUSAL_ORDER": "fold"}))
     compiled = helpers.compiled_for(helpers.HOPPER, jobs, "test_descriptors:hopper_inputs", "_tma_kernel")
+    assert compiled[-1][0]["grid"][0] == 2  # 256 positions: 4 query blocks of 64, folded in pairs
     for (path, setup), launches in zip(jobs, compiled):
         assert len(launches) == (2 if path.stem == "fused_mlp" else 1), launches  # the MLP's two GEMM phases
         scratch = [k["global_scratch_size"] for k in launches]

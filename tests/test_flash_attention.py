@@ -25,6 +25,32 @@ BUGS = {
 }
 
 
+FOLD_BUG = ("mirror = tl.cdiv(S, BLOCK_M) - 1 - start_m", "mirror = tl.cdiv(S, BLOCK_M) - 2 - start_m")
+
+
+@pytest.mark.parametrize("order", ["launch", "fold"])
+def test_every_causal_order_computes_each_query_block_once(interpreter, repo_root, tmp_path, order):
+    """CAUSAL_ORDER "fold" (each program a query block and its mirror) and "launch" give the reference at every shape
+    of the sweep and the edges, the variants included (a window, a soft cap, ALiBi); a mirror one block off leaves a
+    block unwritten and fails the harness."""
+    from autokernel.kernelfile import apply_config, import_kernel
+
+    spec, source = get_spec(TYPE), (repo_root / "kernels" / f"{TYPE}.py").read_text()
+    path = tmp_path / f"{order}.py"
+    path.write_text(apply_config(source, {"CAUSAL_ORDER": order, "BLOCK_M": 16, "BLOCK_N": 16}))
+    module, gen = import_kernel(path), torch.Generator().manual_seed(3)
+    for shape in spec.sweep(True) + spec.edges(True):
+        inputs = spec.make_inputs(shape, torch.float32, "cpu", gen)
+        torch.testing.assert_close(module.kernel_fn(*inputs), spec.reference(*inputs), atol=2e-3, rtol=2e-3,
+                                   msg=str(shape))
+    if order == "fold":
+        assert bench_planted(tmp_path, TYPE, *FOLD_BUG)["status"] == "pass"  # the default order never folds
+        path.write_text(apply_config(source.replace(*FOLD_BUG), {"CAUSAL_ORDER": "fold", "BLOCK_M": 16,
+                                                                  "BLOCK_N": 16}))
+        from autokernel.harness.runner import run_bench
+        assert run_bench(path, device="cpu", timed=False)["status"] == "fail"
+
+
 def test_the_small_shapes_cover_grouped_heads_a_window_a_soft_cap_and_alibi():
     shapes = get_spec(TYPE).small_shapes
     assert any(s.get("Hkv", s["H"]) < s["H"] for s in shapes)
