@@ -1,10 +1,12 @@
-"""Developer tool (GPU): rope_attention's causal orders (CAUSAL_ORDER) at a few tiles and model shapes, in turns.
+"""Developer tool (GPU): an attention kernel's causal orders (CAUSAL_ORDER) at a few tiles and model shapes, in turns.
 
-    python scripts/causal_orders.py [--rounds 3] [--shapes 1,8,4,2048,256 1,32,4,2048,64]
+    python scripts/causal_orders.py [--type rope_attention|flash_attention] [--rounds 3] [--shapes 1,8,4,2048,256 ...]
 
 Each shape is B,Hq,Hkv,S,D (causal, fp16, HF's [B, S, H, D] projections viewed as [B, H, S, D]); each line one tile
 configuration, its time (do_bench's best of the rounds, the orders interleaved) in each order and its ratio to
 "longest_first", the yardstick SDPA is_causal on q and k rotated (BENCHMARKS.md, rope_attention's causal orders).
+flash_attention takes q and k rotated and times "longest_first", "launch" and "fold" (its tiles' K and V through TMA
+where its "tma" variant applies: D 64 and 128, contiguous; the strided views here run its pointer loop).
 """
 
 import argparse
@@ -20,7 +22,7 @@ SHAPES = ["1,8,4,2048,256", "1,8,4,4096,256", "1,32,4,2048,64", "1,16,8,2048,128
 TILES = {"default tile": {}, "64x32 w4 s2 tma": dict(BLOCK_M=64, BLOCK_N=32, NUM_WARPS=4, NUM_STAGES=2),
          "128x64 w8 s2 tma": dict(BLOCK_M=128, BLOCK_N=64, NUM_WARPS=8, NUM_STAGES=2),
          "64x64 w4 s1 tma": dict(BLOCK_M=64, BLOCK_N=64, NUM_WARPS=4, NUM_STAGES=1)}
-ORDERS = ("longest_first", "paired", "fold")
+ORDERS = {"rope_attention": ("longest_first", "paired", "fold"), "flash_attention": ("longest_first", "launch", "fold")}
 
 
 def inputs(b, hq, hkv, s, d):
@@ -35,16 +37,18 @@ def inputs(b, hq, hkv, s, d):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--type", choices=sorted(ORDERS), default="rope_attention")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--shapes", nargs="+", default=SHAPES, help="B,Hq,Hkv,S,D each")
     args = parser.parse_args()
-    path = Path(__file__).resolve().parent.parent / "kernels" / "rope_attention.py"
+    path = Path(__file__).resolve().parent.parent / "kernels" / f"{args.type}.py"
     spec = importlib.util.spec_from_file_location("ra", path)
     ra = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ra)
     for text in args.shapes:
         b, hq, hkv, s, d = (int(x) for x in text.split(","))
         call, (qr, kr, v) = inputs(b, hq, hkv, s, d)
+        call = call if args.type == "rope_attention" else (qr, kr, v)
         ref = F.scaled_dot_product_attention(qr, kr, v, is_causal=True, enable_gqa=True)
         sdpa = triton.testing.do_bench(
             lambda qr=qr, kr=kr, v=v: F.scaled_dot_product_attention(qr, kr, v, is_causal=True, enable_gqa=True),
@@ -53,10 +57,10 @@ def main():
         for name, tile in TILES.items():
             for key in ("BLOCK_M", "BLOCK_N", "NUM_WARPS", "NUM_STAGES"):
                 setattr(ra, key, tile.get(key, 0))
-            ra.KV_LOADS = "tma" if tile else "pointers"
+            ra.KV_LOADS = "tma" if tile else "pointers"  # rope_attention's; flash_attention has none
             best = {}
             for _ in range(args.rounds):
-                for order in ORDERS:
+                for order in ORDERS[args.type]:
                     ra.CAUSAL_ORDER = order
                     torch.testing.assert_close(ra.kernel_fn(*call), ref, atol=4e-3, rtol=4e-3)
                     ms = triton.testing.do_bench(lambda call=call: ra.kernel_fn(*call), warmup=10, rep=50)
