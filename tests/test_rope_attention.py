@@ -189,8 +189,9 @@ def test_the_causal_mask_patch_reads_the_call_by_its_names(original):
                  {**plain, "config": SimpleNamespace(_attn_implementation="eager")}):
         assert patched(**call) == "a mask"
     window = attention_sites._causal_mask_wrapper(original, attention_sites.MASKS[attention_sites.WINDOWED], True)
-    for sliding, mask in ((5, None), (4, "a mask"), (None, "a mask")):  # 4 tokens: a window of 4 hides nothing yet
-        config = SimpleNamespace(_attn_implementation="sdpa", sliding_window=sliding)  # but transformers' rule is <
+    # 4 tokens: a window of 5 needs no mask; one of 4 hides nothing either, but transformers keeps it (its rule: <)
+    for sliding, mask in ((5, None), (4, "a mask"), (None, "a mask")):
+        config = SimpleNamespace(_attn_implementation="sdpa", sliding_window=sliding)
         assert window(**{**plain, "config": config}) == mask
 
 
