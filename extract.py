@@ -73,8 +73,7 @@ def run(args) -> int:
         share = "" if share is None else f"{share:6.1%}"
         primary = " ".join(f"{k}={v}" for k, v in r.shapes[0].items()) if r.shapes else "no shapes recorded"
         if r.path is None:
-            print(f"  #{r.rank} {r.type:<17} {share}  {'PASSED OVER' if r.type.startswith('region/') else 'MISSING'}: "
-                  f"{r.problem}")
+            print(f"  #{r.rank} {r.type:<17} {share}  {'PASSED OVER' if r in regions else 'MISSING'}: {r.problem}")
         else:
             print(f"  #{r.rank} {r.type:<17} {share}  -> {_rel(r.path)}  "
                   f"({len(r.shapes)} model shapes; primary {primary})")

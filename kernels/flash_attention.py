@@ -348,27 +348,28 @@ def _launch_tma(q, k, v, out, causal, qk_scale, cfg):
         q_desc, o_desc = (TensorDescriptor.from_tensor(t.view(-1, head_dim), [block_m, head_dim]) for t in (q, out))
         k_desc, v_desc = (TensorDescriptor.from_tensor(t.view(-1, head_dim), [block_n, head_dim]) for t in (k, v))
         descs = (q_desc, k_desc, v_desc, o_desc)
-    fold = bool(causal) and CAUSAL_ORDER == "fold"
-    grid = ((seq // block_m + 1) // 2 if fold else seq // block_m, batch * heads)
-    _flash_attention_tma_kernel[grid](
+    programs, reverse, fold = _order(seq // block_m, causal)
+    _flash_attention_tma_kernel[(programs, batch * heads)](
         *descs, seq, heads, heads // k.shape[1], qk_scale, batch * heads * seq,
-        BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, CAUSAL=bool(causal),
-        REVERSE=bool(causal) and CAUSAL_ORDER == "longest_first", FOLD=fold, ON_DEVICE=on_device, num_warps=warps,
-        num_stages=stages)
+        BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, CAUSAL=bool(causal), REVERSE=reverse, FOLD=fold,
+        ON_DEVICE=on_device, num_warps=warps, num_stages=stages)
+
+
+def _order(blocks: int, causal) -> tuple[int, bool, bool]:
+    """(programs along the query blocks, REVERSE, FOLD) of CAUSAL_ORDER for a call of `blocks` query blocks."""
+    fold = bool(causal) and CAUSAL_ORDER == "fold"
+    return (blocks + 1) // 2 if fold else blocks, bool(causal) and CAUSAL_ORDER == "longest_first", fold
 
 
 def _launch_pointers(q, k, v, out, causal, qk_scale, cfg, d_pad, window=0, softcap=0.0, alibi=None):
     block_m, block_n, warps, stages = cfg
     batch, heads, seq, head_dim = q.shape
-    blocks = (seq + block_m - 1) // block_m  # not triton.cdiv: a slow host call on triton 3.6
-    fold = bool(causal) and CAUSAL_ORDER == "fold"
-    grid = ((blocks + 1) // 2 if fold else blocks, batch * heads)
-    _flash_attention_kernel[grid](
+    programs, reverse, fold = _order((seq + block_m - 1) // block_m, causal)  # not triton.cdiv: slow on triton 3.6
+    _flash_attention_kernel[(programs, batch * heads)](
         q, k, v, out, q if alibi is None else alibi, seq, heads, heads // k.shape[1], qk_scale, window, softcap * LOG2E,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
         BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, D_PAD=d_pad, CAUSAL=bool(causal),
-        EVEN_D=head_dim == d_pad, SPLIT=VARIANT != "single_loop", REVERSE=bool(causal) and CAUSAL_ORDER ==
-        "longest_first", FOLD=fold,
+        EVEN_D=head_dim == d_pad, SPLIT=VARIANT != "single_loop", REVERSE=reverse, FOLD=fold,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", WINDOWED=window > 0, CAPPED=softcap > 0,
         ALIBI=alibi is not None, num_warps=warps, num_stages=stages)
 

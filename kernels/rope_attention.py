@@ -407,7 +407,8 @@ def kernel_fn(q, k, v, cos, sin, causal=True, sm_scale=None):
     block_n = min(block_n, block_m)  # the causal diagonal is whole BLOCK_N steps
     if not rotate_k:
         k = _rotate_k(k, cos3, cb, cs, sin3, sb, ss, half, rot_half, half_pad)
-    loads = KV_LOADS if KV_LOADS != "auto" else ("tma" if d_pad >= 256 else "pointers")
+    wide = d_pad >= 256  # "auto": TMA loads and folded blocks at head dim 256 (Gemma-2's), as measured there
+    loads = KV_LOADS if KV_LOADS != "auto" else ("tma" if wide else "pointers")
     tma_kv = loads == "tma" and not rotate_k and _tma_kv_ok(k, v)
     if tma_kv:
         triton.set_allocator(_scratch)
@@ -415,7 +416,7 @@ def kernel_fn(q, k, v, cos, sin, causal=True, sm_scale=None):
     pack = PACK_GQA and group > 1 and block_m % group == 0  # the group's heads fill the tile evenly
     block_pos = block_m // group if pack else block_m
     grid = ((seq + block_pos - 1) // block_pos, batch * (kv_heads if pack else heads))
-    order = CAUSAL_ORDER if CAUSAL_ORDER != "auto" else ("fold" if d_pad >= 256 else "longest_first")
+    order = CAUSAL_ORDER if CAUSAL_ORDER != "auto" else ("fold" if wide else "longest_first")
     order = order if causal else "launch"
     tiles = grid[0] * grid[1]
     sms = _sm_count(q.get_device()) if q.is_cuda else max(1, tiles // 2)  # interpreted: a mapping at every shape

@@ -88,7 +88,7 @@ def _prune_sides(model, optimized, inputs, device, modes, clock, decisions, reus
         kept = optimized.types
         apart = _eager_alone(model, kept, inputs, device, clock, decisions, side, memory)
         if apart:
-            optimized = swap.build(model, [t for t in kept if t not in apart], graphed=kept)
+            return split_eagerly(model, kept, kept, apart), dropped, dropped
         optimized.left_out_eagerly = apart
         return optimized, dropped, dropped
     replan = functools.partial(_plan_compiled_side, ahead, model, optimized, shallow_trials) \
@@ -103,10 +103,15 @@ def _prune_sides(model, optimized, inputs, device, modes, clock, decisions, reus
                               ahead=ahead, memory=memory)
     kept = [t for t in types if t not in dropped]
     apart = _eager_alone(model, kept, inputs, device, clock, decisions, eager, memory)
-    both = swap.build(model, [t for t in kept if t not in apart], traced=[t for t in types if t not in dropped_traced],
-                      graphed=kept)
-    both.left_out_eagerly = apart
-    return both, dropped, dropped_traced
+    return split_eagerly(model, kept, [t for t in types if t not in dropped_traced], apart), dropped, dropped_traced
+
+
+def split_eagerly(model, kept: list[str], traced: list[str], apart: dict[str, str]) -> swap.Optimized:
+    """The model with `kept` where a CUDA graph captures it, those of them not `apart` in plain eager calls
+    (_eager_alone's), `traced` under torch.compile; apart ({type: why}) recorded as its left_out_eagerly."""
+    built = swap.build(model, [t for t in kept if t not in apart], traced=traced, graphed=kept)
+    built.left_out_eagerly = apart
+    return built
 
 
 def _eager_alone(model, kept: list[str], inputs: Callable, device: str, clock: Clock, decisions: dict,

@@ -304,9 +304,8 @@ def _measure(request: Request, model, optimized, choices: dict, inputs, device: 
             eagerly, traced = generation.decide(model, optimized, unrun, prompt, request.generate, device,
                                                 request.compile)
             pruned, pruned_traced = {**pruned, **eagerly}, {**pruned_traced, **traced}
-        kept = [t for t in choices if t not in pruned]
-        deployed = swap.build(model, [t for t in kept if t not in graphs_only],
-                              traced=[t for t in choices if t not in pruned_traced], graphed=kept)
+        deployed = pruning.split_eagerly(model, [t for t in choices if t not in pruned],
+                                         [t for t in choices if t not in pruned_traced], graphs_only)
         generated = generation.measure(model, deployed.module(), prompt, request.generate, device, request.compile)
     return {"decided": decided, "pruned": pruned, "pruned_traced": pruned_traced, "decisions": decisions,
             "pruned_eagerly": graphs_only,
