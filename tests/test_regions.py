@@ -317,8 +317,8 @@ def test_verify_checks_region_kernels_under_compile_and_install_follows_its_repo
 @pytest.mark.slow(25)
 def test_a_region_with_several_outputs_becomes_a_kernel_the_compiled_model_calls(tmp_path, monkeypatch):
     """A residual add and a norm whose results both leave the kernel Inductor made (with a per-row sum): the
-    starter writes each output (rows, and a value per row), passes the five stages, and compiled, the model calls it
-    and gives the original's output."""
+    starter writes each output (rows, and a value per row), passes the five stages with one row a program and with
+    four, and compiled, the model calls it and gives the original's output."""
     import autokernel
     from autokernel.harness.runner import run_bench
     from autokernel.profile.extraction import extract_regions
@@ -332,8 +332,15 @@ def test_a_region_with_several_outputs_becomes_a_kernel_the_compiled_model_calls
     monkeypatch.setenv("AUTOKERNEL_REGIONS", str(tmp_path / "workspace" / "regions"))
     [made] = extract_regions(plan, 1, tmp_path / "kernels", tmp_path)
     assert made.path is not None, made.problem
-    assert "tl.store(out1_ptr + row," in made.path.read_text()  # the per-row sum: one value per program
+    source = made.path.read_text()
+    assert "tl.store(out1_ptr + rows," in source  # the per-row sum: one value per row
     result = run_bench(made.path, device="cpu", timed=False, timeout=300)
+    assert result["status"] == "pass", result.get("reason")
+    # several rows a program (the search's ROWS), the last block part rows past the end (edge shapes 5, 7, 33)
+    rows = made.path.with_name("rows.py")
+    rows.write_text(source.replace("\nROWS = 1 ", "\nROWS = 4 "))
+    assert "ROWS = 4 " in rows.read_text()
+    result = run_bench(rows, device="cpu", timed=False, timeout=300)
     assert result["status"] == "pass", result.get("reason")
     sys.path.insert(0, str(FIXTURE.parent))
     from softcap_model import MixerModel

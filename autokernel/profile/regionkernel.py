@@ -106,6 +106,7 @@ def statements(code: str, rank: int = MAX_DIMS) -> tuple[list[str], list[str], l
     except Exception as e:  # ops that make tensors of their own on a device this machine lacks (iota on a GPU)
         raise ValueError(f"its code does not trace here ({type(e).__name__}: {str(e).splitlines()[0]})") from e
     values, params, lines, reduces = {}, [], [], False
+    seen = {}  # what a statement computes -> its variable: the same math twice (two norms of one sum) computed once
     for n in traced.graph.nodes:
         if n.op == "placeholder":
             params.append(n.name)
@@ -114,10 +115,14 @@ def statements(code: str, rank: int = MAX_DIMS) -> tuple[list[str], list[str], l
             values[n.name] = values[n.args[0].name][n.args[1]]
         elif n.op == "call_function" and op_name(n) in REDUCTIONS:
             reduces = True
-            values[n.name] = _reduction(n, values, lines, rank)
+            key = (op_name(n), values[n.args[0].name], repr(n.args[1:]), repr(n.kwargs))
+            values[n.name] = seen[key] if key in seen else seen.setdefault(key, _reduction(n, values, lines, rank))
         elif n.op == "call_function":
-            lines.append(f"v{len(lines)} = {_expression(n, values)}")
-            values[n.name] = f"v{len(lines) - 1}"
+            expression = _expression(n, values)
+            if expression not in seen:
+                lines.append(f"v{len(lines)} = {expression}")
+                seen[expression] = f"v{len(lines) - 1}"
+            values[n.name] = seen[expression]
         elif n.op == "get_attr":  # a tensor the code made of its own (an iota, a mask): not an input's element
             raise ValueError("it makes tensors of its own (an index or a mask), which a starter does not compute")
         elif n.op == "output":
@@ -133,19 +138,20 @@ def _reduction(node, values: dict, lines: list, rank: int) -> str | tuple:
     dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
     if not isinstance(dims, (list, tuple)) or len(dims) != 1 or dims[0] not in (-1, rank - 1):
         raise ValueError(f"{name} over {dims}: only a reduction over the last dimension is supported")
-    total = f"tl.sum(tl.where(mask, {x}, 0.0), axis=0)"
+    total = f"tl.sum(tl.where(mask, {x}, 0.0), axis=1)[:, None]"  # kept [ROWS, 1]: it broadcasts over the row
     k = len(lines)
     if name == "sum":
         lines.append(f"v{k} = {total}")
     elif name == "mean":
         lines.append(f"v{k} = {total} / N")
     elif name in ("amax", "amin"):
-        lines.append(f"v{k} = tl.{name[1:]}(tl.where(mask, {x}, float('{'-' if name == 'amax' else ''}inf')), axis=0)")
+        fill = "-inf" if name == "amax" else "inf"
+        lines.append(f"v{k} = tl.{name[1:]}(tl.where(mask, {x}, float('{fill}')), axis=1)[:, None]")
     else:  # var_mean
         correction = node.kwargs.get("correction", 1)
         lines.append(f"v{k} = {total} / N")
         lines.append(f"v{k + 1} = tl.where(mask, {x} - v{k}, 0.0)")
-        lines.append(f"v{k + 2} = tl.sum(v{k + 1} * v{k + 1}, axis=0) / (N - {float(correction)!r})")
+        lines.append(f"v{k + 2} = tl.sum(v{k + 1} * v{k + 1}, axis=1)[:, None] / (N - {float(correction)!r})")
         return (f"v{k + 2}", f"v{k}")
     return f"v{k}"
 
@@ -235,7 +241,7 @@ ROW_STARTER = '''"""A region kernel of {model}: {share:.1%} of its compiled forw
 
 It computes {ops}.
 Written by extract.py from the region's subgraph; workspace/regions/{module}.py holds its reference, read-only.
-One program per row of the output, the whole row in registers: the reductions over the row, then the elementwise
+One program per ROWS rows of the output, the rows in registers: the reductions over each row, then the elementwise
 math, in fp32. Inductor's own kernel for the region is what to beat (the baseline torch.compile makes of it).
 """
 
@@ -245,15 +251,18 @@ import triton.language as tl
 
 KERNEL_TYPE = "{type_name}"
 
+ROWS = 1  # rows per program: more share a weight row's load and make fewer, larger programs
 NUM_WARPS = 4
-TUNABLES = {{"NUM_WARPS": [1, 2, 4, 8, 16]}}
+TUNABLES = {{"ROWS": [1, 2, 4, 8], "NUM_WARPS": [1, 2, 4, 8, 16]}}
 
 
 @triton.jit
-def _region({outputs}, {pointers}, N, BLOCK_N: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK_N)
-    mask = cols < N
+def _region({outputs}, {pointers}, M, N, ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None]
+    cols = tl.arange(0, BLOCK_N)[None, :]
+    in_rows = rows < M
+    mask = in_rows & (cols < N)
+    offs = rows * N + cols
 {loads}
 {body}
 {stores}
@@ -263,14 +272,17 @@ def kernel_fn({params}):
     rows = {row}.shape
     outs = [torch.empty(shape, dtype={first}.dtype, device={first}.device) for shape in ({allocs})]
     n = rows[-1]
-    _region[({row}.numel() // n,)](*outs, {arguments}, n,
-                                  BLOCK_N=triton.next_power_of_2(n), num_warps=NUM_WARPS)
+    m = {row}.numel() // n
+    _region[(triton.cdiv(m, ROWS),)](*outs, {arguments}, m, n, ROWS=ROWS,
+                                    BLOCK_N=triton.next_power_of_2(n), num_warps=NUM_WARPS)
     return {returned}
 '''
-STORES = {"row": "row * N + cols", "per_row": "row", "per_row_keep": "row"}
+STORES = {"row": "offs, {r}, mask=mask", "per_row": "rows, {r}, mask=in_rows",
+          "per_row_keep": "rows, {r}, mask=in_rows"}
 ALLOCS = {"row": "rows", "per_row": "rows[:-1]", "per_row_keep": "(*rows[:-1], 1)"}  # each output's shape
-LOADS = {"row": "tl.load({p}_ptr + row * N + cols, mask=mask, other=0.0)", "col": "tl.load({p}_ptr + cols, mask=mask, "
-         "other=0.0)", "per_row": "tl.load({p}_ptr + row)"}
+LOADS = {"row": "tl.load({p}_ptr + offs, mask=mask, other=0.0)",
+         "col": "tl.load({p}_ptr + cols, mask=cols < N, other=0.0)",
+         "per_row": "tl.load({p}_ptr + rows, mask=in_rows, other=0.0)"}
 
 
 def starter_source(region: dict, type_name: str, module: str, model: str) -> str:
@@ -283,21 +295,20 @@ def starter_source(region: dict, type_name: str, module: str, model: str) -> str
         raise ValueError(f"an input has more than {MAX_DIMS} dimensions")
     params, lines, results, reduces = statements(region["code"], max(len(shape) for shape in shapes))
     ops = " ".join(op.replace("aten::", "") for op in region["ops"])
-    where = "row * N + cols" if reduces else "flat"
     common = dict(ops=textwrap.fill(ops, 100, subsequent_indent="    "), model=model, share=region["share"],
                   calls=region["calls"], module=module, type_name=type_name, n_outputs=len(results),
                   body="\n".join(f"    {line}" for line in lines), params=", ".join(params), first=params[0],
                   pointers=", ".join(f"{p}_ptr" for p in params),
                   outputs=", ".join(f"out{k}_ptr" for k in range(len(results))),
-                  stores="\n".join(f"    tl.store(out{k}_ptr + {where}, {r}.to(out{k}_ptr.dtype.element_ty), mask=mask)"
+                  stores="\n".join(f"    tl.store(out{k}_ptr + flat, {r}.to(out{k}_ptr.dtype.element_ty), mask=mask)"
                                    for k, r in enumerate(results)),
                   returned="outs[0]" if len(results) == 1 else "tuple(outs)")
     if reduces:
         kinds, row, written = row_layout(region["code"], params, shapes)
         loads = "\n".join(f"    x_{p} = {LOADS[kinds[p]].format(p=p)}.to(tl.float32)" for p in params)
         arguments = ", ".join(f"{p}.contiguous()" for p in params)
-        stores = "\n".join(f"    tl.store(out{k}_ptr + {STORES[kind]}, {r}.to(out{k}_ptr.dtype.element_ty)"
-                           + (", mask=mask)" if kind == "row" else ")")
+        stores = "\n".join(f"    tl.store(out{k}_ptr + "
+                           + STORES[kind].format(r=f"{r}.to(out{k}_ptr.dtype.element_ty)") + ")"
                            for k, (r, kind) in enumerate(zip(results, written)))
         allocs = "".join(f"{ALLOCS[kind]}, " for kind in written)
         return ROW_STARTER.format(**{**common, "stores": stores}, loads=loads, row=row, arguments=arguments,
