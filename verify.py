@@ -215,7 +215,8 @@ def show(report: dict) -> None:
     if report.get("regions"):
         r = report["regions"]
         console.print(f"region kernels under torch.compile ({', '.join(r['types'])}): {r['matches']} place(s), "
-                      f"{'kept' if r['kept'] else 'left out'}: {r['why']}")
+                      f"{'kept' if r['kept'] else 'left out'}: {r['why']}"
+                      + "".join(f"\n  {t} left out under torch.compile: {why}" for t, why in r["displaced"].items()))
     print("---")
     for key, value in summary(report).items():
         print(f"{key}: {'' if value is None else (f'{value:.4g}' if isinstance(value, float) else value)}")

@@ -506,3 +506,35 @@ def test_a_norm_of_nearly_equal_values_may_round_as_any_float32_kernel_of_it_doe
     assert checking.compare((s, norm), want, torch.float32, atol, rtol, scale) is None
     off = norm + 0.01 * (s - mean) * torch.rsqrt(var + 1e-5)
     assert "elements off" in checking.compare((s, off), want, torch.float32, atol, rtol, scale)
+
+
+@pytest.mark.slow(90)
+def test_a_region_a_built_in_type_hides_displaces_it_under_compile(tmp_path, monkeypatch):
+    """Pythia-410M on an H100: the layernorm type swapped both norms of the residual + two norms region, and verify
+    found the region kernels "in no place of this model". The region kernel takes the norms' place under
+    torch.compile: verify places it, checks it, and leaves the layernorm type out where the model is compiled
+    (eagerly it stays)."""
+    from autokernel.profile.extraction import extract_regions
+
+    r = subprocess.run([sys.executable, "profile.py", "--model", str(FIXTURE), "--class-name", "ParallelResidualModel",
+                        "--input-shape", "64,64", "--device", "cpu", "--dtype", "float32", "--regions",
+                        "--output-dir", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    plan, profile = (json.loads((tmp_path / name).read_text()) for name in ("plan.json", "profile.json"))
+    # the CPU's rules give this one to layernorm (Pythia's on the GPU: add_layernorm's rules, none of its sites)
+    [region] = [x for x in profile["regions"]["regions"] if x["ops"].count("aten::var_mean") == 2]
+    monkeypatch.setenv("AUTOKERNEL_REGIONS", str(tmp_path / "workspace" / "regions"))
+    [made] = extract_regions({**plan, "regions": [{**region, "f": region["share"]}]}, 1, tmp_path / "kernels", tmp_path)
+    assert made.path is not None, made.problem
+    report_path = tmp_path / "verify.json"
+    r = subprocess.run([sys.executable, "verify.py", "--model", str(FIXTURE), "--class-name", "ParallelResidualModel",
+                        "--input-shape", "64,64", "--dtype", "fp32", "--compile", "--types", "layernorm",
+                        "--kernels", str(made.path.parent), "--report", str(report_path)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    report = json.loads(report_path.read_text())
+    regions = report["regions"]
+    assert regions["matches"] == 1 and regions["kept"] and regions["correctness"] == "PASS", r.stdout + r.stderr
+    assert list(regions["displaced"]) == ["layernorm"]
+    assert "layernorm left out under torch.compile" in r.stdout
+    assert report["swapped_types"] == ["layernorm"] and report["compiled_types"] == []
+    assert "layernorm" in report["prune"]["left_out_compiled"]

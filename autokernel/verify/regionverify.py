@@ -14,47 +14,85 @@ from collections.abc import Callable
 
 import torch
 
+from autokernel import kernelfile
 from autokernel.harness import timing
 from autokernel.verify import endtoend, noise, regiondeploy
 
 BACKEND = "inductor"  # the region pass is Inductor's: it runs on the CPU too
 
 
-def verify_regions(model, module, kernels_dir, inputs: Callable, device: str, timed: bool, graphs: bool) -> dict | None:
-    """{"types", "matches", "correctness", "timing", "kept", "why"} for the region kernels of `kernels_dir` in the
-    optimized model (`module`, its eager original `model`); None when there are none."""
+def verify_regions(model, build: Callable, traced: list[str], kernels_dir, inputs: Callable, device: str, timed: bool,
+                   graphs: bool) -> dict | None:
+    """{"types", "matches", "correctness", "timing", "kept", "why", "displaced"} for the region kernels of
+    `kernels_dir` in the optimized model (`build(types)`: the model with those built-in types, `traced` the ones the
+    prune kept under torch.compile; `model` its eager original); None when there are none. A built-in type whose
+    sites hide a region (the layernorm type swaps the norms a residual + two norms region is made of) is displaced:
+    left out under torch.compile where the region kernels are kept (displaced: {type: why})."""
     made, types = regiondeploy.region_pass(kernels_dir)
     if made is None:
         return None
     sets = [inputs(endtoend.TIMING_SEED + i) for i in range(endtoend.TIMING_INPUTS)]
-    report = {"types": types, "matches": 0, "correctness": None, "timing": None}
-    torch._dynamo.reset()
+    report = {"types": types, "matches": 0, "correctness": None, "timing": None, "displaced": {}}
     try:
-        # not from the FX graph cache: the pass must run to count where it placed the kernels
-        with_regions = torch.compile(module, backend=BACKEND, options={"post_grad_custom_post_pass": made,
-                                                                        "fx_graph_cache": False})
-        wrong = endtoend.wrong_output(with_regions, model, sets[-1])
+        with_regions, wrong = _checked(build(traced), made, model, sets[-1])
+        placed_all = made.matches >= _places(kernels_dir)
+        rivals = [] if placed_all else _rivals(build, traced, made, model, sets[-1], made.matches)
+        if rivals:
+            with_regions, wrong = _checked(build([t for t in traced if t not in rivals]), made, model, sets[-1])
         report["matches"] = made.matches
         report["correctness"] = f"FAIL: {wrong}" if wrong else "PASS"
         if wrong or not made.matches:
             why = f"wrong output under torch.compile: {wrong}" if wrong else "no region of theirs is in this model"
             return {**report, "kept": False, "why": why}
+        report["displaced"] = {t: f"its sites hide regions of {', '.join(types)} (more places without it)"
+                               for t in rivals}
         if not timed:
             return {**report, "kept": True, "why": "checked, not timed (timing needs a GPU)"}
-        report["timing"] = _timed(module, with_regions, sets, device, graphs)
+        report["timing"] = _timed(build(traced), with_regions, sets, device, graphs)
     except Exception as e:  # noqa: BLE001  (a compile or capture that fails: the regions go, the reason kept)
-        return {**report, "kept": False, "why": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
+        return {**report, "kept": False, "why": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}", "displaced": {}}
     finally:
         torch._dynamo.reset()
     v = report["timing"]
     faster_without = v["outcome"] == noise.FASTER
     why = (f"the model is faster without them in {v['mode']} mode" if faster_without else
            f"kept: not slower in {v['mode']} mode") + f" ({v['text']})"
-    return {**report, "kept": not faster_without, "why": why}
+    return {**report, "kept": not faster_without, "why": why,
+            "displaced": {} if faster_without else report["displaced"]}
+
+
+def _checked(module, made, model, inputs: tuple) -> tuple[Callable, str | None]:
+    """(`module` compiled with the region pass, how its output differs from the original's or None); made.matches
+    counts the places the pass put the kernels."""
+    torch._dynamo.reset()
+    made.matches = 0
+    compiled = torch.compile(module, backend=BACKEND, options={"post_grad_custom_post_pass": made,
+                                                               "fx_graph_cache": False})
+    return compiled, endtoend.wrong_output(compiled, model, inputs)
+
+
+def _rivals(build: Callable, traced: list[str], made, model, inputs: tuple, matches: int) -> list[str]:
+    """The types whose sites hide regions: the model compiled without one of them places more region kernels."""
+    rivals = []
+    for kernel_type in traced:
+        _checked(build([t for t in traced if t != kernel_type]), made, model, inputs)
+        if made.matches > matches:
+            rivals.append(kernel_type)
+    return rivals
+
+
+def _places(kernels_dir) -> int:
+    """The places the region kernels were profiled at: their MODEL_CALLS (a call a place of the compiled graph)."""
+    total = 0
+    for path in regiondeploy.region_files(kernels_dir).values():
+        calls = kernelfile.declarations(path.read_text(), path.name).get("MODEL_CALLS") or [1]
+        total += int(sum(calls))
+    return total
 
 
 def _timed(module, with_regions, sets: list, device: str, graphs: bool) -> dict:
-    """The compiled model without the region kernels against it with them (graphed when graphs), in turns."""
+    """The compiled model as the prune kept it, without the region kernels, against it with them (and without the
+    types they displace; graphed when graphs), in turns."""
     with_fn = timing.cuda_graphed(with_regions, sets[0]) if graphs else with_regions
     without = torch.compile(module, backend=BACKEND)  # another backend object: dynamo compiles it apart
     without_fn = timing.cuda_graphed(without, sets[0]) if graphs else without

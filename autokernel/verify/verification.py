@@ -103,6 +103,7 @@ def verify(request: Request) -> dict:
     import torch
 
     from autokernel.models import parse_shape
+    from autokernel.ops import swap
     from autokernel.registry import parse_dtype
     from autokernel.verify import endtoend, regionverify
 
@@ -122,9 +123,15 @@ def verify(request: Request) -> dict:
         passed = correctness["status"] == "PASS"
         measured = _measure(request, model, optimized, choices, inputs, device, mode, passed, helpers, step)
         step("checking the region kernels under torch.compile" if request.compile and passed else None)
-        regions = regionverify.verify_regions(model, optimized.module(), request.kernels, inputs, device,
+        traced = [t for t in checked_types if t not in measured["pruned_traced"]]
+        regions = regionverify.verify_regions(model, lambda types: swap.build(model, types).module(), traced,
+                                              request.kernels, inputs, device,
                                               not request.no_timing and device == "cuda", request.cuda_graph) \
             if request.compile and passed else None
+        if regions and regions["displaced"]:  # left out under torch.compile: the region kernels take their place
+            measured["pruned_traced"] = {**measured["pruned_traced"], **regions["displaced"]}
+            if not sides(deploy_modes(mode))[0]:  # compiled modes alone decide one set, which optimize() follows
+                measured["pruned"] = {**measured["pruned"], **regions["displaced"]}
     step(None)
     _mark_pruned(sites, measured["pruned"])
     kept = [t for t in checked_types if t not in measured["pruned"]]
