@@ -1,12 +1,14 @@
 """Developer tool (GPU): an attention kernel's causal orders (CAUSAL_ORDER) at a few tiles and model shapes, in turns.
 
-    python scripts/causal_orders.py [--type rope_attention|flash_attention] [--rounds 3] [--shapes 1,8,4,2048,256 ...]
+    python scripts/causal_orders.py [--type rope_attention|flash_attention] [--rounds 3] [--contiguous]
+                                    [--shapes 1,8,4,2048,256 ...]
 
 Each shape is B,Hq,Hkv,S,D (causal, fp16, HF's [B, S, H, D] projections viewed as [B, H, S, D]); each line one tile
 configuration, its time (do_bench's best of the rounds, the orders interleaved) in each order and its ratio to
 "longest_first", the yardstick SDPA is_causal on q and k rotated (BENCHMARKS.md, rope_attention's causal orders).
 flash_attention takes q and k rotated and times "longest_first", "launch" and "fold" (its tiles' K and V through TMA
-where its "tma" variant applies: D 64 and 128, contiguous; the strided views here run its pointer loop).
+where its "tma" variant applies: D 64 and 128, contiguous; the strided views here run its pointer loop; --contiguous
+makes q, k and v [B, H, S, D] contiguous).
 """
 
 import argparse
@@ -25,9 +27,11 @@ TILES = {"default tile": {}, "64x32 w4 s2 tma": dict(BLOCK_M=64, BLOCK_N=32, NUM
 ORDERS = {"rope_attention": ("longest_first", "paired", "fold"), "flash_attention": ("longest_first", "launch", "fold")}
 
 
-def inputs(b, hq, hkv, s, d):
-    q = torch.randn(b, s, hq, d, device="cuda", dtype=torch.float16).transpose(1, 2)
-    k, v = (torch.randn(b, s, hkv, d, device="cuda", dtype=torch.float16).transpose(1, 2) for _ in range(2))
+def inputs(b, hq, hkv, s, d, contiguous=False):
+    def made(h):
+        x = torch.randn(b, s, h, d, device="cuda", dtype=torch.float16).transpose(1, 2)
+        return x.contiguous() if contiguous else x
+    q, k, v = made(hq), made(hkv), made(hkv)
     freqs = torch.outer(torch.arange(s, device="cuda").float(),
                         1.0 / (10000 ** (torch.arange(0, d, 2, device="cuda").float() / d)))
     cos, sin = (torch.cat((f, f), -1).half()[None] for f in (freqs.cos(), freqs.sin()))
@@ -40,6 +44,7 @@ def main():
     parser.add_argument("--type", choices=sorted(ORDERS), default="rope_attention")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--shapes", nargs="+", default=SHAPES, help="B,Hq,Hkv,S,D each")
+    parser.add_argument("--contiguous", action="store_true", help="q, k, v contiguous [B, H, S, D], not HF's views")
     args = parser.parse_args()
     path = Path(__file__).resolve().parent.parent / "kernels" / f"{args.type}.py"
     spec = importlib.util.spec_from_file_location("ra", path)
@@ -47,7 +52,7 @@ def main():
     spec.loader.exec_module(ra)
     for text in args.shapes:
         b, hq, hkv, s, d = (int(x) for x in text.split(","))
-        call, (qr, kr, v) = inputs(b, hq, hkv, s, d)
+        call, (qr, kr, v) = inputs(b, hq, hkv, s, d, args.contiguous)
         call = call if args.type == "rope_attention" else (qr, kr, v)
         ref = F.scaled_dot_product_attention(qr, kr, v, is_causal=True, enable_gqa=True)
         sdpa = triton.testing.do_bench(
