@@ -19,8 +19,9 @@ and exponentiated with exp2. The head dim is padded to a power of two and masked
 Variants:
   "split"        the causal key loop in two parts: the blocks left of the diagonal run without any
                  mask, only the BLOCK_M-wide diagonal block is masked; non-causal: full key blocks
-                 unmasked, only the ragged tail masked. Causal programs start from the longest rows
-                 (CAUSAL_ORDER; "fold" gives each program a block and its mirror, in every variant).
+                 unmasked, only the ragged tail masked. Causal programs start from the longest rows, or
+                 each takes a block and its mirror ("fold", every variant; CAUSAL_ORDER "auto" folds the
+                 small grids).
   "single_loop"  one loop with every mask on every block: simpler, slower; a baseline for the split.
   "tma"          the split loop as Triton's tutorial 06-fused-attention writes it for Hopper: Q, K, V
                  and O go through host-side tensor descriptors over the [B*H*S, D] view. Each K/V tile
@@ -63,9 +64,11 @@ BLOCK_M = 0  # query rows per program; 0 = by head dim and dtype (64 for 16-bit 
 BLOCK_N = 0  # keys per inner step; 0 = by head dim and dtype (64); capped at BLOCK_M
 NUM_WARPS = 0  # 0 = by tile (4 for 16-bit tiles)
 NUM_STAGES = 0  # K/V pipeline depth; 0 = by tile (3)
-CAUSAL_ORDER = "longest_first"  # causal: "longest_first" (the longest query blocks launched first, to shorten
-# the tail) | "launch" | "fold" (each program a block and its mirror: the same work for all; rope_attention's
-# docstring has what it did there, untimed here)
+CAUSAL_ORDER = "auto"  # causal: "longest_first" (the longest query blocks launched first, to shorten the tail) |
+# "launch" | "fold" (each program a block and its mirror: the same work for all) | "auto": fold where the causal
+# grid has at most FOLD_PER_SM programs an SM, else longest_first
+FOLD_PER_SM = 8  # H100, fp16 (BENCHMARKS.md, the causal orders): folded, 512 programs ran 1.30x (D 128) and 1.23x
+# (D 256), 1024 1.07x (D 64), 256 0.98x; 2048 and 4096 on TMA 0.75x
 DESCRIPTORS = "host"  # "tma": "host" | "device" (made by each program; see the docstring)
 # "auto" takes TMA only from this many FLOPs: a launch on host-side descriptors costs the host more than a
 # pointer launch (docs/launch-cost.md), and a call must keep the GPU busy for longer than that.
@@ -77,7 +80,7 @@ TUNABLES = {
     "BLOCK_N": [0, 32, 64, 128],
     "NUM_WARPS": [0, 4, 8],
     "NUM_STAGES": [0, 1, 2, 3, 4, 5],
-    "CAUSAL_ORDER": ["longest_first", "launch", "fold"],
+    "CAUSAL_ORDER": ["auto", "longest_first", "launch", "fold"],
     "DESCRIPTORS": ["host", "device"],
 }
 
@@ -348,23 +351,33 @@ def _launch_tma(q, k, v, out, causal, qk_scale, cfg):
         q_desc, o_desc = (TensorDescriptor.from_tensor(t.view(-1, head_dim), [block_m, head_dim]) for t in (q, out))
         k_desc, v_desc = (TensorDescriptor.from_tensor(t.view(-1, head_dim), [block_n, head_dim]) for t in (k, v))
         descs = (q_desc, k_desc, v_desc, o_desc)
-    programs, reverse, fold = _order(seq // block_m, causal)
+    programs, reverse, fold = _order(seq // block_m, causal, batch * heads, q.device)
     _flash_attention_tma_kernel[(programs, batch * heads)](
         *descs, seq, heads, heads // k.shape[1], qk_scale, batch * heads * seq,
         BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, CAUSAL=bool(causal), REVERSE=reverse, FOLD=fold,
         ON_DEVICE=on_device, num_warps=warps, num_stages=stages)
 
 
-def _order(blocks: int, causal) -> tuple[int, bool, bool]:
-    """(programs along the query blocks, REVERSE, FOLD) of CAUSAL_ORDER for a call of `blocks` query blocks."""
-    fold = bool(causal) and CAUSAL_ORDER == "fold"
-    return (blocks + 1) // 2 if fold else blocks, bool(causal) and CAUSAL_ORDER == "longest_first", fold
+def _order(blocks: int, causal, heads: int, device: torch.device) -> tuple[int, bool, bool]:
+    """(programs along the query blocks, REVERSE, FOLD) of CAUSAL_ORDER for a call of `blocks` query blocks in each of
+    `heads` (batch x heads) rows of the grid."""
+    order = CAUSAL_ORDER
+    if order == "auto":
+        order = "fold" if blocks * heads <= FOLD_PER_SM * _sm_count(device) else "longest_first"
+    fold = bool(causal) and order == "fold"
+    return (blocks + 1) // 2 if fold else blocks, bool(causal) and order == "longest_first", fold
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:  # once per device: the query costs host time on every call
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
 
 
 def _launch_pointers(q, k, v, out, causal, qk_scale, cfg, d_pad, window=0, softcap=0.0, alibi=None):
     block_m, block_n, warps, stages = cfg
     batch, heads, seq, head_dim = q.shape
-    programs, reverse, fold = _order((seq + block_m - 1) // block_m, causal)  # not triton.cdiv: slow on triton 3.6
+    blocks = (seq + block_m - 1) // block_m  # not triton.cdiv: slow on triton 3.6
+    programs, reverse, fold = _order(blocks, causal, batch * heads, q.device)
     _flash_attention_kernel[(programs, batch * heads)](
         q, k, v, out, q if alibi is None else alibi, seq, heads, heads // k.shape[1], qk_scale, window, softcap * LOG2E,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
