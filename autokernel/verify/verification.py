@@ -92,6 +92,25 @@ def deploy_modes(modes: str) -> list[str]:
     return sorted(found, key=DEPLOY_MODES.index)
 
 
+def _regions(request: Request, model, checked_types: list[str], measured: dict, inputs, device: str,
+             mode: str) -> dict | None:
+    """The region kernels' check (regionverify.py) in the model with the types kept under torch.compile; a type
+    whose sites hide their regions goes into measured's left-out sets (compiled ones; both where the deploy modes
+    are compiled alone, as optimize() then follows one set)."""
+    from autokernel.ops import swap
+    from autokernel.verify import regionverify
+
+    traced = [t for t in checked_types if t not in measured["pruned_traced"]]
+    regions = regionverify.verify_regions(model, lambda types: swap.build(model, types).module(), traced,
+                                          request.kernels, inputs, device,
+                                          not request.no_timing and device == "cuda", request.cuda_graph)
+    if regions and regions["displaced"]:
+        measured["pruned_traced"] = {**measured["pruned_traced"], **regions["displaced"]}
+        if not sides(deploy_modes(mode))[0]:
+            measured["pruned"] = {**measured["pruned"], **regions["displaced"]}
+    return regions
+
+
 def sides(modes: list[str]) -> tuple[list[str], list[str]]:
     """(the eager modes, the compiled modes) of deploy modes: each side decides the kernels that run in it."""
     return [m for m in modes if not m.startswith("compile")], [m for m in modes if m.startswith("compile")]
@@ -103,9 +122,8 @@ def verify(request: Request) -> dict:
     import torch
 
     from autokernel.models import parse_shape
-    from autokernel.ops import swap
     from autokernel.registry import parse_dtype
-    from autokernel.verify import endtoend, regionverify
+    from autokernel.verify import endtoend
 
     dtype, shape = parse_dtype(request.dtype), parse_shape(request.input_shape)
     step = Steps()
@@ -123,15 +141,8 @@ def verify(request: Request) -> dict:
         passed = correctness["status"] == "PASS"
         measured = _measure(request, model, optimized, choices, inputs, device, mode, passed, helpers, step)
         step("checking the region kernels under torch.compile" if request.compile and passed else None)
-        traced = [t for t in checked_types if t not in measured["pruned_traced"]]
-        regions = regionverify.verify_regions(model, lambda types: swap.build(model, types).module(), traced,
-                                              request.kernels, inputs, device,
-                                              not request.no_timing and device == "cuda", request.cuda_graph) \
+        regions = _regions(request, model, checked_types, measured, inputs, device, mode) \
             if request.compile and passed else None
-        if regions and regions["displaced"]:  # left out under torch.compile: the region kernels take their place
-            measured["pruned_traced"] = {**measured["pruned_traced"], **regions["displaced"]}
-            if not sides(deploy_modes(mode))[0]:  # compiled modes alone decide one set, which optimize() follows
-                measured["pruned"] = {**measured["pruned"], **regions["displaced"]}
     step(None)
     _mark_pruned(sites, measured["pruned"])
     kept = [t for t in checked_types if t not in measured["pruned"]]
