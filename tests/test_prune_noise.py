@@ -958,3 +958,58 @@ def test_the_device_shares_tell_a_gpu_bound_call_from_a_launch_bound_one():
     assert min(endtoend.device_shares(lambda a: a @ a @ a, (big,), "cuda")) > pruning.DEVICE_BOUND
     assert max(endtoend.device_shares(launches, (small,), "cuda")) < 0.5
     assert endtoend.device_shares(launches, (small.cpu(),), "cpu") is None
+
+
+class Shadowing(SharedForward):  # type1 takes the sites type2's patch would take: rope_attention and flash_attention
+    def swapped_types(self):
+        return [t for t in self.types if t != "type2" or "type1" not in self.types]
+
+
+@pytest.mark.parametrize("rival_saves", [1.5, 0.2])
+def test_a_kept_type_is_timed_against_the_rival_that_takes_its_sites_without_it(monkeypatch, rival_saves):
+    """Qwen3-0.6B on an H100: rope_attention took the attention modules, so flash_attention's patch never ran and the
+    prune never timed it (the trial without rope_attention ran SDPA); with flash_attention in its place the model ran
+    1.38x torch.compile graphed, not 1.14x. The prune times a kept type against its rivals (the loaded types that
+    run once it is out) and keeps the faster; a rival taken in its place is a kept type of the report."""
+    monkeypatch.setattr(swap, "build", lambda model, types, traced=None, graphed=None: Shadowing(types))
+    saves = {"type0": 0.5, "type1": 0.5, "type2": rival_saves}
+
+    def time_turns(fns, sets, device, turns, latency=False):
+        return {name: [(10.0 - sum(saves[t] for t in fn.swapped_types())) * 1e3] * turns for name, fn in fns.items()}
+
+    monkeypatch.setattr(timing, "time_turns", time_turns)
+    lines = []
+    optimized, dropped = pruning.prune(Shadowing([]), Shadowing(["type0", "type1", "type2"]),
+                                        lambda seed: (torch.ones(4),), "cpu", modes="eager", progress=lines.append)
+    if rival_saves > saves["type1"]:
+        assert sorted(optimized.types) == ["type0", "type2"] and list(dropped) == ["type1"]
+        assert dropped["type1"].startswith("type2 in its place: the model is faster in eager mode")
+    else:
+        assert sorted(optimized.types) == ["type0", "type1"] and not dropped
+        assert any("type1 kept against type2 in its place" in line for line in lines)
+
+
+class ShadowMade(Made):  # rope_attention takes the sites flash_attention's patch would take
+    def swapped_types(self):
+        return [t for t in self.types if t != "flash_attention" or "rope_attention" not in self.types]
+
+    def ms(self, mode):
+        return BASE_MS + sum(self.cost[mode].get(t, 0.0) for t in self.swapped_types())
+
+
+def test_each_side_takes_a_rival_by_its_own_modes_and_the_other_leaves_it_out(monkeypatch):
+    """Eagerly rope_attention beats flash_attention, compiled and graphed flash_attention beats it: the eager side
+    keeps rope_attention, the compiled side takes flash_attention in its place, and each side's set leaves out what
+    the other took, as each side timed its model."""
+    cost = {"eager": {"rope_attention": -1.0, "flash_attention": -0.5},
+            "graph": {"rope_attention": -1.0, "flash_attention": -0.5},
+            "compile": {"rope_attention": -0.5, "flash_attention": -1.5},
+            "compile_graph": {"rope_attention": -0.5, "flash_attention": -1.5}}
+    noisy_host(monkeypatch, 0, jitter=dict.fromkeys(cost, 0.002), cost=cost)
+    monkeypatch.setattr(swap, "build", lambda model, types, traced=None, graphed=None: ShadowMade(types, cost))
+    optimized, dropped, dropped_traced = pruning.prune_deployed(
+        ShadowMade([], cost), ShadowMade(["rope_attention", "flash_attention"], cost), lambda seed: (), "cuda",
+        ["eager", "graph", "compile", "compile_graph"])
+    assert list(dropped) == ["flash_attention"] and "under torch.compile alone" in dropped["flash_attention"]
+    assert list(dropped_traced) == ["rope_attention"]
+    assert dropped_traced["rope_attention"].startswith("flash_attention in its place: the model is faster")

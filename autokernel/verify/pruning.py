@@ -20,7 +20,7 @@ import torch
 
 from autokernel.ops import swap
 from autokernel.verify import ahead as compiling_ahead
-from autokernel.verify import endtoend, noise, recall, regional
+from autokernel.verify import endtoend, noise, recall, regional, rivals
 from autokernel.verify.endtoend import PRUNE_MARGIN, Trials, compiling_each_once
 from autokernel.verify.pruneclock import Clock
 from autokernel.verify.verification import DEPLOY_MODES, sides
@@ -80,7 +80,6 @@ def _plan_compiled_side(ahead: compiling_ahead.Ahead, model, optimized: swap.Opt
 def _prune_sides(model, optimized, inputs, device, modes, clock, decisions, reuse, shallow_trials, ahead, memory):
     """prune_deployed()'s work, its progress through clock."""
     eager, compiled = sides(modes)
-    types = optimized.swapped_types()
     if not eager or not compiled:
         side = deciding_modes(modes)
         optimized, dropped = prune(model, optimized, inputs, device, side, clock, decisions.setdefault(
@@ -93,17 +92,28 @@ def _prune_sides(model, optimized, inputs, device, modes, clock, decisions, reus
         return optimized, dropped, dropped
     replan = functools.partial(_plan_compiled_side, ahead, model, optimized, shallow_trials) \
         if ahead is not None else None
-    _, dropped = prune(model, optimized, inputs, device, eager, clock, decisions.setdefault(",".join(eager), {}),
-                       after_trial=replan, memory=memory)
+    eagerly, dropped = prune(model, optimized, inputs, device, eager, clock,
+                             decisions.setdefault(",".join(eager), {}), after_trial=replan, memory=memory)
     side = deciding_modes(compiled)
     bound = functools.cache(lambda: _device_bound(model, inputs, device, ahead, memory))
     settled = _settled_losses(decisions[",".join(eager)], dropped, bound) if side == ["compile_graph"] else {}
-    _, dropped_traced = prune(model, optimized, inputs, device, side, clock, decisions.setdefault(",".join(side), {}),
-                              reuse, shallow_trials, prior=_costs(decisions[",".join(eager)]), settled=settled,
-                              ahead=ahead, memory=memory)
-    kept = [t for t in types if t not in dropped]
+    traced, dropped_traced = prune(model, optimized, inputs, device, side, clock,
+                                   decisions.setdefault(",".join(side), {}), reuse, shallow_trials,
+                                   prior=_costs(decisions[",".join(eager)]), settled=settled, ahead=ahead,
+                                   memory=memory)
+    ran = optimized.swapped_types()
+    kept, traced = sorted(eagerly.types), sorted(traced.types)  # with the rivals each side took (rivals.py)
+    dropped = {**_standing_by(traced, kept, ran, "torch.compile", "eager"), **dropped}
+    dropped_traced = {**_standing_by(kept, traced, ran, "eager", "torch.compile"), **dropped_traced}
     apart = _eager_alone(model, kept, inputs, device, clock, decisions, eager, memory)
-    return split_eagerly(model, kept, [t for t in types if t not in dropped_traced], apart), dropped, dropped_traced
+    return split_eagerly(model, kept, traced, apart), dropped, dropped_traced
+
+
+def _standing_by(taken: list[str], kept: list[str], ran: list[str], where: str, here: str) -> dict[str, str]:
+    """{type: why} for the types no site ran (`ran`: those that did) that one side's prune took in a kept type's
+    place (rivals.py) and the other side's did not: left out there, as that side timed its model."""
+    return {t: f"taken in a kept type's place under {where} alone (rivals.py); the {here} modes' prune did not "
+               "take it" for t in taken if t not in kept and t not in ran}
 
 
 def split_eagerly(model, kept: list[str], traced: list[str], apart: dict[str, str]) -> swap.Optimized:
@@ -157,7 +167,7 @@ def _device_bound(model, inputs: Callable, device: str, ahead: compiling_ahead.A
 def _costs(decided: dict) -> dict[str, float]:
     """{type: the lowest without / with ratio of its trial over the modes of one side} from prune()'s decisions."""
     return {t: min(v["ratio"] for v in verdicts.values()) for t, verdicts in decided.items()
-            if t != "kept together" and "+" not in t and verdicts}
+            if t != "kept together" and "+" not in t and "->" not in t and verdicts}  # one type's own trials
 
 
 def _settled_losses(decided: dict, dropped: dict, device_bound: Callable[[], bool]) -> dict[str, dict]:
@@ -222,6 +232,7 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes
     _decide_where_the_original_runs(trials, model, progress)
     decided = {} if decisions is None else decisions
     keep, dropped = optimized.swapped_types(), {}
+    standby = [t for t in optimized.types if t not in keep]  # loaded, run by no site: a kept type's rivals among them
     _leave_out_settled(keep, dropped, settled or {}, modes, progress, decided)
     optimized = swap.build(model, keep)  # what deploy installs from the report: the types a site ran, no others
     keep = _trial_order(optimized, keep, prior or {})
@@ -229,6 +240,7 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes
     with compiling_each_once(traces, reset_after=not reusing) if compiled else contextlib.nullcontext():
         optimized = _try_each(trials, optimized, keep, dropped, progress, decided, after_trial)
         optimized = _try_together(trials, optimized, keep, dropped, progress, decided)
+        optimized = rivals.try_rivals(trials, optimized, keep, standby, dropped, progress, decided, _try_without)
         if trials.shallow is not None:  # the last check and the rows: whole models
             trials.shallow = None
             trials.ready.clear()
@@ -237,18 +249,24 @@ def prune(model, optimized: swap.Optimized, inputs: Callable, device: str, modes
         _last_check_begins(progress, modes, compiling=bool(keep) and compiled)
         verdicts = _held(trials, [recall.TOGETHER], keep, trials.compare(model, against=module)) if keep else {}
         if reusing:
-            trials.deployed_once(model)  # compiled by the last check, or here where nothing is kept: the rows' own
-            reuse["original"] = trials.as_rows(model)
-            reuse["kept"] = trials.as_rows(module) if keep else reuse["original"]
-            if not (reuse["original"] and reuse["kept"]):  # one failed: the rows compile afresh, from a clean cache
-                reuse.clear()
-                torch._dynamo.reset()
+            _for_the_rows(trials, model, module if keep else None, reuse)
         trials.ready.clear()
     if keep and _original_wins(trials, module, keep, dropped, verdicts, progress, decided):
         optimized = swap.build(model, [])
         if reuse:  # the rows' optimized model is now the original
             reuse["kept"] = reuse["original"]
     return optimized, dropped
+
+
+def _for_the_rows(trials: Trials, model, kept, reuse: dict) -> None:
+    """reuse["original"] and reuse["kept"]: the compiled side's last check's models as the rows time them (kept: the
+    kept set's module, None where nothing is kept), or nothing where one of them failed."""
+    trials.deployed_once(model)  # compiled by the last check, or here where nothing is kept: the rows' own
+    reuse["original"] = trials.as_rows(model)
+    reuse["kept"] = trials.as_rows(kept) if kept is not None else reuse["original"]
+    if not (reuse["original"] and reuse["kept"]):  # one failed: the rows compile afresh, from a clean cache
+        reuse.clear()
+        torch._dynamo.reset()
 
 
 def _try_each(trials: Trials, optimized: swap.Optimized, keep: list[str], dropped: dict,

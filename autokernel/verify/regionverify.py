@@ -21,6 +21,23 @@ from autokernel.verify import endtoend, noise, regiondeploy
 BACKEND = "inductor"  # the region pass is Inductor's: it runs on the CPU too
 
 
+def verify_in_report(request, model, checked_types: list[str], measured: dict, inputs: Callable, device: str,
+                     compiled_alone: bool) -> dict | None:
+    """verify.py's check (a verification.Request) of the region kernels in the model with the types kept under
+    torch.compile; a type whose sites hide their regions goes into measured's left-out sets: the compiled one, and
+    the eager one too where the deploy modes are compiled alone (optimize() then follows that one set)."""
+    from autokernel.ops import swap
+
+    traced = [t for t in checked_types if t not in measured["pruned_traced"]]
+    regions = verify_regions(model, lambda types: swap.build(model, types).module(), traced, request.kernels, inputs,
+                             device, not request.no_timing and device == "cuda", request.cuda_graph)
+    if regions and regions["displaced"]:
+        measured["pruned_traced"] = {**measured["pruned_traced"], **regions["displaced"]}
+        if compiled_alone:
+            measured["pruned"] = {**measured["pruned"], **regions["displaced"]}
+    return regions
+
+
 def verify_regions(model, build: Callable, traced: list[str], kernels_dir, inputs: Callable, device: str, timed: bool,
                    graphs: bool) -> dict | None:
     """{"types", "matches", "correctness", "timing", "kept", "why", "displaced"} for the region kernels of

@@ -92,25 +92,6 @@ def deploy_modes(modes: str) -> list[str]:
     return sorted(found, key=DEPLOY_MODES.index)
 
 
-def _regions(request: Request, model, checked_types: list[str], measured: dict, inputs, device: str,
-             mode: str) -> dict | None:
-    """The region kernels' check (regionverify.py) in the model with the types kept under torch.compile; a type
-    whose sites hide their regions goes into measured's left-out sets (compiled ones; both where the deploy modes
-    are compiled alone, as optimize() then follows one set)."""
-    from autokernel.ops import swap
-    from autokernel.verify import regionverify
-
-    traced = [t for t in checked_types if t not in measured["pruned_traced"]]
-    regions = regionverify.verify_regions(model, lambda types: swap.build(model, types).module(), traced,
-                                          request.kernels, inputs, device,
-                                          not request.no_timing and device == "cuda", request.cuda_graph)
-    if regions and regions["displaced"]:
-        measured["pruned_traced"] = {**measured["pruned_traced"], **regions["displaced"]}
-        if not sides(deploy_modes(mode))[0]:
-            measured["pruned"] = {**measured["pruned"], **regions["displaced"]}
-    return regions
-
-
 def sides(modes: list[str]) -> tuple[list[str], list[str]]:
     """(the eager modes, the compiled modes) of deploy modes: each side decides the kernels that run in it."""
     return [m for m in modes if not m.startswith("compile")], [m for m in modes if m.startswith("compile")]
@@ -123,7 +104,7 @@ def verify(request: Request) -> dict:
 
     from autokernel.models import parse_shape
     from autokernel.registry import parse_dtype
-    from autokernel.verify import endtoend
+    from autokernel.verify import endtoend, regionverify
 
     dtype, shape = parse_dtype(request.dtype), parse_shape(request.input_shape)
     step = Steps()
@@ -140,8 +121,10 @@ def verify(request: Request) -> dict:
         checked_types = optimized.swapped_types()
         passed = correctness["status"] == "PASS"
         measured = _measure(request, model, optimized, choices, inputs, device, mode, passed, helpers, step)
+        checked_types = sorted({*checked_types, *measured["adopted"]})
         step("checking the region kernels under torch.compile" if request.compile and passed else None)
-        regions = _regions(request, model, checked_types, measured, inputs, device, mode) \
+        regions = regionverify.verify_in_report(request, model, checked_types, measured, inputs, device,
+                                                compiled_alone=not sides(deploy_modes(mode))[0]) \
             if request.compile and passed else None
     step(None)
     _mark_pruned(sites, measured["pruned"])
@@ -288,6 +271,7 @@ def _measure(request: Request, model, optimized, choices: dict, inputs, device: 
     pruned = pruned_traced = {}
     decisions = {}  # side's deciding modes -> type -> mode -> the verdict it was decided on
     reuse = {}  # the compiled prune's original and kept set, compiled and captured: the rows time them as they are
+    ran = optimized.swapped_types()
     if decided:
         step("the prune: which kernels the model is faster with, in each mode it runs in")
         memory = _memory(request, choices, mode)
@@ -302,6 +286,9 @@ def _measure(request: Request, model, optimized, choices: dict, inputs, device: 
     elif timed:  # the rows time what optimize() installs by this report: the types a site ran, no others
         optimized = swap.build(model, optimized.swapped_types())
     graphs_only = getattr(optimized, "left_out_eagerly", None) or {}  # kept for CUDA graphs alone (the prune's)
+    # types no site ran in the check that the prune took in a kept type's place (pruning's rivals.py)
+    adopted = sorted({*optimized.types, *optimized.graphed_types(), *optimized.traced_types()} - set(ran)) \
+        if decided else []
     graphs = request.cuda_graph and device == "cuda"
     step("timing the original and the optimized model in turns" if timed else None)
     timings, errors = endtoend.time_models(model, optimized, inputs, device, request.compile, graphs, reuse) \
@@ -326,7 +313,7 @@ def _measure(request: Request, model, optimized, choices: dict, inputs, device: 
                                          [t for t in choices if t not in pruned_traced], graphs_only)
         generated = generation.measure(model, deployed.module(), prompt, request.generate, device, request.compile)
     return {"decided": decided, "pruned": pruned, "pruned_traced": pruned_traced, "decisions": decisions,
-            "pruned_eagerly": graphs_only,
+            "pruned_eagerly": graphs_only, "adopted": adopted,
             "timing": timings, "timing_errors": errors, "against": against, "graph": graph, "generation": generated}
 
 
