@@ -16,7 +16,7 @@ from helpers import SharedForward
 from autokernel.harness import timing
 from autokernel.ops import swap
 from autokernel.ops.customops import CallSites
-from autokernel.verify import endtoend, noise, pruneclock, pruning, recall, regional
+from autokernel.verify import endtoend, noise, pruneclock, pruning, recall, regional, verification
 
 BASE_MS = 10.0
 
@@ -978,12 +978,16 @@ def test_a_kept_type_is_timed_against_the_rival_that_takes_its_sites_without_it(
         return {name: [(10.0 - sum(saves[t] for t in fn.swapped_types())) * 1e3] * turns for name, fn in fns.items()}
 
     monkeypatch.setattr(timing, "time_turns", time_turns)
-    lines = []
+    lines, decisions = [], {}
     optimized, dropped = pruning.prune(Shadowing([]), Shadowing(["type0", "type1", "type2"]),
-                                        lambda seed: (torch.ones(4),), "cpu", modes="eager", progress=lines.append)
+                                        lambda seed: (torch.ones(4),), "cpu", modes="eager", progress=lines.append,
+                                        decisions=decisions)
     if rival_saves > saves["type1"]:
         assert sorted(optimized.types) == ["type0", "type2"] and list(dropped) == ["type1"]
         assert dropped["type1"].startswith("type2 in its place: the model is faster in eager mode")
+        said = verification.decision_lines({"eager": decisions})
+        assert any(line.startswith("decided in eager: type1->type2 (the rivals in its place) the rivals taken: eager")
+                   for line in said), said
     else:
         assert sorted(optimized.types) == ["type0", "type1"] and not dropped
         assert any("type1 kept against type2 in its place" in line for line in lines)

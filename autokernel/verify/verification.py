@@ -438,6 +438,8 @@ def _fate(kernel_type: str, mode: str | None, joint: str | None) -> str:
     """What a prune's verdict made of a type (or, for "kept together", of the kept set against the original)."""
     if kernel_type == "kept together":
         return "the original won" if mode else "not slower than the original"
+    if "->" in kernel_type:  # a kept type against its rivals (rivals.py): "without" is the model with the rivals
+        return "(the rivals in its place) the rivals taken" if mode else "(the rivals in its place) kept"
     if mode:
         return "left out"
     return f"left out with the others of {joint}, not alone" if joint else "kept"
@@ -448,8 +450,8 @@ def decision_lines(decisions: dict) -> list[str]:
     ("decided in compile_graph: rmsnorm kept: 9.100 ms without, 9.000 with (1.011x, ..., within noise)")."""
     lines = []
     for side, types in decisions.items():
-        together = {t: joint for joint, verdicts in types.items() if "+" in joint and noise.deciding_mode(verdicts)
-                    for t in joint.split("+")}  # types left out together (pruning._try_together), each kept alone
+        together = {t: joint for joint, verdicts in types.items() if "+" in joint and "->" not in joint
+                    and noise.deciding_mode(verdicts) for t in joint.split("+")}  # left out together, each kept alone
         for kernel_type, verdicts in types.items():
             mode = noise.deciding_mode(verdicts)
             fate = _fate(kernel_type, mode, together.get(kernel_type))
