@@ -5,7 +5,10 @@ model twice with Inductor, once with the region pass and once without: the regio
 output, must be placed somewhere (a pattern that matches nothing is reported), and on a GPU the two are timed in
 turns, CUDA-graphed when --cuda-graph is given (the compiled mode a GPU's figure decides; compile alone is
 host-bound). The regions stay only where the model is not faster without them, outside the noise (noise.compare);
-install_regions() follows the report.
+install_regions() follows the report. A built-in type can hide a region: Pythia-410M's layernorm type swapped the
+two norms of its residual + norms region, whose pattern then matched nowhere. Where the kernels are placed at fewer
+places than they were profiled at, each kept compiled type is left out in turn; one whose absence places more is
+displaced: the region kernels are timed in its place, and where they stay it is left out under torch.compile.
 """
 
 from __future__ import annotations
