@@ -277,8 +277,7 @@ def kernel_fn({params}):
                                     BLOCK_N=triton.next_power_of_2(n), num_warps=NUM_WARPS)
     return {returned}
 '''
-STORES = {"row": "offs, {r}, mask=mask", "per_row": "rows, {r}, mask=in_rows",
-          "per_row_keep": "rows, {r}, mask=in_rows"}
+STORES = {"row": "offs, {r}, mask=mask", **dict.fromkeys(("per_row", "per_row_keep"), "rows, {r}, mask=in_rows")}
 ALLOCS = {"row": "rows", "per_row": "rows[:-1]", "per_row_keep": "(*rows[:-1], 1)"}  # each output's shape
 LOADS = {"row": "tl.load({p}_ptr + offs, mask=mask, other=0.0)",
          "col": "tl.load({p}_ptr + cols, mask=cols < N, other=0.0)",

@@ -56,16 +56,16 @@ def verify_regions(model, build: Callable, traced: list[str], kernels_dir, input
     try:
         with_regions, wrong = _checked(build(traced), made, model, sets[-1])
         placed_all = made.matches >= _places(kernels_dir)
-        rivals = [] if placed_all else _rivals(build, traced, made, model, sets[-1], made.matches)
-        if rivals:
-            with_regions, wrong = _checked(build([t for t in traced if t not in rivals]), made, model, sets[-1])
+        hiding = [] if placed_all else _hiding(build, traced, made, model, sets[-1], made.matches)
+        if hiding:
+            with_regions, wrong = _checked(build([t for t in traced if t not in hiding]), made, model, sets[-1])
         report["matches"] = made.matches
         report["correctness"] = f"FAIL: {wrong}" if wrong else "PASS"
         if wrong or not made.matches:
             why = f"wrong output under torch.compile: {wrong}" if wrong else "no region of theirs is in this model"
             return {**report, "kept": False, "why": why}
         report["displaced"] = {t: f"its sites hide regions of {', '.join(types)} (more places without it)"
-                               for t in rivals}
+                               for t in hiding}
         if not timed:
             return {**report, "kept": True, "why": "checked, not timed (timing needs a GPU)"}
         report["timing"] = _timed(build(traced), with_regions, sets, device, graphs)
@@ -91,14 +91,14 @@ def _checked(module, made, model, inputs: tuple) -> tuple[Callable, str | None]:
     return compiled, endtoend.wrong_output(compiled, model, inputs)
 
 
-def _rivals(build: Callable, traced: list[str], made, model, inputs: tuple, matches: int) -> list[str]:
+def _hiding(build: Callable, traced: list[str], made, model, inputs: tuple, matches: int) -> list[str]:
     """The types whose sites hide regions: the model compiled without one of them places more region kernels."""
-    rivals = []
+    hiding = []
     for kernel_type in traced:
         _checked(build([t for t in traced if t != kernel_type]), made, model, inputs)
         if made.matches > matches:
-            rivals.append(kernel_type)
-    return rivals
+            hiding.append(kernel_type)
+    return hiding
 
 
 def _places(kernels_dir) -> int:

@@ -22,13 +22,12 @@ from autokernel.ops import swap
 from autokernel.verify import noise
 from autokernel.verify.pruneclock import Clock
 
-TryWithout = Callable  # pruning._try_without(trials, optimized, types, keep, dropped, progress, decided)
-
 
 def try_rivals(trials, optimized: swap.Optimized, keep: list[str], standby: list[str], dropped: dict,
-               progress: Callable[[str], None] | None, decided: dict, try_without: TryWithout) -> swap.Optimized:
+               progress: Callable[[str], None] | None, decided: dict, try_without: Callable) -> swap.Optimized:
     """Each type of `keep` against its rivals among `standby` (the loaded types no site ran); `keep`, `standby` and
-    `dropped` updated in place, decided given each trial under "<type>-><rival>+...". The model that goes on."""
+    `dropped` updated in place, decided given each trial under "<type>-><rival>+...", each rival taken then tried
+    out by try_without (pruning._try_without). The model that goes on."""
     if not standby:
         return optimized
     running = _running(trials, keep + standby, standby)  # those that run beside every kept type are no one's rival
