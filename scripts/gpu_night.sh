@@ -18,11 +18,11 @@ mkdir -p "$OUT"
 
 pipeline() {  # HOURS CONFIG PROFILE EXTRACT RUN, in the clone
   local hours=$1 cfg=$2 run_flags=() f
-  for f in $5; do run_flags+=($f); done  # word-split and glob-expand RUN FLAGS here, in the clone
   set -x
   python3 profile.py --module transformers --class-name AutoModelForCausalLM --config "benchmarks/hf/$cfg" \
     --input-shape 1,2048 --dtype float16 $3 || return
   python3 extract.py $4 || return
+  for f in $5; do run_flags+=($f); done  # word-split and glob-expand RUN FLAGS now, over what extract wrote
   python3 orchestrate.py run --tag night --hours "$hours" "${run_flags[@]}" || return
   python3 orchestrate.py report --tag night --verify
 }
