@@ -204,6 +204,31 @@ def test_a_trial_that_reads_too_wide_after_the_first_is_cut_deeper_too(monkeypat
     assert copies.deployed == [(("matmul",), (1, 2)), ((), (1, 2)), (("matmul",), (1, 4)), ((), (1, 4))]
 
 
+class StrayingCopies(NoisyCopies):  # copies of 1 and 2 blocks whose extrapolated turns stray: the model without the
+    # type reads 24% faster in the median of the ratios, +-50% a turn, where it runs as fast; cut deeper they read true
+    def turns(self, sides, timed):
+        self.rounds.append(self.depths)
+        straying = self.depths == regional.DEPTHS
+        return {side: [fn.ms("compile_graph") * 1e3 * ((0.76 + 0.5 * self.rng.gauss(0, 1)) if straying and side ==
+                                                       "without" else 1 + self.rng.gauss(0, 0.002)) for _ in range(40)]
+                for side, fn in sides.items()}
+
+
+def test_a_trial_decided_by_an_interval_wider_than_its_effect_is_timed_again_on_deeper_copies(monkeypatch):
+    """Qwen3-0.6B's fused_mlp read 0.762x (interval 0.428-0.979) on copies of one and two of its 28 blocks and was
+    left out; the sides' medians were 1.7% apart the other way. An interval wider than the effect it reads is the
+    copies' noise: the trial is timed again cut deeper, where the type costs nothing and is kept."""
+    cost = {"compile_graph": {"fused_mlp": 0.0}}
+    trials = endtoend.Trials(None, ["compile_graph"], True, lambda seed: (), "cuda")
+    trials.shallow = copies = StrayingCopies()
+    trials.probed = True
+    verdict = trials.compare(Made([], cost), against=Made(["fused_mlp"], cost))["compile_graph"]
+    assert verdict.outcome == noise.WITHIN_NOISE and verdict.high - verdict.low < 0.01
+    assert copies.rounds == [(1, 2), (1, regional.DEEPER[0])]
+    shallow = StrayingCopies().turns({"without": Made([], cost), "with": Made([], cost)}, None)
+    assert noise.compare(shallow["without"], shallow["with"], 0.01).outcome == noise.FASTER  # what they alone said
+
+
 def test_a_kept_set_that_fails_to_run_fails_its_trial_not_the_prune(monkeypatch):
     """The first round of the kept set against itself raises (a replay that fails): no exception leaves the trial,
     which counts the failing models as infinitely slow, as any trial does."""
