@@ -85,7 +85,8 @@ def add_run_command(sub) -> None:
     run = sub.add_parser("run", help="start or resume the loop")
     what = run.add_mutually_exclusive_group()
     what.add_argument("--plan", help="plan from profile.py (default workspace/plan.json)")
-    what.add_argument("--kernel", action="append", metavar="FILE", help="a kernel file (repeatable)")
+    what.add_argument("--kernel", action="extend", nargs="+", metavar="FILE",
+                      help="kernel files (repeatable; a shell glob such as workspace/kernels/R*.py takes each)")
     run.add_argument("--agent", choices=AGENT_NAMES, default="builtin", help="who edits kernel.py")
     run.add_argument("--agent-cmd", help="command agent: the CLI to run; {prompt_file} or stdin gets the prompt")
     run.add_argument("--agent-timeout", type=float, default=1800, help="command agent: seconds per edit")

@@ -1,22 +1,24 @@
 #!/usr/bin/env bash
-# GPU: a night as the README's pipeline runs it, on an HF config of benchmarks/hf/ at 1x2048 fp16, in a fresh clone of
-# the project (/tmp/night): profile.py, extract.py, orchestrate.py run, orchestrate.py report --verify (verify.py in
-# the plan's deploy mode, --against the extracted files). A night outlives one 10-minute device command: `start` runs
-# it in the background and waits, `poll` waits again; call poll at once after each return (the machine is given back
-# when idle, and the night with it). Logs, results.tsv, the report, verify.json and progress.png go to $OUT.
+# GPU: a night as the README's pipeline runs it, on an HF config of benchmarks/hf/ at 1x2048 fp16, in a fresh copy
+# of the project's working tree (/tmp/night): profile.py, extract.py, orchestrate.py run, orchestrate.py report
+# --verify (verify.py in the plan's deploy mode, --against the extracted files). A night outlives one 10-minute
+# device command: `start` runs it in the background and waits, `poll` waits again; call poll at once after each
+# return (the machine is given back when idle, and the night with it). Logs, results.tsv, the report, verify.json
+# and progress.png go to $OUT.
 #
 #   bash scripts/gpu_night.sh start HOURS CONFIG "PROFILE FLAGS" "EXTRACT FLAGS" ["RUN FLAGS"] [WAIT_S]
 #   bash scripts/gpu_night.sh poll WAIT_S
 #
 #   bash scripts/gpu_night.sh start 0.333 tinyllama "--with-loss --deploy compile_graph" "--top 4"
 #   bash scripts/gpu_night.sh start 0.15 pythia-410m "--deploy compile_graph --regions" "--top 1 --regions 2" \
-#       "--kernel workspace/kernels/R*.py"          # the region kernels alone (the glob is the clone's)
+#       "--kernel workspace/kernels/R*.py"          # the region kernels alone (the glob is the copy's)
 set -uo pipefail
+USAGE='usage: gpu_night.sh start HOURS CONFIG "PROFILE FLAGS" "EXTRACT FLAGS" ["RUN FLAGS"] [WAIT_S] | poll WAIT_S'
 OUT=${OUT:-/tmp/out}
 NIGHT=/tmp/night
 mkdir -p "$OUT"
 
-pipeline() {  # HOURS CONFIG PROFILE EXTRACT RUN, in the clone
+pipeline() {  # HOURS CONFIG PROFILE EXTRACT RUN, in the copy
   local hours=$1 cfg=$2 run_flags=() f
   set -x
   python3 profile.py --module transformers --class-name AutoModelForCausalLM --config "benchmarks/hf/$cfg" \
@@ -46,10 +48,13 @@ wait_for() {  # up to $1 seconds, printing the log's new lines now and then
 
 case ${1:-} in
   start)
-    [ $# -ge 5 ] || { echo "usage: gpu_night.sh start HOURS CONFIG \"PROFILE FLAGS\" \"EXTRACT FLAGS\" [\"RUN FLAGS\"] [WAIT_S]"; exit 2; }
+    [ $# -ge 5 ] || { echo "$USAGE"; exit 2; }
     rm -rf "$NIGHT" "$NIGHT.log" "$NIGHT.rc"
-    if [ -d .git ]; then git clone -q . "$NIGHT"; else mkdir -p "$NIGHT" && cp -a . "$NIGHT/" && git -C "$NIGHT" init -q \
-      && git -C "$NIGHT" add -A && git -C "$NIGHT" -c user.name=night -c user.email=night@localhost commit -qm copy; fi
+    # a copy of the working tree as it is (the device machine's .git may be older than the files it was sent)
+    mkdir -p "$NIGHT" && tar -c --exclude=./.git --exclude=./.venv --exclude=./.whl \
+      --exclude=./workspace --exclude=./results.tsv . | tar -x -C "$NIGHT"
+    git -C "$NIGHT" init -q && git -C "$NIGHT" add -A \
+      && git -C "$NIGHT" -c user.name=night -c user.email=night@localhost commit -qm "the project as sent" || exit
     git -C "$NIGHT" config user.name night && git -C "$NIGHT" config user.email night@localhost
     wheels=$(ls .whl/*.whl 2>/dev/null)  # gitpython and its deps, where the image lacks them
     [ -n "$wheels" ] && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -69,6 +74,5 @@ case ${1:-} in
     echo $? > "$NIGHT.rc"
     ;;
   poll) wait_for "${2:-570}" ;;
-  *) echo "usage: gpu_night.sh start HOURS CONFIG \"PROFILE FLAGS\" \"EXTRACT FLAGS\" [\"RUN FLAGS\"] [WAIT_S] | poll WAIT_S"
-     exit 2 ;;
+  *) echo "$USAGE"; exit 2 ;;
 esac

@@ -477,3 +477,10 @@ def test_status_next_report_read_every_kind_of_run_alike(repo, capsys):
         report = orchestrate.recorded_run(repo, tag)
         assert len(report.rows()) == runs and lines("report", "--tag", tag)[-1].startswith("progress plot: ")
     assert lines("status")[0] == "tag s: no loop running"  # the single loop's state on disk comes first
+
+
+def test_kernel_takes_several_files_as_a_shell_glob_gives_them():
+    """`--kernel workspace/kernels/R*.py` (the shell hands over every match) and repeated --kernel: all the files."""
+    args = orchestrate.parse_args(["run", "--kernel", "R01_a.py", "R04_b.py", "--kernel", "01_rmsnorm.py", "--hours",
+                                   "0.1"])
+    assert args.kernel == ["R01_a.py", "R04_b.py", "01_rmsnorm.py"] and args.hours == 0.1
