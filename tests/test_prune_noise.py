@@ -208,10 +208,13 @@ class StrayingCopies(NoisyCopies):  # copies of 1 and 2 blocks whose extrapolate
     # type reads 24% faster in the median of the ratios, +-50% a turn, where it runs as fast; cut deeper they read true
     def turns(self, sides, timed):
         self.rounds.append(self.depths)
-        straying = self.depths == regional.DEPTHS
-        return {side: [fn.ms("compile_graph") * 1e3 * ((0.76 + 0.5 * self.rng.gauss(0, 1)) if straying and side ==
-                                                       "without" else 1 + self.rng.gauss(0, 0.002)) for _ in range(40)]
-                for side, fn in sides.items()}
+
+        def factor(side):
+            if self.depths == regional.DEPTHS and side == "without":
+                return max(0.05, 0.76 + 0.5 * self.rng.gauss(0, 1))
+            return 1 + self.rng.gauss(0, 0.002)
+
+        return {side: [fn.ms("compile_graph") * 1e3 * factor(side) for _ in range(40)] for side, fn in sides.items()}
 
 
 def test_a_trial_decided_by_an_interval_wider_than_its_effect_is_timed_again_on_deeper_copies(monkeypatch):
