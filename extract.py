@@ -7,8 +7,10 @@
 
 For each of the top N types of the plan (ranked by Amdahl gain), kernels/<type>.py is copied to
 workspace/kernels/NN_<type>.py with `MODEL_SHAPES = [...]` set to the shapes the profile recorded;
-and `MODEL_CALLS = [...]` to the calls per forward pass of each. bench.py adds the shapes to its sweep,
-times the first as the primary shape, and scores the kernel by its time in the model:
+and `MODEL_CALLS = [...]` to the calls per forward pass of each. An opt-in type chosen (rope_attention) brings
+its rivals, the types it takes the time of (flash_attention, rotary_embedding), ranked after the plan's types:
+verify's prune deploys whichever the model runs faster with, and the loop then has optimized both. bench.py adds
+the shapes to its sweep, times the first as the primary shape, and scores the kernel by its time in the model:
 
     python bench.py workspace/kernels/01_rmsnorm.py
 
@@ -52,7 +54,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    from autokernel.profile.extraction import extract, extract_regions, record_kernel_files, region_entries
+    from autokernel.profile.extraction import (
+        extract,
+        extract_regions,
+        record_kernel_files,
+        region_entries,
+        rival_entries,
+    )
     from autokernel.profile.plan import read_plan, write_json
 
     if args.top < 1:
@@ -62,6 +70,7 @@ def run(args) -> int:
     plan = read_plan(args.plan)
     if args.regions and not plan.get("regions"):
         raise cli.UsageError(f"{args.plan} lists no regions: profile the model with `profile.py --regions` first")
+    plan = {**plan, "entries": plan["entries"] + rival_entries(plan, args.top)}
     results = extract(plan, args.top, args.backend, args.output_dir, ROOT)
     regions = extract_regions(plan, args.regions, args.output_dir, ROOT) if args.regions else []
     plan = {**plan, "entries": plan["entries"] + region_entries(plan, regions)}
@@ -69,8 +78,9 @@ def run(args) -> int:
     where = "CPU time" if plan.get("cpu_mode") else f"device time on {plan.get('device', 'a GPU')}"
     print(f"plan {args.plan}: {plan.get('model', '?')}, {where}")
     for r in results:
-        share = next((e["f"] for e in plan["entries"] if e["type"] == r.type), None)
-        share = "" if share is None else f"{share:6.1%}"
+        entry = next((e for e in plan["entries"] if e["type"] == r.type), {})
+        share = "" if entry.get("f") is None else f"{entry['f']:6.1%}"
+        share += f"  (a rival of {', '.join(entry['rival_of'])})" if entry.get("rival_of") else ""
         primary = " ".join(f"{k}={v}" for k, v in r.shapes[0].items()) if r.shapes else "no shapes recorded"
         if r.path is None:
             print(f"  #{r.rank} {r.type:<17} {share}  {'PASSED OVER' if r in regions else 'MISSING'}: {r.problem}")

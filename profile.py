@@ -228,6 +228,11 @@ def show(the_plan: dict) -> None:
     print(f"named types cover {the_plan['covered_f']:.1%} of the time; all at their s: "
                   f"{the_plan['combined_gain']:.3f}x end to end; Amdahl ceiling (named types at zero "
                   f"time): {'unbounded' if ceiling is None else f'{ceiling:.2f}x'}")
+    rivals = the_plan.get("rivals") or []
+    if rivals:
+        print(f"rivals of {', '.join(rivals[0]['rival_of'])} (the time it takes is theirs without it; extract.py "
+              f"writes them beside it, verify's prune deploys the faster): "
+              + ", ".join(f"{r['type']} {r['f']:.1%}" for r in rivals))
 
 
 def main(argv=None) -> int:

@@ -63,6 +63,31 @@ def test_extract_writes_ranked_files_and_reports_missing_starters(tmp_path):
     assert cuda[0].path is None and "kernels/cuda/rmsnorm.py does not exist" in cuda[0].problem
 
 
+def test_an_opt_in_type_chosen_brings_its_rivals_once(tmp_path):
+    """rope_attention takes flash_attention's and rotary_embedding's time in an attention module, and verify's prune
+    may deploy those in its place: extracted, it brings them (ranked after the plan's types), not otherwise; a
+    second extract of the plan it wrote adds none again."""
+    from autokernel.profile.extraction import record_kernel_files, rival_entries
+
+    (tmp_path / "kernels").mkdir()
+    for t in ("rope_attention", "flash_attention", "rotary_embedding", "rmsnorm"):
+        (tmp_path / "kernels" / f"{t}.py").write_text(STARTER.replace('"rmsnorm"', f'"{t}"'))
+    plan = _plan("rmsnorm", "rope_attention", "rotary_embedding")
+    plan["rivals"] = [{"type": t, "f": 0.05, "rival_of": ["rope_attention"], "shapes": [{"shape": {"M": 1}}]}
+                      for t in ("flash_attention", "rotary_embedding")]
+    assert rival_entries(plan, top=1) == []  # rmsnorm alone: no rivals
+    written = extract({**plan, "entries": plan["entries"] + rival_entries(plan, top=1)}, top=1, backend="triton",
+                      out_dir=tmp_path / "one", root=tmp_path)
+    assert [w.path.name for w in written] == ["01_rmsnorm.py"]
+    added = rival_entries(plan, top=2)
+    assert [(e["type"], e["rank"]) for e in added] == [("flash_attention", 4)]  # rotary_embedding is ranked already
+    plan = {**plan, "entries": plan["entries"] + added}
+    written = extract(plan, top=2, backend="triton", out_dir=tmp_path / "two", root=tmp_path)
+    assert [w.path.name for w in written] == ["01_rmsnorm.py", "02_rope_attention.py", "03_rotary_embedding.py",
+                                              "04_flash_attention.py"]
+    assert rival_entries(record_kernel_files(plan, written, tmp_path), top=2) == []
+
+
 def test_a_starter_of_the_wrong_type_is_refused(tmp_path):
     (tmp_path / "kernels").mkdir()
     (tmp_path / "kernels" / "softmax.py").write_text(STARTER)  # declares rmsnorm

@@ -400,3 +400,18 @@ def test_the_estimate_uses_the_time_in_the_model_against_the_profiled_time():
     assert report.remaining_fraction(norm) == 0.25  # not 1 / 10: the model's own ops took 1000 us
     assert report.remaining_fraction(mlp) == 1.0  # slower than the model's own: left out by verify.py
     assert report.amdahl([norm, mlp, by_hand]) == pytest.approx(1 / (0.3 + 0.4 * 0.25 + 0.2 + 0.1 / 2))
+
+
+def test_the_estimate_counts_an_opt_in_type_or_its_rivals_whichever_leaves_less():
+    """extract.py writes flash_attention and rotary_embedding beside rope_attention, whose time they share; verify's
+    prune deploys the faster: the estimate takes the better of the two, never both."""
+    rope = {"type": "rope_attention", "f": 0.3, "time_us": 300.0, "best_us": 270.0, "in_model": True,
+            "best_vs_pytorch": 1.1}
+    flash = {"type": "flash_attention", "f": 0.2, "time_us": 200.0, "best_us": 100.0, "in_model": True,
+             "best_vs_pytorch": 2.0, "rival_of": ["rope_attention"]}
+    rotary = {"type": "rotary_embedding", "f": 0.05, "time_us": 50.0, "best_us": 40.0, "in_model": True,
+              "best_vs_pytorch": 1.2, "rival_of": ["rope_attention"]}
+    # the rivals leave 0.05 (what rope_attention takes beyond them) + 0.1 + 0.04 of its 0.3; rope_attention 0.27
+    assert report.amdahl([rope, flash, rotary]) == pytest.approx(1 / (0.7 + 0.05 + 0.1 + 0.04))
+    slow = {**flash, "best_us": 200.0}  # no faster than the model's own: rope_attention's 0.27 stands
+    assert report.amdahl([rope, slow, rotary]) == pytest.approx(1 / (0.7 + 0.27))

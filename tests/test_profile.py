@@ -286,6 +286,16 @@ def test_a_huggingface_llama_is_profiled_by_module_and_function(repo_root, tmp_p
     # by default what optimize() swaps in: LlamaAttention's RoPE, repeat_kv and SDPA as one rope_attention call;
     # LlamaRotaryEmbedding, which computes the tables and rotates nothing, is other's time
     assert {"rmsnorm", "fused_mlp", "rope_attention"} <= found and not {"flash_attention", "rotary_embedding"} & found
+    # whose time it takes, as the types without it have it (verify's prune may put them in its place): its rivals
+    rivals = json.loads((tmp_path / "plan.json").read_text())["rivals"]
+    assert {v["type"] for v in rivals} == {"flash_attention", "rotary_embedding"}
+    assert "rivals of rope_attention" in r.stdout
+    assert all(v["rival_of"] == ["rope_attention"] and v["f"] > 0 and v["shapes"] for v in rivals)
+    x = _run(repo_root, "extract.py", "--plan", str(tmp_path / "plan.json"), "--top", "1", "--output-dir",
+             str(tmp_path / "k"))
+    assert x.returncode == 0, x.stderr
+    assert {p.name.split("_", 1)[1] for p in (tmp_path / "k").glob("*.py")} == {
+        "rope_attention.py", "flash_attention.py", "rotary_embedding.py"}  # the night works on all three
     other = json.loads((tmp_path / "plan.json").read_text())["other"]
     assert "LlamaRotaryEmbedding" in json.dumps(other)
     r = _run(repo_root, *args, "--types", "rotary_embedding")  # the opt-in types chosen: none of rope_attention
@@ -442,6 +452,11 @@ def test_profile_deploy_compile_ranks_an_hf_llama_by_its_compiled_forward(repo_r
     head = next(e for e in the_plan["entries"] if e["type"] == "linear_cross_entropy")  # the loss compiled too
     assert head["f"] > 0 and any(x["type"] == "linear_cross_entropy" and x["kind"] == "fused" for x in found["regions"])
     assert sum(e["f"] for e in the_plan["entries"]) + the_plan["other"]["f"] == pytest.approx(1.0, abs=1e-6)
+    # rope_attention's rivals: the compiled attention is flash_attention's without it, timed as its region is
+    rival = next(r for r in the_plan["rivals"] if r["type"] == "flash_attention")
+    sdpa = [x for x in found["regions"] if x.get("rival") == "flash_attention"]
+    assert rival["rival_of"] == ["rope_attention"] and sdpa and all(x["type"] == "rope_attention" for x in sdpa)
+    assert rival["time_us"] == pytest.approx(sum(x["time_us"] for x in sdpa)) and rival["shapes"]
     bad = _run(repo_root, "profile.py", "--model", "models/llama.py", "--class-name", "LlamaModel", "--deploy", "jit")
     assert bad.returncode == 2 and "invalid choice: 'jit'" in bad.stderr
 

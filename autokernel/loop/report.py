@@ -170,7 +170,7 @@ def kernel_summaries(rows: list[dict], jobs: list[dict]) -> list[dict]:
         job = by_source.get(source, {})
         out.append({
             "kernel": job.get("name", Path(source).stem), "source": source, "f": job.get("f"),
-            "time_us": job.get("time_us"),
+            "time_us": job.get("time_us"), "type": job.get("type"), "rival_of": job.get("rival_of") or [],
             "status": job.get("status", ""), "reason": job.get("reason", ""),
             "runs": len(mine), "outcomes": outcome_counts(mine),
             "baseline_us": objective_us(base) if base else None,
@@ -199,12 +199,22 @@ def rate_text(summaries: list[dict]) -> str:
 
 
 def amdahl(summaries: list[dict]) -> float | None:
-    """End-to-end speedup if every kernel with a plan share ran at its best (see remaining_fraction)."""
+    """End-to-end speedup if every kernel with a plan share ran at its best (see remaining_fraction). An opt-in
+    type's rivals (extract.py writes them beside it) count in its place where they leave less of its share than it
+    does, as verify's prune deploys the faster; their shares overlap its own, so never both."""
     ranked = [s for s in summaries if s["f"]]
     if not ranked:
         return None
+    rivals = [s for s in ranked if s.get("rival_of")]
+    ranked = [s for s in ranked if not s.get("rival_of")]
     rest = 1.0 - sum(s["f"] for s in ranked)
-    return 1.0 / (rest + sum(s["f"] * remaining_fraction(s) for s in ranked))
+    left = 0.0
+    for s in ranked:
+        own = s["f"] * remaining_fraction(s)
+        theirs = [r for r in rivals if s.get("type") in r["rival_of"]]
+        instead = max(0.0, s["f"] - sum(r["f"] for r in theirs)) + sum(r["f"] * remaining_fraction(r) for r in theirs)
+        left += min(own, instead) if theirs else own
+    return 1.0 / (rest + left)
 
 
 def remaining_fraction(summary: dict) -> float:

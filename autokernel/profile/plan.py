@@ -87,16 +87,7 @@ def build_plan(profile: dict, measured: dict[str, float] | None = None, source: 
     measured = measured or {}
     types, other, total = _compiled(profile) if deploy in COMPILED else (
         profile["types"], profile["other"], profile["total_us"])
-    entries = []
-    for type_, info in types.items():
-        f = info["share"]
-        if type_ in measured:
-            s, s_source = measured[type_], f"measured ({source})"
-        else:
-            s, s_source = default_speedup(type_), "default"
-        entries.append({"type": type_, "f": f, "s": s, "s_source": s_source, "gain": amdahl_gain(f, s),
-                        "time_us": info["time_us"], "calls": info["calls"], "shapes": info["shapes"],
-                        **({"f_eager": info["f_eager"]} if "f_eager" in info else {})})
+    entries = [_entry(type_, info, measured, source) for type_, info in types.items()]
     entries.sort(key=_rank_key)
     for rank, entry in enumerate(entries, start=1):
         entry["rank"] = rank
@@ -109,11 +100,43 @@ def build_plan(profile: dict, measured: dict[str, float] | None = None, source: 
         "total_us": total,
         "entries": entries,
         "other": {"f": other["share"], "time_us": other["time_us"], "ops": other["ops"]},
+        "rivals": _rivals(profile, deploy, total, measured, source),
         "covered_f": covered,
         "combined_gain": 1.0 / ((1.0 - covered) + sum(e["f"] / e["s"] for e in entries)),
         # None: the planned types are all the time there is, so no ceiling short of infinity
         "amdahl_ceiling": 1.0 / (1.0 - covered) if covered < 1.0 - 1e-9 else None,
     }
+
+
+def _entry(type_: str, info: dict, measured: dict[str, float], source: str) -> dict:
+    """A plan entry of the type whose profile entry is `info`, scored (unranked)."""
+    f = info["share"]
+    if type_ in measured:
+        s, s_source = measured[type_], f"measured ({source})"
+    else:
+        s, s_source = default_speedup(type_), "default"
+    return {"type": type_, "f": f, "s": s, "s_source": s_source, "gain": amdahl_gain(f, s),
+            "time_us": info["time_us"], "calls": info["calls"], "shapes": info["shapes"],
+            **({"f_eager": info["f_eager"]} if "f_eager" in info else {})}
+
+
+def _rivals(profile: dict, deploy: str, total: float, measured: dict[str, float], source: str) -> list[dict]:
+    """The plan's "rivals": the types the opt-in ones take time from (profiling.rivals; under torch.compile the
+    regions they would claim, regions.Region.rival), each scored as an entry would be by its time in the model
+    without the opt-in types, and not ranked: extract.py writes them beside the opt-in type they rival, whichever
+    verify's prune then deploys (a type the plan ranks already, with the time it has beside the opt-in type too, is
+    written as its entry is)."""
+    found = profile.get("rivals") or {}
+    if deploy in COMPILED:
+        times: dict[str, list[float]] = {}
+        for r in (profile.get("regions") or {}).get("regions", []):
+            if r.get("rival") in found:
+                us_calls = times.setdefault(r["rival"], [0.0, 0.0])
+                us_calls[0] += r["time_us"]
+                us_calls[1] += r["calls"]
+        found = {t: {**found[t], "time_us": us, "calls": round(calls), "share": us / total,
+                     "f_eager": found[t]["share"]} for t, (us, calls) in times.items()}
+    return [{**_entry(t, info, measured, source), "rival_of": profile.get("opt_in", [])} for t, info in found.items()]
 
 
 def _rank_key(entry: dict) -> tuple:

@@ -35,6 +35,7 @@ WARMUP_STEPS = 2  # forward passes before profiling: lazy init, cuBLAS/cuDNN heu
 PROFILE_STEPS = 3  # profiled forward passes; every time reported is per forward pass
 MAX_SHAPES = 8  # shapes kept per type, the most expensive first
 MAX_OTHER_OPS = 12  # ops listed under "other"
+RIVAL_MIN = 0.005  # of the forward: a type the opt-in types take less time from than this is no rival of theirs
 STEP_RANGE = "autokernel.step"
 MODULE_RANGE = "autokernel.module#"
 FUNCTION_RANGE = "autokernel.function#"
@@ -295,6 +296,17 @@ def summarize(ops: list[Op], total_us: float, steps: int, types=None) -> dict:
     }
 
 
+def rivals(ops: list[Op], total_us: float, steps: int, types, found: dict) -> dict:
+    """{type: its summarize() entry in the model profiled without the opt-in `types`} for each type they take time
+    from (at least RIVAL_MIN of the forward): rope_attention takes flash_attention's and rotary_embedding's inside
+    an attention module, and verify's prune deploys those in its place where the model runs faster with them
+    (autokernel/verify/rivals.py), so the plan keeps them at hand for the night (plan.py)."""
+    without = summarize(ops, total_us, steps)["types"]
+    least = RIVAL_MIN * total_us / steps
+    return {t: e for t, e in without.items()
+            if t not in types and e["time_us"] - found.get(t, {}).get("time_us", 0.0) > least}
+
+
 def _finish(entry: dict, total_us: float, steps: int) -> dict:
     shapes = sorted(entry["shapes"].values(), key=lambda s: -s["time_us"])
     return {
@@ -348,6 +360,8 @@ def profile_model(model, inputs, device: str, steps: int = PROFILE_STEPS, warmup
     if total <= 0 or not math.isfinite(total):
         raise RuntimeError("the profiler recorded no time: did the model run any ops?")
     summary = summarize(ops, total, steps, types)
+    if types:
+        summary.update(opt_in=sorted(types), rivals=rivals(ops, total, steps, types, summary["types"]))
     summary.update({"time_kind": "device" if on_gpu else "cpu", "steps": steps, "warmup": warmup})
     if with_loss:
         summary["with_loss"] = True

@@ -59,6 +59,7 @@ class Region:
     modules: list = field(default_factory=list)  # the modules its nodes come from (paths)
     inputs: list = field(default_factory=list)  # [{"shape", "dtype"}] of the tensors it reads
     type: str | None = None  # the built-in type whose rules claim its nodes; None: no type covers it
+    rival: str | None = None  # where opt-in types claim it: the type that would without them (profiling.rivals)
     code: str = ""  # a fused region: its subgraph as Python (regionkernel.reference_source), where it can be cut out
     pattern: str = ""  # the same with its casts, as the model computes it, where it has any
 
@@ -142,6 +143,11 @@ def capture(model, inputs, device: str, steps: int = 3, warmup: int = 2, types=N
     torch._dynamo.reset()
     ops, total = to_ops(prof.events(), [], on_gpu)  # own time: device time of the kernels, or self CPU time
     regions = regions_of(ops, seen.graphs, seen.kernels, steps, attribution._Rules(attribution._rules(types)))
+    if types:  # the same regions as the types without the opt-in ones would claim them
+        plain = regions_of(ops, seen.graphs, seen.kernels, steps, attribution._Rules(attribution._rules()))
+        without = {r.name: r.type for r in plain}
+        for r in regions:
+            r.rival = without.get(r.name) if without.get(r.name) not in (None, r.type) else None
     for r in regions:
         r.share = r.time_us / (total / steps) if total else 0.0
         r.calls = round(r.calls, 2)
