@@ -428,6 +428,10 @@ def test_packed_gqa_computes_each_query_head_s_own_attention(interpreter, repo_r
 ORDER_BUGS = {"fold": ("mirror = tl.cdiv(S, BLOCK_POS) - 1 - start_m", "mirror = tl.cdiv(S, BLOCK_POS) - 2 - start_m"),
               "paired": ("rank = tl.where(pid < sms, pid, n_m * n_rows - 1 - (pid - sms))",
                          "rank = tl.where(pid < sms, pid, n_m * n_rows - 2 - (pid - sms))")}
+# the planted bugs leave a block unwritten: their output starts as NaN, not as memory that may hold a right answer
+# (torch.empty can hand back the block an earlier correct call freed, and the bug then read right in one CI run)
+EMPTY_OUT = "out = torch.empty((batch, heads, seq, head_dim), dtype=q.dtype, device=q.device)"
+NAN_OUT = "out = torch.full((batch, heads, seq, head_dim), float('nan'), dtype=q.dtype, device=q.device)"
 
 
 @pytest.mark.parametrize("order", ["launch", "paired", "fold"])
@@ -446,8 +450,9 @@ def test_every_causal_order_computes_each_query_block_once(interpreter, repo_roo
             got, expected = module.kernel_fn(*inputs), spec.reference(*inputs)
             torch.testing.assert_close(got, expected, atol=2e-3, rtol=2e-3, msg=str(shape))
     if order in ORDER_BUGS:
-        assert ORDER_BUGS[order][0] in source
-        wrong = _with(source.replace(*ORDER_BUGS[order]), tmp_path, f"wrong_{order}", CAUSAL_ORDER=order, BLOCK_M=32)
+        assert ORDER_BUGS[order][0] in source and EMPTY_OUT in source
+        wrong = _with(source.replace(*ORDER_BUGS[order]).replace(EMPTY_OUT, NAN_OUT), tmp_path, f"wrong_{order}",
+                      CAUSAL_ORDER=order, BLOCK_M=32)
         causal = [inputs for shape, inputs in shapes if shape.get("causal", True) and shape["S"] > 64]
         assert causal and any(not torch.allclose(torch.nan_to_num(wrong.kernel_fn(*inputs), nan=1e9),
                                                  spec.reference(*inputs), atol=2e-3, rtol=2e-3) for inputs in causal)
