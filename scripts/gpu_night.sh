@@ -53,9 +53,8 @@ case ${1:-} in
     # a copy of the working tree as it is (the device machine's .git may be older than the files it was sent)
     mkdir -p "$NIGHT" && tar -c --exclude=./.git --exclude=./.venv --exclude=./.whl \
       --exclude=./workspace --exclude=./results.tsv . | tar -x -C "$NIGHT"
-    git -C "$NIGHT" init -q && git -C "$NIGHT" add -A \
-      && git -C "$NIGHT" -c user.name=night -c user.email=night@localhost commit -qm "the project as sent" || exit
-    git -C "$NIGHT" config user.name night && git -C "$NIGHT" config user.email night@localhost
+    git -C "$NIGHT" init -q && git -C "$NIGHT" config user.name night && git -C "$NIGHT" config user.email \
+      night@localhost && git -C "$NIGHT" add -A && git -C "$NIGHT" commit -qm "the project as sent" || exit
     wheels=$(ls .whl/*.whl 2>/dev/null)  # gitpython and its deps, where the image lacks them
     [ -n "$wheels" ] && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
       --target /tmp/site $wheels

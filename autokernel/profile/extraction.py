@@ -118,7 +118,7 @@ def starter_path(type_: str, backend: str, root: Path) -> Path:
 def extract(plan: dict, top: int, backend: str, out_dir: Path, root: Path) -> list[Extracted]:
     """Write kernel files for the plan's `top` best-ranked types, and for the rivals among its entries
     (rival_entries) of those chosen; a missing starter is reported, not fatal."""
-    entries = sorted((e for e in plan["entries"] if not e.get("rival_of")), key=lambda e: e["rank"])[:top]
+    entries = _chosen(plan, top)
     chosen = {e["type"] for e in entries}
     rivals = {r["type"] for r in plan.get("rivals", []) if chosen & set(r.get("rival_of") or ())} - chosen
     entries += [e for e in plan["entries"] if e["type"] in rivals]
@@ -160,11 +160,15 @@ def rival_entries(plan: dict, top: int) -> list[dict]:
     ranked after its types: extract() writes them beside the type they rival and the loop optimizes both, so that the
     night has worked on whichever verify's prune deploys (an HF Llama's plan holds rope_attention, and under
     torch.compile the prune put flash_attention and rotary_embedding in its place on TinyLlama, Qwen3 and GPT-NeoX)."""
-    ranked = sorted((e for e in plan["entries"] if not e.get("rival_of")), key=lambda e: e["rank"])
-    chosen, listed = {e["type"] for e in ranked[:top]}, {e["type"] for e in plan["entries"]}
+    chosen, listed = {e["type"] for e in _chosen(plan, top)}, {e["type"] for e in plan["entries"]}
     rivals = [r for r in plan.get("rivals", []) if chosen & set(r.get("rival_of") or ()) and r["type"] not in listed]
     rank = max((e["rank"] for e in plan["entries"]), default=0)
     return [{**r, "rank": rank + k} for k, r in enumerate(rivals, start=1)]
+
+
+def _chosen(plan: dict, top: int) -> list[dict]:
+    """The plan's `top` best-ranked entries, its rivals' entries (rival_entries) apart."""
+    return sorted((e for e in plan["entries"] if not e.get("rival_of")), key=lambda e: e["rank"])[:top]
 
 
 def record_kernel_files(plan: dict, extracted: list[Extracted], root: Path) -> dict:

@@ -54,9 +54,10 @@ def verify_regions(model, build: Callable, traced: list[str], kernels_dir, input
     sets = [inputs(endtoend.TIMING_SEED + i) for i in range(endtoend.TIMING_INPUTS)]
     report = {"types": types, "matches": 0, "correctness": None, "timing": None, "displaced": {}}
     try:
-        with_regions, wrong = _checked(build(traced), made, model, sets[-1])
+        kept = build(traced)
+        with_regions, wrong = _checked(kept, made, model, sets[-1])
         placed_all = made.matches >= _places(kernels_dir)
-        hiding = [] if placed_all else _hiding(build, traced, made, model, sets[-1], made.matches)
+        hiding = [] if placed_all else _hiding(build, traced, made, sets[-1], made.matches)
         if hiding:
             with_regions, wrong = _checked(build([t for t in traced if t not in hiding]), made, model, sets[-1])
         report["matches"] = made.matches
@@ -68,7 +69,7 @@ def verify_regions(model, build: Callable, traced: list[str], kernels_dir, input
                                for t in hiding}
         if not timed:
             return {**report, "kept": True, "why": "checked, not timed (timing needs a GPU)"}
-        report["timing"] = _timed(build(traced), with_regions, sets, device, graphs)
+        report["timing"] = _timed(kept, with_regions, sets, device, graphs)
     except Exception as e:  # noqa: BLE001  (a compile or capture that fails: the regions go, the reason kept)
         return {**report, "kept": False, "why": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}", "displaced": {}}
     finally:
@@ -84,18 +85,25 @@ def verify_regions(model, build: Callable, traced: list[str], kernels_dir, input
 def _checked(module, made, model, inputs: tuple) -> tuple[Callable, str | None]:
     """(`module` compiled with the region pass, how its output differs from the original's or None); made.matches
     counts the places the pass put the kernels."""
-    torch._dynamo.reset()
-    made.matches = 0
-    compiled = torch.compile(module, backend=BACKEND, options={"post_grad_custom_post_pass": made,
-                                                               "fx_graph_cache": False})
+    compiled = _with_pass(module, made)
     return compiled, endtoend.wrong_output(compiled, model, inputs)
 
 
-def _hiding(build: Callable, traced: list[str], made, model, inputs: tuple, matches: int) -> list[str]:
-    """The types whose sites hide regions: the model compiled without one of them places more region kernels."""
+def _with_pass(module, made) -> Callable:
+    """`module` to be compiled with the region pass (at its first call, which counts the places into made.matches);
+    not from the FX graph cache: the pass must run to count them."""
+    torch._dynamo.reset()
+    made.matches = 0
+    return torch.compile(module, backend=BACKEND, options={"post_grad_custom_post_pass": made, "fx_graph_cache": False})
+
+
+def _hiding(build: Callable, traced: list[str], made, inputs: tuple, matches: int) -> list[str]:
+    """The types whose sites hide regions: the model compiled without one of them places more region kernels (one
+    call compiles it; its output is not needed)."""
     hiding = []
     for kernel_type in traced:
-        _checked(build([t for t in traced if t != kernel_type]), made, model, inputs)
+        with torch.no_grad():
+            _with_pass(build([t for t in traced if t != kernel_type]), made)(*inputs)
         if made.matches > matches:
             hiding.append(kernel_type)
     return hiding

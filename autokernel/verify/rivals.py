@@ -33,7 +33,7 @@ def try_rivals(trials, optimized: swap.Optimized, keep: list[str], standby: list
     running = _running(trials, keep + standby, standby)  # those that run beside every kept type are no one's rival
     for kernel_type in list(keep):
         rivals = [t for t in _running(trials, [t for t in keep if t != kernel_type] + standby, standby)
-                  if t not in running] if kernel_type in keep else []
+                  if t not in running]
         if not rivals:
             continue
         if isinstance(progress, Clock):  # its heartbeat names the trial under way
