@@ -241,8 +241,10 @@ ROW_STARTER = '''"""A region kernel of {model}: {share:.1%} of its compiled forw
 
 It computes {ops}.
 Written by extract.py from the region's subgraph; workspace/regions/{module}.py holds its reference, read-only.
-One program per ROWS rows of the output, the rows in registers: the reductions over each row, then the elementwise
-math, in fp32. Inductor's own kernel for the region is what to beat (the baseline torch.compile makes of it).
+ROWS rows of the output at a time, in registers: the reductions over each row, then the elementwise math, in fp32.
+One program per ROWS rows, or (PER_SM > 0) PER_SM programs per SM, each looping over blocks of rows with its
+weight rows loaded once: fewer, longer programs keep more loads in flight where the rows are few.
+Inductor's own kernel for the region is what to beat (the baseline torch.compile makes of it).
 """
 
 import torch
@@ -251,21 +253,32 @@ import triton.language as tl
 
 KERNEL_TYPE = "{type_name}"
 
-ROWS = 1  # rows per program: more share a weight row's load and make fewer, larger programs
+ROWS = 1  # rows a program holds at a time: more share a weight row's load and make fewer, larger programs
+PER_SM = 0  # 0: one program per ROWS rows; k: k programs per SM, each looping over blocks of rows
 NUM_WARPS = 4
-TUNABLES = {{"ROWS": [1, 2, 4, 8], "NUM_WARPS": [1, 2, 4, 8, 16]}}
+TUNABLES = {{"ROWS": [1, 2, 4, 8], "PER_SM": [0, 2, 4, 8], "NUM_WARPS": [1, 2, 4, 8, 16]}}
 
 
 @triton.jit
 def _region({outputs}, {pointers}, M, N, ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
-    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None]
     cols = tl.arange(0, BLOCK_N)[None, :]
-    in_rows = rows < M
-    mask = in_rows & (cols < N)
-    offs = rows * N + cols
+{col_loads}
+    for block in tl.range(tl.program_id(0), tl.cdiv(M, ROWS), tl.num_programs(0)):
+        rows = (block * ROWS + tl.arange(0, ROWS)[:, None]).to(tl.int64)  # 64-bit offsets: rows * N
+        in_rows = rows < M
+        mask = in_rows & (cols < N)
+        offs = rows * N + cols
 {loads}
 {body}
 {stores}
+
+
+def _programs(blocks, device):
+    """The grid: a program per block of rows, or PER_SM programs per SM (one SM where there is no GPU)."""
+    if PER_SM == 0:
+        return blocks
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+    return min(blocks, PER_SM * sms)
 
 
 def kernel_fn({params}):
@@ -273,8 +286,8 @@ def kernel_fn({params}):
     outs = [torch.empty(shape, dtype={first}.dtype, device={first}.device) for shape in ({allocs})]
     n = rows[-1]
     m = {row}.numel() // n
-    _region[(triton.cdiv(m, ROWS),)](*outs, {arguments}, m, n, ROWS=ROWS,
-                                    BLOCK_N=triton.next_power_of_2(n), num_warps=NUM_WARPS)
+    _region[(_programs(triton.cdiv(m, ROWS), {row}.device),)](*outs, {arguments}, m, n, ROWS=ROWS,
+                                                            BLOCK_N=triton.next_power_of_2(n), num_warps=NUM_WARPS)
     return {returned}
 '''
 STORES = {"row": "offs, {r}, mask=mask", **dict.fromkeys(("per_row", "per_row_keep"), "rows, {r}, mask=in_rows")}
@@ -304,14 +317,18 @@ def starter_source(region: dict, type_name: str, module: str, model: str) -> str
                   returned="outs[0]" if len(results) == 1 else "tuple(outs)")
     if reduces:
         kinds, row, written = row_layout(region["code"], params, shapes)
-        loads = "\n".join(f"    x_{p} = {LOADS[kinds[p]].format(p=p)}.to(tl.float32)" for p in params)
+        def load(p: str, indent: str) -> str:
+            return f"{indent}x_{p} = {LOADS[kinds[p]].format(p=p)}.to(tl.float32)"
+        col_loads = "\n".join(load(p, "    ") for p in params if kinds[p] == "col")  # once a program
+        loads = "\n".join(load(p, "        ") for p in params if kinds[p] != "col")
         arguments = ", ".join(f"{p}.contiguous()" for p in params)
-        stores = "\n".join(f"    tl.store(out{k}_ptr + "
+        stores = "\n".join(f"        tl.store(out{k}_ptr + "
                            + STORES[kind].format(r=f"{r}.to(out{k}_ptr.dtype.element_ty)") + ")"
                            for k, (r, kind) in enumerate(zip(results, written)))
         allocs = "".join(f"{ALLOCS[kind]}, " for kind in written)
-        return ROW_STARTER.format(**{**common, "stores": stores}, loads=loads, row=row, arguments=arguments,
-                                  allocs=allocs)
+        body = "\n".join(f"        {line}" for line in lines)
+        return ROW_STARTER.format(**{**common, "stores": stores, "body": body}, col_loads=col_loads, loads=loads,
+                                  row=row, arguments=arguments, allocs=allocs)
     loads = "\n".join(f"        x_{p} = tl.load({p}_ptr + i0 * {p}_s0 + i1 * {p}_s1 + i2 * {p}_s2 + i3 * {p}_s3, "
                       "mask=mask, other=0.0).to(tl.float32)" for p in params)
     flat_loads = "\n".join(f"        x_{p} = tl.load({p}_ptr + flat, mask=mask, other=0.0).to(tl.float32)"

@@ -13,7 +13,8 @@ compiled graph); an eager model runs as it is.
     installed = autokernel.install_regions()      # workspace/kernels' region kernels, from now on
     model = torch.compile(autokernel.optimize(model))
 
-The pattern matches the region's ops exactly (literals included), in the dtype the region was captured in.
+The pattern matches the region's ops exactly (literals included), in the dtype the region was captured in, each
+input bound to a tensor of its own.
 verify.py checks and times them (regionverify.py); install_regions follows its report.
 """
 
@@ -89,7 +90,10 @@ def region_pass(kernels_dir: str | Path, previous=None) -> tuple[_RegionPass | N
         example = spec.make_inputs(spec.bench_shape, _captured_dtype(spec), "cpu", torch.Generator().manual_seed(0))
         op = getattr(torch.ops.autokernel, key).default
         search = getattr(spec.reference, "pattern", spec.reference)  # with the model's casts, where it has any
-        register_replacement(search, lambda *args, op=op: op(*args), list(example), fwd_only, [patterns])
+        # each input bound to a tensor of its own, as where the region was captured: otherwise the two norms of one
+        # sum (each with its weights) both match the graph's first, and its second stays Inductor's beside the kernel
+        register_replacement(search, lambda *args, op=op: op(*args), list(example), fwd_only, [patterns],
+                             exclusive_arg_names=_arg_names(search))
         digest.update(path.read_bytes())
     CustomGraphPass.register(_RegionPass)  # Inductor asks isinstance(pass, CustomGraphPass)
     return _RegionPass(patterns, previous, digest.hexdigest()), list(files)
@@ -137,10 +141,15 @@ def matches() -> int:
     return _STATE["pass"].matches if "pass" in _STATE else 0
 
 
+def _arg_names(fn) -> tuple[str, ...]:
+    """The names of fn's positional parameters (a reference's inputs)."""
+    return fn.__code__.co_varnames[:fn.__code__.co_argcount]
+
+
 def _deployment(spec) -> Deployment:
     """The op's schema and output shapes: one tensor, or a tuple of them (a region whose residual stream and norm
     both leave it), shaped as the reference's outputs."""
-    params = spec.reference.__code__.co_varnames[:spec.reference.__code__.co_argcount]
+    params = _arg_names(spec.reference)
     example = spec.make_inputs(spec.bench_shape, torch.float32, "meta", None)
     made = spec.reference(*example)
     outputs = len(made) if isinstance(made, tuple) else 1
