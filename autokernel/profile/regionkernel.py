@@ -9,9 +9,10 @@ dtype of its inputs with an fp32 accumulator.
 The starter is generated from the same nodes. A region of elementwise ops (POINTWISE) on tensors that broadcast to
 the output, up to four dimensions, gets one program per BLOCK elements of the output, each input loaded through its
 broadcast strides. A region that also reduces over the last dimension (REDUCTIONS: a norm, a softmax's max and
-sum) gets one program per row, the row in registers, a weight of one row read once per program. A region may have
-several outputs (a residual stream and its norm), each rows or one value per row. The math is fp32, the results
-stored in the output's dtype. Regions with other ops get no starter yet (extract.py says which op).
+sum) gets a program per block of rows (or programs that loop over the blocks: PER_SM), the rows in registers, a
+weight of one row read once per program. A region may have several outputs (a residual stream and its norm), each
+rows or one value per row. The math is fp32, the results stored in the output's dtype. Regions with other ops get
+no starter yet (extract.py says which op).
 """
 
 from __future__ import annotations
@@ -317,8 +318,10 @@ def starter_source(region: dict, type_name: str, module: str, model: str) -> str
                   returned="outs[0]" if len(results) == 1 else "tuple(outs)")
     if reduces:
         kinds, row, written = row_layout(region["code"], params, shapes)
+
         def load(p: str, indent: str) -> str:
             return f"{indent}x_{p} = {LOADS[kinds[p]].format(p=p)}.to(tl.float32)"
+
         col_loads = "\n".join(load(p, "    ") for p in params if kinds[p] == "col")  # once a program
         loads = "\n".join(load(p, "        ") for p in params if kinds[p] != "col")
         arguments = ", ".join(f"{p}.contiguous()" for p in params)

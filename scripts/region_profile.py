@@ -1,0 +1,92 @@
+"""Region kernels as the model runs them (GPU): the compiled forward's kernels without and with them.
+
+Each region kernel file alone, then all together, from a profile of the forward, not the harness's timing.
+
+    python scripts/region_profile.py benchmarks/hf/pythia-410m [--kernels workspace/kernels] [--shape 1,2048]
+
+For each set it prints the forward's kernel time against the compiled original, the places the region pass
+filled, and the kernels that appear or disappear with it (calls a forward, us a call): a region kernel's own
+time as the model runs it (its inputs warm in the L2 from the kernel before, where the harness flushes the L2),
+and any kernel Inductor adds beside it (a match that leaves part of its region to Inductor shows up here).
+"""
+
+import argparse
+import collections
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import autokernel  # noqa: E402
+from autokernel.verify import regiondeploy  # noqa: E402
+
+FORWARDS = 5
+
+
+def kernels(fn, x) -> dict[str, tuple[float, float]]:
+    """{kernel name: (calls a forward, us a forward)} from a profile of FORWARDS forwards after a warm-up."""
+    with torch.no_grad():
+        for _ in range(3):
+            fn(x)
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(FORWARDS):
+                fn(x)
+            torch.cuda.synchronize()
+    found = collections.defaultdict(lambda: [0, 0.0])
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            found[event.name][0] += 1
+            found[event.name][1] += event.device_time
+    return {name: (n / FORWARDS, us / FORWARDS) for name, (n, us) in found.items()}
+
+
+def report(label: str, got: dict, base: dict) -> None:
+    total, base_total = (sum(us for _, us in k.values()) for k in (got, base))
+    print(f"{label}: {total:.1f} us of kernels a forward ({total - base_total:+.1f} us, "
+          f"{base_total / total:.3f}x), {regiondeploy.matches()} places")
+    changed = [(name, got.get(name, (0, 0.0)), base.get(name, (0, 0.0))) for name in {*got, *base}]
+    changed = [c for c in changed if c[1][0] != c[2][0]]
+    for name, (n, us), (n0, us0) in sorted(changed, key=lambda c: -abs(c[1][1] - c[2][1])):
+        now = f"x{n:g} {us / n:.2f} us a call" if n else "gone"
+        print(f"  {us - us0:+8.1f} us  {now:24s} (x{n0:g} before)  {name[:100]}")
+
+
+def main() -> None:
+    import transformers
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("config", help="an HF config directory (benchmarks/hf/NAME)")
+    ap.add_argument("--kernels", default="workspace/kernels", help="where the region kernel files are")
+    ap.add_argument("--shape", default="1,2048", help="the input ids' shape (default 1,2048)")
+    args = ap.parse_args()
+    files = sorted(regiondeploy.region_files(args.kernels).values())
+    if not files or not torch.cuda.is_available():
+        sys.exit("region_profile.py: needs a CUDA GPU and region kernel files (extract.py --regions)")
+    config = transformers.AutoConfig.from_pretrained(args.config)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).to("cuda", torch.float16).eval()
+    x = torch.randint(0, config.vocab_size, tuple(int(s) for s in args.shape.split(",")), device="cuda")
+    with torch._inductor.config.patch(fx_graph_cache=False):
+        base = kernels(torch.compile(model), x)
+        print(f"compiled original: {sum(us for _, us in base.values()):.1f} us of kernels a forward")
+        for chosen in [[f] for f in files] + ([files] if len(files) > 1 else []):
+            with tempfile.TemporaryDirectory() as tmp:
+                for f in chosen:
+                    shutil.copy(f, tmp)
+                torch._dynamo.reset()
+                try:
+                    autokernel.install_regions(tmp, verified=None, quiet=True)
+                    report(" + ".join(f.name for f in chosen), kernels(torch.compile(model), x), base)
+                except Exception as e:  # noqa: BLE001  (a set that does not compile: said, the next one runs)
+                    print(f"{' + '.join(f.name for f in chosen)}: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+                finally:
+                    autokernel.uninstall_regions()
+
+
+if __name__ == "__main__":
+    main()
