@@ -216,7 +216,8 @@ def show(report: dict) -> None:
         r = report["regions"]
         console.print(f"region kernels under torch.compile ({', '.join(r['types'])}): {r['matches']} place(s), "
                       f"{'kept' if r['kept'] else 'left out'}: {r['why']}"
-                      + "".join(f"\n  {t} left out under torch.compile: {why}" for t, why in r["displaced"].items()))
+                      + "".join(f"\n  {t} left out under torch.compile: {why}" for t, why in r["displaced"].items())
+                      + "".join(f"\n  {t} left out: {why}" for t, why in (r.get("left_out") or {}).items()))
     print("---")
     for key, value in summary(report).items():
         print(f"{key}: {'' if value is None else (f'{value:.4g}' if isinstance(value, float) else value)}")
@@ -264,8 +265,10 @@ def summary(report: dict) -> dict:
             "against_verdict": (report.get("against") or {}).get("verdict"),
             "against_compiled_speedup": ((report.get("against") or {}).get("compiled") or {}).get("speedup"),
             "graph_breaks": g.get("graph_breaks"),
-            "region_kernels": ",".join(report["regions"]["types"]) if (report.get("regions") or {}).get("kept")
-            else None, "device": report["gpu"] or "cpu", "cpu_mode": report["cpu_mode"]}
+            "region_kernels": ",".join(t for t in report["regions"]["types"] if t not in
+                                       (report["regions"].get("left_out") or {}))
+            if (report.get("regions") or {}).get("kept") else None,
+            "device": report["gpu"] or "cpu", "cpu_mode": report["cpu_mode"]}
 
 
 def comparison_lines(report: dict) -> list[str]:

@@ -590,3 +590,47 @@ def test_a_region_with_two_norms_of_one_sum_is_placed_whole_each_output_reaching
                 autokernel.uninstall_regions()
                 torch._dynamo.reset()
             assert not torch.allclose(got.float(), want.float(), atol=1e-2), f"output {k} of the kernel is unused"
+
+
+def test_each_region_type_is_timed_out_of_the_set_and_left_out_where_the_model_is_faster_without_it(monkeypatch):
+    """Pythia-410M on an H100: one of its two region kernels (R04) made the compiled forward faster alone, the
+    pair slower than none; the pair was kept or left out together. Each region type is now timed out of the set in
+    turn: the slow one goes, the other stays; a set that does not compile (R02 alone crashed Inductor) keeps it."""
+    from autokernel.verify import noise, regionverify
+
+    slow, broken = "region/slow", "region/fine"  # the set without "region/slow" compiles; without "fine" it does not
+
+    class Made:
+        def __init__(self, only):
+            self.types, self.matches = tuple(only), 1
+
+    def checked(module, made, model, inputs):
+        if made.types == (slow,):
+            raise RuntimeError("InductorError: AssertionError")
+        return ("compiled", made.types), None
+
+    def timed(without, with_regions, sets, device, graphs):  # the model is slower wherever "region/slow" runs
+        outcome = noise.FASTER if slow in with_regions[1] and slow not in without[1] else "within noise"
+        return {"mode": "compile_graph", "outcome": outcome, "text": "timed"}
+
+    monkeypatch.setattr(regionverify.regiondeploy, "region_pass", lambda d, only=None: (Made(only), list(only)))
+    monkeypatch.setattr(regionverify, "_checked", checked)
+    monkeypatch.setattr(regionverify, "_timed", timed)
+    both = ("compiled", (slow, broken))
+    current, left_out = regionverify._one_by_one("module", both, [slow, broken], "kernels", None, [()], "cuda", True)
+    assert list(left_out) == [slow] and "faster without it in compile_graph mode" in left_out[slow]
+    assert current == ("compiled", (broken,))
+    current, left_out = regionverify._one_by_one("module", both, [broken, slow], "kernels", None, [()], "cuda", True)
+    assert list(left_out) == [slow] and current == ("compiled", (broken,))
+
+
+def test_install_regions_leaves_out_a_region_type_verify_left_out(extracted):
+    import autokernel
+
+    report = extracted.path.parent.parent / "verify.json"
+    for left_out, installed in (({extracted.type: "the model is faster without it"}, []), ({}, [extracted.type])):
+        report.write_text(json.dumps({"regions": {"types": [extracted.type], "kept": True, "left_out": left_out}}))
+        try:
+            assert autokernel.install_regions(extracted.path.parent) == installed
+        finally:
+            autokernel.uninstall_regions()

@@ -70,16 +70,17 @@ class _RegionPass:
         return self
 
 
-def region_pass(kernels_dir: str | Path, previous=None) -> tuple[_RegionPass | None, list[str]]:
+def region_pass(kernels_dir: str | Path, previous=None, only=None) -> tuple[_RegionPass | None, list[str]]:
     """(the post-grad pass that puts the region kernels of `kernels_dir` where their regions are, the region types
-    it places), (None, []) when there are none; `previous`: a custom pass it runs after its own patterns. For one
-    compile: torch.compile(model, options={"post_grad_custom_post_pass": the pass})."""
+    it places), (None, []) when there are none; `previous`: a custom pass it runs after its own patterns; `only`:
+    these region types alone. For one compile: torch.compile(model, options={"post_grad_custom_post_pass": the
+    pass})."""
     from torch._inductor.custom_graph_pass import CustomGraphPass
     from torch._inductor.pattern_matcher import PatternMatcherPass, fwd_only, register_replacement
 
     from autokernel import registry
 
-    files = region_files(kernels_dir)
+    files = {t: f for t, f in region_files(kernels_dir).items() if only is None or t in only}
     if not files:
         return None, []
     patterns, digest = PatternMatcherPass(pass_name="autokernel_regions"), hashlib.sha256()
@@ -104,28 +105,31 @@ def install_regions(kernels_dir: str | Path = Path("workspace") / "kernels", ver
     """Put the region kernels of `kernels_dir` into every graph Inductor compiles from now on (see the module
     docstring); the region types placed. Installing again replaces what was installed. verified: verify.py's
     report (default "auto": workspace/verify.json beside the kernels); where it found the region kernels wrong or
-    slower, none is installed, and a warning says why."""
+    slower, none is installed, and a warning says why; a region type it left out on its own stays out."""
     uninstall_regions()
-    refused = _refused(kernels_dir, verified)
+    refused, left_out = _verdict(kernels_dir, verified)
     if refused:
         if not quiet:
             warnings.warn(f"autokernel: region kernels not installed: verify.py {refused}", stacklevel=2)
         return []
     config = torch._inductor.config
-    made, types = region_pass(kernels_dir, config.post_grad_custom_post_pass)
+    only = [t for t in region_files(kernels_dir) if t not in left_out]
+    made, types = region_pass(kernels_dir, config.post_grad_custom_post_pass, only)
     if made is not None:
         _STATE.update(previous=config.post_grad_custom_post_pass, **{"pass": made})
         config.post_grad_custom_post_pass = made
     return types
 
 
-def _refused(kernels_dir: str | Path, verified: str | Path | None) -> str | None:
-    """Why verify.py's report beside the kernels turned the region kernels down, or None."""
+def _verdict(kernels_dir: str | Path, verified: str | Path | None) -> tuple[str | None, set[str]]:
+    """(why verify.py's report beside the kernels turned the region kernels down, or None; the region types it left
+    out one by one)."""
     path = Path(kernels_dir).parent / "verify.json" if verified == "auto" else verified
     if path is None or not Path(path).is_file():
-        return None
+        return None, set()
     regions = json.loads(Path(path).read_text()).get("regions") or {}
-    return None if regions.get("kept", True) else regions.get("why", "left them out")
+    refused = None if regions.get("kept", True) else regions.get("why", "left them out")
+    return refused, set(regions.get("left_out") or {})
 
 
 def uninstall_regions() -> None:

@@ -9,6 +9,8 @@ install_regions() follows the report. A built-in type can hide a region: Pythia-
 two norms of its residual + norms region, whose pattern then matched nowhere. Where the kernels are placed at fewer
 places than they were profiled at, each kept compiled type is left out in turn; one whose absence places more is
 displaced: the region kernels are timed in its place, and where they stay it is left out under torch.compile.
+Where there are several region types, each is first timed out of the set in turn and left out where the model is
+faster without it (install_regions() then installs the others).
 """
 
 from __future__ import annotations
@@ -43,23 +45,26 @@ def verify_in_report(request, model, checked_types: list[str], measured: dict, i
 
 def verify_regions(model, build: Callable, traced: list[str], kernels_dir, inputs: Callable, device: str, timed: bool,
                    graphs: bool) -> dict | None:
-    """{"types", "matches", "correctness", "timing", "kept", "why", "displaced"} for the region kernels of
+    """{"types", "matches", "correctness", "timing", "kept", "why", "displaced", "left_out"} for the region kernels of
     `kernels_dir` in the optimized model (`build(types)`: the model with those built-in types, `traced` the ones the
     prune kept under torch.compile; `model` its eager original); None when there are none. A built-in type whose
     sites hide a region (the layernorm type swaps the norms a residual + two norms region is made of) is displaced:
-    left out under torch.compile where the region kernels are kept (displaced: {type: why})."""
+    left out under torch.compile where the region kernels are kept (displaced: {type: why}). Region types the model
+    is faster without, timed out of the set one by one, are left out ({region type: why}); the rest are kept or not
+    together."""
     made, types = regiondeploy.region_pass(kernels_dir)
     if made is None:
         return None
     sets = [inputs(endtoend.TIMING_SEED + i) for i in range(endtoend.TIMING_INPUTS)]
-    report = {"types": types, "matches": 0, "correctness": None, "timing": None, "displaced": {}}
+    report = {"types": types, "matches": 0, "correctness": None, "timing": None, "displaced": {}, "left_out": {}}
     try:
-        kept = build(traced)
+        kept = module = build(traced)
         with_regions, wrong = _checked(kept, made, model, sets[-1])
         placed_all = made.matches >= _places(kernels_dir)
         hiding = [] if placed_all else _hiding(build, traced, made, sets[-1], made.matches)
         if hiding:
-            with_regions, wrong = _checked(build([t for t in traced if t not in hiding]), made, model, sets[-1])
+            module = build([t for t in traced if t not in hiding])
+            with_regions, wrong = _checked(module, made, model, sets[-1])
         report["matches"] = made.matches
         report["correctness"] = f"FAIL: {wrong}" if wrong else "PASS"
         if wrong or not made.matches:
@@ -69,7 +74,11 @@ def verify_regions(model, build: Callable, traced: list[str], kernels_dir, input
                                for t in hiding}
         if not timed:
             return {**report, "kept": True, "why": "checked, not timed (timing needs a GPU)"}
-        report["timing"] = _timed(kept, with_regions, sets, device, graphs)
+        if len(types) > 1:
+            with_regions, report["left_out"] = _one_by_one(module, with_regions, types, kernels_dir, model, sets,
+                                                           device, graphs)
+        without = torch.compile(kept, backend=BACKEND)  # another backend object: dynamo compiles it apart
+        report["timing"] = _timed(without, with_regions, sets, device, graphs)
     except Exception as e:  # noqa: BLE001  (a compile or capture that fails: the regions go, the reason kept)
         return {**report, "kept": False, "why": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}", "displaced": {}}
     finally:
@@ -118,11 +127,34 @@ def _places(kernels_dir) -> int:
     return total
 
 
-def _timed(module, with_regions, sets: list, device: str, graphs: bool) -> dict:
-    """The compiled model as the prune kept it, without the region kernels, against it with them (and without the
-    types they displace; graphed when graphs), in turns."""
+def _one_by_one(module, with_all, types: list[str], kernels_dir, model, sets: list, device: str,
+                graphs: bool) -> tuple[Callable, dict]:
+    """Each region type in turn out of the set, timed against the set with it: one the model is faster without,
+    outside the noise, is left out (a region whose pattern, placed across the model, breaks a fusion of Inductor's
+    costs more than its kernel saves). (`module` compiled with the region kernels left in, {type left out: why})."""
+    current, left_out = with_all, {}
+    for region_type in types:
+        rest = [t for t in types if t != region_type and t not in left_out]
+        if not rest:
+            break
+        made, _ = regiondeploy.region_pass(kernels_dir, only=rest)
+        try:
+            without, wrong = _checked(module, made, model, sets[-1])
+        except Exception:  # noqa: BLE001  (the others alone do not compile, as Pythia's R02 alone did not: it stays)
+            continue
+        if wrong or not made.matches:
+            continue
+        v = _timed(without, current, sets, device, graphs)
+        if v["outcome"] == noise.FASTER:
+            left_out[region_type] = f"the model is faster without it in {v['mode']} mode ({v['text']})"
+            current = without
+    return current, left_out
+
+
+def _timed(without, with_regions, sets: list, device: str, graphs: bool) -> dict:
+    """The compiled model without the region kernels (or some of them) against it with them (graphed when graphs),
+    in turns."""
     with_fn = timing.cuda_graphed(with_regions, sets[0]) if graphs else with_regions
-    without = torch.compile(module, backend=BACKEND)  # another backend object: dynamo compiles it apart
     without_fn = timing.cuda_graphed(without, sets[0]) if graphs else without
     samples = endtoend.latency_turns({"without": without_fn, "with": with_fn}, sets, device)
     v = noise.compare(samples["without"], samples["with"], endtoend.PRUNE_MARGIN)
