@@ -22,6 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import autokernel  # noqa: E402
+from autokernel.profile.profiling import is_device_work  # noqa: E402
 from autokernel.verify import regiondeploy  # noqa: E402
 
 FORWARDS = 5
@@ -39,7 +40,7 @@ def kernels(fn, x) -> dict[str, tuple[float, float]]:
             torch.cuda.synchronize()
     found = collections.defaultdict(lambda: [0, 0.0])
     for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
+        if is_device_work(event):  # not the ranges' device-side shadows: they would count the kernels again
             found[event.name][0] += 1
             found[event.name][1] += event.device_time
     return {name: (n / FORWARDS, us / FORWARDS) for name, (n, us) in found.items()}

@@ -120,7 +120,7 @@ def extract(plan: dict, top: int, backend: str, out_dir: Path, root: Path) -> li
     (rival_entries) of those chosen; a missing starter is reported, not fatal."""
     entries = _chosen(plan, top)
     chosen = {e["type"] for e in entries}
-    rivals = {r["type"] for r in plan.get("rivals", []) if chosen & set(r.get("rival_of") or ())} - chosen
+    rivals = {r["type"] for r in _rivals_of(plan, chosen)} - chosen
     entries += [e for e in plan["entries"] if e["type"] in rivals]
     if not entries:
         raise ExtractError("the plan has no kernel types to extract (did the profile attribute any time?)")
@@ -160,10 +160,15 @@ def rival_entries(plan: dict, top: int) -> list[dict]:
     ranked after its types: extract() writes them beside the type they rival and the loop optimizes both, so that the
     night has worked on whichever verify's prune deploys (an HF Llama's plan holds rope_attention, and under
     torch.compile the prune put flash_attention and rotary_embedding in its place on TinyLlama, Qwen3 and GPT-NeoX)."""
-    chosen, listed = {e["type"] for e in _chosen(plan, top)}, {e["type"] for e in plan["entries"]}
-    rivals = [r for r in plan.get("rivals", []) if chosen & set(r.get("rival_of") or ()) and r["type"] not in listed]
+    listed = {e["type"] for e in plan["entries"]}
+    rivals = [r for r in _rivals_of(plan, {e["type"] for e in _chosen(plan, top)}) if r["type"] not in listed]
     rank = max((e["rank"] for e in plan["entries"]), default=0)
     return [{**r, "rank": rank + k} for k, r in enumerate(rivals, start=1)]
+
+
+def _rivals_of(plan: dict, chosen: set[str]) -> list[dict]:
+    """The plan's rivals (plan.py's "rivals") of the opt-in types among `chosen`."""
+    return [r for r in plan.get("rivals", []) if chosen & set(r.get("rival_of") or ())]
 
 
 def _chosen(plan: dict, top: int) -> list[dict]:

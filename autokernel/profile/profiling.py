@@ -214,10 +214,11 @@ def device_time_us(events) -> float:
     time again, once per level of nesting (many times a forward's real device time, all of it
     "unattributed").
     """
-    return sum(e.time_range.elapsed_us() for e in events if _is_device_work(e))
+    return sum(e.time_range.elapsed_us() for e in events if is_device_work(e))
 
 
-def _is_device_work(e) -> bool:
+def is_device_work(e) -> bool:
+    """Whether a profiler event is the device's own work (not a CPU event, nor a range's device-side shadow)."""
     if e.device_type == DeviceType.CPU or getattr(e, "is_user_annotation", False):
         return False
     return not e.name.startswith(("autokernel.", "ProfilerStep"))

@@ -70,17 +70,17 @@ class _RegionPass:
         return self
 
 
-def region_pass(kernels_dir: str | Path, previous=None, only=None) -> tuple[_RegionPass | None, list[str]]:
+def region_pass(kernels_dir: str | Path, previous=None, without=()) -> tuple[_RegionPass | None, list[str]]:
     """(the post-grad pass that puts the region kernels of `kernels_dir` where their regions are, the region types
-    it places), (None, []) when there are none; `previous`: a custom pass it runs after its own patterns; `only`:
-    these region types alone. For one compile: torch.compile(model, options={"post_grad_custom_post_pass": the
+    it places), (None, []) when there are none; `previous`: a custom pass it runs after its own patterns; `without`:
+    region types to leave out. For one compile: torch.compile(model, options={"post_grad_custom_post_pass": the
     pass})."""
     from torch._inductor.custom_graph_pass import CustomGraphPass
     from torch._inductor.pattern_matcher import PatternMatcherPass, fwd_only, register_replacement
 
     from autokernel import registry
 
-    files = {t: f for t, f in region_files(kernels_dir).items() if only is None or t in only}
+    files = {t: f for t, f in region_files(kernels_dir).items() if t not in without}
     if not files:
         return None, []
     patterns, digest = PatternMatcherPass(pass_name="autokernel_regions"), hashlib.sha256()
@@ -113,8 +113,7 @@ def install_regions(kernels_dir: str | Path = Path("workspace") / "kernels", ver
             warnings.warn(f"autokernel: region kernels not installed: verify.py {refused}", stacklevel=2)
         return []
     config = torch._inductor.config
-    only = [t for t in region_files(kernels_dir) if t not in left_out]
-    made, types = region_pass(kernels_dir, config.post_grad_custom_post_pass, only)
+    made, types = region_pass(kernels_dir, config.post_grad_custom_post_pass, left_out)
     if made is not None:
         _STATE.update(previous=config.post_grad_custom_post_pass, **{"pass": made})
         config.post_grad_custom_post_pass = made

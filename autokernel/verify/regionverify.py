@@ -134,10 +134,9 @@ def _one_by_one(module, with_all, types: list[str], kernels_dir, model, sets: li
     costs more than its kernel saves). (`module` compiled with the region kernels left in, {type left out: why})."""
     current, left_out = with_all, {}
     for region_type in types:
-        rest = [t for t in types if t != region_type and t not in left_out]
-        if not rest:
+        if len(left_out) + 1 == len(types):  # the last one left: the set against none decides it
             break
-        made, _ = regiondeploy.region_pass(kernels_dir, only=rest)
+        made, _ = regiondeploy.region_pass(kernels_dir, without={region_type, *left_out})
         try:
             without, wrong = _checked(module, made, model, sets[-1])
         except Exception:  # noqa: BLE001  (the others alone do not compile, as Pythia's R02 alone did not: it stays)
