@@ -128,6 +128,8 @@ def run(args) -> int:
             "device": gpu.device_name(device) if device == "cuda" else "cpu", "cpu_mode": device == "cpu",
             "torch": torch.__version__, "command": "python " + shlex.join(sys.argv)}
     the_plan = {**meta, **plan.build_plan(prof, measured, source=str(args.starters), deploy=args.deploy)}
+    if device == "cuda":
+        plan.add_floors(the_plan, dtype)
     if prof.get("regions"):
         from autokernel.profile.regions import uncovered
 

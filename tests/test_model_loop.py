@@ -264,6 +264,28 @@ def test_budget_follows_the_gain_left_and_no_gain_types_go_last():
     assert budget.shares([{**jobs[1], "status": "pending"}, fused_away]) == {"mlp": 1.0, "softmax": 0.0}
 
 
+def test_a_type_the_prune_would_leave_out_is_ranked_by_what_it_would_save_at_the_roofline():
+    """Issue 35: with the plan's roofline (floor_us, profile.py on a GPU) a type slower than what the model runs
+    there (the prune would leave it out) is not queued blindly: it may save what lies between the model's own time
+    and the roofline's, and a type the model already runs near its roofline gets little."""
+    mlp = {"name": "mlp", "status": "pending", "f": 0.4, "s": 1.1, "gain": 1.04, "time_us": 4000.0,
+           "floor_us": 2600.0}
+    attention = {"name": "attention", "status": "pending", "f": 0.2, "s": 0.87, "gain": 0.97, "time_us": 2000.0,
+                 "floor_us": 400.0}
+    at_roof = {"name": "gemm", "status": "pending", "f": 0.3, "s": 0.95, "gain": 0.98, "time_us": 1000.0,
+               "floor_us": 990.0}
+    assert budget.potential(attention) == pytest.approx(0.2 * (1 - 0.2))  # the model's own time, down to the roof
+    assert budget.potential(mlp) == pytest.approx(0.4 * (1 / 1.1 - 0.65))  # its starter's time, down to the roof
+    assert budget.potential(at_roof) == pytest.approx(0.3 * 0.05)  # beyond 95% of the roof: noise, a sliver
+    assert [j["name"] for j in sorted([mlp, at_roof, attention], key=budget.order_key)] == ["attention", "mlp", "gemm"]
+    assert budget.shares([mlp, attention, at_roof])["attention"] > 0.5
+    # once its baseline ran in the model: 2500 us there (the model's 2000 stays), at 16% of its roofline
+    timed = {**attention, "measured_on": "cuda", "objective": "model_us", "best_us": 2500.0, "best_pct_peak": 16.0}
+    assert budget.potential(timed) == pytest.approx(0.2 * (1 - 2500 / 2000 * 0.16))
+    # a plan made on the CPU has no roofline: the type waits for the time the others leave, as before
+    assert budget.potential({**attention, "floor_us": None}) == 0.0
+
+
 def test_the_loop_shares_its_hours_by_amdahl_and_says_so(repo):
     for name in ("norm", "mlp", "matmul"):
         (repo / "kernels" / f"{name}.py").write_text(FAKE_KERNEL)

@@ -192,6 +192,25 @@ def test_a_compiled_deploy_plan_ranks_the_types_by_their_time_under_torch_compil
         plan.build_plan({**prof, "regions": None}, deploy="compile")
 
 
+def test_a_plan_made_on_a_gpu_holds_each_types_roofline_for_its_calls(monkeypatch):
+    """profile.py on a GPU (issue 35): each entry and rival gets floor_us, the roofline's time for the calls its
+    shapes make in one forward, which the night's budget holds the model's time against; a region (no spec yet) or a
+    shape the type's formulas cannot read gets none."""
+    from autokernel.harness import gpu
+
+    monkeypatch.setattr(gpu, "ceilings", lambda measure=False: gpu.Ceilings("test GPU", 3350, 989, 67, "datasheet"))
+    norm = {"shape": {"M": 2048, "N": 2048}, "calls": 3}
+    the_plan = {"entries": [{"type": "rmsnorm", "shapes": [norm]},
+                            {"type": "region/fused_add_native_layer_norm_0_abc", "shapes": [norm]},
+                            {"type": "rmsnorm", "shapes": [{"shape": {"rows": 64}, "calls": 1}]}],
+                "rivals": [{"type": "rmsnorm", "shapes": [{**norm, "calls": 1}]}]}
+    plan.add_floors(the_plan, torch.float16)
+    one_call = (2 * 2048 * 2048 + 2048) * 2 / 3350e9 * 1e6  # read and write the rows, read the weight, at 3350 GB/s
+    assert the_plan["entries"][0]["floor_us"] == pytest.approx(3 * one_call)
+    assert the_plan["rivals"][0]["floor_us"] == pytest.approx(one_call)
+    assert "floor_us" not in the_plan["entries"][1] and "floor_us" not in the_plan["entries"][2]
+
+
 def _run(repo_root, *args, cwd=None):
     return subprocess.run([sys.executable, *args], cwd=cwd or repo_root, capture_output=True, text=True,
                           timeout=300, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})

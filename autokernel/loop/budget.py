@@ -1,18 +1,19 @@
-"""The night's time shared by Amdahl's law: each kernel gets time in proportion to what it may still gain.
+"""The night's time shared by Amdahl's law: each kernel gets time in proportion to what it may still save.
 
-A kernel type that takes a share f of the model's time and already runs s times faster than PyTorch
-still takes f / s of it: that is all the end-to-end time more work on it can save, and only the part
-above its roofline can be saved at all. So a kernel's potential is f x (what is left) x (1 - its
-fraction of peak); what is left is its time in the model over the time the profile measured for its
-type once its baseline ran on a GPU (fraction_left), 1 / s before (s: the plan's speedup); its fraction of peak
-is taken over the model's shapes, the roofline's time for the calls of one forward over their measured time (the
-harness's model_pct_peak), so a shape far from its roofline that the model calls often weighs as it should. Kernels
-are worked on in order of potential, and each, when it starts, gets the time left times its share of
-the potential of the kernels not done yet (parked ones included: they come back in the next round,
-when the time left is shared again the same way); a kernel done early leaves its time to the others.
-A type the plan expects no gain from (gain <= 1: its starter is no faster than PyTorch) has no
-potential: it waits, parked, until the others are done, and then gets the time they leave. Kernels
-given by hand (--kernel, no plan share) split the time evenly.
+A kernel type takes a share f of the model's time. What more work on it can save is the part of that share
+between what the model will spend on the type (its kernel's time where the kernel is faster than what the model
+runs there, else the model's own: the prune leaves a slower kernel out) and the roofline's time for the same calls
+(the least any kernel could take). Before a kernel's baseline ran on a GPU, its time is the profiled time over its
+speedup s in the plan (plan.py), and the roofline's the plan's floor_us (profile.py computes it on a GPU); after, its
+time in the model (fraction_left) and its fraction of peak over the model's shapes (the harness's model_pct_peak,
+so a shape far from its roofline that the model calls often weighs as it should). So a type the deploy mode would
+prune today (s < 1, as the matmul type against cuBLAS) is ranked by what it would save once the night makes it win,
+not queued blindly. Kernels are worked on in order of potential, and each, when it starts, gets the time left times
+its share of the potential of the kernels not done yet (parked ones included: they come back in the next round,
+when the time left is shared again the same way); a kernel done early leaves its time to the others. A type the plan
+expects no gain from and whose roofline is unknown (a plan made on the CPU) has no potential: it waits, parked,
+until the others are done, and then gets the time they leave. Kernels given by hand (--kernel, no plan share) split
+the time evenly.
 """
 
 from __future__ import annotations
@@ -28,14 +29,29 @@ def potential(job: dict) -> float | None:
     f = job.get("f")
     if f is None:
         return None
-    if not f or (job.get("gain") is not None and job["gain"] <= NO_GAIN):  # f 0: no time in the deploy mode
+    if not f:  # no time in the deploy mode
         return 0.0
     on_gpu = job.get("measured_on") == "cuda"
-    left = fraction_left(job.get("time_us"), job.get("best_us"), on_gpu and job.get("objective") == "model_us",
-                         (job.get("best_vs_pytorch") if on_gpu else None) or job.get("s"))
-    peak = job.get("best_pct_peak") if on_gpu else None
-    room = 1.0 - min(float(peak), MAX_PCT_PEAK) / 100 if peak else 1.0
-    return f * left * room
+    in_model = on_gpu and job.get("objective") == "model_us"
+    speedup = (job.get("best_vs_pytorch") if on_gpu else None) or job.get("s")
+    left = fraction_left(job.get("time_us"), job.get("best_us"), in_model, speedup)
+    floor = _floor(job, on_gpu, in_model, speedup)
+    if floor is None:
+        if job.get("gain") is not None and job["gain"] <= NO_GAIN:
+            return 0.0
+        return f * left
+    return f * max(left - floor, left * (1 - MAX_PCT_PEAK / 100))
+
+
+def _floor(job: dict, on_gpu: bool, in_model: bool, speedup) -> float | None:
+    """The roofline's time for the kernel's calls over the time the profile measured for its type, or None: from the
+    kernel's measured fraction of peak once it ran on a GPU, else from the plan's floor_us."""
+    peak, time_us = job.get("best_pct_peak") if on_gpu else None, job.get("time_us")
+    if peak:
+        # the kernel's time over the profiled one, unclipped: the fraction of peak is of the kernel's own time
+        ratio = job["best_us"] / time_us if in_model and job.get("best_us") and time_us else 1 / max(speedup or 1, 1e-9)
+        return ratio * float(peak) / 100
+    return job["floor_us"] / time_us if job.get("floor_us") and time_us else None
 
 
 def shares(jobs: list[dict]) -> dict[str, float]:

@@ -151,7 +151,8 @@ def new_job(root: Path, source: str, entry: dict | None = None) -> dict:
     rel = str(path.resolve().relative_to(root)) if path.resolve().is_relative_to(root) else str(path)
     return {"name": path.stem, "type": found_type, "source": rel, "f": entry.get("f"), "s": entry.get("s"),
             "rival_of": entry.get("rival_of") or [],
-            "gain": entry.get("gain"), "time_us": entry.get("time_us"), "status": "pending", "reason": "",
+            "gain": entry.get("gain"), "time_us": entry.get("time_us"), "floor_us": entry.get("floor_us"),
+            "status": "pending", "reason": "",
             "baseline_sha": None, "baseline_us": None, "noise_pct": None, "best_sha": None, "best_us": None,
             "best_pct_peak": None, "best_vs_pytorch": None, "experiments": 0, "kept": 0, "reverts_in_row": 0,
             "seconds": 0.0, "memory": {}}

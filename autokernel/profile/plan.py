@@ -14,7 +14,8 @@ forward's, each type's time the Inductor kernels and extern calls its rules cove
 starter's measured speedup over the reference compiled (speedup_vs_compile): TinyLlama's rmsnorm takes 9.7% of its
 eager forward and 2.3% of its compiled one on an H100, where Inductor's kernel is as fast as the starter (0.996x).
 A type torch.compile's kernels beat (s < 1: the prune leaves it out in that mode) ranks after every type that
-gains, by its time there: what it would save once the night makes it win.
+gains, by its time there: what it would save once the night makes it win. On a GPU each entry also holds floor_us, the
+roofline's time for its calls (add_floors): the night's budget shares its time by the distance to it.
 
 The plan also records the model profile.py ran (source, class, config, input shape, dtype), and the kernels
 extracted from it carry that record (MODEL_SOURCE): other_model() is the one comparison of two such records.
@@ -106,6 +107,26 @@ def build_plan(profile: dict, measured: dict[str, float] | None = None, source: 
         # None: the planned types are all the time there is, so no ceiling short of infinity
         "amdahl_ceiling": 1.0 / (1.0 - covered) if covered < 1.0 - 1e-9 else None,
     }
+
+
+def add_floors(the_plan: dict, dtype) -> None:
+    """Give each entry and rival its floor_us: the roofline's time on this GPU (perf.roofline_s, the harness's
+    ceilings) for the calls its shapes make in one forward, the least time the night could bring the type's share
+    down to; the budget (loop/budget.py) spends the night by what lies between it and the time the model takes. A
+    type without a registered spec here (a region, whose kernel file extract.py writes later) gets none."""
+    from autokernel import registry  # here: torch and a GPU only where profile.py has both
+    from autokernel.harness import perf
+
+    for entry in the_plan["entries"] + the_plan.get("rivals", []):
+        try:
+            spec = registry.get_spec(entry["type"])
+            floor = sum(int(s.get("calls") or 1) * perf.roofline_s(spec.bytes_moved(s["shape"], dtype),
+                                                                   spec.flops(s["shape"]), dtype)
+                        for s in entry.get("shapes", []))
+        except (KeyError, TypeError, ValueError):  # no spec, or a shape its formulas cannot read
+            continue
+        if floor > 0:
+            entry["floor_us"] = floor * 1e6
 
 
 def _entry(type_: str, info: dict, measured: dict[str, float], source: str) -> dict:
