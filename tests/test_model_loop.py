@@ -164,6 +164,28 @@ def test_the_loop_keeps_on_the_time_in_the_model_not_the_primary_shape(repo):
     assert job["objective"] == "model_us" and job["best_us"] == float(kept[-1]["model_us"])
 
 
+@pytest.mark.parametrize("deploy, kept", [(None, False), ("compile", False), ("compile_graph", True), ("graph", True)])
+def test_the_hosts_cost_counts_only_where_the_deployed_model_runs_the_launcher(repo, deploy, kept):
+    """A change 80 us faster on the GPU whose launcher costs 1 ms more a forward: reverted where the model the
+    kernel was extracted for calls it from the host (the plan's deploy mode; a --kernel file is judged as eager),
+    kept where the model is a CUDA graph's replay, which never runs the launcher after the capture."""
+    def costly_small_blocks(path, **options):
+        result = model_bench(path, **options)
+        if declarations(Path(path).read_text())["BLOCK"] == 32:
+            result["model_host_us"] += 1000.0
+        return result
+
+    (repo / "kernels" / "model.py").write_text(model_kernel([1, 10]))
+    commit_all(repo)
+    jobs = load_jobs(repo, kernels=["kernels/model.py"])
+    if deploy:
+        jobs[0]["deploy"] = deploy
+    Loop(repo, LoopConfig(tag="t", max_reverts=3), make_agent("builtin"), jobs, bench=costly_small_blocks).run()
+    block_32 = next(r for r in rows(repo) if r["description"].startswith("BLOCK 64 -> 32"))
+    assert (block_32["status"] == "keep") == kept
+    assert kept or "host's cost per forward grew" in block_32["description"]
+
+
 def test_the_builtin_agent_ends_with_a_per_shape_table_kept_only_when_faster(repo):
     loop, why = run_model_loop(repo, [10, 1])  # 32: 1020, 64: 830, 128: 650; shape 2 alone is fastest at 32
     log = rows(repo)

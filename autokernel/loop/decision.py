@@ -2,7 +2,10 @@
 
 A change stays when it is correct and faster than the best by more than max(MIN_GAIN_PCT, the noise measured
 at the baseline), and, timed in a CUDA graph, when the host's cost per forward did not grow by more than the
-GPU time it saves (Loop._confirm judges the same rule again on two benches of each).
+GPU time it saves (Loop._confirm judges the same rule again on two benches of each). The host's cost counts only
+where the model the kernel was extracted from runs it from the host (the plan's deploy mode, host_counts): replayed
+from a CUDA graph (graph, compile_graph), a launcher's Python never runs after the capture, and a region night
+under compile_graph once reverted a 2.9% faster row kernel for 111 us of host time the model would never spend.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from autokernel.loop.report import format_us
 # (Loop._confirm); within this margin the GPU decides.
 HOST_NOISE_PCT = 5.0
 MIN_GAIN_PCT = 1.0  # a change must beat the best by more than this (or the baseline noise, if larger)
+GRAPH_REPLAYED = ("graph", "compile_graph")  # deploy modes (cli.DEPLOY_MODES) whose forward is a CUDA graph's replay
 
 
 def decide(result: dict, best_us: float | None, threshold_pct: float,
@@ -42,6 +46,13 @@ def decide(result: dict, best_us: float | None, threshold_pct: float,
         if costlier:
             return "revert", f"{gain:.1f}% faster on the GPU, but {costlier}"
     return "keep", f"{gain:.1f}% faster than {format_us(best_us)}"
+
+
+def host_counts(job: dict) -> bool:
+    """Whether the host's cost of the kernel's calls reaches the model: not where every mode of the plan's deploy
+    (profile.py --deploy, in the job) replays CUDA graphs; a kernel given by hand (no plan) is judged as eager."""
+    modes = [m for m in str(job.get("deploy") or "eager").split(",") if m]
+    return not all(m in GRAPH_REPLAYED for m in modes)
 
 
 def host_grew(host_us: float | None, best_host_us: float | None, saved_us: float) -> str | None:

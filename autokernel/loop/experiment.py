@@ -16,7 +16,7 @@ from pathlib import Path
 from autokernel import results
 from autokernel.kernelfile import KernelFileError, declarations
 from autokernel.loop.agents import AgentError, Proposal
-from autokernel.loop.decision import decide, first_line, host_grew, least
+from autokernel.loop.decision import decide, first_line, host_counts, host_grew, least
 from autokernel.loop.gitlog import KERNEL_PATH
 from autokernel.loop.report import format_us
 from autokernel.loop.state import LoopError
@@ -160,7 +160,8 @@ class Experiments:
                                      "compiled kernels, grids and arguments, the same torch ops): not timed")
         else:
             threshold = max(self.cfg.min_gain_pct, job.get("noise_pct") or 0.0)
-            status, why = decide(result, job["best_us"], threshold, job.get("best_host_us"))
+            best_host = job.get("best_host_us") if host_counts(job) else None  # a graphed deploy: no host
+            status, why = decide(result, job["best_us"], threshold, best_host)
             # on a GPU, anything faster on it is benched again, the host's cost included: one bench's host
             # clock can be tens of percent off
             if result.get("cpu_mode") is False and decide(result, job["best_us"], threshold)[0] == "keep":
@@ -199,7 +200,7 @@ class Experiments:
                               f"{format_us(best_us)} ({gain:+.1f}%, needs > {threshold:.1f}%)")
         host = least(result.get("model_host_us"), again.get("model_host_us"))
         costlier = host_grew(host, job["best_host_us"], best_us - slower) \
-            if result.get("model_timing") == "cuda_graph" else None
+            if result.get("model_timing") == "cuda_graph" and host_counts(job) else None
         if costlier:
             return "revert", f"{gain:.1f}% faster on the GPU benched again, but {costlier} (both benched twice)"
         result["model_host_us"] = host  # what the keep's host cost is taken to be from now on
