@@ -31,6 +31,12 @@ from autokernel.harness import checking, gpu, perf, timing
 from autokernel.registry import dtype_name, shape_label
 
 GRAPH_CACHE = perf.BASELINE_CACHE.with_name("model_baseline_cache.json")  # torch.compile's graphed times
+# What the L2 holds before each replay at the model's shapes (timing.FLUSHES): the protocol's dirty flush. In a
+# model a memory-bound kernel runs nearer its DRAM roofline than that: Pythia-410M's residual + two norms region ran
+# 7.1 us a call in the compiled forward and 15.3 us here (H100, BENCHMARKS.md, the region night at fc0f269), and
+# the night ranked looping programs slower that a warm L2 ranked faster. scripts/l2_regimes.py times a kernel's
+# configurations under each flush, to be held against the compiled model's own profile (scripts/region_profile.py).
+L2_FLUSH = "dirty"
 METHOD = {"cuda": "cuda_graph", "cpu": "cpu_host_clock"}
 
 
@@ -98,7 +104,8 @@ def graph_time(fn, input_sets: list[tuple], reps: int | None = None) -> tuple[ti
     """fn's GPU time replayed from CUDA graphs (one per input set), by timing.time_gpu (reps: its runs, default
     as many as its target time takes); and the graphs, whose replay(*inputs) runs the captured work on new inputs."""
     graphs = [timing.cuda_graphed(fn, inputs) for inputs in input_sets]
-    timed = timing.time_gpu(lambda k: graphs[k](), [(k,) for k in range(len(graphs))], reps=reps, keep_outputs=True)
+    timed = timing.time_gpu(lambda k: graphs[k](), [(k,) for k in range(len(graphs))], reps=reps, keep_outputs=True,
+                            flush=L2_FLUSH)
     return timed, graphs
 
 
@@ -116,7 +123,7 @@ def _time(fn, input_sets: list[tuple], device: str, fresh=None) -> tuple[timing.
     except Exception as e:  # noqa: BLE001  (a launcher that syncs or reads a value cannot be captured)
         torch.cuda.synchronize()
         print(f"  note: not capturable in a CUDA graph ({type(e).__name__}: {str(e)[:120]}); timed call by call")
-        timed, graphs = timing.time_gpu(fn, sets, **by_call), None
+        timed, graphs = timing.time_gpu(fn, sets, flush=L2_FLUSH, **by_call), None
     if fresh and graphs:
         perf._host_clock_guard(lambda k: graphs[k](), [(k,) for k in range(len(graphs))], timed.median_us)
     elif fresh:
@@ -179,6 +186,7 @@ def _compile_us(spec, input_sets, shape, dtype, device, reuse: bool) -> float | 
     if device != "cuda":
         return None
     key = f"{gpu.device_name()}|torch {torch.__version__}|{spec.name}|{shape_label(shape)}|{dtype_name(dtype)}|graph"
+    key += "" if L2_FLUSH == "dirty" else f"|L2 {L2_FLUSH}"  # the cache's older keys: the dirty flush's
     cache = json.loads(GRAPH_CACHE.read_text()) if GRAPH_CACHE.is_file() else {}
     if reuse and key in cache:
         return cache[key]["us"]
