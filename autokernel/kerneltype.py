@@ -101,6 +101,9 @@ class Deployment:
     # a site found from the model as a whole (its output embedding, model.get_output_embeddings()), else
     # None; tried after the module sites, so the replacement may wrap one of theirs
     model_site: Callable | None = None
+    # the memory order of a single output's dims, outermost first, where the op promises other than contiguous:
+    # flash_attention's (0, 2, 1, 3), sequence-major, which the model's transpose(1, 2) then views (customops)
+    output_order: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,10 @@ Tiles: 64x64 with 4 warps and 3 stages, for "tma" at the bench shape and for "sp
 shared memory (BENCHMARKS.md, the starter defaults). Triton's warp specialization (tl.range(...,
 warp_specialize=True)), where cuDNN's lead comes from, failed to compile at the 4-warp tiles on Triton 3.6
 and was slower where it compiled (docs/starters.md).
-Q, K, V may be strided views (e.g. slices of a packed qkv projection): strides are passed, no copies.
+Q, K, V may be strided views (e.g. slices of a packed qkv projection): strides are passed, no copies. The pointer
+path writes its [B, H, S, D] output laid out as [B, S, H, D] (sequence-major): what a model does next, transpose(1, 2)
+and a reshape to [B, S, H * D] for the output projection, is then a view where it was a copy of the whole output
+(an Inductor clone_transpose kernel a layer under torch.compile: 4 MB at Pythia-410M's 1x2048).
 """
 
 import functools
@@ -397,8 +400,6 @@ def kernel_fn(Q, K, V, causal=True, sm_scale=None, window=0, softcap=0.0, alibi=
         if alibi.numel() != heads:
             raise ValueError(f"alibi: {alibi.numel()} slopes for {heads} query heads")
         alibi = alibi.to(device=Q.device, dtype=torch.float32).contiguous()
-    # contiguous output: like Q when Q is (empty_like is the cheaper call), else allocated so
-    out = torch.empty_like(Q) if Q.is_contiguous() else torch.empty(Q.shape, dtype=Q.dtype, device=Q.device)
     scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(head_dim)
     d_pad = max(16, 1 << (head_dim - 1).bit_length())  # a power of two; tl.dot needs K >= 16
     auto = _auto_config(d_pad, Q.dtype)
@@ -406,7 +407,10 @@ def kernel_fn(Q, K, V, causal=True, sm_scale=None, window=0, softcap=0.0, alibi=
     # The split causal loop hands whole BLOCK_M diagonals to the masked part: BLOCK_N must divide it.
     cfg = (block_m, min(block_n, block_m), warps, stages)
     if not window and not softcap and alibi is None and _use_tma(Q, K, V, causal, block_m, scale):  # variants: pointers
+        out = torch.empty(Q.shape, dtype=Q.dtype, device=Q.device)  # the descriptors' [B*H*S, D] rows
         _launch_tma(Q, K, V, out, causal, scale * LOG2E, cfg)
     else:  # "tma" or "auto" where TMA does not apply run the split loop
+        seq_major = (seq * heads * head_dim, head_dim, heads * head_dim, 1)  # [B, S, H, D] in memory
+        out = torch.empty_strided(Q.shape, seq_major, dtype=Q.dtype, device=Q.device)
         _launch_pointers(Q, K, V, out, causal, scale * LOG2E, cfg, d_pad, int(window), float(softcap), alibi)
     return out

@@ -31,7 +31,9 @@ Variants (how K is rotated):
   "rotate_k_first"  a small kernel rotates K once into a [B, Hkv, S, D] scratch buffer in the interleaved order (D
                     padded to a power of two; a K-sized write and read, one more launch), then the attention loop
                     streams plain K tiles.
-Q, K, V may be strided views ([B, S, H, D] projections viewed as [B, H, S, D]): strides, no copies.
+Q, K, V may be strided views ([B, S, H, D] projections viewed as [B, H, S, D]): strides, no copies. The output is
+laid out as [B, S, H, D] too (sequence-major), so the model's transpose and reshape to [B, S, H * D] for the output
+projection view it instead of copying it.
 PACK_GQA (either variant) gives one program the Hq/Hkv query heads of one kv head: its BLOCK_M rows are those
 heads x BLOCK_M/(Hq/Hkv) positions, so each K and V tile is loaded (and with "fused" rotated) once for the whole
 group instead of once per query head, and the causal diagonal is cut finer. Not yet timed on a GPU: the screen
@@ -389,7 +391,8 @@ def _rotate_k(k, cos3, cb, cs, sin3, sb, ss, half, rot_half, half_pad):
 def kernel_fn(q, k, v, cos, sin, causal=True, sm_scale=None):
     batch, heads, seq, head_dim = q.shape
     kv_heads = k.shape[1]
-    out = torch.empty((batch, heads, seq, head_dim), dtype=q.dtype, device=q.device)
+    seq_major = (seq * heads * head_dim, head_dim, heads * head_dim, 1)  # [B, S, H, D] in memory: see the docstring
+    out = torch.empty_strided((batch, heads, seq, head_dim), seq_major, dtype=q.dtype, device=q.device)
     if out.numel() == 0:
         return out
     scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(head_dim)

@@ -127,3 +127,4 @@ def test_the_sdpa_site_of_a_grouped_query_llama_runs_the_kernel_on_the_grouped_h
     sites = [s for s in optimized.autokernel.sites() if s.kernel_type == TYPE]
     assert sites and all(s.calls == 2 and not s.fallbacks for s in sites)
     assert not copies  # the K/V heads as the model grouped them, not copied to one per query head
+

@@ -35,6 +35,44 @@ def test_each_starter_s_op_traces_whole_withevery_argument(interpreter, install_
                              "aot_eager")
 
 
+@pytest.mark.parametrize("kernel_type", ["flash_attention", "rope_attention"])
+def test_the_model_views_an_attentions_output_where_it_copied_it(interpreter, install_starter, kernel_type):
+    """The step after an attention in a model, transpose(1, 2) and a reshape to [B, S, H * D] for the output
+    projection, was a copy of the whole output (an Inductor clone_transpose kernel a layer, 4 MB at Pythia-410M's
+    1x2048): the kernels write it sequence-major (the Deployment's output_order), so eagerly and traced
+    under torch.compile the step is a view, and nothing copies it."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    kernel_fn = install_starter(kernel_type)
+    spec, call = get_spec(kernel_type), customops.op(kernel_type)
+    assert spec.deployment.output_order == (0, 2, 1, 3)
+    shape = {"B": 1, "Hq": 4, "Hkv": 2, "S": 32, "D": 16, "causal": True} if kernel_type == "rope_attention" else \
+        {"B": 1, "H": 4, "S": 32, "D": 16, "causal": True}
+    inputs = every_argument(kernel_fn, spec.make_inputs(shape, torch.float16, "cpu", torch.Generator().manual_seed(0)))
+    batch, heads, seq, head_dim = inputs[0].shape
+
+    def attend(*args):
+        return call(*args).transpose(1, 2).reshape(batch, seq, heads * head_dim)
+
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append(gm)
+        return gm
+
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad():
+            assert call(*inputs).transpose(1, 2).is_contiguous()  # eagerly: the kernel's own layout
+            got = torch.compile(attend, backend=aot_autograd(fw_compiler=capture), fullgraph=True)(*inputs)
+            want = attend(*inputs)
+    finally:
+        torch._dynamo.reset()
+    copies = [n for n in graphs[0].graph.nodes if n.op == "call_function" and "clone" in str(n.target)]
+    assert not copies, copies
+    torch.testing.assert_close(got, want)
+
+
 def _compiled_like_eager(kernel_fn, kernel_type: str, shapes: list, device: str, backend: str) -> None:
     spec, call = get_spec(kernel_type), customops.op(kernel_type)
     torch._dynamo.reset()

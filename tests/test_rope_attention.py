@@ -430,8 +430,8 @@ ORDER_BUGS = {"fold": ("mirror = tl.cdiv(S, BLOCK_POS) - 1 - start_m", "mirror =
                          "rank = tl.where(pid < sms, pid, n_m * n_rows - 2 - (pid - sms))")}
 # the planted bugs leave a block unwritten: their output starts as NaN, not as memory that may hold a right answer
 # (torch.empty can hand back the block an earlier correct call freed, and the bug then read right in one CI run)
-EMPTY_OUT = "out = torch.empty((batch, heads, seq, head_dim), dtype=q.dtype, device=q.device)"
-NAN_OUT = "out = torch.full((batch, heads, seq, head_dim), float('nan'), dtype=q.dtype, device=q.device)"
+EMPTY_OUT = "out = torch.empty_strided((batch, heads, seq, head_dim), seq_major, dtype=q.dtype, device=q.device)"
+NAN_OUT = EMPTY_OUT + ".fill_(float('nan'))"
 
 
 @pytest.mark.parametrize("order", ["launch", "paired", "fold"])

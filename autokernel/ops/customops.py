@@ -204,22 +204,57 @@ def op(kernel_type: str):
         if torch.compiler.is_compiling() or (torch.is_grad_enabled() and any(
                 getattr(a, "requires_grad", False) for a in args)):  # (isinstance(a, Tensor) costs more)
             return custom(*args)
-        return _run(kernel_type, *args)
+        return _run(kernel_type, *args, layout=_dense)
 
     return call
 
 
-def _run(kernel_type: str, *args) -> torch.Tensor:
-    """The installed kernel on args, its errors named by type and file."""
+def _run(kernel_type: str, *args, layout=None) -> torch.Tensor:
+    """The installed kernel on args, its errors named by type and file; each output contiguous (the op's fake
+    promises that), or as `layout` has it (the kernel called eagerly: _dense)."""
     try:
         out = _IMPLS[kernel_type](*args)
     except Exception as e:
         raise KernelCallError(kernel_type, f"the {kernel_type} kernel ({_LABELS[kernel_type]}) raised "
                                            f"{type(e).__name__}: {e}") from e
-    # The op's fake promises contiguous tensors; a strided result would break that promise.
+    layout = layout or _contiguous
     if isinstance(out, (tuple, list)):  # an op of several outputs (a sum and its norm)
-        return tuple(t if t.is_contiguous() else t.contiguous() for t in out)
-    return out if out.is_contiguous() else out.contiguous()
+        return tuple(layout(t) for t in out)
+    return layout(out)
+
+
+def _contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t if t.is_contiguous() else t.contiguous()
+
+
+def _promised(deployment) -> Callable:
+    """The layout the op's fake promises: contiguous, or the Deployment's output_order."""
+    order = deployment.output_order
+    if order is None:
+        return _contiguous
+
+    def in_order(t: torch.Tensor) -> torch.Tensor:
+        if t.permute(order).is_contiguous():
+            return t
+        return _empty_in_order(t.shape, order, t).copy_(t)
+
+    return in_order
+
+
+def _empty_in_order(shape, order: tuple[int, ...], like: torch.Tensor, dtype=None) -> torch.Tensor:
+    """An empty tensor of `shape` whose dims lie in memory in `order`, outermost first."""
+    inverse = sorted(range(len(order)), key=order.__getitem__)
+    return like.new_empty([shape[d] for d in order], dtype=dtype or like.dtype).permute(inverse)
+
+
+def _dense(t: torch.Tensor) -> torch.Tensor:
+    """t as the kernel laid it out where every element has a place of its own and the storage no gaps (a permuted
+    layout: flash_attention's sequence-major output, which the model's transpose then views), else contiguous: an
+    expanded or overlapping result could not take the model's in-place ops."""
+    if t.is_contiguous():
+        return t
+    by_stride = sorted(range(t.dim()), key=lambda d: -t.stride(d))  # dense: contiguous once its dims are so ordered
+    return t if t.permute(by_stride).is_contiguous() else t.contiguous()
 
 
 def _define(kernel_type: str) -> None:
@@ -234,7 +269,7 @@ def _define(kernel_type: str) -> None:
     native = compat.has_triton_op()
 
     def run(*args):
-        return _run(kernel_type, *args)
+        return _run(kernel_type, *args, layout=_promised(deployment))
 
     def fake(*args):
         return _fake_output(kernel_type, args)
@@ -249,7 +284,7 @@ def _define(kernel_type: str) -> None:
 
     def traced(*args):
         if not compat.wrap_triton_enabled():  # the op called eagerly on real tensors: the kernel as it is
-            return _run(kernel_type, *args)
+            return _run(kernel_type, *args, layout=_promised(deployment))
         traceable = _TRACEABLE.get(kernel_type)
         if traceable is not None:  # traced (fake tensors): Triton launches become graph nodes
             try:
@@ -278,15 +313,17 @@ def _signature(schema: str) -> inspect.Signature:
 
 
 def _fake_output(kernel_type: str, args):
-    """An empty contiguous tensor of the output's shape, in the first floating input's dtype (the kernel contract)
-    or the Deployment's output_dtype; a tuple of them for an op of several outputs (its output_shape gives a
-    list of shapes)."""
+    """An empty tensor of the output's shape, contiguous or in the Deployment's output_order, in the first floating
+    input's dtype (the kernel contract) or the Deployment's output_dtype; a tuple of contiguous ones for an op of
+    several outputs (its output_shape gives a list of shapes)."""
     deployment = _DEPLOYMENTS[kernel_type]
     dtype = deployment.output_dtype or next(a.dtype for a in args
                                             if isinstance(a, torch.Tensor) and a.is_floating_point())
     shape = deployment.output_shape(*args)
     if isinstance(shape, list):
         return tuple(args[0].new_empty(s, dtype=dtype) for s in shape)
+    if deployment.output_order is not None:
+        return _empty_in_order(shape, deployment.output_order, args[0], dtype)
     return args[0].new_empty(shape, dtype=dtype)
 
 

@@ -247,5 +247,6 @@ SPEC = KernelSpec(
                           "Tensor? alibi) -> Tensor",
                           lambda Q, K, V, causal, sm_scale, window, softcap, alibi: (*Q.shape[:-1], V.shape[-1]),
                           functions=replace_sdpa, model_functions=attention_sites.causal_mask_patches,
-                          model_site=lambda model: attention_interface.interface_site(model, NAME, customops.op(NAME))),
+                          model_site=lambda model: attention_interface.interface_site(model, NAME, customops.op(NAME)),
+                          output_order=(0, 2, 1, 3)),  # [B, S, H, D] in memory: the model's transpose is a view
 )

@@ -184,5 +184,6 @@ SPEC = KernelSpec(
     extra_baselines=_rope_attention_baselines,
     deployment=Deployment("(Tensor q, Tensor k, Tensor v, Tensor cos, Tensor sin, bool causal, float? sm_scale) "
                           "-> Tensor", lambda q, k, v, cos, sin, causal, sm_scale: q.shape,
-                          module_site=rope_attention_module_site, model_functions=attention_sites.causal_mask_patches),
+                          module_site=rope_attention_module_site, model_functions=attention_sites.causal_mask_patches,
+                          output_order=(0, 2, 1, 3)),  # [B, S, H, D] in memory: the site's transpose is a view
 )
