@@ -213,18 +213,18 @@ def show(the_plan: dict) -> None:
              f"{the_plan['dtype']}: {kind}, {the_plan['total_us'] / 1e3:.2f} ms per forward{how}")
     table = Table(title=title)
     eager_f = ["eager f"] if deploy in COMPILED else []  # beside the compiled share: what compiling took away
-    for col in ("rank", "type", "share f", *eager_f, "time ms", "s", "gain", "top shape"):
+    for col in ("rank", "type", "share f", *eager_f, "time ms", "from roof", "s", "gain", "top shape"):
         table.add_column(col, justify="left" if col in ("type", "top shape") else "right")
     for e in the_plan["entries"]:
         top = e["shapes"][0]["shape"] if e["shapes"] else {}
         s = f"{e['s']:.2f}" + ("" if e["s_source"] == "default" else " (measured)")
         beside = [f"{e.get('f_eager', 0.0):.1%}"] if eager_f else []
-        table.add_row(str(e["rank"]), e["type"], f"{e['f']:.1%}", *beside, f"{e['time_us'] / 1e3:.3f}", s,
-                      f"{e['gain']:.3f}x", " ".join(f"{k}={v}" for k, v in top.items()))
+        table.add_row(str(e["rank"]), e["type"], f"{e['f']:.1%}", *beside, f"{e['time_us'] / 1e3:.3f}",
+                      _from_roof(e), s, f"{e['gain']:.3f}x", " ".join(f"{k}={v}" for k, v in top.items()))
     other = the_plan["other"]
     ops = ", ".join(name.replace("aten::", "") for name in list(other["ops"])[:4])
     table.add_row("", "other", f"{other['f']:.1%}", *[""] * len(eager_f), f"{other['time_us'] / 1e3:.3f}", "", "",
-                  ops, style="dim")
+                  "", ops, style="dim")
     Console(width=None if sys.stdout.isatty() else 140).print(table)  # logs: no wrapping at 80 columns
     ceiling = the_plan["amdahl_ceiling"]
     print(f"named types cover {the_plan['covered_f']:.1%} of the time; all at their s: "
@@ -234,7 +234,14 @@ def show(the_plan: dict) -> None:
     if rivals:
         print(f"rivals of {', '.join(rivals[0]['rival_of'])} (the time it takes is theirs without it; extract.py "
               f"writes them beside it, verify's prune deploys the faster): "
-              + ", ".join(f"{r['type']} {r['f']:.1%}" for r in rivals))
+              + ", ".join(f"{r['type']} {r['f']:.1%}" + (f" ({_from_roof(r)} from the roof)" if r.get("floor_us")
+                                                         else "") for r in rivals))
+
+
+def _from_roof(entry: dict) -> str:
+    """How far the model's time for the type is from the roofline's for its calls ("2.9x"; "-": not known)."""
+    floor, time_us = entry.get("floor_us"), entry.get("time_us")
+    return f"{time_us / floor:.1f}x" if floor and time_us else "-"
 
 
 def main(argv=None) -> int:
