@@ -35,7 +35,8 @@ GRAPH_CACHE = perf.BASELINE_CACHE.with_name("model_baseline_cache.json")  # torc
 # model a memory-bound kernel runs nearer its DRAM roofline than that: Pythia-410M's residual + two norms region ran
 # 7.1 us a call in the compiled forward and 15.3 us here (H100, BENCHMARKS.md, the region night at fc0f269), and
 # the night ranked looping programs slower that a warm L2 ranked faster. scripts/l2_regimes.py times a kernel's
-# configurations under each flush, to be held against the compiled model's own profile (scripts/region_profile.py).
+# configurations under each flush, to be held against the compiled model's own profile (scripts/region_profile.py);
+# "inputs" (the dirty flush, then the inputs written again as their producers leave them) is the likeliest match.
 L2_FLUSH = "dirty"
 METHOD = {"cuda": "cuda_graph", "cpu": "cpu_host_clock"}
 
@@ -105,8 +106,16 @@ def graph_time(fn, input_sets: list[tuple], reps: int | None = None) -> tuple[ti
     as many as its target time takes); and the graphs, whose replay(*inputs) runs the captured work on new inputs."""
     graphs = [timing.cuda_graphed(fn, inputs) for inputs in input_sets]
     timed = timing.time_gpu(lambda k: graphs[k](), [(k,) for k in range(len(graphs))], reps=reps, keep_outputs=True,
-                            flush=L2_FLUSH)
+                            **_flushing(lambda k: input_sets[k]))
     return timed, graphs
+
+
+def _flushing(tensors_of) -> dict:
+    """time_gpu's flush arguments for L2_FLUSH: "inputs" is the dirty flush and then the run's inputs written again
+    (tensors_of(*the run's arguments): the tensors a graph replays on)."""
+    if L2_FLUSH != "inputs":
+        return {"flush": L2_FLUSH}
+    return {"flush": "dirty", "before": lambda args: timing.rewrite(tensors_of(*args))}
 
 
 def _time(fn, input_sets: list[tuple], device: str, fresh=None) -> tuple[timing.Timing, list | None]:
@@ -123,7 +132,7 @@ def _time(fn, input_sets: list[tuple], device: str, fresh=None) -> tuple[timing.
     except Exception as e:  # noqa: BLE001  (a launcher that syncs or reads a value cannot be captured)
         torch.cuda.synchronize()
         print(f"  note: not capturable in a CUDA graph ({type(e).__name__}: {str(e)[:120]}); timed call by call")
-        timed, graphs = timing.time_gpu(fn, sets, flush=L2_FLUSH, **by_call), None
+        timed, graphs = timing.time_gpu(fn, sets, **_flushing(lambda *args: args), **by_call), None
     if fresh and graphs:
         perf._host_clock_guard(lambda k: graphs[k](), [(k,) for k in range(len(graphs))], timed.median_us)
     elif fresh:

@@ -24,7 +24,7 @@ MIN_RUNS = 20  # at least this many timed runs, even for slow kernels
 MAX_RUNS = 500  # at most this many, even for fast kernels
 TARGET_MS = 300  # aim to spend about this long timing one function
 L2_FLUSH_BYTES = 256 * 1024 * 1024  # larger than any current GPU's L2 (H100 50 MB, B200 126 MB)
-FLUSHES = ("dirty", "clean", "none")  # what the L2 holds before a timed run (_flush_l2)
+FLUSHES = ("dirty", "clean", "none", "inputs")  # what the L2 holds before a timed run (_flush_l2)
 CPU_RUNS = 2  # the interpreter is slow (a second per call at 64x1024): these timings only show that timing works
 HOST_CALLS = 100  # calls enqueued per host-cost sample, far below the ~1000 launches a CUDA queue holds
 HOST_ROUNDS = 5  # host-cost samples; the least is reported (the host clock's noise only ever adds time)
@@ -82,7 +82,9 @@ def _flush_l2(how: str = "dirty"):
     worth of data it never touched, as a kernel after another kernel's writes does in a model; a kernel that only
     reads pays it without the credit a writing kernel gets (BENCHMARKS.md, the L2 flush table; docs/timing.md).
     "clean": read the buffer instead, leaving clean lines the call can drop for free. "none": no flush, the L2 as
-    the previous run left it (FLUSHES; modeltime.L2_FLUSH says which the model's shapes are timed under)."""
+    the previous run left it. "inputs": the dirty flush, and then (time_gpu's `before`) the call's inputs written
+    again, as the kernels that made them in a model leave them (FLUSHES; modeltime.L2_FLUSH says which the model's
+    shapes are timed under)."""
     global _flush_buffer
     if how == "none":
         return
@@ -92,6 +94,14 @@ def _flush_l2(how: str = "dirty"):
         _flush_buffer.max()  # every line read, none written: the dirty ones are written back here, untimed
     else:
         _flush_buffer.zero_()
+
+
+def rewrite(tensors) -> None:
+    """Write each tensor again with its own values (x * 1: every bit kept for numbers, NaN's payload aside), leaving
+    its lines dirty in the L2 as the kernel that made it in a model would ("inputs")."""
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.dtype != torch.bool and t.numel():
+            t.mul_(1)
 
 
 def runs_for(estimate_ms: float, target_ms: float = TARGET_MS, most: int = MAX_RUNS) -> int:
@@ -119,9 +129,12 @@ def _queue_spin(host_us: float) -> int:
     return int(_spin_cycles_per_us() * min(QUEUE_SPIN_MAX_US, QUEUE_SPIN_FACTOR * host_us + QUEUE_SPIN_PAD_US))
 
 
-def _timed_run(fn: Callable, inputs: tuple, start, end, spin_cycles: int, flush: str = "dirty"):
-    """One run of fn between two events, after an L2 flush and a spin that outlasts the host's queueing."""
+def _timed_run(fn: Callable, inputs: tuple, start, end, spin_cycles: int, flush: str = "dirty", before=None):
+    """One run of fn between two events, after an L2 flush (and before(inputs)) and a spin that outlasts the host's
+    queueing."""
     _flush_l2(flush)
+    if before is not None:
+        before(inputs)
     if spin_cycles:
         torch.cuda._sleep(spin_cycles)
     start.record()
@@ -132,16 +145,17 @@ def _timed_run(fn: Callable, inputs: tuple, start, end, spin_cycles: int, flush:
 
 def time_gpu(fn: Callable, input_sets: Sequence[tuple] | None, reps: int | None = None,
              keep_outputs: bool = False, fresh: Callable[[], tuple] | None = None,
-             check_runs: int = 0, latency: bool = False, flush: str = "dirty") -> Timing:
+             check_runs: int = 0, latency: bool = False, flush: str = "dirty", before=None) -> Timing:
     """Median GPU time of fn(*inputs) with the L2 flushed before each run (flush: how, _flush_l2). Inputs rotate
     over input_sets, or, with fresh, are a new set every run (made outside the timed region). latency: no spin
-    before the call, so that a host slower than the GPU counts (a whole model's forward as its caller waits)."""
+    before the call, so that a host slower than the GPU counts (a whole model's forward as its caller waits).
+    before(inputs), if given, runs after each flush, untimed."""
     source = _Inputs(input_sets, fresh, 0, 1)
     host_us = _warm_up(fn, source)
     spin = 0 if latency else _queue_spin(host_us)
     if reps is None:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        _timed_run(fn, source.get(0), start, end, spin, flush)
+        _timed_run(fn, source.get(0), start, end, spin, flush, before)
         torch.cuda.synchronize()
         reps = runs_for(start.elapsed_time(end))
     source = _Inputs(input_sets, fresh, check_runs, reps)
@@ -151,7 +165,7 @@ def time_gpu(fn: Callable, input_sets: Sequence[tuple] | None, reps: int | None 
     for i in range(reps):
         inputs = source.get(i)
         pristine = source.pristine(i, inputs)
-        out = _timed_run(fn, inputs, starts[i], ends[i], spin, flush)
+        out = _timed_run(fn, inputs, starts[i], ends[i], spin, flush, before)
         source.keep(i, inputs, pristine, out)
         if keep_outputs:
             outputs[i % len(input_sets)] = out
