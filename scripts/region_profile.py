@@ -3,16 +3,20 @@
 Each region kernel file alone, then all together, from a profile of the forward, not the harness's timing.
 
     python scripts/region_profile.py benchmarks/hf/pythia-410m [--kernels workspace/kernels] [--shape 1,2048]
+    python scripts/region_profile.py benchmarks/hf/pythia-410m --configs 8 --only R04
 
 For each set it prints the forward's kernel time against the compiled original, the places the region pass
 filled, and the kernels that appear or disappear with it (calls a forward, us a call): a region kernel's own
 time as the model runs it (its inputs warm in the L2 from the kernel before, where the harness flushes the L2),
 and any kernel Inductor adds beside it (a match that leaves part of its region to Inductor shows up here).
+With --configs N, each file (those whose name holds --only) alone under N configurations of its TUNABLES, drawn
+as scripts/l2_regimes.py draws them (the same N: the same configurations, in the same order): the model's ranking
+of them, to hold against the harness's under each L2 flush.
 """
 
 import argparse
 import collections
-import shutil
+import json
 import sys
 import tempfile
 from pathlib import Path
@@ -22,6 +26,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import autokernel  # noqa: E402
+from autokernel.kernelfile import apply_config, tunable_space  # noqa: E402
+from autokernel.loop.agents import search  # noqa: E402
 from autokernel.profile.profiling import is_device_work  # noqa: E402
 from autokernel.verify import regiondeploy  # noqa: E402
 
@@ -64,6 +70,8 @@ def main() -> None:
     ap.add_argument("config", help="an HF config directory (benchmarks/hf/NAME)")
     ap.add_argument("--kernels", default="workspace/kernels", help="where the region kernel files are")
     ap.add_argument("--shape", default="1,2048", help="the input ids' shape (default 1,2048)")
+    ap.add_argument("--configs", type=int, default=0, help="time each file alone under N of its configurations")
+    ap.add_argument("--only", default="", help="with --configs: the files whose name holds this")
     args = ap.parse_args()
     files = sorted(regiondeploy.region_files(args.kernels).values())
     if not files or not torch.cuda.is_available():
@@ -75,18 +83,35 @@ def main() -> None:
     with torch._inductor.config.patch(fx_graph_cache=False):
         base = kernels(torch.compile(model), x)
         print(f"compiled original: {sum(us for _, us in base.values()):.1f} us of kernels a forward")
+        if args.configs:
+            for f in (f for f in files if args.only in f.name):
+                for i, tunables in enumerate(drawn(f, args.configs)):
+                    profiled(model, x, base, [(f, apply_config(f.read_text(), tunables))],
+                             f"{f.name} config {i} {json.dumps(tunables, sort_keys=True)}")
+            return
         for chosen in [[f] for f in files] + ([files] if len(files) > 1 else []):
-            with tempfile.TemporaryDirectory() as tmp:
-                for f in chosen:
-                    shutil.copy(f, tmp)
-                torch._dynamo.reset()
-                try:
-                    autokernel.install_regions(tmp, verified=None, quiet=True)
-                    report(" + ".join(f.name for f in chosen), kernels(torch.compile(model), x), base)
-                except Exception as e:  # noqa: BLE001  (a set that does not compile: said, the next one runs)
-                    print(f"{' + '.join(f.name for f in chosen)}: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
-                finally:
-                    autokernel.uninstall_regions()
+            profiled(model, x, base, [(f, f.read_text()) for f in chosen], " + ".join(f.name for f in chosen))
+
+
+def drawn(path: Path, n: int) -> list[dict]:
+    """The file's configuration first, then n - 1 drawn from its TUNABLES (search.draw, seed 0: l2_regimes.py's)."""
+    space, best = tunable_space(path.read_text())
+    return search.draw(space, best, seed=0, seen=set(), n=n)
+
+
+def profiled(model, x, base: dict, files: list[tuple[Path, str]], label: str) -> None:
+    """The compiled forward's kernels with these region kernel files (name, source) installed, against base."""
+    with tempfile.TemporaryDirectory() as tmp:
+        for path, source in files:
+            (Path(tmp) / path.name).write_text(source)
+        torch._dynamo.reset()
+        try:
+            autokernel.install_regions(tmp, verified=None, quiet=True)
+            report(label, kernels(torch.compile(model), x), base)
+        except Exception as e:  # noqa: BLE001  (a set that does not compile: said, the next one runs)
+            print(f"{label}: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+        finally:
+            autokernel.uninstall_regions()
 
 
 if __name__ == "__main__":
