@@ -146,3 +146,16 @@ def test_the_l2_flushes_charge_a_small_copy_as_they_say():
                                  before=source_again if flush == "inputs" else None).median_us
           for flush in timing.FLUSHES}
     assert us["none"] < us["clean"] < us["dirty"] and us["inputs"] < us["dirty"], us
+
+
+@pytest.mark.slow(8)
+def test_a_run_says_which_l2_flush_timed_it_and_the_environment_picks_it(tmp_path, monkeypatch):
+    """AUTOKERNEL_L2_FLUSH sets the flush before each timed run at the model's shapes for a whole run (a night's
+    benches and screens inherit it), and each result says which it was, so figures of two regimes are not mixed."""
+    kernel = extracted_rmsnorm(tmp_path, [1, 1])
+    monkeypatch.setenv("AUTOKERNEL_L2_FLUSH", "inputs")
+    r = run_bench(kernel, device="cpu", quick=True, seed=1, warm=False)
+    assert r["correctness"] == "PASS" and r["model_l2_flush"] == "inputs"
+    monkeypatch.setenv("AUTOKERNEL_L2_FLUSH", "dirtyy")
+    r = run_bench(kernel, device="cpu", quick=True, seed=1, warm=False)
+    assert r["status"] == "crash" and "AUTOKERNEL_L2_FLUSH='dirtyy'" in r["reason"] + r["stderr_tail"]

@@ -37,7 +37,10 @@ GRAPH_CACHE = perf.BASELINE_CACHE.with_name("model_baseline_cache.json")  # torc
 # the night ranked looping programs slower that a warm L2 ranked faster. scripts/l2_regimes.py times a kernel's
 # configurations under each flush, to be held against the compiled model's own profile (scripts/region_profile.py);
 # "inputs" (the dirty flush, then the inputs written again as their producers leave them) is the likeliest match.
-L2_FLUSH = "dirty"
+# AUTOKERNEL_L2_FLUSH sets it for a whole run (a night's benches and screens inherit the environment).
+L2_FLUSH = os.environ.get("AUTOKERNEL_L2_FLUSH", "dirty")
+if L2_FLUSH not in timing.FLUSHES:
+    raise ValueError(f"AUTOKERNEL_L2_FLUSH={L2_FLUSH!r}: one of {', '.join(timing.FLUSHES)}")
 METHOD = {"cuda": "cuda_graph", "cpu": "cpu_host_clock"}
 
 
@@ -87,7 +90,7 @@ class ModelTime:
                 "model_vs_pytorch": eager / total if eager and total else None,
                 "model_vs_compile": compiled / total if compiled and total else None,
                 "host_us": host / self.calls if self.calls else None, "model_host_us": host,
-                "model_noise_pct": noise, "model_timing": self.method,
+                "model_noise_pct": noise, "model_timing": self.method, "model_l2_flush": L2_FLUSH,
                 "model_shapes": [{**asdict(s), "pct_peak": s.pct_peak} for s in self.shapes]}
 
 
