@@ -33,6 +33,11 @@ Variants:
                  multiple of BLOCK_M and sm_scale > 0; anything else (the CPU interpreter, strided
                  views, fp32, ragged S) runs "split", silently.
   "auto"         "tma" where it applies and the call is large (TMA_MIN_FLOPS), else "split".
+PACK_GQA (the pointer path): one program takes the H/Hkv query heads of one K/V head, its BLOCK_M rows those heads x
+BLOCK_M/(H/Hkv) positions, so each K and V tile is loaded once for the whole group instead of once per query head,
+and the causal diagonal is cut finer (a group that does not divide BLOCK_M runs unpacked). A night that turned on
+rope_attention's packing (with two other knobs) ran TinyLlama's attention (Hq 32, Hkv 4, D 64) 1.11x faster on an
+H100; here it is off until a screen at the model's shapes finds it faster (not yet timed on a GPU).
 DESCRIPTORS: where "tma" makes its descriptors. "host": TensorDescriptor.from_tensor, encoded by the launcher on
 every call (torch.compile cannot trace such a launch: traced, the file runs "device"). "device": each program makes
 its four from pointers (tl.make_tensor_descriptor, 512 bytes of global scratch per program, asked of triton's
@@ -73,6 +78,7 @@ CAUSAL_ORDER = "auto"  # causal: "longest_first" (the longest query blocks launc
 FOLD_PER_SM = 8  # H100, fp16 (BENCHMARKS.md, the causal orders): folded, 512 programs ran 1.30x (D 128) and 1.23x
 # (D 256), 1024 1.07x (D 64), 256 0.98x; 2048 and 4096 on TMA 0.75x
 DESCRIPTORS = "host"  # "tma": "host" | "device" (made by each program; see the docstring)
+PACK_GQA = False  # the pointer path: one program takes the H/Hkv query heads of one K/V head (see the docstring)
 # "auto" takes TMA only from this many FLOPs: a launch on host-side descriptors costs the host more than a
 # pointer launch (docs/launch-cost.md), and a call must keep the GPU busy for longer than that.
 TMA_MIN_FLOPS = 2**35
@@ -85,6 +91,7 @@ TUNABLES = {
     "NUM_STAGES": [0, 1, 2, 3, 4, 5],
     "CAUSAL_ORDER": ["auto", "longest_first", "launch", "fold"],
     "DESCRIPTORS": ["host", "device"],
+    "PACK_GQA": [False, True],
 }
 
 LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)); folded into the score scale
@@ -120,8 +127,8 @@ def _attn_blocks(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
         if CAPPED:  # cap * tanh(score / cap) in the scores' log2 units (cap too); tanh(x) = 2 sigmoid(2x) - 1
             qk = cap * (2.0 * tl.sigmoid(2.0 * qk / cap) - 1.0)
-        if ALIBI:  # the head's slope (log2 units) times the key's distance: slope * (j - i)
-            qk += slope * (offs_n[None, :] - offs_m[:, None]).to(tl.float32)
+        if ALIBI:  # each row's head's slope (log2 units) times the key's distance: slope * (j - i)
+            qk += slope[:, None] * (offs_n[None, :] - offs_m[:, None]).to(tl.float32)
         if CAUSAL_MASK:
             qk = tl.where(offs_m[:, None] >= offs_n[None, :], qk, float("-inf"))
         if KEY_MASK:
@@ -148,61 +155,77 @@ def _flash_attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, alibi_ptr, S, H, GROUP, 
                             stride_kb, stride_kh, stride_ks, stride_kd,
                             stride_vb, stride_vh, stride_vs, stride_vd,
                             stride_ob, stride_oh, stride_os, stride_od,
-                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-                            D_PAD: tl.constexpr, CAUSAL: tl.constexpr, SPLIT: tl.constexpr,
-                            EVEN_D: tl.constexpr, REVERSE: tl.constexpr, FOLD: tl.constexpr,
+                            BLOCK_M: tl.constexpr, BLOCK_POS: tl.constexpr, BLOCK_N: tl.constexpr,
+                            HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, CAUSAL: tl.constexpr, SPLIT: tl.constexpr,
+                            EVEN_D: tl.constexpr, REVERSE: tl.constexpr, FOLD: tl.constexpr, PACK: tl.constexpr,
                             DOT_PRECISION: tl.constexpr, WINDOWED: tl.constexpr, CAPPED: tl.constexpr,
                             ALIBI: tl.constexpr):
+    """One program: BLOCK_M query rows against the keys of one K/V head. Unpacked (H: the query heads) the rows are
+    BLOCK_M positions of one query head; packed (PACK, H: the K/V heads) they are the GROUP query heads of the K/V
+    head, BLOCK_POS = BLOCK_M / GROUP positions each, so each K and V tile is loaded once for the whole group."""
     qk_scale = tl.full([], qk_scale, tl.float32)  # under torch.compile Inductor passes a Python float as fp64
     cap = tl.full([], cap, tl.float32)
     start_m = tl.program_id(0)
     if REVERSE:
         start_m = tl.num_programs(0) - 1 - start_m
-    b = tl.program_id(1) // H
-    h = tl.program_id(1) % H
-    q_base = q_ptr + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
-    hk = h // GROUP  # grouped-query attention: GROUP query heads share one K/V head
-    k_base = k_ptr + b.to(tl.int64) * stride_kb + hk.to(tl.int64) * stride_kh
-    v_base = v_ptr + b.to(tl.int64) * stride_vb + hk.to(tl.int64) * stride_vh
-    o_base = o_ptr + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
-    slope = 0.0
-    if ALIBI:  # the head's ALiBi slope, in the scores' log2 units
-        slope = tl.load(alibi_ptr + h).to(tl.float32) * 1.4426950408889634
-    if FOLD:  # block j, then its mirror n-1-j (none for the middle one): every program does the same work
-        mirror = tl.cdiv(S, BLOCK_M) - 1 - start_m
-        for fold in range(0, tl.where(mirror > start_m, 2, 1)):
-            _query_block(start_m + fold * (mirror - start_m), q_base, k_base, v_base, o_base, S, qk_scale, window,
-                         cap, slope, stride_qs, stride_qd, stride_ks, stride_kd, stride_vs, stride_vd, stride_os,
-                         stride_od, BLOCK_M, BLOCK_N, HEAD_DIM, D_PAD, CAUSAL, SPLIT, EVEN_D, DOT_PRECISION, WINDOWED,
-                         CAPPED, ALIBI)
+    b = (tl.program_id(1) // H).to(tl.int64)
+    if PACK:
+        kv = (tl.program_id(1) % H).to(tl.int64)
+        rows = tl.arange(0, BLOCK_M)
+        head = kv * GROUP + (rows // BLOCK_POS).to(tl.int64)  # each row's query head
+        offs_pos = rows % BLOCK_POS  # and its position in the block
     else:
-        _query_block(start_m, q_base, k_base, v_base, o_base, S, qk_scale, window, cap, slope, stride_qs, stride_qd,
-                     stride_ks, stride_kd, stride_vs, stride_vd, stride_os, stride_od, BLOCK_M, BLOCK_N, HEAD_DIM,
-                     D_PAD, CAUSAL, SPLIT, EVEN_D, DOT_PRECISION, WINDOWED, CAPPED, ALIBI)
+        h = tl.program_id(1) % H
+        kv = (h // GROUP).to(tl.int64)  # grouped-query attention: GROUP query heads share one K/V head
+        head = h.to(tl.int64)
+        offs_pos = tl.arange(0, BLOCK_M)
+    q_base = q_ptr + b * stride_qb
+    k_base = k_ptr + b * stride_kb + kv * stride_kh
+    v_base = v_ptr + b * stride_vb + kv * stride_vh
+    o_base = o_ptr + b * stride_ob
+    slope = 0.0
+    if ALIBI:  # each row's head's ALiBi slope, in the scores' log2 units
+        slope = tl.load(alibi_ptr + head + tl.zeros((BLOCK_M,), dtype=tl.int64)).to(tl.float32) * 1.4426950408889634
+    if FOLD:  # block j, then its mirror n-1-j (none for the middle one): every program does the same work
+        mirror = tl.cdiv(S, BLOCK_POS) - 1 - start_m
+        for fold in range(0, tl.where(mirror > start_m, 2, 1)):
+            _query_block(start_m + fold * (mirror - start_m), q_base, k_base, v_base, o_base, head, offs_pos, S,
+                         qk_scale, window, cap, slope, stride_qh, stride_qs, stride_qd, stride_ks, stride_kd,
+                         stride_vs, stride_vd, stride_oh, stride_os, stride_od, BLOCK_M, BLOCK_POS, BLOCK_N,
+                         HEAD_DIM, D_PAD, CAUSAL, SPLIT, EVEN_D, DOT_PRECISION, WINDOWED, CAPPED, ALIBI)
+    else:
+        _query_block(start_m, q_base, k_base, v_base, o_base, head, offs_pos, S, qk_scale, window, cap, slope,
+                     stride_qh, stride_qs, stride_qd, stride_ks, stride_kd, stride_vs, stride_vd, stride_oh, stride_os,
+                     stride_od, BLOCK_M, BLOCK_POS, BLOCK_N, HEAD_DIM, D_PAD, CAUSAL, SPLIT, EVEN_D, DOT_PRECISION,
+                     WINDOWED, CAPPED, ALIBI)
 
 
 @triton.jit
-def _query_block(start_m, q_base, k_base, v_base, o_base, S, qk_scale, window, cap, slope, stride_qs, stride_qd,
-                 stride_ks, stride_kd, stride_vs, stride_vd, stride_os, stride_od,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
-                 CAUSAL: tl.constexpr, SPLIT: tl.constexpr, EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                 WINDOWED: tl.constexpr, CAPPED: tl.constexpr, ALIBI: tl.constexpr):
-    """The pointer kernel's query block start_m of one (batch, head): Q loaded, the keys folded in, O stored."""
-    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+def _query_block(start_m, q_base, k_base, v_base, o_base, head, offs_pos, S, qk_scale, window, cap, slope,
+                 stride_qh, stride_qs, stride_qd, stride_ks, stride_kd, stride_vs, stride_vd,
+                 stride_oh, stride_os, stride_od,
+                 BLOCK_M: tl.constexpr, BLOCK_POS: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+                 D_PAD: tl.constexpr, CAUSAL: tl.constexpr, SPLIT: tl.constexpr, EVEN_D: tl.constexpr,
+                 DOT_PRECISION: tl.constexpr, WINDOWED: tl.constexpr, CAPPED: tl.constexpr, ALIBI: tl.constexpr):
+    """Query block start_m of one program's rows (offs_pos: each row's position in the block, head: its query head,
+    or the program's one): Q loaded, the keys folded in, O stored."""
+    offs_m = start_m * BLOCK_POS + offs_pos
     offs_d = tl.arange(0, D_PAD)
-    q = _load_tile(q_base, offs_m, offs_d, stride_qs, stride_qd, S, HEAD_DIM, True, EVEN_D)
+    rows_q = head * stride_qh + offs_m.to(tl.int64) * stride_qs
+    in_rows = (offs_m[:, None] < S) & (offs_d[None, :] < HEAD_DIM)
+    q = tl.load(q_base + rows_q[:, None] + offs_d[None, :] * stride_qd, mask=in_rows, other=0.0)
     acc = tl.zeros((BLOCK_M, D_PAD), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     # Key ranges: [0, free) needs no mask at all, [free, end) is masked (diagonal or ragged tail).
     if CAUSAL:
-        end = tl.minimum((start_m + 1) * BLOCK_M, S)
-        free = start_m * BLOCK_M if SPLIT else 0
+        end = tl.minimum((start_m + 1) * BLOCK_POS, S)
+        free = start_m * BLOCK_POS // BLOCK_N * BLOCK_N if SPLIT else 0
     else:
         end = S
         free = (S // BLOCK_N) * BLOCK_N if SPLIT else 0
     if WINDOWED:  # causal, from the first block that holds a key of the block's first row's window: every block masked
-        lo = tl.maximum(start_m * BLOCK_M - window + 1, 0) // BLOCK_N * BLOCK_N
+        lo = tl.maximum(start_m * BLOCK_POS - window + 1, 0) // BLOCK_N * BLOCK_N
         acc, l_i, m_i = _attn_blocks(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_kd, stride_vs, stride_vd,
                                      offs_m, offs_d, lo, end, S, qk_scale, window, cap, slope,
                                      BLOCK_N, HEAD_DIM, EVEN_D, True, True, DOT_PRECISION, True, CAPPED, ALIBI)
@@ -214,8 +237,8 @@ def _query_block(start_m, q_base, k_base, v_base, o_base, S, qk_scale, window, c
                                      offs_m, offs_d, free, end, S, qk_scale, window, cap, slope,
                                      BLOCK_N, HEAD_DIM, EVEN_D, CAUSAL, True, DOT_PRECISION, False, CAPPED, ALIBI)
     out = acc / l_i[:, None]
-    o_ptrs = o_base + offs_m[:, None] * stride_os + offs_d[None, :] * stride_od
-    tl.store(o_ptrs, out.to(o_base.dtype.element_ty), mask=(offs_m[:, None] < S) & (offs_d[None, :] < HEAD_DIM))
+    rows_o = head * stride_oh + offs_m.to(tl.int64) * stride_os
+    tl.store(o_base + rows_o[:, None] + offs_d[None, :] * stride_od, out.to(o_base.dtype.element_ty), mask=in_rows)
 
 
 @triton.jit
@@ -379,13 +402,17 @@ def _sm_count(device: torch.device) -> int:  # once per device: the query costs 
 def _launch_pointers(q, k, v, out, causal, qk_scale, cfg, d_pad, window=0, softcap=0.0, alibi=None):
     block_m, block_n, warps, stages = cfg
     batch, heads, seq, head_dim = q.shape
-    blocks = (seq + block_m - 1) // block_m  # not triton.cdiv: slow on triton 3.6
-    programs, reverse, fold = _order(blocks, causal, batch * heads, q.device)
-    _flash_attention_kernel[(programs, batch * heads)](
-        q, k, v, out, q if alibi is None else alibi, seq, heads, heads // k.shape[1], qk_scale, window, softcap * LOG2E,
-        *q.stride(), *k.stride(), *v.stride(), *out.stride(),
-        BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, D_PAD=d_pad, CAUSAL=bool(causal),
-        EVEN_D=head_dim == d_pad, SPLIT=VARIANT != "single_loop", REVERSE=reverse, FOLD=fold,
+    group = heads // k.shape[1]
+    pack = PACK_GQA and group > 1 and block_m % group == 0  # the group's heads fill the tile evenly
+    block_pos = block_m // group if pack else block_m
+    rows = batch * (k.shape[1] if pack else heads)
+    blocks = (seq + block_pos - 1) // block_pos  # not triton.cdiv: slow on triton 3.6
+    programs, reverse, fold = _order(blocks, causal, rows, q.device)
+    _flash_attention_kernel[(programs, rows)](
+        q, k, v, out, q if alibi is None else alibi, seq, k.shape[1] if pack else heads, group, qk_scale, window,
+        softcap * LOG2E, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+        BLOCK_M=block_m, BLOCK_POS=block_pos, BLOCK_N=block_n, HEAD_DIM=head_dim, D_PAD=d_pad, CAUSAL=bool(causal),
+        EVEN_D=head_dim == d_pad, SPLIT=VARIANT != "single_loop", REVERSE=reverse, FOLD=fold, PACK=pack,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", WINDOWED=window > 0, CAPPED=softcap > 0,
         ALIBI=alibi is not None, num_warps=warps, num_stages=stages)
 

@@ -15,9 +15,10 @@ from autokernel.registry import get_spec
 TYPE = "flash_attention"
 
 
+PACK_BUG = ("head = kv * GROUP + (rows // BLOCK_POS)", "head = kv * GROUP + (rows % GROUP)")  # rows' heads mixed
 # planted bugs, each a one-line edit of the starter: (what is replaced, what replaces it)
 BUGS = {
-    "the wrong kv head": ("hk = h // GROUP", "hk = h % (H // GROUP)"),  # right for one head per group only
+    "the wrong kv head": ("kv = (h // GROUP)", "kv = (h % (H // GROUP))"),  # right for one head per group only
     "the window ignored": ("WINDOWED=window > 0", "WINDOWED=False"),
     "the soft cap ignored": ("CAPPED=softcap > 0", "CAPPED=False"),
     "the slopes ignored": ("ALIBI=alibi is not None", "ALIBI=False"),
@@ -25,24 +26,28 @@ BUGS = {
 }
 
 
-FOLD_BUG = ("mirror = tl.cdiv(S, BLOCK_M) - 1 - start_m", "mirror = tl.cdiv(S, BLOCK_M) - 2 - start_m")
+FOLD_BUG = ("mirror = tl.cdiv(S, BLOCK_POS) - 1 - start_m", "mirror = tl.cdiv(S, BLOCK_POS) - 2 - start_m")
 
 
 @pytest.mark.parametrize("order", ["launch", "fold"])
 def test_every_causal_order_computes_each_query_block_once(interpreter, repo_root, tmp_path, order):
     """CAUSAL_ORDER "fold" (each program a query block and its mirror) and "launch" give the reference at every shape
-    of the sweep and the edges, the variants included (a window, a soft cap, ALiBi); a mirror one block off leaves a
-    block unwritten and fails the harness."""
+    of the sweep and the edges, the variants included (a window, a soft cap, ALiBi), with the grouped heads packed
+    into one program or not (PACK_GQA); a mirror one block off leaves a block unwritten and fails the harness."""
     from autokernel.kernelfile import apply_config, import_kernel
 
     spec, source = get_spec(TYPE), (repo_root / "kernels" / f"{TYPE}.py").read_text()
-    path = tmp_path / f"{order}.py"
-    path.write_text(apply_config(source, {"CAUSAL_ORDER": order, "BLOCK_M": 16, "BLOCK_N": 16}))
-    module, gen = import_kernel(path), torch.Generator().manual_seed(3)
-    for shape in spec.sweep(True) + spec.edges(True):
-        inputs = spec.make_inputs(shape, torch.float32, "cpu", gen)
-        torch.testing.assert_close(module.kernel_fn(*inputs), spec.reference(*inputs), atol=2e-3, rtol=2e-3,
-                                   msg=str(shape))
+    gen = torch.Generator().manual_seed(3)
+    packed = {"B": 1, "H": 4, "Hkv": 2, "S": 40, "D": 16, "causal": True, "softcap": 2.0, "alibi": True}
+    shapes = spec.sweep(True) + spec.edges(True) + [packed]  # grouped heads, ALiBi's slope per packed row
+    for pack in (False, True):
+        path = tmp_path / f"{order}_{pack}.py"
+        path.write_text(apply_config(source, {"CAUSAL_ORDER": order, "BLOCK_M": 16, "BLOCK_N": 16, "PACK_GQA": pack}))
+        module = import_kernel(path)
+        for shape in shapes:
+            inputs = spec.make_inputs(shape, torch.float32, "cpu", gen)
+            torch.testing.assert_close(module.kernel_fn(*inputs), spec.reference(*inputs), atol=2e-3, rtol=2e-3,
+                                       msg=f"{shape}, PACK_GQA {pack}")
     if order == "fold":
         from autokernel.harness.runner import run_bench
         # the default ("auto") folds the small grids of the harness's CPU shapes: the mirror's bug fails there
@@ -78,6 +83,22 @@ def test_the_small_shapes_cover_grouped_heads_a_window_a_soft_cap_and_alibi():
 def test_a_kernel_that_gets_a_variant_wrong_fails_the_harness(tmp_path, bug):
     result = bench_planted(tmp_path, TYPE, *BUGS[bug])
     assert result["status"] == "fail" and result["failed_stage"] in ("smoke", "shape_sweep")
+
+
+def test_packed_grouped_heads_with_a_rows_head_wrong_fail_the_harness(tmp_path):
+    """PACK_GQA on (the screen's choice, not the default): a packed row given another query head of its group fails
+    the harness's stages, as any variant's bug does."""
+    from autokernel.harness.runner import run_bench
+    from autokernel.kernelfile import apply_config
+
+    path = tmp_path / f"{TYPE}.py"
+    source = (autokernel.compat.ROOT / "kernels" / f"{TYPE}.py").read_text()
+    assert PACK_BUG[0] in source
+    path.write_text(apply_config(source, {"PACK_GQA": True}))
+    assert run_bench(path, device="cpu", timed=False)["status"] == "pass"
+    path.write_text(apply_config(source.replace(*PACK_BUG), {"PACK_GQA": True}))
+    result = run_bench(path, device="cpu", timed=False)
+    assert result["status"] == "fail" and result["failed_stage"] in ("smoke", "shape_sweep", "edge_cases")
 
 
 def test_the_flex_attention_baseline_computes_each_variant_as_the_reference_does():
