@@ -2,6 +2,7 @@
 timed and weighted by its calls, the host's cost beside it, labelled as no performance figure.
 The GPU path (CUDA-graph replay) runs under the `gpu` marker."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -159,3 +160,25 @@ def test_a_run_says_which_l2_flush_timed_it_and_the_environment_picks_it(tmp_pat
     monkeypatch.setenv("AUTOKERNEL_L2_FLUSH", "dirtyy")
     r = run_bench(kernel, device="cpu", quick=True, seed=1, warm=False)
     assert r["status"] == "crash" and "AUTOKERNEL_L2_FLUSH='dirtyy'" in r["reason"] + r["stderr_tail"]
+
+
+@pytest.mark.slow(10)
+def test_l2_regimes_ranks_a_kernels_configurations_under_every_flush(tmp_path):
+    """scripts/l2_regimes.py on the CPU (the interpreter: the path, not the figures): each configuration drawn from
+    the file's TUNABLES, its own first, timed in the model under every flush."""
+    import json
+    import subprocess
+    import sys
+
+    kernel = extracted_rmsnorm(tmp_path, [2, 1])
+    r = subprocess.run([sys.executable, "scripts/l2_regimes.py", str(kernel), "--configs", "3", "--out",
+                        str(tmp_path / "l2.json")], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    figures = json.loads((tmp_path / "l2.json").read_text())[str(kernel)]
+    assert list(figures["regimes"]) == list(timing.FLUSHES) and len(figures["configs"]) == 3
+    assert all(len(got["configs"]) == 3 and all(us > 0 for us in got["configs"]) for got in figures["regimes"].values())
+    from autokernel.kernelfile import tunable_space
+
+    assert figures["configs"][0] == tunable_space(kernel.read_text())[1]  # the file's own configuration first
+    assert "01_rmsnorm.py: us in the model a forward (rank)" in r.stdout
