@@ -182,3 +182,19 @@ def test_l2_regimes_ranks_a_kernels_configurations_under_every_flush(tmp_path):
 
     assert figures["configs"][0] == tunable_space(kernel.read_text())[1]  # the file's own configuration first
     assert "01_rmsnorm.py: us in the model a forward (rank)" in r.stdout
+
+
+def test_the_roofline_guard_counts_only_what_the_l2_cannot_hold_where_it_holds_the_inputs(monkeypatch):
+    """The guard against a time below the physical floor (a kernel not doing its work) holds every byte to DRAM's
+    bandwidth after a flush; where the L2 may hold the inputs ("inputs", "none") a legitimate call beats that floor,
+    so only what the L2 cannot hold counts, and a call on more data than the L2 still has a floor."""
+    class Properties:
+        L2_cache_size = 50 * 2**20
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: Properties())
+    for flush, floor_bytes in (("dirty", 120 * 2**20), ("clean", 120 * 2**20), ("inputs", 70 * 2**20),
+                               ("none", 70 * 2**20)):
+        monkeypatch.setattr(modeltime, "L2_FLUSH", flush)
+        assert modeltime._from_dram(120 * 2**20) == floor_bytes
+    assert modeltime._from_dram(16 * 2**20) == 0
