@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from autokernel import results
 from autokernel.loop.report import format_us
+from autokernel.verify.noise import GPU_TIMED  # the deploy modes whose forward is a CUDA graph's replay
 
 # One bench's host clock can be tens of percent off (the same launcher read up to 3x apart between benches); the
 # least of two benches differs by a few percent, while a launcher that really costs more (another launch, a
@@ -19,7 +20,6 @@ from autokernel.loop.report import format_us
 # (Loop._confirm); within this margin the GPU decides.
 HOST_NOISE_PCT = 5.0
 MIN_GAIN_PCT = 1.0  # a change must beat the best by more than this (or the baseline noise, if larger)
-GRAPH_REPLAYED = ("graph", "compile_graph")  # deploy modes (cli.DEPLOY_MODES) whose forward is a CUDA graph's replay
 
 
 def decide(result: dict, best_us: float | None, threshold_pct: float,
@@ -52,7 +52,7 @@ def host_counts(job: dict) -> bool:
     """Whether the host's cost of the kernel's calls reaches the model: not where every mode of the plan's deploy
     (profile.py --deploy, in the job) replays CUDA graphs; a kernel given by hand (no plan) is judged as eager."""
     modes = [m for m in str(job.get("deploy") or "eager").split(",") if m]
-    return not all(m in GRAPH_REPLAYED for m in modes)
+    return not all(m in GPU_TIMED for m in modes)
 
 
 def host_grew(host_us: float | None, best_host_us: float | None, saved_us: float) -> str | None:

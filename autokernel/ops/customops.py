@@ -268,8 +268,10 @@ def _define(kernel_type: str) -> None:
     name = f"{NAMESPACE}::{kernel_type}"
     native = compat.has_triton_op()
 
+    promised = _promised(deployment)  # the layout the fake below gives Inductor
+
     def run(*args):
-        return _run(kernel_type, *args, layout=_promised(deployment))
+        return _run(kernel_type, *args, layout=promised)
 
     def fake(*args):
         return _fake_output(kernel_type, args)
@@ -284,7 +286,7 @@ def _define(kernel_type: str) -> None:
 
     def traced(*args):
         if not compat.wrap_triton_enabled():  # the op called eagerly on real tensors: the kernel as it is
-            return _run(kernel_type, *args, layout=_promised(deployment))
+            return _run(kernel_type, *args, layout=promised)
         traceable = _TRACEABLE.get(kernel_type)
         if traceable is not None:  # traced (fake tensors): Triton launches become graph nodes
             try:

@@ -248,6 +248,8 @@ weight rows loaded once: fewer, longer programs keep more loads in flight where 
 Inductor's own kernel for the region is what to beat (the baseline torch.compile makes of it).
 """
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -276,10 +278,12 @@ def _region({outputs}, {pointers}, M, N, ROWS: tl.constexpr, BLOCK_N: tl.constex
 
 def _programs(blocks, device):
     """The grid: a program per block of rows, or PER_SM programs per SM (one SM where there is no GPU)."""
-    if PER_SM == 0:
-        return blocks
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
-    return min(blocks, PER_SM * sms)
+    return blocks if PER_SM == 0 else min(blocks, PER_SM * _sm_count(device))
+
+
+@functools.cache
+def _sm_count(device):  # once per device: the query costs host time on every call
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
 
 
 def kernel_fn({params}):
