@@ -24,14 +24,16 @@ Variants:
                  small grids).
   "single_loop"  one loop with every mask on every block: simpler, slower; a baseline for the split.
   "tma"          the split loop as Triton's tutorial 06-fused-attention writes it for Hopper: Q, K, V
-                 and O go through host-side tensor descriptors over the [B*H*S, D] view. Each K/V tile
+                 and O go through host-side tensor descriptors over a matrix of D-wide rows. Each K/V tile
                  is then one bulk TMA copy issued by one thread, where the pointer path has every
                  thread compute and hold 64-bit addresses for its share of the tile and issue cp.async:
                  those registers and issue slots go to the softmax instead. The softmax folds the
                  scale into one FMA (qk * scale - m). Applies on a GPU of compute
-                 capability >= 9, fp16/bf16, dense contiguous [B, H, S, D] with D in {64, 128}, S a
-                 multiple of BLOCK_M and sm_scale > 0; anything else (the CPU interpreter, strided
-                 views, fp32, ragged S) runs "split", silently.
+                 capability >= 9, fp16/bf16, D in {64, 128}, S a multiple of BLOCK_M, sm_scale > 0
+                 and tensors whose rows a descriptor can walk (_tma_rows: dense [B, H, S, D]; [B, S, H, D]
+                 in memory, as a model's transpose(1, 2) of its projections leaves them and as the output
+                 is written; slices of a packed qkv projection); anything else (the CPU interpreter,
+                 fp32, ragged S, other strides) runs "split", silently.
   "auto"         "tma" where it applies and the call is large (TMA_MIN_FLOPS), else "split".
 PACK_GQA (the pointer path): one program takes the H/Hkv query heads of one K/V head, its BLOCK_M rows those heads x
 BLOCK_M/(H/Hkv) positions, so each K and V tile is loaded once for the whole group instead of once per query head,
@@ -47,10 +49,10 @@ Tiles: 64x64 with 4 warps and 3 stages, for "tma" at the bench shape and for "sp
 shared memory (BENCHMARKS.md, the starter defaults). Triton's warp specialization (tl.range(...,
 warp_specialize=True)), where cuDNN's lead comes from, failed to compile at the 4-warp tiles on Triton 3.6
 and was slower where it compiled (docs/starters.md).
-Q, K, V may be strided views (e.g. slices of a packed qkv projection): strides are passed, no copies. The pointer
-path writes its [B, H, S, D] output laid out as [B, S, H, D] (sequence-major): what a model does next, transpose(1, 2)
-and a reshape to [B, S, H * D] for the output projection, is then a view where it was a copy of the whole output
-(an Inductor clone_transpose kernel a layer under torch.compile: 4 MB at Pythia-410M's 1x2048).
+Q, K, V may be strided views (e.g. slices of a packed qkv projection): strides are passed, no copies. Both paths
+write the [B, H, S, D] output laid out as [B, S, H, D] (sequence-major): what a model does next, transpose(1, 2) and a
+reshape to [B, S, H * D] for the output projection, is then a view where it was a copy of the whole output (an
+Inductor clone_transpose kernel a layer under torch.compile: 4 MB at Pythia-410M's 1x2048).
 """
 
 import functools
@@ -242,12 +244,13 @@ def _query_block(start_m, q_base, k_base, v_base, o_base, head, offs_pos, S, qk_
 
 
 @triton.jit
-def _attn_tma_blocks(acc, l_i, m_i, q, k_desc, v_desc, kv_row0, offs_m, lo, hi, qk_scale,
+def _attn_tma_blocks(acc, l_i, m_i, q, k_desc, v_desc, k_row, k_col, v_row, v_col, offs_m, lo, hi, qk_scale,
                      BLOCK_N: tl.constexpr, CAUSAL_MASK: tl.constexpr):
-    """Fold keys [lo, hi) of one (batch, head), whose K/V rows start at kv_row0, into (acc, l, m)."""
+    """Fold keys [lo, hi) of one (batch, head), whose K and V start at (row, column) of their descriptors, into
+    (acc, l, m)."""
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
-        k = k_desc.load([kv_row0 + start_n, 0])
+        k = k_desc.load([k_row + start_n, k_col])
         qk = tl.dot(q, tl.trans(k))
         if CAUSAL_MASK:
             keep = offs_m[:, None] >= start_n + tl.arange(0, BLOCK_N)[None, :]
@@ -261,61 +264,78 @@ def _attn_tma_blocks(acc, l_i, m_i, q, k_desc, v_desc, kv_row0, offs_m, lo, hi, 
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
-        v = v_desc.load([kv_row0 + start_n, 0])
+        v = v_desc.load([v_row + start_n, v_col])
         acc = tl.dot(p.to(v.dtype), v, acc)
         m_i = m_new
     return acc, l_i, m_i
 
 
 @triton.jit
-def _flash_attention_tma_kernel(q_desc, k_desc, v_desc, o_desc, S, H, GROUP, qk_scale, rows,
+def _describe(t, batches, heads, S, stride, per_batch, per_head, per_head_col, BLOCK: tl.constexpr,
+              HEAD_DIM: tl.constexpr):
+    """A device-made descriptor of `t`'s rows (_tma_rows' matrix, from the same figures)."""
+    rows = (batches - 1) * per_batch + (heads - 1) * per_head + S
+    cols = (heads - 1) * per_head_col + HEAD_DIM
+    return tl.make_tensor_descriptor(t, [rows, cols], [stride, 1], [BLOCK, HEAD_DIM])
+
+
+@triton.jit
+def _flash_attention_tma_kernel(q_desc, k_desc, v_desc, o_desc, S, H, GROUP, qk_scale,
+                                q_stride, q_batch, q_head, q_col, k_stride, k_batch, k_head, k_col,
+                                v_stride, v_batch, v_head, v_col, o_stride, o_batch, o_head, o_col,
                                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                                 CAUSAL: tl.constexpr, REVERSE: tl.constexpr, FOLD: tl.constexpr,
                                 ON_DEVICE: tl.constexpr):
     qk_scale = tl.full([], qk_scale, tl.float32)  # under torch.compile Inductor passes a Python float as fp64
-    # Descriptors view Q and O as [B*H*S, HEAD_DIM], K and V as [B*(H/GROUP)*S, HEAD_DIM]; S % BLOCK_M == 0, so no
-    # tile crosses a head.
-    # ON_DEVICE: the *_desc arguments are pointers to dense tensors of `rows` rows, the descriptors are made here
-    # (a compile-time branch: with host descriptors none of it is generated).
+    # Each descriptor views its tensor as rows of HEAD_DIM (_tma_rows): (batch, head)'s S rows start at row
+    # batch * *_batch + head * *_head, column head * *_col. S % BLOCK_M == 0, so no tile crosses a head.
+    # ON_DEVICE: the *_desc arguments are the tensors, the descriptors are made here (a compile-time branch: with
+    # host descriptors none of it is generated).
+    batch = tl.program_id(1) // H
+    head = tl.program_id(1) % H
+    kv_head = head // GROUP
     if ON_DEVICE:
-        q_desc = tl.make_tensor_descriptor(q_desc, [rows, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_M, HEAD_DIM])
-        k_desc = tl.make_tensor_descriptor(k_desc, [rows // GROUP, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_N, HEAD_DIM])
-        v_desc = tl.make_tensor_descriptor(v_desc, [rows // GROUP, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_N, HEAD_DIM])
-        o_desc = tl.make_tensor_descriptor(o_desc, [rows, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_M, HEAD_DIM])
+        batches = tl.num_programs(1) // H
+        q_desc = _describe(q_desc, batches, H, S, q_stride, q_batch, q_head, q_col, BLOCK_M, HEAD_DIM)
+        k_desc = _describe(k_desc, batches, H // GROUP, S, k_stride, k_batch, k_head, k_col, BLOCK_N, HEAD_DIM)
+        v_desc = _describe(v_desc, batches, H // GROUP, S, v_stride, v_batch, v_head, v_col, BLOCK_N, HEAD_DIM)
+        o_desc = _describe(o_desc, batches, H, S, o_stride, o_batch, o_head, o_col, BLOCK_M, HEAD_DIM)
+    at = (batch * q_batch + head * q_head, head * q_col, batch * k_batch + kv_head * k_head, kv_head * k_col,
+          batch * v_batch + kv_head * v_head, kv_head * v_col, batch * o_batch + head * o_head, head * o_col)
     start_m = tl.program_id(0)
     if REVERSE:
         start_m = tl.num_programs(0) - 1 - start_m
-    row0 = tl.program_id(1) * S
-    kv_row0 = (tl.program_id(1) // H * (H // GROUP) + tl.program_id(1) % H // GROUP) * S  # its K/V head's rows
     if FOLD:  # block j, then its mirror n-1-j (none for the middle one): every program does the same work
         mirror = S // BLOCK_M - 1 - start_m
         for fold in range(0, tl.where(mirror > start_m, 2, 1)):
-            _tma_query_block(start_m + fold * (mirror - start_m), q_desc, k_desc, v_desc, o_desc, row0, kv_row0, S,
-                             qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL)
+            _tma_query_block(start_m + fold * (mirror - start_m), q_desc, k_desc, v_desc, o_desc, at, S, qk_scale,
+                             BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL)
     else:
-        _tma_query_block(start_m, q_desc, k_desc, v_desc, o_desc, row0, kv_row0, S, qk_scale, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, CAUSAL)
+        _tma_query_block(start_m, q_desc, k_desc, v_desc, o_desc, at, S, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM,
+                         CAUSAL)
 
 
 @triton.jit
-def _tma_query_block(start_m, q_desc, k_desc, v_desc, o_desc, row0, kv_row0, S, qk_scale, BLOCK_M: tl.constexpr,
+def _tma_query_block(start_m, q_desc, k_desc, v_desc, o_desc, at, S, qk_scale, BLOCK_M: tl.constexpr,
                      BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr):
-    """The TMA kernel's query block start_m of one (batch, head), whose rows start at row0 and its K/V's at kv_row0."""
+    """The TMA kernel's query block start_m of one (batch, head), whose Q, K, V and O start at `at`: (row, column)
+    of each descriptor in turn."""
+    q_row, q_col, k_row, k_col, v_row, v_col, o_row, o_col = at
     first = start_m * BLOCK_M
     offs_m = first + tl.arange(0, BLOCK_M)
-    q = q_desc.load([row0 + first, 0])
+    q = q_desc.load([q_row + first, q_col])
     acc = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     if CAUSAL:  # blocks left of the diagonal unmasked, then the BLOCK_M-wide diagonal masked
-        acc, l_i, m_i = _attn_tma_blocks(acc, l_i, m_i, q, k_desc, v_desc, kv_row0, offs_m, 0, first, qk_scale,
-                                         BLOCK_N, False)
-        acc, l_i, m_i = _attn_tma_blocks(acc, l_i, m_i, q, k_desc, v_desc, kv_row0, offs_m, first, first + BLOCK_M,
-                                         qk_scale, BLOCK_N, True)
+        acc, l_i, m_i = _attn_tma_blocks(acc, l_i, m_i, q, k_desc, v_desc, k_row, k_col, v_row, v_col, offs_m, 0,
+                                         first, qk_scale, BLOCK_N, False)
+        acc, l_i, m_i = _attn_tma_blocks(acc, l_i, m_i, q, k_desc, v_desc, k_row, k_col, v_row, v_col, offs_m, first,
+                                         first + BLOCK_M, qk_scale, BLOCK_N, True)
     else:
-        acc, l_i, m_i = _attn_tma_blocks(acc, l_i, m_i, q, k_desc, v_desc, kv_row0, offs_m, 0, S, qk_scale,
-                                         BLOCK_N, False)
-    o_desc.store([row0 + first, 0], (acc / l_i[:, None]).to(o_desc.dtype))
+        acc, l_i, m_i = _attn_tma_blocks(acc, l_i, m_i, q, k_desc, v_desc, k_row, k_col, v_row, v_col, offs_m, 0, S,
+                                         qk_scale, BLOCK_N, False)
+    o_desc.store([o_row + first, o_col], (acc / l_i[:, None]).to(o_desc.dtype))
 
 
 def _auto_config(d_pad, dtype):
@@ -333,16 +353,39 @@ def _capability_major(device_index: int) -> int:  # once per device: the query c
 
 
 def _tma_applies(q, k, v, block_m, scale):
-    """TMA needs Hopper+, 16-bit dense [B, H, S, D] tensors (K and V with H or H / group heads) with 16-byte
-    aligned bases, D in {64, 128}, S a multiple of BLOCK_M (tiles of the [B*H*S, D] view never straddle two heads)
-    and a positive scale (the unmasked blocks take the row max before scaling)."""
+    """TMA needs Hopper+, 16-bit tensors with 16-byte aligned bases, D in {64, 128}, S a multiple of BLOCK_M (a tile
+    never straddles two heads) and a positive scale (the unmasked blocks take the row max before scaling); their
+    layouts are _tma_rows' question."""
     if TensorDescriptor is None or not q.is_cuda or _capability_major(q.get_device()) < 9:
         return False
     if q.dtype not in (torch.float16, torch.bfloat16) or q.shape[-1] not in (64, 128):
         return False
     if q.numel() == 0 or q.shape[2] % block_m or scale <= 0:
         return False
-    return all(t.is_contiguous() and _address(t) % 16 == 0 for t in (q, k, v))
+    return all(_address(t) % 16 == 0 for t in (q, k, v))
+
+
+def _tma_rows(t):
+    """t [B, H, S, D] as a descriptor walks it: a matrix of unit-stride rows `stride` elements apart, in which
+    (batch b, head h)'s S x D block starts at row b * per_batch + h * per_head and column h * per_head_col.
+    (rows, cols, stride, per_batch, per_head, per_head_col), or None where no such matrix holds t. Dense
+    [B, H, S, D]: heads in rows (per_head S); [B, S, H, D] in memory, as a model's transpose(1, 2) of its
+    projections leaves q, k and v and as this file writes its output: heads in columns (per_head_col D); slices of
+    a packed qkv projection: heads in columns too."""
+    batches, heads, seq, head_dim = t.shape
+    stride = t.stride(2)
+    per_batch = t.stride(0) if batches > 1 else 0  # a dimension of one may carry any stride
+    head_stride = t.stride(1) if heads > 1 else 0
+    if t.stride(3) != 1 or stride < head_dim or stride * t.element_size() % 16 or per_batch % stride:
+        return None
+    if head_stride % stride == 0:  # heads one below the other (or all one head: a K/V expanded over the group)
+        per_head, per_head_col, cols = head_stride // stride, 0, head_dim
+    elif (heads - 1) * head_stride + head_dim <= stride:  # heads side by side in each row
+        per_head, per_head_col, cols = 0, head_stride, (heads - 1) * head_stride + head_dim
+    else:
+        return None
+    rows = (batches - 1) * (per_batch // stride) + (heads - 1) * per_head + seq
+    return rows, cols, stride, per_batch // stride, per_head, per_head_col
 
 
 def _address(t):
@@ -366,7 +409,8 @@ def _scratch(size: int, alignment: int, stream):
     return torch.empty(size, dtype=torch.int8, device="cuda")
 
 
-def _launch_tma(q, k, v, out, causal, qk_scale, cfg):
+def _launch_tma(q, k, v, out, causal, qk_scale, cfg, views):
+    """The TMA kernel on q, k, v and out, each walked as its view (_tma_rows) says."""
     block_m, block_n, warps, stages = cfg
     batch, heads, seq, head_dim = q.shape
     on_device = DESCRIPTORS == "device"
@@ -374,12 +418,12 @@ def _launch_tma(q, k, v, out, causal, qk_scale, cfg):
         triton.set_allocator(_scratch)
         descs = (q, k, v, out)
     else:
-        q_desc, o_desc = (TensorDescriptor.from_tensor(t.view(-1, head_dim), [block_m, head_dim]) for t in (q, out))
-        k_desc, v_desc = (TensorDescriptor.from_tensor(t.view(-1, head_dim), [block_n, head_dim]) for t in (k, v))
-        descs = (q_desc, k_desc, v_desc, o_desc)
+        descs = tuple(TensorDescriptor(t, [rows, cols], [stride, 1], [block, head_dim])
+                      for t, (rows, cols, stride, *_), block in zip((q, k, v, out), views,
+                                                                     (block_m, block_n, block_n, block_m)))
     programs, reverse, fold = _order(seq // block_m, causal, batch * heads, q.device)
     _flash_attention_tma_kernel[(programs, batch * heads)](
-        *descs, seq, heads, heads // k.shape[1], qk_scale, batch * heads * seq,
+        *descs, seq, heads, heads // k.shape[1], qk_scale, *(n for view in views for n in view[2:]),
         BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, CAUSAL=bool(causal), REVERSE=reverse, FOLD=fold,
         ON_DEVICE=on_device, num_warps=warps, num_stages=stages)
 
@@ -433,11 +477,12 @@ def kernel_fn(Q, K, V, causal=True, sm_scale=None, window=0, softcap=0.0, alibi=
     block_m, block_n, warps, stages = (c or a for c, a in zip((BLOCK_M, BLOCK_N, NUM_WARPS, NUM_STAGES), auto))
     # The split causal loop hands whole BLOCK_M diagonals to the masked part: BLOCK_N must divide it.
     cfg = (block_m, min(block_n, block_m), warps, stages)
-    if not window and not softcap and alibi is None and _use_tma(Q, K, V, causal, block_m, scale):  # variants: pointers
-        out = torch.empty(Q.shape, dtype=Q.dtype, device=Q.device)  # the descriptors' [B*H*S, D] rows
-        _launch_tma(Q, K, V, out, causal, scale * LOG2E, cfg)
+    seq_major = (seq * heads * head_dim, head_dim, heads * head_dim, 1)  # [B, S, H, D] in memory
+    out = torch.empty_strided(Q.shape, seq_major, dtype=Q.dtype, device=Q.device)
+    tma = not window and not softcap and alibi is None and _use_tma(Q, K, V, causal, block_m, scale)  # variants: pointers
+    views = [_tma_rows(t) for t in (Q, K, V, out)] if tma else [None]
+    if None not in views:
+        _launch_tma(Q, K, V, out, causal, scale * LOG2E, cfg, views)
     else:  # "tma" or "auto" where TMA does not apply run the split loop
-        seq_major = (seq * heads * head_dim, head_dim, heads * head_dim, 1)  # [B, S, H, D] in memory
-        out = torch.empty_strided(Q.shape, seq_major, dtype=Q.dtype, device=Q.device)
         _launch_pointers(Q, K, V, out, causal, scale * LOG2E, cfg, d_pad, int(window), float(softcap), alibi)
     return out

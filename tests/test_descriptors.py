@@ -64,6 +64,51 @@ def _counting(run, launched: list):
     return counted
 
 
+def _layouts(batch=2, heads=4, kv_heads=2, seq=128, dim=64):
+    """q, k, v as models hand them to attention, [B, H, S, D] each: (name, q, k, v, whether TMA can walk them)."""
+    gen = torch.Generator().manual_seed(5)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen).half()
+
+    def seq_major(h):  # a projection viewed [B, S, H, D] and transposed, as HF attention modules do
+        return rand(batch, seq, h, dim).transpose(1, 2)
+
+    packed = rand(batch, seq, heads, 3 * dim)  # GPT-NeoX's fused qkv, viewed [B, S, H, 3D] and cut in three
+    q3, k3, v3 = (t.transpose(1, 2) for t in packed.split(dim, dim=-1))
+    padded = rand(batch, heads, seq, 2 * dim)[..., :dim]  # rows 2D apart: a layout no row matrix of D holds cleanly
+    cols = rand(batch, heads, dim, seq).transpose(2, 3)  # D not unit-stride: no descriptor
+    return [("dense", rand(batch, heads, seq, dim), rand(batch, kv_heads, seq, dim), rand(batch, kv_heads, seq, dim),
+             True),
+            ("sequence-major", seq_major(heads), seq_major(kv_heads), seq_major(kv_heads), True),
+            ("packed qkv", q3, k3, v3, True),
+            ("a K/V head expanded over the group", seq_major(heads), *(seq_major(1).expand(-1, heads, -1, -1)
+                                                                      for _ in range(2)), True),
+            ("rows wider than a head", padded, padded, padded, True),
+            ("a transposed head dim", cols, cols, cols, False)]
+
+
+@pytest.mark.parametrize("descriptors", ["host", "device"])
+def test_attention_tma_walks_the_layouts_models_pass_without_copies(repo_root, interpreter, monkeypatch,
+                                                                    descriptors):
+    """The TMA path reads q, k and v where they lie (heads as rows or as columns of one matrix, a packed qkv's
+    slices, a K/V head expanded over its group) and writes the sequence-major output the pointer path writes; a
+    layout no descriptor can walk runs the pointer path and still gives the reference."""
+    module = _tma_kernel(repo_root, "flash_attention", descriptors)
+    monkeypatch.setattr(module, "_tma_applies", lambda *arguments: True)
+    launched = []
+    monkeypatch.setattr(module._flash_attention_tma_kernel, "run",
+                        _counting(module._flash_attention_tma_kernel.run, launched))
+    spec = get_spec("flash_attention")
+    for name, q, k, v, walks in _layouts():
+        launched.clear()
+        got = module.kernel_fn(q, k, v, True)
+        torch.testing.assert_close(got.float(), spec.reference(q, k, v, True).float(), atol=2e-2, rtol=2e-2,
+                                   msg=name)
+        assert bool(launched) == walks, name
+        assert got.transpose(1, 2).is_contiguous(), name  # [B, S, H, D] in memory, whichever path ran
+
+
 def test_the_matmul_tma_kernel_reads_a_transposed_weight_on_device_descriptors(repo_root, interpreter, monkeypatch):
     """B as nn.Linear gives it (a W.t() view): the kernel describes W [N, K] as it lies and transposes tiles."""
     module = _tma_kernel(repo_root, "matmul", "device")
