@@ -236,8 +236,8 @@ def test_a_starter_with_a_per_shape_table_passes_the_static_check(starter):
     record_shape_times(memory, best, [{"arg_shapes": a, "calls": 1, "us": 10.0} for a in ARGS])
     record_shape_times(memory, {**best, moved: best[moved] * 2 or 64}, [{"arg_shapes": ARGS[0], "calls": 1, "us": 12.0},
                                                                   {"arg_shapes": ARGS[1], "calls": 1, "us": 5.0}])
-    table = apply_table(source, shape_table(memory, best), best)
-    assert table is not None and "SHAPE_CONFIGS" in table
+    table = apply_table(source, shape_table(memory, best), best, "bf16")
+    assert table is not None and "SHAPE_CONFIGS" in table and "SHAPE_TABLE_DTYPE = torch.bfloat16" in table
     assert sourcecheck.violations(table, starter) == []
 
 

@@ -16,7 +16,7 @@ from test_model_loop import ARGS, MODEL_KERNEL, SHAPES, TIMES, commit_all, model
 from autokernel.harness import screen
 from autokernel.kernelfile import import_kernel, tunable_space
 from autokernel.loop import Loop, LoopConfig
-from autokernel.loop.agents import Task, make_agent, search, standing
+from autokernel.loop.agents import Proposal, Task, make_agent, search, standing
 from autokernel.loop.state import load_jobs
 from autokernel.profile.extraction import set_model_shapes
 
@@ -140,6 +140,50 @@ def test_a_screen_that_fails_leaves_the_coordinate_search_to_go_on(tmp_path):
 
 
 # ------------------------------------------------------------------------------ the night: screen, keep, table
+TABLE_KERNEL = KERNEL.replace('KERNEL_TYPE = "rmsnorm"', 'import torch\n\nKERNEL_TYPE = "rmsnorm"').replace(
+    "    return x\n", "    return torch.full((1,), BLOCK)  # which BLOCK ran\n")
+OUT_OF_SHARED_MEMORY = ("B=1 Hq=32 Hkv=8 D=128 S=2048 causal=True fp32: kernel_fn ran out of memory on the GPU "
+                        "(triton.OutOfResources): 246,016 bytes of shared memory asked, 232,448 the limit")
+
+
+def test_a_screened_configuration_that_crashed_at_another_shape_comes_back_for_the_models_shapes_alone(tmp_path):
+    """The screen times a configuration at the model's shapes in the model's dtype; the stages run it at every shape
+    and dtype and it asked more shared memory than the GPU has at one of them (an H100 night lost rope_attention's
+    11.9% so). The agent's next proposal is that configuration as a table of the model's shapes, in the model's
+    dtype: the file runs it there and its constants everywhere else. Any other crash is not retried."""
+    kernel = tmp_path / "kernel.py"
+    agent = make_agent("builtin")
+    illegal = "RuntimeError: CUDA error: an illegal memory access"
+    for reason, retried in ((OUT_OF_SHARED_MEMORY, True), (illegal, False)):
+        kernel.write_text(TABLE_KERNEL)
+        task = Task(root=tmp_path, kernel_name="k", kernel_type="rmsnorm", experiment=1, memory={}, dtype="fp16",
+                    screen=fake_screen(combination_time))
+        agent.observe(task, None, "baseline")
+        proposal = agent.propose(task)
+        assert proposal.meta["config"] == {"VARIANT": "b", "BLOCK": 128, "WARPS": 4}
+        kernel.write_text(TABLE_KERNEL)  # the loop's reset
+        task.history = [{"status": "crash", "description": f"{proposal.description} ({reason})"}]
+        agent.observe(task, proposal, "crash")
+        proposal = agent.propose(task)
+        assert ("the model's shapes alone" in proposal.description) == retried, proposal.description
+    task.history = [{"status": "crash", "description": f"x ({OUT_OF_SHARED_MEMORY})"}]
+    agent.observe(task, Proposal("x", {"config": {"VARIANT": "a", "BLOCK": 32, "WARPS": 8}}), "crash")
+    assert all(item["kind"] != "model_shapes" for item in task.memory.get("queue", []))  # not from a screen
+    kernel.write_text(TABLE_KERNEL)
+    task = Task(root=tmp_path, kernel_name="k", kernel_type="rmsnorm", experiment=1, memory={}, dtype="fp16",
+                screen=fake_screen(combination_time))
+    agent.observe(task, None, "baseline")
+    task.history = [{"status": "crash", "description": f"{agent.propose(task).description} ({OUT_OF_SHARED_MEMORY})"}]
+    kernel.write_text(TABLE_KERNEL)
+    agent.observe(task, Proposal("", {"config": {"VARIANT": "b", "BLOCK": 128, "WARPS": 4}, "screened": True}), "crash")
+    proposal = agent.propose(task)
+    assert "246,016 bytes of shared memory asked" in proposal.description
+    module = import_kernel(kernel)
+    for (x, weight), dtype, block in ((ARGS[0], torch.float16, 128), (ARGS[1], torch.float16, 128),
+                                      (ARGS[0], torch.float32, 64), ([64, 96], torch.float16, 64)):
+        assert module.kernel_fn(torch.zeros(x, dtype=dtype), torch.zeros(weight, dtype=dtype)).item() == block
+
+
 @pytest.fixture
 def repo(tmp_path, monkeypatch):
     git_env(monkeypatch)
@@ -162,8 +206,11 @@ def test_the_night_keeps_the_screens_best_then_a_per_shape_table_each_shape_disp
     assert log[2]["description"].startswith("per-shape table from screen 1") and float(log[2]["model_us"]) == 620
     assert len(screens) == 2  # again after the keep changed the configuration (nothing new left to find)
     module = import_kernel(repo / "workspace" / "kernels" / "model_optimized.py")
-    x64, x8 = torch.empty(64, 128), torch.empty(8, 96)
-    assert module.kernel_fn(x64, torch.empty(128)) == 128 and module.kernel_fn(x8, torch.empty(96)) == 32
+    half = {"dtype": torch.float16}  # the loop's dtype, which the table holds for
+    x64, x8 = torch.empty(64, 128, **half), torch.empty(8, 96, **half)
+    assert module.kernel_fn(x64, torch.empty(128, **half)) == 128
+    assert module.kernel_fn(x8, torch.empty(96, **half)) == 32
+    assert module.kernel_fn(x8.float(), torch.empty(96)) == 128  # other dtypes: the constants
 
 
 def test_the_prompt_says_where_the_kernel_stands_at_each_model_shape():

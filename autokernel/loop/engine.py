@@ -304,7 +304,7 @@ class Loop(Experiments, Recording):
         return Task(root=self.root, kernel_name=job["name"], kernel_type=job["type"], experiment=experiment,
                     memory=job.setdefault("memory", {}), seed=self.cfg.seed, last_log=self.state.data["last_log"],
                     history=job_row_history(self.results_path, self.cfg.tag, job["source"]), screen=self.screen,
-                    standing=standing(job, self._kernel_text()))
+                    standing=standing(job, self._kernel_text()), dtype=self.cfg.dtype)
 
     def _kernel_text(self) -> str:
         path = self.root / KERNEL_PATH

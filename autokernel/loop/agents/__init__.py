@@ -46,6 +46,7 @@ class Task:
     # None where the loop offers none (a stand-in bench)
     screen: Callable[[list[dict]], dict] | None = None
     standing: str = ""  # where the kernel stands (standing()): the LLM agents' prompt carries it
+    dtype: str = "fp16"  # the dtype the model runs in: its shapes are timed, and a per-shape table holds, in it
 
     @property
     def kernel_file(self) -> Path:

@@ -29,7 +29,13 @@ agent's last move (finish) is a per-shape table when some shape was fastest, by 
 TABLE_MIN_GAIN_PCT, under another configuration than the best single one: `SHAPE_CONFIGS` maps the
 tensor arguments' shapes to that configuration, and a new `kernel_fn` (same signature) sets those
 tunables for the call and hands over to the single-configuration one. The loop keeps the table only
-if the model's time with it beats the best single configuration, like any other change.
+if the model's time with it beats the best single configuration, like any other change. A table holds for the
+dtype the model runs in (Task.dtype): the harness's checks in other dtypes run the constants.
+
+A screened configuration is timed at the model's shapes only; the five stages then run it at every shape and dtype
+they check. Where it crashed there on a limit of the hardware (a shared-memory budget four fp32 stages exceed, say),
+the agent proposes it again at once as a table of the model's shapes alone, where the screen ran it and timed it
+faster, the constants everywhere else.
 """
 
 from __future__ import annotations
@@ -146,6 +152,7 @@ def describe_next(source: str, memory: dict, seed: int) -> str:
                    config_key(item["config"]) != config_key(best)), None)
     if queued is not None:
         what = "a per-shape table" if queued["kind"] == "table" else describe_move(best, queued["config"])
+        what += " at the model's shapes alone" if queued["kind"] == "model_shapes" else ""
         return f"{what} (from {memory.get('screen_note', 'the last screen')})"
     move = next_move(source, memory, seed)
     return move.description if move else "none left (space exhausted)"
@@ -154,6 +161,7 @@ def describe_next(source: str, memory: dict, seed: int) -> str:
 # ------------------------------------------------------------------------------ shape specialization
 TABLE_MIN_GAIN_PCT = 2.0  # a shape joins the table only when another configuration was this much faster there
 TABLE_MARK = "# --- per-shape configurations (builtin agent)"
+TORCH_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}  # the loop's names (no torch import here)
 
 
 def record_shape_times(memory: dict, config: dict, model_shapes: list[dict]) -> None:
@@ -195,9 +203,10 @@ def launch_key(arg_shapes: list[list[int]]) -> tuple:
     return tuple((math.prod(shape), shape[-1] if shape else 1) for shape in arg_shapes)
 
 
-def apply_table(source: str, table: dict, best: dict) -> str | None:
-    """The source ending with the per-shape table and its dispatching kernel_fn; None when the file's
-    kernel_fn cannot be wrapped (no torch import, *args or keyword-only parameters)."""
+def apply_table(source: str, table: dict, best: dict, dtype: str | None = None) -> str | None:
+    """The source ending with the per-shape table and its dispatching kernel_fn, the table for calls whose first
+    tensor is of `dtype` alone where one is given ("fp16"); None when the file's kernel_fn cannot be wrapped (no
+    torch import, *args or keyword-only parameters)."""
     fn = next((n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == "kernel_fn"), None)
     if fn is None or "import torch" not in source or TABLE_MARK in source or fn.args.vararg or fn.args.kwarg \
             or fn.args.kwonlyargs or fn.body[0].lineno == fn.lineno:
@@ -211,6 +220,7 @@ def apply_table(source: str, table: dict, best: dict) -> str | None:
     entries = "".join(f"    {launch_key(json.loads(key))!r}: {tuple(config[n] for n in names)!r},\n"
                       for key, config in table.items())
     saved = ", ".join(f"_saved_{i}" for i in range(len(names)))
+    only = f"torch.{TORCH_DTYPES.get(dtype, dtype)}" if dtype else "None"
     block = textwrap.dedent(f"""
 
 
@@ -218,6 +228,7 @@ def apply_table(source: str, table: dict, best: dict) -> str | None:
         # The model calls this kernel at several shapes and some were fastest under another configuration
         # than the constants above: at launch the tensor arguments' sizes pick it (other shapes keep them).
         SHAPE_TABLE_NAMES = {tuple(names)!r}
+        SHAPE_TABLE_DTYPE = {only}  # the dtype the table was timed in (None: any); others keep the constants
         SHAPE_CONFIGS = {{
         {{entries}}}}
         _single_config_kernel_fn = kernel_fn
@@ -235,8 +246,10 @@ def apply_table(source: str, table: dict, best: dict) -> str | None:
 
         {{header}}
             args = ({params},)
-            key = tuple((a.numel(), a.shape[-1] if a.dim() else 1) for a in args if isinstance(a, torch.Tensor))
-            config = SHAPE_CONFIGS.get(key)
+            tensors = [a for a in args if isinstance(a, torch.Tensor)]
+            key = tuple((a.numel(), a.shape[-1] if a.dim() else 1) for a in tensors)
+            mine = SHAPE_TABLE_DTYPE is None or tensors[0].dtype == SHAPE_TABLE_DTYPE
+            config = SHAPE_CONFIGS.get(key) if mine else None
             return _single_config_kernel_fn(*args) if config is None else _with_config(config, args)
         """)
     block = block.replace("{entries}", entries).replace("{header}", header.strip())
@@ -253,7 +266,7 @@ class BuiltinAgent(Agent):
         return self._table(task, source, best, shape_table(task.memory, best), "per-shape table")
 
     def _table(self, task: Task, source: str, best: dict, table: dict | None, what: str) -> Proposal | None:
-        new = apply_table(source, table, best) if table else None
+        new = apply_table(source, table, best, task.dtype) if table else None
         if new is None:
             return None
         task.kernel_file.write_text(new)
@@ -302,6 +315,10 @@ class BuiltinAgent(Agent):
             screen = task.memory.get("screen", {})
             table = table_from(screen.get("shapes", []), screen.get("runs", []), best)
             return self._table(task, source, best, table, f"per-shape table from {note}")
+        if item["kind"] == "model_shapes":  # a screened configuration the stages' other shapes could not run
+            shapes = task.memory.get("screen", {}).get("shapes", [])
+            table = {json.dumps(shape["key"]): item["config"] for shape in shapes}
+            return self._table(task, source, best, table, f"the model's shapes alone ({item['why']})")
         config = item["config"]
         tried = {config_key(c) for c in task.memory.get("tried", [])}
         if config_key(config) in tried or config_key(config) == config_key(best) or set(config) != set(best):
@@ -320,6 +337,10 @@ class BuiltinAgent(Agent):
             return
         task.memory.setdefault("tried", []).append(config)
         record_shape_times(task.memory, config, task.model_shapes)
+        screened = proposal is not None and proposal.meta.get("screened")
+        limit = _hardware_limit(task.history) if status == "crash" and screened else None
+        if limit:  # timed at the model's shapes by the screen, it crashed at another: those shapes alone, next
+            task.memory.setdefault("queue", []).insert(0, {"kind": "model_shapes", "config": config, "why": limit})
         if status == "keep" and proposal is not None:
             task.memory["momentum"] = proposal.meta.get("directions", {})
             # under the new configuration every tunable may matter again
@@ -333,6 +354,18 @@ class BuiltinAgent(Agent):
 
 
 FLAT_PCT = 1.0  # a revert this close to the best says the moved tunable does not matter here
+# what a crash row says when a launch asked for more than the hardware has (autokernel/harness/crash.py's words)
+HARDWARE_LIMITS = ("shared memory asked", "OutOfResources")
+
+
+def _hardware_limit(history: list[dict]) -> str | None:
+    """Where and why the last experiment crashed on a limit of the hardware, from its row ("B=1 ... fp32: kernel_fn
+    ran out of memory on the GPU (triton.OutOfResources): 246,016 bytes of shared memory asked, ..."), else None."""
+    text = (history[-1].get("description") or "") if history else ""
+    if not any(mark in text for mark in HARDWARE_LIMITS):
+        return None
+    at = text.rfind("(", 0, text.find(": kernel_fn"))
+    return text[at + 1:].rstrip(")") if at >= 0 else "a hardware limit"
 
 
 def _made_no_difference(history: list[dict]) -> bool:
