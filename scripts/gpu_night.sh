@@ -3,8 +3,8 @@
 # of the project's working tree (/tmp/night): profile.py, extract.py, orchestrate.py run, orchestrate.py report
 # --verify (verify.py in the plan's deploy mode, --against the extracted files). A night outlives one 10-minute
 # device command: `start` runs it in the background and waits, `poll` waits again; call poll at once after each
-# return (the machine is given back when idle, and the night with it). Logs, results.tsv, the report, verify.json
-# and progress.png go to $OUT.
+# return (the machine is given back when idle, and the night with it). Logs, results.tsv, the report, verify.json,
+# progress.png and the screens' logs (agent_logs.tgz) go to $OUT.
 #
 #   bash scripts/gpu_night.sh start HOURS CONFIG "PROFILE FLAGS" "EXTRACT FLAGS" ["RUN FLAGS"] [WAIT_S]
 #   bash scripts/gpu_night.sh poll WAIT_S
@@ -31,7 +31,8 @@ pipeline() {  # HOURS CONFIG PROFILE EXTRACT RUN, in the copy
 
 collect() {  # what the night has so far, into $OUT
   cp -f "$NIGHT.log" "$OUT/night.log" 2>/dev/null
-  tail -c 200000 "$NIGHT.log" > "$OUT/night_tail.log" 2>/dev/null
+  # the screens' figures (workspace/agent_logs), one file: at most 8 come back from a device command
+  [ -d "$NIGHT/workspace/agent_logs" ] && tar -czf "$OUT/agent_logs.tgz" -C "$NIGHT/workspace" agent_logs
   for f in results.tsv progress.png workspace/verify.json workspace/plan.json workspace/profile.json; do
     [ -f "$NIGHT/$f" ] && cp -f "$NIGHT/$f" "$OUT/"
   done

@@ -220,6 +220,9 @@ def test_each_experiment_s_line_says_what_it_took_and_the_bench_s_share():
     result = {"wall_s": 14.2, "stages": [{"name": "smoke", "seconds": 1.2}, {"name": "shape_sweep", "seconds": 2.0}]}
     took = report.took_text(16.4, result)
     assert took == "16 s (bench 14 s: stages 3 s)" and report.took_text(0.4, {}) == "0 s"
+    cold = {"wall_s": 96.0, "stages": [{"name": "smoke", "seconds": 4.0}, {"name": "shape_sweep", "seconds": 61.0},
+                                       {"name": "edge_cases", "seconds": 27.0}]}
+    assert report.took_text(145.0, cold) == "145 s (bench 96 s: stages 92 s, shape_sweep 61 s)"
     row = {"experiment": 7, "status": "revert", "description": "BLOCK_K 0 -> 32", "model_us": "5271.6",
            "latency_us": "242.6"}
     job = {"name": "01_fused_mlp", "baseline_us": 4778.0, "best_us": 4778.0, "kept": 0, "experiments": 3}

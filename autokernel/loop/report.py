@@ -87,12 +87,17 @@ def progress_line(row: dict, job: dict, seconds_left: float, took: str = "") -> 
             f"{f' | {took}' if took else ''} | {format_duration(seconds_left)} left")
 
 
+SLOW_STAGES_S = 10.0  # stages this long: the line names the slowest (a cold compile cache, mostly)
+
+
 def took_text(seconds: float, result: dict) -> str:
     """Where an experiment's seconds went, as far as the bench says: "16 s (bench 14 s: stages 3 s)". The rest is
     the agent (a screen included), the commit and the child's start."""
     wall = result.get("wall_s")
-    stages = sum(s.get("seconds") or 0.0 for s in result.get("stages") or [])
-    bench = f" (bench {wall:.0f} s: stages {stages:.0f} s)" if wall else ""
+    timed = [(s.get("seconds") or 0.0, s.get("name", "?")) for s in result.get("stages") or []]
+    stages = sum(t for t, _ in timed)
+    slowest = f", {max(timed)[1]} {max(timed)[0]:.0f} s" if stages >= SLOW_STAGES_S else ""  # what a cold cache cost
+    bench = f" (bench {wall:.0f} s: stages {stages:.0f} s{slowest})" if wall else ""
     return f"{seconds:.0f} s{bench}"
 
 
