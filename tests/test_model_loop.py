@@ -96,11 +96,18 @@ def test_the_loop_takes_the_extracted_kernels_and_says_which(repo):
                              entry("layernorm", 3, 0.1, 2.0)])
     said = []
     jobs = load_jobs(repo, plan, warn=said.append)
-    assert [(j["type"], j["source"]) for j in jobs] == [("rmsnorm", "workspace/kernels/01_rmsnorm.py"),
-                                                        ("softmax", "kernels/softmax.py")]
+    # softmax has a starter, but extract.py left it out: timed at its own shapes, its time would go where the model
+    # is not (an H100 night gave the starters of matmul and rmsnorm 8% of its time so)
+    assert [(j["type"], j["source"]) for j in jobs] == [("rmsnorm", "workspace/kernels/01_rmsnorm.py")]
     assert said[0] == "rmsnorm: workspace/kernels/01_rmsnorm.py (1 model shape(s))"
-    assert said[1].startswith("warning: softmax: no extracted kernel") and "falling back" in said[1]
+    assert said[1].startswith("skipped softmax: not extracted") and "--kernel kernels/softmax.py" in said[1]
     assert said[2].startswith("skipped layernorm")
+    # a plan with nothing extracted (extract.py never ran) falls back to the starters, saying so
+    (kernels / "01_rmsnorm.py").rename(kernels / "elsewhere.py")
+    said.clear()
+    assert [j["source"] for j in load_jobs(repo, plan, warn=said.append)] == ["kernels/softmax.py"]
+    assert said[1].startswith("warning: softmax: no extracted kernel") and "falling back" in said[1]
+    (kernels / "elsewhere.py").rename(kernels / "01_rmsnorm.py")
     # a kernel_file recorded by extract.py wins over the NN_<type>.py name; other shapes are warned about
     (kernels / "mine.py").write_text(set_model_shapes(FAKE_KERNEL, SHAPES[1:], "shapes", [3]))
     data = json.loads(plan.read_text())

@@ -160,7 +160,9 @@ def new_job(root: Path, source: str, entry: dict | None = None) -> dict:
 
 def load_jobs(root: Path, plan: str | Path | None = None, kernels: list[str] | None = None,
               warn=print) -> list[dict]:
-    """The queue from --kernel files, or from the plan (its extracted kernel files, ranked by gain)."""
+    """The queue from --kernel files, or from the plan (its extracted kernel files, ranked by gain). Where extract.py
+    wrote some of the plan's kernels, the others are left out: a starter is timed at its own shapes, not the model's,
+    so its share of the night would go where the model is not; only a plan with none extracted falls back to them."""
     if kernels:
         return [new_job(root, k) for k in kernels]
     plan_path = Path(plan) if plan else root / "workspace" / "plan.json"
@@ -170,8 +172,10 @@ def load_jobs(root: Path, plan: str | Path | None = None, kernels: list[str] | N
         raise LoopError(f"no plan at {plan_path}: run profile.py (and extract.py) first, or pass --kernel FILE")
     plan = json.loads(plan_path.read_text())
     jobs = []
-    for entry in sorted(plan.get("entries", []), key=lambda e: -(e.get("gain") or 0.0)):
-        source = plan_kernel_file(root, entry, warn)
+    entries = plan.get("entries", [])
+    starters = not any(_extracted(root, entry) for entry in entries)
+    for entry in sorted(entries, key=lambda e: -(e.get("gain") or 0.0)):
+        source = plan_kernel_file(root, entry, warn, starters)
         if source is None:
             continue
         # the mode the plan's shares were measured in (profile.py --deploy): the report's estimate is over it
@@ -181,12 +185,12 @@ def load_jobs(root: Path, plan: str | Path | None = None, kernels: list[str] | N
     return jobs
 
 
-def plan_kernel_file(root: Path, entry: dict, warn=print) -> str | None:
+def plan_kernel_file(root: Path, entry: dict, warn=print, starters: bool = True) -> str | None:
     """The file the loop optimizes for a plan entry, saying which: the one extract.py recorded, else
-    workspace/kernels/NN_<type>.py, else (with a warning) the starter kernels/<type>.py, which times
-    its own shapes instead of the model's. None when there is no file at all."""
+    workspace/kernels/NN_<type>.py, else, where `starters`, (with a warning) the starter kernels/<type>.py, which
+    times its own shapes instead of the model's. None when there is no file to take."""
     type_ = entry["type"]
-    found = [f for f in (entry.get("kernel_file"), _extracted_name(entry)) if f and _exists(root, f)]
+    found = _extracted(root, entry)
     if found:
         source = found[0]
         shapes = _declared(root, source).get("MODEL_SHAPES") or []
@@ -198,6 +202,10 @@ def plan_kernel_file(root: Path, entry: dict, warn=print) -> str | None:
             warn(f"{type_}: {source} ({len(shapes)} model shape(s))")
         return source
     starter = f"kernels/{type_}.py"
+    if not starters:
+        warn(f"skipped {type_}: not extracted (extract.py --top left it out); extract it, or pass --kernel "
+             f"{starter}, to take it")
+        return None
     if not _exists(root, starter):
         warn(f"skipped {type_}: no kernel file (run extract.py)")
         return None
@@ -207,6 +215,11 @@ def plan_kernel_file(root: Path, entry: dict, warn=print) -> str | None:
 
 
 EXTRACTED_DIR = "workspace/kernels"
+
+
+def _extracted(root: Path, entry: dict) -> list[str]:
+    """The files extract.py wrote for a plan entry that exist: the one it recorded, its NN_<type>.py name."""
+    return [f for f in (entry.get("kernel_file"), _extracted_name(entry)) if f and _exists(root, f)]
 
 
 def _extracted_name(entry: dict) -> str | None:
