@@ -59,7 +59,7 @@ def run(args) -> int:
         extract_regions,
         record_kernel_files,
         region_entries,
-        rival_entries,
+        with_rivals,
     )
     from autokernel.profile.plan import read_plan, write_json
 
@@ -70,7 +70,7 @@ def run(args) -> int:
     plan = read_plan(args.plan)
     if args.regions and not plan.get("regions"):
         raise cli.UsageError(f"{args.plan} lists no regions: profile the model with `profile.py --regions` first")
-    plan = {**plan, "entries": plan["entries"] + rival_entries(plan, args.top)}
+    plan = with_rivals(plan, args.top)
     results = extract(plan, args.top, args.backend, args.output_dir, ROOT)
     regions = extract_regions(plan, args.regions, args.output_dir, ROOT) if args.regions else []
     plan = {**plan, "entries": plan["entries"] + region_entries(plan, regions)}

@@ -65,27 +65,37 @@ def test_extract_writes_ranked_files_and_reports_missing_starters(tmp_path):
 
 def test_an_opt_in_type_chosen_brings_its_rivals_once(tmp_path):
     """rope_attention takes flash_attention's and rotary_embedding's time in an attention module, and verify's prune
-    may deploy those in its place: extracted, it brings them (ranked after the plan's types), not otherwise; a
-    second extract of the plan it wrote adds none again."""
-    from autokernel.profile.extraction import record_kernel_files, rival_entries
+    may deploy those in its place: extracted, it brings them (ranked after the plan's types), not otherwise; a rival
+    the plan ranks already (for a call of its own) takes the rival's shapes and time into its entry, so its file
+    carries the shapes the model would run it at; a second extract of the plan it wrote adds and merges none again."""
+    from autokernel.profile.extraction import record_kernel_files, with_rivals
 
     (tmp_path / "kernels").mkdir()
     for t in ("rope_attention", "flash_attention", "rotary_embedding", "rmsnorm"):
         (tmp_path / "kernels" / f"{t}.py").write_text(STARTER.replace('"rmsnorm"', f'"{t}"'))
     plan = _plan("rmsnorm", "rope_attention", "rotary_embedding")
-    plan["rivals"] = [{"type": t, "f": 0.05, "rival_of": ["rope_attention"], "shapes": [{"shape": {"M": 1}}]}
+    own = next(e for e in plan["entries"] if e["type"] == "rotary_embedding")
+    own.update(f=0.001, time_us=3.0, calls=1, shapes=[])  # TinyLlama's: the tables' one call, no shape of the kernel
+    plan["rivals"] = [{"type": t, "f": 0.05, "time_us": 100.0, "calls": 22, "rival_of": ["rope_attention"],
+                       "shapes": [{"shape": {"M": 1, "N": 64}, "time_us": 90.0, "calls": 22},
+                                  {"shape": {"M": 1, "N": 8}, "time_us": 10.0, "calls": 22}]}
                       for t in ("flash_attention", "rotary_embedding")]
-    assert rival_entries(plan, top=1) == []  # rmsnorm alone: no rivals
-    written = extract({**plan, "entries": plan["entries"] + rival_entries(plan, top=1)}, top=1, backend="triton",
-                      out_dir=tmp_path / "one", root=tmp_path)
+    assert with_rivals(plan, top=1) == plan  # rmsnorm alone: no rivals
+    written = extract(with_rivals(plan, top=1), top=1, backend="triton", out_dir=tmp_path / "one", root=tmp_path)
     assert [w.path.name for w in written] == ["01_rmsnorm.py"]
-    added = rival_entries(plan, top=2)
-    assert [(e["type"], e["rank"]) for e in added] == [("flash_attention", 4)]  # rotary_embedding is ranked already
-    plan = {**plan, "entries": plan["entries"] + added}
+    plan = with_rivals(plan, top=2)
+    assert [(e["type"], e["rank"]) for e in plan["entries"]] == [("rmsnorm", 1), ("rope_attention", 2),
+                                                                 ("rotary_embedding", 3), ("flash_attention", 4)]
+    rotary = plan["entries"][2]
+    assert rotary["f"] == pytest.approx(0.051) and rotary["calls"] == 23 and rotary["rival_of"] == ["rope_attention"]
+    assert [s["share_of_type"] for s in rotary["shapes"]] == [0.9, 0.1]
     written = extract(plan, top=2, backend="triton", out_dir=tmp_path / "two", root=tmp_path)
     assert [w.path.name for w in written] == ["01_rmsnorm.py", "02_rope_attention.py", "03_rotary_embedding.py",
                                               "04_flash_attention.py"]
-    assert rival_entries(record_kernel_files(plan, written, tmp_path), top=2) == []
+    declared = declarations(written[2].path.read_text())
+    assert declared["MODEL_SHAPES"] == [{"M": 1, "N": 64}, {"M": 1, "N": 8}] and declared["MODEL_CALLS"] == [22, 22]
+    again = record_kernel_files(plan, written, tmp_path)
+    assert with_rivals(again, top=2) == again
 
 
 def test_a_starter_of_the_wrong_type_is_refused(tmp_path):

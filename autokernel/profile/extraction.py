@@ -117,7 +117,7 @@ def starter_path(type_: str, backend: str, root: Path) -> Path:
 
 def extract(plan: dict, top: int, backend: str, out_dir: Path, root: Path) -> list[Extracted]:
     """Write kernel files for the plan's `top` best-ranked types, and for the rivals among its entries
-    (rival_entries) of those chosen; a missing starter is reported, not fatal."""
+    (with_rivals) of those chosen; a missing starter is reported, not fatal."""
     entries = _chosen(plan, top)
     chosen = {e["type"] for e in entries}
     rivals = {r["type"] for r in _rivals_of(plan, chosen)} - chosen
@@ -155,15 +155,37 @@ def _starter_text(type_: str, backend: str, root: Path) -> tuple[str | None, str
     return text, None
 
 
-def rival_entries(plan: dict, top: int) -> list[dict]:
-    """Plan entries for the rivals (plan.py's "rivals") of the opt-in types among the plan's `top` best-ranked,
-    ranked after its types: extract() writes them beside the type they rival and the loop optimizes both, so that the
-    night has worked on whichever verify's prune deploys (an HF Llama's plan holds rope_attention, and under
-    torch.compile the prune put flash_attention and rotary_embedding in its place on TinyLlama, Qwen3 and GPT-NeoX)."""
-    listed = {e["type"] for e in plan["entries"]}
-    rivals = [r for r in _rivals_of(plan, {e["type"] for e in _chosen(plan, top)}) if r["type"] not in listed]
-    rank = max((e["rank"] for e in plan["entries"]), default=0)
-    return [{**r, "rank": rank + k} for k, r in enumerate(rivals, start=1)]
+def with_rivals(plan: dict, top: int) -> dict:
+    """The plan with entries for the rivals (plan.py's "rivals") of the opt-in types among its `top` best-ranked:
+    extract() writes them beside the type they rival and the loop optimizes both, so that the night has worked on
+    whichever verify's prune deploys (an HF Llama's plan holds rope_attention, and under torch.compile the prune put
+    flash_attention and rotary_embedding in its place on TinyLlama, Qwen3 and GPT-NeoX). A rival the plan ranks
+    already takes the rival's work into its entry (merged_rival): TinyLlama's plan ranked rotary_embedding for the
+    2.9 us of one shapeless call, while the rival's 22 calls at two model shapes went unextracted and the prune then
+    kept an extracted file the night had timed at its own shapes. New rivals are ranked after the plan's types."""
+    chosen = {e["type"] for e in _chosen(plan, top)}
+    rivals = {r["type"]: r for r in _rivals_of(plan, chosen)}
+    entries = [_merged(e, rivals[e["type"]]) if e["type"] in rivals else e for e in plan["entries"]]
+    listed = {e["type"] for e in entries}
+    rank = max((e["rank"] for e in entries), default=0)
+    added = [r for t, r in rivals.items() if t not in listed]
+    return {**plan, "entries": entries + [{**r, "rank": rank + k} for k, r in enumerate(added, start=1)]}
+
+
+def _merged(entry: dict, rival: dict) -> dict:
+    """A ranked entry with its rival's work added (once: a plan extract.py wrote is not merged again): the time,
+    share and calls summed, the rival's shapes after the entry's own, the roofline's time summed where both have one."""
+    if entry.get("merged_rival") or entry.get("rival_of"):
+        return entry
+    shapes = list(entry.get("shapes") or [])
+    shapes += [s for s in rival.get("shapes") or [] if s.get("shape") not in [t.get("shape") for t in shapes]]
+    total = sum(s.get("time_us") or 0.0 for s in shapes)
+    shapes = [{**s, "share_of_type": (s.get("time_us") or 0.0) / total} if total else s for s in shapes]
+    summed = {k: (entry.get(k) or 0) + (rival.get(k) or 0) for k in ("f", "time_us", "calls")}
+    floors = [e.get("floor_us") for e in (entry, rival)]
+    floor = {"floor_us": sum(floors)} if None not in floors else {}
+    return {**entry, **summed, **floor, "shapes": shapes, "rival_of": rival.get("rival_of") or [],
+            "merged_rival": True}
 
 
 def _rivals_of(plan: dict, chosen: set[str]) -> list[dict]:
@@ -172,7 +194,7 @@ def _rivals_of(plan: dict, chosen: set[str]) -> list[dict]:
 
 
 def _chosen(plan: dict, top: int) -> list[dict]:
-    """The plan's `top` best-ranked entries, its rivals' entries (rival_entries) apart."""
+    """The plan's `top` best-ranked entries, its rivals' entries (with_rivals) apart."""
     return sorted((e for e in plan["entries"] if not e.get("rival_of")), key=lambda e: e["rank"])[:top]
 
 
