@@ -76,7 +76,8 @@ def test_an_opt_in_type_chosen_brings_its_rivals_once(tmp_path):
     plan = _plan("rmsnorm", "rope_attention", "rotary_embedding")
     own = next(e for e in plan["entries"] if e["type"] == "rotary_embedding")
     own.update(f=0.001, time_us=3.0, calls=1, shapes=[])  # TinyLlama's: the tables' one call, no shape of the kernel
-    plan["rivals"] = [{"type": t, "f": 0.05, "time_us": 100.0, "calls": 22, "rival_of": ["rope_attention"],
+    plan["rivals"] = [{"type": t, "f": 0.05, "s": 1.25, "time_us": 100.0, "calls": 22, "floor_us": 40.0,
+                       "rival_of": ["rope_attention"],
                        "shapes": [{"shape": {"M": 1, "N": 64}, "time_us": 90.0, "calls": 22},
                                   {"shape": {"M": 1, "N": 8}, "time_us": 10.0, "calls": 22}]}
                       for t in ("flash_attention", "rotary_embedding")]
@@ -89,6 +90,7 @@ def test_an_opt_in_type_chosen_brings_its_rivals_once(tmp_path):
     rotary = plan["entries"][2]
     assert rotary["f"] == pytest.approx(0.051) and rotary["calls"] == 23 and rotary["rival_of"] == ["rope_attention"]
     assert [s["share_of_type"] for s in rotary["shapes"]] == [0.9, 0.1]
+    assert rotary["gain"] == pytest.approx(1 / (1 - 0.051 + 0.051 / 1.25)) and rotary["floor_us"] == 40.0
     written = extract(plan, top=2, backend="triton", out_dir=tmp_path / "two", root=tmp_path)
     assert [w.path.name for w in written] == ["01_rmsnorm.py", "02_rope_attention.py", "03_rotary_embedding.py",
                                               "04_flash_attention.py"]

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autokernel.kernelfile import declarations
+from autokernel.profile.plan import amdahl_gain
 
 BACKEND_DIRS = {"triton": Path("kernels"), "cuda": Path("kernels/cuda")}
 
@@ -174,7 +175,7 @@ def with_rivals(plan: dict, top: int) -> dict:
 
 def _merged(entry: dict, rival: dict) -> dict:
     """A ranked entry with its rival's work added (once: a plan extract.py wrote is not merged again): the time,
-    share and calls summed, the rival's shapes after the entry's own, the roofline's time summed where both have one."""
+    share, calls and roofline's time summed, the rival's shapes after the entry's own, the gain of the summed share."""
     if entry.get("merged_rival") or entry.get("rival_of"):
         return entry
     shapes = list(entry.get("shapes") or [])
@@ -182,10 +183,11 @@ def _merged(entry: dict, rival: dict) -> dict:
     total = sum(s.get("time_us") or 0.0 for s in shapes)
     shapes = [{**s, "share_of_type": (s.get("time_us") or 0.0) / total} if total else s for s in shapes]
     summed = {k: (entry.get(k) or 0) + (rival.get(k) or 0) for k in ("f", "time_us", "calls")}
-    floors = [e.get("floor_us") for e in (entry, rival)]
-    floor = {"floor_us": sum(floors)} if None not in floors else {}
-    return {**entry, **summed, **floor, "shapes": shapes, "rival_of": rival.get("rival_of") or [],
-            "merged_rival": True}
+    floors = [e["floor_us"] for e in (entry, rival) if e.get("floor_us") is not None]
+    speedup = entry.get("s") or rival.get("s")
+    gain = {"gain": amdahl_gain(summed["f"], speedup)} if speedup else {}
+    return {**entry, **summed, **gain, **({"floor_us": sum(floors)} if floors else {}), "shapes": shapes,
+            "rival_of": rival.get("rival_of") or [], "merged_rival": True}
 
 
 def _rivals_of(plan: dict, chosen: set[str]) -> list[dict]:
