@@ -6,10 +6,8 @@ K/V head h // G, no copy of K and V). kernel_fn's window (a causal sliding windo
 slope m per query head: m * (j - i) added to the score; BLOOM, MPT) run the pointer kernel with those masks, the cap
 and the slope as compile-time switches (a window masks every block, from the window's first); 0 is none. One call
 does 4*B*H*S*S*D FLOPs (half when causal) and must move 4*B*H*S*D*element_size bytes: the S x S score matrix
-never leaves the chip. At the bench shape (B=2, H=32, S=2048, D=128, causal, fp16) that is 69 GFLOP against 67 MB:
-on an H100 SXM
-(989 TFLOP/s dense fp16, 3.35 TB/s) the floor is ~70 us of tensor-core time vs ~20 us of memory.
-PyTorch's SDPA there is cuDNN's warp-specialized WGMMA kernel, the yardstick (BENCHMARKS.md, the starter table).
+never leaves the chip. At the bench shape (B=2, H=32, S=2048, D=128, causal, fp16): 69 GFLOP against 67 MB, on an
+H100 SXM ~70 us of tensor-core time vs ~20 us of memory. SDPA there is cuDNN's warp-specialized WGMMA kernel.
 
 Algorithm (FlashAttention-2): one program owns BLOCK_M query rows, keeps its Q tile in registers
 and streams K/V in BLOCK_N blocks, with an online softmax (running max m, running sum l, rescaled
@@ -23,36 +21,28 @@ Variants:
                  each takes a block and its mirror ("fold", every variant; CAUSAL_ORDER "auto" folds the
                  small grids).
   "single_loop"  one loop with every mask on every block: simpler, slower; a baseline for the split.
-  "tma"          the split loop as Triton's tutorial 06-fused-attention writes it for Hopper: Q, K, V
-                 and O go through host-side tensor descriptors over a matrix of D-wide rows. Each K/V tile
-                 is then one bulk TMA copy issued by one thread, where the pointer path has every
-                 thread compute and hold 64-bit addresses for its share of the tile and issue cp.async:
-                 those registers and issue slots go to the softmax instead. The softmax folds the
-                 scale into one FMA (qk * scale - m). Applies on a GPU of compute
-                 capability >= 9, fp16/bf16, D in {64, 128}, S a multiple of BLOCK_M, sm_scale > 0
-                 and tensors whose rows a descriptor can walk (_tma_rows: dense [B, H, S, D]; [B, S, H, D]
-                 in memory, as a model's transpose(1, 2) of its projections leaves them and as the output
-                 is written; slices of a packed qkv projection); anything else (the CPU interpreter,
-                 fp32, ragged S, other strides) runs "split", silently.
+  "tma"          the split loop as Triton's tutorial 06-fused-attention writes it for Hopper: Q, K, V and O
+                 through tensor descriptors over a matrix of D-wide rows, each K/V tile one bulk copy
+                 issued by one thread (no per-thread addresses and cp.async: those registers and issue
+                 slots go to the softmax); the scale folded into one FMA (qk * scale - m). OVERLAP issues
+                 each block's QK^T before the previous block's softmax (FlashAttention-3's intra-warpgroup
+                 overlap: the tensor cores' next GEMM beside the exponentials). Applies on compute
+                 capability >= 9, fp16/bf16, D in {64, 128}, S a multiple of BLOCK_M, sm_scale > 0 and
+                 tensors whose rows a descriptor can walk (_tma_rows: dense [B, H, S, D]; [B, S, H, D] in
+                 memory, as a model's transpose(1, 2) of its projections leaves them and as the output is
+                 written; a packed qkv's slices); else (the interpreter, fp32, ragged S) "split", silently.
   "auto"         "tma" where it applies and the call is large (TMA_MIN_FLOPS), else "split".
 PACK_GQA (the pointer path): one program takes the H/Hkv query heads of one K/V head, its BLOCK_M rows those heads x
 BLOCK_M/(H/Hkv) positions, so each K and V tile is loaded once for the whole group instead of once per query head,
 and the causal diagonal is cut finer (a group that does not divide BLOCK_M runs unpacked). A night that turned on
-rope_attention's packing (with two other knobs) ran TinyLlama's attention (Hq 32, Hkv 4, D 64) 1.11x faster on an
-H100; here it is off until a screen at the model's shapes finds it faster (not yet timed on a GPU).
-DESCRIPTORS: where "tma" makes its descriptors. "host": TensorDescriptor.from_tensor, encoded by the launcher on
-every call (torch.compile cannot trace such a launch: traced, the file runs "device"). "device": each program makes
-its four from pointers (tl.make_tensor_descriptor, 512 bytes of global scratch per program, asked of triton's
-allocator at launch): nothing encoded on the host, and Inductor launches the kernel from its own code.
-Tiles: 64x64 with 4 warps and 3 stages, for "tma" at the bench shape and for "split" at TinyLlama's attention
-(below TMA_MIN_FLOPS), beat the 128-row tiles; 128x128 with 4 warps spills, and with 4 stages does not fit
-shared memory (BENCHMARKS.md, the starter defaults). Triton's warp specialization (tl.range(...,
-warp_specialize=True)), where cuDNN's lead comes from, failed to compile at the 4-warp tiles on Triton 3.6
-and was slower where it compiled (docs/starters.md).
-Q, K, V may be strided views (e.g. slices of a packed qkv projection): strides are passed, no copies. Both paths
-write the [B, H, S, D] output laid out as [B, S, H, D] (sequence-major): what a model does next, transpose(1, 2) and a
-reshape to [B, S, H * D] for the output projection, is then a view where it was a copy of the whole output (an
-Inductor clone_transpose kernel a layer under torch.compile: 4 MB at Pythia-410M's 1x2048).
+rope_attention's packing ran TinyLlama's attention 1.11x faster on an H100; here off until a screen finds it faster.
+DESCRIPTORS: where "tma" makes its descriptors. "host": encoded by the launcher on every call (torch.compile cannot
+trace such a launch: traced, the file runs "device"). "device": each program makes its four (tl.make_tensor_descriptor,
+global scratch from triton's allocator): nothing encoded on the host, and Inductor launches the kernel itself.
+Tiles: 64x64, 4 warps, 3 stages beat the 128-row tiles for "tma" at the bench shape and "split" at TinyLlama's
+(BENCHMARKS.md, the starter defaults); Triton's warp specialization failed to compile at 4 warps on Triton 3.6.
+Q, K, V may be strided views: strides are passed, no copies. The [B, H, S, D] output is laid out as [B, S, H, D]: the
+model's transpose(1, 2) and reshape to [B, S, H * D] are then views, not a copy of it (a clone kernel a layer).
 """
 
 import functools
@@ -81,9 +71,8 @@ FOLD_PER_SM = 8  # H100, fp16 (BENCHMARKS.md, the causal orders): folded, 512 pr
 # (D 256), 1024 1.07x (D 64), 256 0.98x; 2048 and 4096 on TMA 0.75x
 DESCRIPTORS = "host"  # "tma": "host" | "device" (made by each program; see the docstring)
 PACK_GQA = False  # the pointer path: one program takes the H/Hkv query heads of one K/V head (see the docstring)
-# "auto" takes TMA only from this many FLOPs: a launch on host-side descriptors costs the host more than a
-# pointer launch (docs/launch-cost.md), and a call must keep the GPU busy for longer than that.
-TMA_MIN_FLOPS = 2**35
+OVERLAP = False  # "tma": the next block's scores issued before this block's softmax (see the docstring)
+TMA_MIN_FLOPS = 2**35  # "auto" takes TMA from this many FLOPs: host descriptors cost the launch more
 
 TUNABLES = {
     "VARIANT": ["auto", "tma", "split", "single_loop"],
@@ -94,6 +83,7 @@ TUNABLES = {
     "CAUSAL_ORDER": ["auto", "longest_first", "launch", "fold"],
     "DESCRIPTORS": ["host", "device"],
     "PACK_GQA": [False, True],
+    "OVERLAP": [False, True],
 }
 
 LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)); folded into the score scale
@@ -250,24 +240,44 @@ def _attn_tma_blocks(acc, l_i, m_i, q, k_desc, v_desc, k_row, k_col, v_row, v_co
     (acc, l, m)."""
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
-        k = k_desc.load([k_row + start_n, k_col])
-        qk = tl.dot(q, tl.trans(k))
+        qk = tl.dot(q, tl.trans(k_desc.load([k_row + start_n, k_col])))
         if CAUSAL_MASK:
             keep = offs_m[:, None] >= start_n + tl.arange(0, BLOCK_N)[None, :]
             qk = tl.where(keep, qk * qk_scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
-            qk = qk - m_new[:, None]
-        else:  # qk_scale > 0, so the row max of the scaled scores is the scaled row max: one FMA below
-            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-            qk = qk * qk_scale - m_new[:, None]
-        p = tl.math.exp2(qk)
-        alpha = tl.math.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
-        v = v_desc.load([v_row + start_n, v_col])
-        acc = tl.dot(p.to(v.dtype), v, acc)
-        m_i = m_new
+        acc, l_i, m_i = _fold(acc, l_i, m_i, qk, v_desc.load([v_row + start_n, v_col]), qk_scale, CAUSAL_MASK)
     return acc, l_i, m_i
+
+
+@triton.jit
+def _attn_tma_overlapped(acc, l_i, m_i, q, k_desc, v_desc, k_row, k_col, v_row, v_col, lo, hi, qk_scale,
+                         BLOCK_N: tl.constexpr):
+    """_attn_tma_blocks' unmasked keys with each block's scores issued before the previous block's softmax (OVERLAP:
+    FlashAttention-3's intra-warpgroup overlap, the tensor cores' next QK^T beside this softmax's exponentials)."""
+    if hi > lo:
+        qk = tl.dot(q, tl.trans(k_desc.load([k_row + lo, k_col])))
+        for start_n in range(lo + BLOCK_N, hi, BLOCK_N):
+            start_n = tl.multiple_of(start_n, BLOCK_N)
+            following = tl.dot(q, tl.trans(k_desc.load([k_row + start_n, k_col])))
+            acc, l_i, m_i = _fold(acc, l_i, m_i, qk, v_desc.load([v_row + start_n - BLOCK_N, v_col]), qk_scale, False)
+            qk = following
+        acc, l_i, m_i = _fold(acc, l_i, m_i, qk, v_desc.load([v_row + hi - BLOCK_N, v_col]), qk_scale, False)
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _fold(acc, l_i, m_i, qk, v, qk_scale, SCALED: tl.constexpr):
+    """One block of scores qk (SCALED: already scaled and masked) and its V into the online softmax (acc, l, m)."""
+    if SCALED:
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        qk = qk - m_new[:, None]
+    else:  # qk_scale > 0, so the row max of the scaled scores is the scaled row max: one FMA below
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        qk = qk * qk_scale - m_new[:, None]
+    p = tl.math.exp2(qk)
+    alpha = tl.math.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+    return acc, l_i, m_new
 
 
 @triton.jit
@@ -285,7 +295,7 @@ def _flash_attention_tma_kernel(q_desc, k_desc, v_desc, o_desc, S, H, GROUP, qk_
                                 v_stride, v_batch, v_head, v_col, o_stride, o_batch, o_head, o_col,
                                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                                 CAUSAL: tl.constexpr, REVERSE: tl.constexpr, FOLD: tl.constexpr,
-                                ON_DEVICE: tl.constexpr):
+                                ON_DEVICE: tl.constexpr, OVERLAP: tl.constexpr):
     qk_scale = tl.full([], qk_scale, tl.float32)  # under torch.compile Inductor passes a Python float as fp64
     # Each descriptor views its tensor as rows of HEAD_DIM (_tma_rows): (batch, head)'s S rows start at row
     # batch * *_batch + head * *_head, column head * *_col. S % BLOCK_M == 0, so no tile crosses a head.
@@ -309,15 +319,15 @@ def _flash_attention_tma_kernel(q_desc, k_desc, v_desc, o_desc, S, H, GROUP, qk_
         mirror = S // BLOCK_M - 1 - start_m
         for fold in range(0, tl.where(mirror > start_m, 2, 1)):
             _tma_query_block(start_m + fold * (mirror - start_m), q_desc, k_desc, v_desc, o_desc, at, S, qk_scale,
-                             BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL)
+                             BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, OVERLAP)
     else:
         _tma_query_block(start_m, q_desc, k_desc, v_desc, o_desc, at, S, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM,
-                         CAUSAL)
+                         CAUSAL, OVERLAP)
 
 
 @triton.jit
 def _tma_query_block(start_m, q_desc, k_desc, v_desc, o_desc, at, S, qk_scale, BLOCK_M: tl.constexpr,
-                     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr):
+                     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, OVERLAP: tl.constexpr):
     """The TMA kernel's query block start_m of one (batch, head), whose Q, K, V and O start at `at`: (row, column)
     of each descriptor in turn."""
     q_row, q_col, k_row, k_col, v_row, v_col, o_row, o_col = at
@@ -327,14 +337,16 @@ def _tma_query_block(start_m, q_desc, k_desc, v_desc, o_desc, at, S, qk_scale, B
     acc = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
-    if CAUSAL:  # blocks left of the diagonal unmasked, then the BLOCK_M-wide diagonal masked
+    free = first if CAUSAL else S  # the keys no mask touches: left of the diagonal, or all
+    if OVERLAP:
+        acc, l_i, m_i = _attn_tma_overlapped(acc, l_i, m_i, q, k_desc, v_desc, k_row, k_col, v_row, v_col, 0, free,
+                                             qk_scale, BLOCK_N)
+    else:
         acc, l_i, m_i = _attn_tma_blocks(acc, l_i, m_i, q, k_desc, v_desc, k_row, k_col, v_row, v_col, offs_m, 0,
-                                         first, qk_scale, BLOCK_N, False)
+                                         free, qk_scale, BLOCK_N, False)
+    if CAUSAL:  # then the BLOCK_M-wide diagonal, masked
         acc, l_i, m_i = _attn_tma_blocks(acc, l_i, m_i, q, k_desc, v_desc, k_row, k_col, v_row, v_col, offs_m, first,
                                          first + BLOCK_M, qk_scale, BLOCK_N, True)
-    else:
-        acc, l_i, m_i = _attn_tma_blocks(acc, l_i, m_i, q, k_desc, v_desc, k_row, k_col, v_row, v_col, offs_m, 0, S,
-                                         qk_scale, BLOCK_N, False)
     o_desc.store([o_row + first, o_col], (acc / l_i[:, None]).to(o_desc.dtype))
 
 
@@ -425,7 +437,7 @@ def _launch_tma(q, k, v, out, causal, qk_scale, cfg, views):
     _flash_attention_tma_kernel[(programs, batch * heads)](
         *descs, seq, heads, heads // k.shape[1], qk_scale, *(n for view in views for n in view[2:]),
         BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, CAUSAL=bool(causal), REVERSE=reverse, FOLD=fold,
-        ON_DEVICE=on_device, num_warps=warps, num_stages=stages)
+        ON_DEVICE=on_device, OVERLAP=OVERLAP, num_warps=warps, num_stages=stages)
 
 
 def _order(blocks: int, causal, heads: int, device: torch.device) -> tuple[int, bool, bool]:

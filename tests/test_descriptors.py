@@ -89,6 +89,18 @@ def _layouts(batch=2, heads=4, kv_heads=2, seq=128, dim=64):
 
 
 @pytest.mark.parametrize("descriptors", ["host", "device"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_attention_tma_overlapped_computes_the_reference(repo_root, interpreter, monkeypatch, descriptors, causal):
+    """OVERLAP (each block's scores issued before the previous block's softmax) gives the reference, causal (the
+    first query block has no unmasked keys before its diagonal) and not, with one and several key blocks a program."""
+    module = _tma_kernel(repo_root, "flash_attention", descriptors)
+    module.OVERLAP = True
+    for seq in (64, 192):  # one query block of 64, three
+        _tma_path_computes_the_reference(module, {"B": 1, "H": 2, "Hkv": 1, "S": seq, "D": 64, "causal": causal},
+                                         monkeypatch)
+
+
+@pytest.mark.parametrize("descriptors", ["host", "device"])
 def test_attention_tma_walks_the_layouts_models_pass_without_copies(repo_root, interpreter, monkeypatch,
                                                                     descriptors):
     """The TMA path reads q, k and v where they lie (heads as rows or as columns of one matrix, a packed qkv's
@@ -162,6 +174,8 @@ def test_the_tma_kernels_compile_for_hopper_with_either_descriptors(repo_root):
     map per descriptor and program), host ones none."""
     jobs = [(repo_root / "kernels" / f"{t}.py", {"VARIANT": "tma", "DESCRIPTORS": d, "LINEAR_WEIGHT": linear})
             for t in TMA_TYPES for d in ("host", "device") for linear in ((False, True) if t == "matmul" else (False,))]
+    jobs.append((repo_root / "kernels" / "flash_attention.py", {"VARIANT": "tma", "DESCRIPTORS": "host",
+                                                                 "OVERLAP": True}))
     jobs.append((repo_root / "kernels" / "flash_attention.py", {"VARIANT": "tma", "DESCRIPTORS": "device",
                                                                  "CAUSAL_ORDER": "fold"}))
     compiled = helpers.compiled_for(helpers.HOPPER, jobs, "test_descriptors:hopper_inputs", "_tma_kernel")
