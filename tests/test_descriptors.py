@@ -64,12 +64,12 @@ def _counting(run, launched: list):
     return counted
 
 
-def _layouts(batch=2, heads=4, kv_heads=2, seq=128, dim=64):
+def _layouts(batch=2, heads=4, kv_heads=2, seq=128, dim=64, device="cpu"):
     """q, k, v as models hand them to attention, [B, H, S, D] each: (name, q, k, v, whether TMA can walk them)."""
-    gen = torch.Generator().manual_seed(5)
+    gen = torch.Generator(device).manual_seed(5)
 
     def rand(*shape):
-        return torch.randn(*shape, generator=gen).half()
+        return torch.randn(*shape, generator=gen, device=device).half()
 
     def seq_major(h):  # a projection viewed [B, S, H, D] and transposed, as HF attention modules do
         return rand(batch, seq, h, dim).transpose(1, 2)
@@ -86,6 +86,23 @@ def _layouts(batch=2, heads=4, kv_heads=2, seq=128, dim=64):
                                                                       for _ in range(2)), True),
             ("rows wider than a head", padded, padded, padded, True),
             ("a transposed head dim", cols, cols, cols, False)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("overlap", [False, True])
+def test_attention_tma_takes_the_models_layouts_on_the_gpu(repo_root, monkeypatch, overlap):
+    """On Hopper, at a model's shape, the TMA kernel runs on every layout a descriptor can walk and gives SDPA's
+    answer, OVERLAP or not."""
+    module = _tma_kernel(repo_root, "flash_attention", "host")
+    module.OVERLAP = overlap
+    launched = []
+    monkeypatch.setattr(module._flash_attention_tma_kernel, "run",
+                        _counting(module._flash_attention_tma_kernel.run, launched))
+    for name, q, k, v, walks in _layouts(1, 32, 8, 2048, 128, "cuda"):
+        launched.clear()
+        got = module.kernel_fn(q, k, v, True)
+        want = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        assert bool(launched) == walks and swap.rel_l2(got, want) < 1e-2, name
 
 
 @pytest.mark.parametrize("descriptors", ["host", "device"])
