@@ -175,11 +175,12 @@ def with_rivals(plan: dict, top: int) -> dict:
 
 def _merged(entry: dict, rival: dict) -> dict:
     """A ranked entry with its rival's work added (once: a plan extract.py wrote is not merged again): the time,
-    share, calls and roofline's time summed, the rival's shapes after the entry's own, the gain of the summed share."""
+    share, calls and roofline's time summed, the shapes of both (the most time first), the gain of the summed share."""
     if entry.get("merged_rival") or entry.get("rival_of"):
         return entry
     shapes = list(entry.get("shapes") or [])
     shapes += [s for s in rival.get("shapes") or [] if s.get("shape") not in [t.get("shape") for t in shapes]]
+    shapes.sort(key=lambda s: -(s.get("time_us") or 0.0))  # the most time first, as the plan orders them
     total = sum(s.get("time_us") or 0.0 for s in shapes)
     shapes = [{**s, "share_of_type": (s.get("time_us") or 0.0) / total} if total else s for s in shapes]
     summed = {k: (entry.get(k) or 0) + (rival.get(k) or 0) for k in ("f", "time_us", "calls")}
