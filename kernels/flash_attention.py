@@ -244,7 +244,7 @@ def _attn_tma_blocks(acc, l_i, m_i, q, k_desc, v_desc, k_row, k_col, v_row, v_co
         if CAUSAL_MASK:
             keep = offs_m[:, None] >= start_n + tl.arange(0, BLOCK_N)[None, :]
             qk = tl.where(keep, qk * qk_scale, float("-inf"))
-        acc, l_i, m_i = _fold(acc, l_i, m_i, qk, v_desc.load([v_row + start_n, v_col]), qk_scale, CAUSAL_MASK)
+        acc, l_i, m_i = _fold(acc, l_i, m_i, qk, v_desc, v_row + start_n, v_col, qk_scale, CAUSAL_MASK)
     return acc, l_i, m_i
 
 
@@ -258,15 +258,16 @@ def _attn_tma_overlapped(acc, l_i, m_i, q, k_desc, v_desc, k_row, k_col, v_row, 
         for start_n in range(lo + BLOCK_N, hi, BLOCK_N):
             start_n = tl.multiple_of(start_n, BLOCK_N)
             following = tl.dot(q, tl.trans(k_desc.load([k_row + start_n, k_col])))
-            acc, l_i, m_i = _fold(acc, l_i, m_i, qk, v_desc.load([v_row + start_n - BLOCK_N, v_col]), qk_scale, False)
+            acc, l_i, m_i = _fold(acc, l_i, m_i, qk, v_desc, v_row + start_n - BLOCK_N, v_col, qk_scale, False)
             qk = following
-        acc, l_i, m_i = _fold(acc, l_i, m_i, qk, v_desc.load([v_row + hi - BLOCK_N, v_col]), qk_scale, False)
+        acc, l_i, m_i = _fold(acc, l_i, m_i, qk, v_desc, v_row + hi - BLOCK_N, v_col, qk_scale, False)
     return acc, l_i, m_i
 
 
 @triton.jit
-def _fold(acc, l_i, m_i, qk, v, qk_scale, SCALED: tl.constexpr):
-    """One block of scores qk (SCALED: already scaled and masked) and its V into the online softmax (acc, l, m)."""
+def _fold(acc, l_i, m_i, qk, v_desc, v_row, v_col, qk_scale, SCALED: tl.constexpr):
+    """One block of scores qk (SCALED: already scaled and masked) and its V tile, at (v_row, v_col) of v_desc and
+    loaded after the softmax as Triton's tutorial orders them, into the online softmax (acc, l, m)."""
     if SCALED:
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         qk = qk - m_new[:, None]
@@ -276,7 +277,9 @@ def _fold(acc, l_i, m_i, qk, v, qk_scale, SCALED: tl.constexpr):
     p = tl.math.exp2(qk)
     alpha = tl.math.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+    acc = acc * alpha[:, None]
+    v = v_desc.load([v_row, v_col])
+    acc = tl.dot(p.to(v.dtype), v, acc)
     return acc, l_i, m_new
 
 
@@ -328,8 +331,7 @@ def _flash_attention_tma_kernel(q_desc, k_desc, v_desc, o_desc, S, H, GROUP, qk_
 @triton.jit
 def _tma_query_block(start_m, q_desc, k_desc, v_desc, o_desc, at, S, qk_scale, BLOCK_M: tl.constexpr,
                      BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, OVERLAP: tl.constexpr):
-    """The TMA kernel's query block start_m of one (batch, head), whose Q, K, V and O start at `at`: (row, column)
-    of each descriptor in turn."""
+    """Query block start_m of one (batch, head), whose Q, K, V and O start at `at`'s (row, column) pairs."""
     q_row, q_col, k_row, k_col, v_row, v_col, o_row, o_col = at
     first = start_m * BLOCK_M
     offs_m = first + tl.arange(0, BLOCK_M)
@@ -378,12 +380,10 @@ def _tma_applies(q, k, v, block_m, scale):
 
 
 def _tma_rows(t):
-    """t [B, H, S, D] as a descriptor walks it: a matrix of unit-stride rows `stride` elements apart, in which
-    (batch b, head h)'s S x D block starts at row b * per_batch + h * per_head and column h * per_head_col.
-    (rows, cols, stride, per_batch, per_head, per_head_col), or None where no such matrix holds t. Dense
-    [B, H, S, D]: heads in rows (per_head S); [B, S, H, D] in memory, as a model's transpose(1, 2) of its
-    projections leaves q, k and v and as this file writes its output: heads in columns (per_head_col D); slices of
-    a packed qkv projection: heads in columns too."""
+    """t [B, H, S, D] as a descriptor walks it, (rows, cols, stride, per_batch, per_head, per_head_col): unit-stride
+    rows `stride` apart, (b, h)'s S x D block from row b * per_batch + h * per_head, column h * per_head_col; None if
+    no such matrix holds t. Dense: heads in rows; [B, S, H, D] in memory (a model's transposed projections, this
+    file's output) and a packed qkv's slices: heads in columns."""
     batches, heads, seq, head_dim = t.shape
     stride = t.stride(2)
     per_batch = t.stride(0) if batches > 1 else 0  # a dimension of one may carry any stride
