@@ -19,7 +19,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from autokernel.harness import modeltime, perf, screen, timing  # noqa: E402
-from autokernel.kernelfile import tunable_space  # noqa: E402
 from autokernel.loop.agents import search  # noqa: E402
 from autokernel.registry import parse_dtype  # noqa: E402
 
@@ -64,8 +63,7 @@ def main() -> int:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     figures = {}
     for path in args.kernels:
-        space, best = tunable_space(Path(path).read_text())
-        configs = search.draw(space, best, seed=0, seen=set(), n=args.configs)
+        configs = search.drawn_from(Path(path).read_text(), args.configs)
         found = regimes(path, configs, device, args.dtype)
         show(Path(path).name, configs, found)
         figures[path] = {"configs": configs, "regimes": found}

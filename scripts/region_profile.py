@@ -10,8 +10,8 @@ filled, and the kernels that appear or disappear with it (calls a forward, us a 
 time as the model runs it (its inputs warm in the L2 from the kernel before, where the harness flushes the L2),
 and any kernel Inductor adds beside it (a match that leaves part of its region to Inductor shows up here).
 With --configs N, each file (those whose name holds --only) alone under N configurations of its TUNABLES, drawn
-as scripts/l2_regimes.py draws them (the same N: the same configurations, in the same order): the model's ranking
-of them, to hold against the harness's under each L2 flush.
+as scripts/l2_regimes.py draws them (search.drawn_from: the same N, the same configurations in the same order): the
+model's ranking of them, to hold against the harness's under each L2 flush.
 """
 
 import argparse
@@ -26,7 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import autokernel  # noqa: E402
-from autokernel.kernelfile import apply_config, tunable_space  # noqa: E402
+from autokernel.kernelfile import apply_config  # noqa: E402
 from autokernel.loop.agents import search  # noqa: E402
 from autokernel.profile.profiling import is_device_work  # noqa: E402
 from autokernel.verify import regiondeploy  # noqa: E402
@@ -85,18 +85,12 @@ def main() -> None:
         print(f"compiled original: {sum(us for _, us in base.values()):.1f} us of kernels a forward")
         if args.configs:
             for f in (f for f in files if args.only in f.name):
-                for i, tunables in enumerate(drawn(f, args.configs)):
+                for i, tunables in enumerate(search.drawn_from(f.read_text(), args.configs)):
                     profiled(model, x, base, [(f, apply_config(f.read_text(), tunables))],
                              f"{f.name} config {i} {json.dumps(tunables, sort_keys=True)}")
             return
         for chosen in [[f] for f in files] + ([files] if len(files) > 1 else []):
             profiled(model, x, base, [(f, f.read_text()) for f in chosen], " + ".join(f.name for f in chosen))
-
-
-def drawn(path: Path, n: int) -> list[dict]:
-    """The file's configuration first, then n - 1 drawn from its TUNABLES (search.draw, seed 0: l2_regimes.py's)."""
-    space, best = tunable_space(path.read_text())
-    return search.draw(space, best, seed=0, seen=set(), n=n)
 
 
 def profiled(model, x, base: dict, files: list[tuple[Path, str]], label: str) -> None:

@@ -179,7 +179,8 @@ def _merged(entry: dict, rival: dict) -> dict:
     if entry.get("merged_rival") or entry.get("rival_of"):
         return entry
     shapes = list(entry.get("shapes") or [])
-    shapes += [s for s in rival.get("shapes") or [] if s.get("shape") not in [t.get("shape") for t in shapes]]
+    own = [s.get("shape") for s in shapes]
+    shapes += [s for s in rival.get("shapes") or [] if s.get("shape") not in own]
     shapes.sort(key=lambda s: -(s.get("time_us") or 0.0))  # the most time first, as the plan orders them
     total = sum(s.get("time_us") or 0.0 for s in shapes)
     shapes = [{**s, "share_of_type": (s.get("time_us") or 0.0) / total} if total else s for s in shapes]

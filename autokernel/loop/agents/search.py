@@ -69,6 +69,15 @@ def draw(space: dict, best: dict, seed: int, seen: set[str], n: int = SCREEN_SIZ
     return chosen
 
 
+def drawn_from(source: str, n: int) -> list[dict]:
+    """A kernel file's configuration first, then n - 1 drawn from its TUNABLES (seed 0): the same n configurations in
+    the same order for every tool that ranks them two ways (scripts/l2_regimes.py, scripts/region_profile.py)."""
+    from autokernel.kernelfile import tunable_space
+
+    space, best = tunable_space(source)
+    return draw(space, best, seed=0, seen=set(), n=n)
+
+
 def proposals(screened: dict, best: dict) -> list[dict]:
     """The queue a screen leaves: up to PROPOSALS configurations faster than `best` (the screen's first result)
     in the model by more than MIN_SCREEN_GAIN_PCT, fastest first, then one per-shape table (made when it comes
