@@ -282,7 +282,7 @@ def test_budget_follows_the_gain_left_and_no_gain_types_go_last():
     assert budget.potential(jobs[0]) == pytest.approx(0.04) and budget.potential(jobs[2]) == 0.0
     split = budget.shares(jobs)
     assert split["mlp"] == pytest.approx(0.4 / 1.1 / (0.4 / 1.1 + 0.04)) and split["matmul"] == 0.0
-    assert [j["name"] for j in sorted(jobs, key=budget.order_key)] == ["mlp", "norm", "matmul"]
+    assert [j["name"] for j in sorted(jobs, key=budget.order(jobs))] == ["mlp", "norm", "matmul"]
     jobs[0]["status"] = jobs[1]["status"] = "done"
     assert budget.shares(jobs) == {"matmul": 1.0}  # the others done: what is left is its
     measured = {**jobs[1], "status": "pending", "measured_on": "cuda", "best_vs_pytorch": 2.0, "best_pct_peak": 50}
@@ -306,7 +306,8 @@ def test_a_type_the_prune_would_leave_out_is_ranked_by_what_it_would_save_at_the
     assert budget.potential(attention) == pytest.approx(0.2 * (1 - 0.2))  # the model's own time, down to the roof
     assert budget.potential(mlp) == pytest.approx(0.4 * (1 / 1.1 - 0.65))  # its starter's time, down to the roof
     assert budget.potential(at_roof) == pytest.approx(0.3 * 0.05)  # beyond 95% of the roof: noise, a sliver
-    assert [j["name"] for j in sorted([mlp, at_roof, attention], key=budget.order_key)] == ["attention", "mlp", "gemm"]
+    queue = [mlp, at_roof, attention]
+    assert [j["name"] for j in sorted(queue, key=budget.order(queue))] == ["attention", "mlp", "gemm"]
     assert budget.shares([mlp, attention, at_roof])["attention"] > 0.5
     # once its baseline ran in the model: 2500 us there (the model's 2000 stays), at 16% of its roofline
     timed = {**attention, "measured_on": "cuda", "objective": "model_us", "best_us": 2500.0, "best_pct_peak": 16.0}

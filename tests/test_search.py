@@ -17,6 +17,7 @@ from autokernel.harness import screen
 from autokernel.kernelfile import import_kernel, tunable_space
 from autokernel.loop import Loop, LoopConfig
 from autokernel.loop.agents import Proposal, Task, make_agent, search, standing
+from autokernel.loop.agents.builtin import TABLE_MARK, apply_table, position
 from autokernel.loop.state import load_jobs
 from autokernel.profile.extraction import set_model_shapes
 
@@ -184,6 +185,84 @@ def test_a_screened_configuration_that_crashed_at_another_shape_comes_back_for_t
         assert module.kernel_fn(torch.zeros(x, dtype=dtype), torch.zeros(weight, dtype=dtype)).item() == block
 
 
+def test_a_screened_configuration_past_the_time_limit_comes_back_for_the_models_shapes_alone(tmp_path):
+    """The stages compile a configuration for every shape and dtype they check; the screen ran it at the model's
+    shapes. Past the time limit there (an H100 night lost flash_attention's 7.5% so), it comes back at once as a
+    table of the model's shapes, in the model's dtype."""
+    kernel = tmp_path / "kernel.py"
+    kernel.write_text(TABLE_KERNEL)
+    task = Task(root=tmp_path, kernel_name="k", kernel_type="flash_attention", experiment=1, memory={},
+                dtype="fp16", screen=fake_screen(combination_time))
+    agent = make_agent("builtin")
+    agent.observe(task, None, "baseline")
+    proposal = agent.propose(task)
+    kernel.write_text(TABLE_KERNEL)
+    task.history = [{"status": "timeout", "description": f"{proposal.description} (no result within the 120 s time "
+                     "limit (a hang?))"}]
+    agent.observe(task, proposal, "timeout")
+    proposal = agent.propose(task)
+    assert "the model's shapes alone (no result within the time limit" in proposal.description
+    module, (x, weight) = import_kernel(kernel), ARGS[0]
+    assert module.kernel_fn(torch.zeros(x, dtype=torch.float16), torch.zeros(weight)).item() == 128
+    assert module.kernel_fn(torch.zeros(x), torch.zeros(weight)).item() == 64  # fp32: the constants
+
+
+def test_after_a_table_of_the_models_shapes_is_kept_the_search_goes_on_at_those_shapes(tmp_path):
+    """Kept, a table of the model's shapes is what the model runs: the file's constants act only at the shapes the
+    stages check. An H100 night's search went on moving the constants and got 10 experiments that launched what the
+    best launched. Now the screen times each configuration at the model's shapes on the file without the table, and
+    each proposal is such a table, its moves named from the table's configuration."""
+    kernel = tmp_path / "kernel.py"
+    constants, at_model = {"VARIANT": "a", "BLOCK": 64, "WARPS": 4}, {"VARIANT": "b", "BLOCK": 128, "WARPS": 4}
+    keys = [json.dumps(a) for a in ARGS]
+    kernel.write_text(apply_table(TABLE_KERNEL, {k: at_model for k in keys}, constants, "fp16"))
+    assert position(kernel.read_text(), keys).best == at_model
+    assert position(kernel.read_text(), keys[:1]).best == constants  # a table of other shapes: the constants
+    seen_files = []
+
+    def screen_of(configs):
+        seen_files.append(kernel.read_text())
+        return fake_screen(lambda c: 50.0 if c == {**at_model, "WARPS": 8} else combination_time(c))(configs)
+    memory = {"shapes": [{"key": a, "calls": k} for a, k in zip(ARGS, (3, 1))], "tried": [constants, at_model],
+              "screens": 1, "screened_at": search.key(constants)}
+    task = Task(root=tmp_path, kernel_name="k", kernel_type="rmsnorm", experiment=3, memory=memory, dtype="fp16",
+                screen=screen_of)
+    proposal = make_agent("builtin").propose(task)
+    assert len(seen_files) == 1 and TABLE_MARK not in seen_files[0]
+    assert proposal.description.startswith("WARPS 4 -> 8 (from screen 2")
+    pos = position(kernel.read_text(), keys)
+    assert pos.best == {**at_model, "WARPS": 8} and pos.constants == constants
+    module, (x, weight) = import_kernel(kernel), ARGS[1]
+    assert module.kernel_fn(torch.zeros(x, dtype=torch.float16), torch.zeros(weight)).item() == 128
+    assert module.kernel_fn(torch.zeros(x), torch.zeros(weight)).item() == 64 and module.WARPS == 4
+
+
+def test_a_screen_that_found_nothing_is_followed_by_another_not_by_twelve_single_moves(tmp_path):
+    """A screen that ranks nothing 1% above the file's configuration leaves one coordinate move, then the next
+    proposal screens again, drawing what the first did not reach."""
+    (tmp_path / "kernel.py").write_text(KERNEL)
+    calls = []
+
+    def reached_three(configs):
+        calls.append(configs)
+        out = fake_screen(lambda c: 100.0)(configs)
+        for r in out["results"][3:]:
+            r.update(status="unreached", us=[], model_us=None)
+        return out
+    task = Task(root=tmp_path, kernel_name="k", kernel_type="rmsnorm", experiment=1, memory={}, screen=reached_three)
+    agent = make_agent("builtin")
+    agent.observe(task, None, "baseline")
+    proposal = agent.propose(task)
+    assert len(calls) == 1 and "screen" not in proposal.description
+    (tmp_path / "kernel.py").write_text(KERNEL)
+    task.history = [{"status": "revert", "description": proposal.description}]
+    agent.observe(task, proposal, "revert")
+    agent.propose(task)
+    assert len(calls) == 2 and task.memory["screens"] == 2
+    reached = {search.key(c) for c in calls[0][1:3]}
+    assert not reached & {search.key(c) for c in calls[1]}
+
+
 @pytest.fixture
 def repo(tmp_path, monkeypatch):
     git_env(monkeypatch)
@@ -204,7 +283,7 @@ def test_the_night_keeps_the_screens_best_then_a_per_shape_table_each_shape_disp
     assert [r["status"] for r in log[:3]] == ["baseline", "keep", "keep"]
     assert log[1]["description"].startswith("BLOCK 64 -> 128 (from screen 1") and float(log[1]["model_us"]) == 650
     assert log[2]["description"].startswith("per-shape table from screen 1") and float(log[2]["model_us"]) == 620
-    assert len(screens) == 2  # again after the keep changed the configuration (nothing new left to find)
+    assert len(screens) == 1  # not again after the keep: every configuration of the space was screened
     module = import_kernel(repo / "workspace" / "kernels" / "model_optimized.py")
     half = {"dtype": torch.float16}  # the loop's dtype, which the table holds for
     x64, x8 = torch.empty(64, 128, **half), torch.empty(8, 96, **half)
@@ -221,6 +300,10 @@ def test_the_prompt_says_where_the_kernel_stands_at_each_model_shape():
     assert "42.0%" in text and "1.25x its baseline" in text and "57% of its roofline" in text
     assert "| {'M': 2048, 'N': 5632} | 22 | 18.2 | 57.4 | 40.0 | 21.0 |" in text
     assert "- VARIANT = 'auto' of ['auto', 'single_pass', 'looped', 'persistent']" in text
+    assert "per-shape table" not in text
+    tabled = apply_table(TABLE_KERNEL, {json.dumps(ARGS[0]): {"VARIANT": "b", "BLOCK": 128, "WARPS": 4}},
+                         {"VARIANT": "a", "BLOCK": 64, "WARPS": 4}, "fp16")
+    assert "per-shape table (SHAPE_CONFIGS)" in standing(job, tabled)
 
 
 # ------------------------------------------------------------------------------ the screen, for real
@@ -305,5 +388,5 @@ def test_orchestrate_next_says_the_agent_screens_then_what_the_screen_queued(tmp
     assert describe_next(KERNEL, {}, 0).startswith("screen up to")
     task = Task(root=tmp_path, kernel_name="k", kernel_type="rmsnorm", experiment=1, memory={},
                 screen=fake_screen(combination_time))
-    make_agent("builtin")._screen(task, *tunable_space(KERNEL))
+    make_agent("builtin")._screen(task, position(KERNEL, []))
     assert describe_next(KERNEL, task.memory, 0).startswith("BLOCK 64 -> 128, VARIANT 'a' -> 'b' (from screen 1")

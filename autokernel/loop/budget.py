@@ -12,8 +12,11 @@ not queued blindly. Kernels are worked on in order of potential, and each, when 
 its share of the potential of the kernels not done yet (parked ones included: they come back in the next round,
 when the time left is shared again the same way); a kernel done early leaves its time to the others. A type the plan
 expects no gain from and whose roofline is unknown (a plan made on the CPU) has no potential: it waits, parked,
-until the others are done, and then gets the time they leave. Kernels given by hand (--kernel, no plan share) split
-the time evenly.
+until the others are done, and then gets the time they leave. An opt-in type and its rivals (extract.py writes them
+beside it: rope_attention, and flash_attention with rotary_embedding, which cover the same time) count once: the side
+the model would deploy now, as report.amdahl and verify's prune choose, gets its potential, and the other side waits
+as a no-gain type does, for the time the others leave; a rival whose opt-in type is not queued keeps its own. Kernels
+given by hand (--kernel, no plan share) split the time evenly.
 """
 
 from __future__ import annotations
@@ -25,22 +28,68 @@ NO_GAIN = 1.0 + 1e-9  # a plan gain at or under this means the type cannot speed
 
 
 def potential(job: dict) -> float | None:
-    """Share of the model's time the kernel may still save; None for a kernel without a plan share."""
+    """Share of the model's time the kernel may still save, on its own (potentials() weighs rivals); None for a
+    kernel without a plan share."""
     f = job.get("f")
     if f is None:
         return None
     if not f:  # no time in the deploy mode
         return 0.0
-    on_gpu = job.get("measured_on") == "cuda"
-    in_model = on_gpu and job.get("objective") == "model_us"
-    speedup = (job.get("best_vs_pytorch") if on_gpu else None) or job.get("s")
-    left = fraction_left(job.get("time_us"), job.get("best_us"), in_model, speedup)
+    on_gpu, in_model, speedup = _measured(job)
+    left = left_of(job)
     floor = _floor(job, on_gpu, in_model, speedup)
     if floor is None:
         if job.get("gain") is not None and job["gain"] <= NO_GAIN:
             return 0.0
         return f * left
     return f * max(left - floor, left * (1 - MAX_PCT_PEAK / 100))
+
+
+def _measured(job: dict) -> tuple[bool, bool, float | None]:
+    """Whether the kernel ran on a GPU, whether its time is the model's, and its speedup over PyTorch."""
+    on_gpu = job.get("measured_on") == "cuda"
+    in_model = on_gpu and job.get("objective") == "model_us"
+    return on_gpu, in_model, (job.get("best_vs_pytorch") if on_gpu else None) or job.get("s")
+
+
+def left_of(job: dict) -> float:
+    """What is left of the type's profiled time with the kernel deployed (plan.fraction_left), at most 1."""
+    _, in_model, speedup = _measured(job)
+    return fraction_left(job.get("time_us"), job.get("best_us"), in_model, speedup)
+
+
+def rivals_of(job: dict, jobs: list[dict]) -> list[dict]:
+    """The jobs that rival the kernel's (opt-in) type: those whose rival_of names it."""
+    return [r for r in jobs if r is not job and job.get("type") and job["type"] in (r.get("rival_of") or [])]
+
+
+def outrun(jobs: list[dict]) -> dict[str, list[str]]:
+    """{name: the kernels the model would deploy in its place now} for each kernel whose rival side wins, chosen as
+    report.amdahl does: an opt-in type P is deployed where f_P * left_P <= max(0, f_P - sum f_R) + sum f_R * left_R
+    over its rivals R, else they are. Done kernels count (their best time is known). A rival that some group
+    deploys is not outrun."""
+    lost, won = {}, set()
+    for primary in jobs:
+        theirs = rivals_of(primary, jobs)
+        if not theirs or primary.get("f") is None:
+            continue
+        f = primary["f"]
+        own = f * left_of(primary)
+        instead = (max(0.0, f - sum(r.get("f") or 0.0 for r in theirs))
+                   + sum((r.get("f") or 0.0) * left_of(r) for r in theirs))
+        if own <= instead:
+            for r in theirs:
+                lost.setdefault(r["name"], []).append(primary["name"])
+        else:
+            lost[primary["name"]] = [r["name"] for r in theirs]
+            won.update(r["name"] for r in theirs)
+    return {name: side for name, side in lost.items() if name not in won}
+
+
+def potentials(jobs: list[dict]) -> dict[str, float | None]:
+    """Each kernel's potential over the whole queue: 0 for a side its rivals outrun (outrun), else its own."""
+    waiting = outrun(jobs)
+    return {j["name"]: 0.0 if j["name"] in waiting else potential(j) for j in jobs}
 
 
 def _floor(job: dict, on_gpu: bool, in_model: bool, speedup) -> float | None:
@@ -57,7 +106,8 @@ def _floor(job: dict, on_gpu: bool, in_model: bool, speedup) -> float | None:
 def shares(jobs: list[dict]) -> dict[str, float]:
     """Each unfinished kernel's fraction of the time left (summing to 1, or to 0 with nothing to do)."""
     todo = [j for j in jobs if j["status"] != "done"]
-    weights = {j["name"]: potential(j) for j in todo}
+    every = potentials(jobs)  # the done ones still decide which rival side the model runs
+    weights = {j["name"]: every[j["name"]] for j in todo}
     if any(w is None for w in weights.values()) or not sum(weights.values()):
         return {name: 1.0 / len(todo) for name in weights}  # by hand, or only no-gain types left: evenly
     total = sum(weights.values())
@@ -66,7 +116,8 @@ def shares(jobs: list[dict]) -> dict[str, float]:
 
 def parallel_minutes(jobs: list[dict], hours: float, slots: int, per_kernel: float | None = None) -> dict:
     """Minutes per kernel when `slots` GPUs work at once (--gpus, --ray): --per-kernel-minutes, else each
-    kernel's share of the slots' hours, at most the run's; a type with nothing to gain runs last, until the end."""
+    kernel's share of the slots' hours, at most the run's; a type with nothing to gain, or outrun by its rivals,
+    runs last, until the end."""
     if per_kernel:
         return {j["name"]: per_kernel for j in jobs}
     split = shares([{**j, "status": "pending"} for j in jobs])
@@ -74,23 +125,44 @@ def parallel_minutes(jobs: list[dict], hours: float, slots: int, per_kernel: flo
     return {name: min(run, share * run * min(slots, len(jobs))) if share else run for name, share in split.items()}
 
 
-def order_key(job: dict) -> tuple:
-    """Sort key of the pending queue: most potential first, no-gain types last, then the plan's gain."""
-    p = potential(job)
-    return (p == 0.0, -(p or 0.0), -(job.get("gain") or 0.0))
+def order(jobs: list[dict]):
+    """Sort key of the queue `jobs` (or of any part of it): most potential first, no-gain types and the sides their
+    rivals outrun (potentials) last, then the plan's gain."""
+    every = potentials(jobs)
+
+    def key(job: dict) -> tuple:
+        p = every[job["name"]] if job["name"] in every else potential(job)
+        return (p == 0.0, -(p or 0.0), -(job.get("gain") or 0.0))
+
+    return key
+
+
+def waiting_reason(job: dict, jobs: list[dict]) -> str | None:
+    """Why the kernel gets no share while others have one: a no-gain type, or a side its rivals outrun; else None."""
+    side = outrun(jobs).get(job["name"])
+    if side and job.get("rival_of"):
+        return f"a rival of {' and '.join(side)}, which the model runs faster now"
+    if side:
+        return f"its rival{'s' if len(side) > 1 else ''} {' and '.join(side)} run{'' if len(side) > 1 else 's'} " \
+               "faster in the model now"
+    return "nothing to gain over PyTorch" if potential(job) == 0.0 else None
 
 
 def describe(jobs: list[dict], seconds_left: float) -> list[str]:
     """What the run says about the split, one line per kernel not done."""
-    split = shares(jobs)
+    split, every, waiting = shares(jobs), potentials(jobs), outrun(jobs)
     lines = []
-    for job in sorted((j for j in jobs if j["status"] != "done"), key=order_key):
-        p = potential(job)
-        if p == 0.0 and split[job["name"]] == 0.0:
-            lines.append(f"  {job['name']}: plan gain {job.get('gain') or 1.0:.3f}x, nothing to gain over PyTorch: "
-                         "queued last, on the time the others leave")
+    for job in sorted((j for j in jobs if j["status"] != "done"), key=order(jobs)):
+        name, p = job["name"], every[job["name"]]
+        why = waiting_reason(job, jobs) if name in waiting else \
+            f"plan gain {job.get('gain') or 1.0:.3f}x, nothing to gain over PyTorch"
+        if p == 0.0 and split[name] == 0.0:
+            lines.append(f"  {name}: {why}: queued last, on the time the others leave")
             continue
-        why = f"may still save {p:.1%} of the model's time" if p is not None else "no plan share: even split"
-        lines.append(f"  {job['name']}: {split[job['name']]:.0%} of the time left "
-                     f"(~{split[job['name']] * seconds_left / 60:.0f} min; {why})")
+        if p:
+            why = f"may still save {p:.1%} of the model's time"
+        elif p is None:
+            why = "no plan share: even split"
+        minutes = split[name] * seconds_left / 60
+        lines.append(f"  {name}: {split[name]:.0%} of the time left (~{minutes:.0f} min; {why})")
     return lines

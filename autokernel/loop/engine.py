@@ -203,7 +203,7 @@ class Loop(Experiments, Recording):
         benches_left = None if self.cfg.max_experiments is None else self.cfg.max_experiments - self.benched
         if self._time_left() > need_s and (benches_left is None or benches_left > len(due)):
             return None
-        return sorted(due, key=budget.order_key)[0]
+        return sorted(due, key=budget.order(self.state.jobs))[0]
 
     def _new_round(self) -> dict | None:
         """Every kernel is parked or done: with time left, the parked ones go round again (reverts in a
@@ -253,6 +253,8 @@ class Loop(Experiments, Recording):
         if self.cfg.per_kernel_minutes is not None:
             return None
         if job.get("budget_s") is None and not budget.shares(self.state.jobs)[job["name"]]:
+            if job["name"] in budget.outrun(self.state.jobs):  # its rival side is the one the model runs
+                return f"{budget.waiting_reason(job, self.state.jobs)}: waits for the time the others leave"
             return "nothing to gain over PyTorch while others can: waits for the time they leave"
         first = job["baseline_sha"] is None and self.state.data.get("round", 1) == 1
         took = self._baseline_seconds() if first else None

@@ -169,7 +169,8 @@ def queue_entries(root: Path, plan, kernels, say) -> list[dict]:
     names = [j["name"] for j in jobs]
     if len(set(names)) != len(names):
         raise LoopError(f"two kernel files share a name ({', '.join(names)}): rename one")
-    return [{k: j[k] for k in ("name", "type", "source", "f", "s", "gain", "time_us")} for j in jobs]
+    return [{k: j[k] for k in ("name", "type", "source", "f", "s", "gain", "time_us", "floor_us",
+                                  "rival_of")} for j in jobs]
 
 
 def kernel_rows(root: Path, tag: str) -> list[dict]:

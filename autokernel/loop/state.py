@@ -128,7 +128,7 @@ def next_job(jobs: list[dict]) -> dict | None:
     """The kernel being worked on, else the pending one with the most end-to-end gain left (budget.py)."""
     active = [j for j in jobs if j["status"] == "active"]
     pending = [j for j in jobs if j["status"] == "pending"]
-    return (active or sorted(pending, key=budget.order_key) or [None])[0]
+    return (active or sorted(pending, key=budget.order(jobs)) or [None])[0]
 
 
 def unpark(jobs: list[dict]) -> list[dict]:

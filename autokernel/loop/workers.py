@@ -16,8 +16,8 @@ A worker that dies on its own (a signal, an OOM kill) is started again on its ke
 MAX_RESPAWNS times; a worker outlives no driver (PR_SET_PDEATHSIG), so no orphan holds a worktree.
 
 Budgets: --hours bounds the whole run; each kernel gets --per-kernel-minutes (default: its Amdahl share,
-autokernel/loop/budget.py, of hours x workers, at most the hours; a type with nothing to gain runs last,
-until the end); --max-experiments counts benches per kernel in this run.
+autokernel/loop/budget.py, of hours x workers, at most the hours; a type with nothing to gain, or whose rival
+side the model runs faster, runs last, until the end); --max-experiments counts benches per kernel in this run.
 
 CPU mode: with no GPU, `--gpus 0,1` still starts two workers; the ids are only labels (the
 harness children run on the CPU cores through Triton's interpreter) and timings are not figures.
@@ -179,7 +179,7 @@ class Driver:
             if not todo:
                 return "every kernel is done"
             started = [j for j in todo if kernel_state(self.root, self.tag, j["name"])]
-            fresh = sorted((j for j in todo if j not in started), key=budget.order_key)
+            fresh = sorted((j for j in todo if j not in started), key=budget.order(todo))
             self.todo = deque(started + fresh)  # resume first, then by the gain left (loop/budget.py)
             self.respawns = {j["name"]: 0 for j in todo}
             self.minutes = budget.parallel_minutes(todo, self.cfg.hours, len(self.gpus), self.cfg.per_kernel_minutes)

@@ -155,6 +155,11 @@ def standing(job: dict, source: str) -> str:
     if space:
         lines += ["", "Tunables and variants the file declares (TUNABLES), with their values now:"]
         lines += [f"- {name} = {now[name]!r} of {values!r}" for name, values in space.items()]
+    from autokernel.loop.agents.builtin import TABLE_MARK
+
+    if TABLE_MARK in source:
+        lines.append("The file ends with a per-shape table (SHAPE_CONFIGS): at those shapes, in SHAPE_TABLE_DTYPE, its "
+                     "values replace the constants above; edit the table to change what the model's shapes run.")
     return "\n".join(lines)
 
 

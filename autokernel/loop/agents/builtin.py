@@ -34,8 +34,11 @@ dtype the model runs in (Task.dtype): the harness's checks in other dtypes run t
 
 A screened configuration is timed at the model's shapes only; the five stages then run it at every shape and dtype
 they check. Where it crashed there on a limit of the hardware (a shared-memory budget four fp32 stages exceed, say),
-the agent proposes it again at once as a table of the model's shapes alone, where the screen ran it and timed it
-faster, the constants everywhere else.
+or ran past the time limit compiling for them all, the agent proposes it again at once as a table of the model's
+shapes alone, where the screen ran it and timed it faster, the constants everywhere else. Once such a table is kept,
+the search goes on from its configuration (Position): the screens time configurations at the model's shapes on the
+file without the table, and every proposal is a table of the model's shapes again, since the constants no longer
+act there.
 """
 
 from __future__ import annotations
@@ -127,10 +130,10 @@ def describe_move(old: dict, new: dict) -> str:
     return ", ".join(f"{n} {old[n]!r} -> {new[n]!r}" for n in sorted(new) if new[n] != old[n])
 
 
-def next_move(source: str, memory: dict, seed: int) -> Proposal | None:
-    """The configuration to try next from the one in `source`, given what `memory` says was tried (and what a
-    screen passed over: search.passed_over)."""
-    space, current = tunable_space(source)
+def next_move(pos: Position, memory: dict, seed: int) -> Proposal | None:
+    """The configuration to try next from where `pos` stands, given what `memory` says was tried (and what a screen
+    passed over: search.passed_over)."""
+    space, current = pos.space, pos.best
     tried = {config_key(c) for c in memory.get("tried", [])} | {config_key(current)}
     tried |= set(memory.get("passed_over", ()))
     inert = set(memory.get("inert", ()))
@@ -145,16 +148,16 @@ def next_move(source: str, memory: dict, seed: int) -> Proposal | None:
 
 def describe_next(source: str, memory: dict, seed: int) -> str:
     """What the agent does next in a loop that offers a screen (orchestrate.py next), in one line."""
-    space, best = tunable_space(source)
-    if space and search.wants_screen(memory, best):
+    pos = position(source, model_shape_keys(memory))
+    if pos.space and search.wants_screen(memory, pos.best):
         return f"screen up to {search.SCREEN_SIZE} configurations drawn from the whole space, then try the fastest"
     queued = next((item for item in memory.get("queue", []) if item["kind"] == "table" or
-                   config_key(item["config"]) != config_key(best)), None)
+                   config_key(item["config"]) != config_key(pos.best)), None)
     if queued is not None:
-        what = "a per-shape table" if queued["kind"] == "table" else describe_move(best, queued["config"])
+        what = "a per-shape table" if queued["kind"] == "table" else describe_move(pos.best, queued["config"])
         what += " at the model's shapes alone" if queued["kind"] == "model_shapes" else ""
         return f"{what} (from {memory.get('screen_note', 'the last screen')})"
-    move = next_move(source, memory, seed)
+    move = next_move(pos, memory, seed)
     return move.description if move else "none left (space exhausted)"
 
 
@@ -256,91 +259,164 @@ def apply_table(source: str, table: dict, best: dict, dtype: str | None = None) 
     return source.rstrip() + "\n\n\n" + block.strip("\n") + "\n"
 
 
+# ------------------------------------------------------------------------------ where the search stands
+class Position(NamedTuple):
+    """Where the search stands in a kernel file: its tunables, the configuration the model's shapes run (`best`: the
+    file's constants, or the configuration of a table that holds at every model shape), and the file to write a
+    configuration into (`base`: the file, or the file without that table, whose constants run at the other shapes)."""
+    space: dict
+    best: dict
+    constants: dict
+    base: str
+    at_model: list[str] | None  # the model's shapes (json keys) a table holds `best` at, or None: no such table
+
+
+def model_shape_keys(memory: dict) -> list[str]:
+    """The model's shapes (json of the arguments' shapes) as the agent's memory knows them, [] before any timing."""
+    shapes = memory.get("shapes") or memory.get("screen", {}).get("shapes") or []
+    return [json.dumps(s["key"]) for s in shapes]
+
+
+def position(source: str, shape_keys: list[str]) -> Position:
+    """The search's position in `source` (see Position). A table the agent wrote for the model's shapes alone (a
+    configuration the stages' other shapes could not run) is where the search goes on: its configuration is what
+    the model runs, and each later proposal is such a table too (the file's constants would not act at those shapes)."""
+    at_model = _table_at_model(source, shape_keys) if TABLE_MARK in source else None
+    base = source[:source.index(TABLE_MARK)].rstrip() + "\n" if at_model is not None else source
+    space, constants = tunable_space(base)
+    if at_model is None:
+        return Position(space, constants, constants, source, None)
+    return Position(space, {**constants, **at_model}, constants, base, shape_keys)
+
+
+def _table_at_model(source: str, shape_keys: list[str]) -> dict | None:
+    """The tunables a per-shape table sets where it holds one configuration at exactly the model's shapes, else None."""
+    found = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
+                and node.targets[0].id in ("SHAPE_TABLE_NAMES", "SHAPE_CONFIGS"):
+            try:
+                found[node.targets[0].id] = ast.literal_eval(node.value)
+            except ValueError:
+                return None
+    names, configs = found.get("SHAPE_TABLE_NAMES"), found.get("SHAPE_CONFIGS")
+    if not shape_keys or not isinstance(configs, dict) or len(set(configs.values())) != 1 \
+            or set(configs) != {launch_key(json.loads(k)) for k in shape_keys}:
+        return None
+    return dict(zip(names, next(iter(configs.values()))))
+
+
+def written(pos: Position, config: dict, dtype: str) -> str:
+    """The file with `config` where the model's shapes run it: its constants, or the table of those shapes."""
+    if pos.at_model is None or config == pos.constants:
+        return apply_config(pos.base, config)
+    return written_table(pos, {key: config for key in pos.at_model}, dtype) or apply_config(pos.base, config)
+
+
+def written_table(pos: Position, table: dict, dtype: str) -> str | None:
+    """The file with a per-shape `table` (apply_table), the model's other shapes at `best`; None where the file's
+    kernel_fn cannot be wrapped."""
+    if pos.at_model is None:
+        return apply_table(pos.base, table, pos.best, dtype)
+    return apply_table(pos.base, {**{key: pos.best for key in pos.at_model}, **table}, pos.constants, dtype)
+
+
 class BuiltinAgent(Agent):
     name = "builtin"
 
     def finish(self, task: Task) -> Proposal | None:
         """The per-shape table, when the shapes disagree on their best configuration (see the docstring)."""
-        source = task.kernel_file.read_text()
-        best = tunable_space(source)[1]
-        return self._table(task, source, best, shape_table(task.memory, best), "per-shape table")
+        pos = self._position(task)
+        return self._table(task, pos, shape_table(task.memory, pos.best), "per-shape table")
 
-    def _table(self, task: Task, source: str, best: dict, table: dict | None, what: str) -> Proposal | None:
-        new = apply_table(source, table, best, task.dtype) if table else None
+    @staticmethod
+    def _position(task: Task) -> Position:
+        return position(task.kernel_file.read_text(), model_shape_keys(task.memory))
+
+    def _table(self, task: Task, pos: Position, table: dict | None, what: str, config=None) -> Proposal | None:
+        new = written_table(pos, table, task.dtype) if table else None
         if new is None:
             return None
         task.kernel_file.write_text(new)
-        picks = "; ".join(f"{key}: {describe_move(best, config) or 'as above'}" for key, config in table.items())
-        return Proposal(f"{what} ({picks})", {"table": table})
+        picks = "; ".join(f"{key}: {describe_move(pos.best, c) or 'as above'}" for key, c in table.items())
+        return Proposal(f"{what} ({picks})", {"table": table, **({"config": config} if config else {})})
 
     def propose(self, task: Task) -> Proposal | None:
-        source = task.kernel_file.read_text()
-        space, best = tunable_space(source)
-        if space and task.screen is not None and search.wants_screen(task.memory, best):
-            self._screen(task, space, best)
+        pos = self._position(task)
+        if pos.space and task.screen is not None and search.wants_screen(task.memory, pos.best):
+            self._screen(task, pos)
         while task.memory.get("queue"):
-            proposal = self._queued(task, source, best, task.memory["queue"].pop(0))
+            proposal = self._queued(task, pos, task.memory["queue"].pop(0))
             if proposal is not None:
                 return proposal
-        move = next_move(source, task.memory, task.seed)
+        move = next_move(pos, task.memory, task.seed)
         if move is None:
             return None  # no TUNABLES, or every configuration has been tried
         task.memory["since_screen"] = task.memory.get("since_screen", 0) + 1
-        task.kernel_file.write_text(apply_config(source, move.meta["config"]))
+        task.kernel_file.write_text(written(pos, move.meta["config"], task.dtype))
         return move
 
-    def _screen(self, task: Task, space: dict, best: dict) -> None:
+    def _screen(self, task: Task, pos: Position) -> None:
         """Screen configurations drawn from the whole space (search.py); the figures go to the agent's memory and
-        to workspace/agent_logs/. A screen that fails turns screening off for this kernel."""
+        to workspace/agent_logs/. A screen that fails turns screening off for this kernel, and so does a space with
+        nothing left to draw. The screen applies each configuration to the file without a table of the model's
+        shapes (it times those shapes alone), and the file is as it was after it."""
         memory = task.memory
         seen = set(memory.get("screened", [])) | {config_key(c) for c in memory.get("tried", [])}
-        configs = search.draw(space, best, task.seed + memory.get("screens", 0), seen, elite=memory.get("elite"))
-        started = time.monotonic()
+        configs = search.draw(pos.space, pos.best, task.seed + memory.get("screens", 0), seen,
+                              elite=memory.get("elite"))
+        if len(configs) < 2:  # nothing but the configuration it has
+            memory["screens"] = search.SCREEN_ROUNDS
+            return
+        started, source = time.monotonic(), task.kernel_file.read_text()
         try:
+            task.kernel_file.write_text(pos.base)
             screened = task.screen(configs)
         except Exception as e:  # noqa: BLE001  (the coordinate search goes on without it)
             memory["screens"], memory["screen_error"] = search.SCREEN_ROUNDS, str(e)[:300]
             return
-        search.remember(memory, screened, best)
+        finally:
+            task.kernel_file.write_text(source)
+        search.remember(memory, screened, pos.best)
         memory["screen_note"] = f"screen {memory['screens']}: {search.summary(screened, time.monotonic() - started)}"
         task.log_dir.mkdir(parents=True, exist_ok=True)
         log = task.log_dir / f"{task.kernel_name}_screen_{memory['screens']}.json"
         log.write_text(json.dumps(screened, indent=1))
 
-    def _queued(self, task: Task, source: str, best: dict, item: dict) -> Proposal | None:
+    def _queued(self, task: Task, pos: Position, item: dict) -> Proposal | None:
         """The proposal a queued screen result makes from the file as it is now, or None when it has none left
         (a configuration tried since, a table the shapes do not call for)."""
         note = task.memory.get("screen_note", "screen")
         if item["kind"] == "table":
             screen = task.memory.get("screen", {})
-            table = table_from(screen.get("shapes", []), screen.get("runs", []), best)
-            return self._table(task, source, best, table, f"per-shape table from {note}")
+            table = table_from(screen.get("shapes", []), screen.get("runs", []), pos.best)
+            return self._table(task, pos, table, f"per-shape table from {note}")
         if item["kind"] == "model_shapes":  # a screened configuration the stages' other shapes could not run
             shapes = task.memory.get("screen", {}).get("shapes", [])
             table = {json.dumps(shape["key"]): item["config"] for shape in shapes}
-            return self._table(task, source, best, table, f"the model's shapes alone ({item['why']})")
+            return self._table(task, pos, table, f"the model's shapes alone ({item['why']})", item["config"])
         config = item["config"]
         tried = {config_key(c) for c in task.memory.get("tried", [])}
-        if config_key(config) in tried or config_key(config) == config_key(best) or set(config) != set(best):
+        if config_key(config) in tried or config_key(config) == config_key(pos.best) or set(config) != set(pos.best):
             return None
-        task.kernel_file.write_text(apply_config(source, config))
+        task.kernel_file.write_text(written(pos, config, task.dtype))
         gain = 100 * (item["anchor_us"] - item["screen_us"]) / item["anchor_us"]
-        return Proposal(f"{describe_move(best, config)} (from {note}: {gain:.1f}% faster there)",
-                        {"config": config, "directions": {}, "screened": True})
+        return Proposal(f"{describe_move(pos.best, config)} (from {note}: {gain:.1f}% faster there)",
+                        {"config": config, "directions": {}, "screened": pos.at_model is None})
 
     def observe(self, task: Task, proposal: Proposal | None, status: str) -> None:
         if proposal is None:  # the baseline: its configuration counts as tried
-            config = tunable_space(task.kernel_file.read_text())[1]
+            config = self._position(task).best
         else:
             config = proposal.meta.get("config")
         if not config:
             return
         task.memory.setdefault("tried", []).append(config)
         record_shape_times(task.memory, config, task.model_shapes)
-        screened = proposal is not None and proposal.meta.get("screened")
-        limit = _hardware_limit(task.history) if status == "crash" and screened else None
-        if limit:  # timed at the model's shapes by the screen, it crashed at another: those shapes alone, next
-            task.memory.setdefault("queue", []).insert(0, {"kind": "model_shapes", "config": config, "why": limit})
+        # timed at the model's shapes by the screen, it failed at another: those shapes alone, next
+        why = _failed_elsewhere(task.history, status) if proposal and proposal.meta.get("screened") else None
+        if why:
+            task.memory.setdefault("queue", []).insert(0, {"kind": "model_shapes", "config": config, "why": why})
         if status == "keep" and proposal is not None:
             task.memory["momentum"] = proposal.meta.get("directions", {})
             # under the new configuration every tunable may matter again
@@ -358,11 +434,15 @@ FLAT_PCT = 1.0  # a revert this close to the best says the moved tunable does no
 HARDWARE_LIMITS = ("shared memory asked", "OutOfResources")
 
 
-def _hardware_limit(history: list[dict]) -> str | None:
-    """Where and why the last experiment crashed on a limit of the hardware, from its row ("B=1 ... fp32: kernel_fn
-    ran out of memory on the GPU (triton.OutOfResources): 246,016 bytes of shared memory asked, ..."), else None."""
+def _failed_elsewhere(history: list[dict], status: str) -> str | None:
+    """Why the last experiment failed where the screen, which timed it at the model's shapes, did not run it: a
+    crash on a limit of the hardware ("B=1 ... fp32: kernel_fn ran out of memory on the GPU (triton.OutOfResources):
+    246,016 bytes of shared memory asked, ...": where and why), or a timeout (the stages compile it for every shape
+    and dtype they check; an H100 night lost flash_attention's 7.5% so); else None."""
     text = (history[-1].get("description") or "") if history else ""
-    if not any(mark in text for mark in HARDWARE_LIMITS):
+    if status == "timeout":
+        return "no result within the time limit at the stages' shapes and dtypes"
+    if status != "crash" or not any(mark in text for mark in HARDWARE_LIMITS):
         return None
     at = text.rfind("(", 0, text.find(": kernel_fn"))
     return text[at + 1:].rstrip(")") if at >= 0 else "a hardware limit"

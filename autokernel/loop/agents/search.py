@@ -12,9 +12,12 @@ becomes the agent's next proposals, fastest first, each a loop experiment like a
 confirmation before a keep); then, where the shapes disagree on their fastest configuration, a per-shape table
 (builtin.apply_table).
 
-A kernel is screened when the agent starts on it, again each time a keep changed its configuration, and after
-SCREEN_EVERY experiments of the coordinate search without one, SCREEN_ROUNDS times at most; a screen that fails
-(a child that dies) turns screening off for that kernel, and the coordinate search goes on alone.
+A kernel is screened when the agent starts on it, again each time a keep changed its configuration, at once after
+a screen that found nothing MIN_SCREEN_GAIN_PCT faster (the next draws other configurations and mutates the elite: a
+screen times 64 in the time two or three experiments of the coordinate search take, and an H100 night's fused_mlp
+spent five of those on single moves 12-266% slower), and after SCREEN_EVERY experiments of the coordinate search
+without a keep; SCREEN_ROUNDS times at most. A screen that fails (a child that dies) turns screening off for that
+kernel, and the coordinate search goes on alone.
 """
 
 from __future__ import annotations
@@ -128,13 +131,15 @@ def remember(memory: dict, screened: dict, best: dict) -> None:
     memory["queue"] = proposals(screened, best)
     memory["screens"] = memory.get("screens", 0) + 1
     memory["screened_at"], memory["since_screen"] = key(best), 0
+    memory["fruitless"] = not any(item["kind"] == "config" for item in memory["queue"])
 
 
 def wants_screen(memory: dict, best: dict) -> bool:
     """Whether the agent screens before its next proposal (see the module's docstring)."""
     if memory.get("queue") or memory.get("screens", 0) >= SCREEN_ROUNDS:
         return False
-    return memory.get("screened_at") != key(best) or memory.get("since_screen", 0) >= SCREEN_EVERY
+    return memory.get("screened_at") != key(best) or memory.get("since_screen", 0) >= SCREEN_EVERY \
+        or memory.get("fruitless", False)
 
 
 def summary(screened: dict, seconds: float) -> str:
