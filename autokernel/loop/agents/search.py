@@ -29,7 +29,7 @@ SCREEN_SIZE = 64  # configurations drawn per screen (48 took an H100 31-36 s at 
 # configurations screened, and seconds after which a screen's first rung stops starting them, per device: on the
 # CPU (Triton's interpreter) a screen shows that the path works, and its times rank nothing
 SCREEN_LIMITS = {"cuda": (SCREEN_SIZE, 150.0), "cpu": (6, 30.0)}
-SCREEN_ROUNDS = 4  # screens per kernel
+SCREEN_ROUNDS = 8  # screens per kernel (a screen times 64 configurations in the time of one to three experiments)
 SCREEN_EVERY = 12  # coordinate-search experiments between two screens when no keep changed the configuration
 PROPOSALS = 3  # the screen's fastest configurations tried as experiments
 MIN_SCREEN_GAIN_PCT = 1.0  # faster than the current configuration by this much in the screen to be proposed
