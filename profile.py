@@ -230,6 +230,10 @@ def show(the_plan: dict) -> None:
     print(f"named types cover {the_plan['covered_f']:.1%} of the time; all at their s: "
                   f"{the_plan['combined_gain']:.3f}x end to end; Amdahl ceiling (named types at zero "
                   f"time): {'unbounded' if ceiling is None else f'{ceiling:.2f}x'}")
+    ceil = the_plan.get("ceilings")
+    if ceil:
+        print(f"the roofline (\"from roof\"): {ceil['fp16_tflops']:.0f} TFLOP/s fp16 and "
+              f"{ceil['bandwidth_gb_s']:.0f} GB/s, {ceil['source']}")
     rivals = the_plan.get("rivals") or []
     if rivals:
         print(f"rivals of {', '.join(rivals[0]['rival_of'])} (the time it takes is theirs without it; extract.py "

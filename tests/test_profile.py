@@ -209,6 +209,37 @@ def test_a_plan_made_on_a_gpu_holds_each_types_roofline_for_its_calls(monkeypatc
     assert the_plan["entries"][0]["floor_us"] == pytest.approx(3 * one_call)
     assert the_plan["rivals"][0]["floor_us"] == pytest.approx(one_call)
     assert "floor_us" not in the_plan["entries"][1] and "floor_us" not in the_plan["entries"][2]
+    assert the_plan["ceilings"] == {"source": "datasheet", "bandwidth_gb_s": 3350, "fp16_tflops": 989}
+
+
+def test_the_plans_roofline_is_the_gpus_measured_one_and_the_datasheets_when_the_model_leaves_no_room(monkeypatch):
+    """add_floors asks for the measured ceilings (a large copy and matmul, cached for the harness): an H100's
+    datasheet rate put fused_mlp at 66% of a roofline no GEMM reaches. Out of memory there, the datasheet's."""
+    from autokernel.harness import gpu
+
+    measured = gpu.Ceilings("test GPU", 3000, 750, 67, "measured")
+    datasheet = gpu.Ceilings("test GPU", 3350, 989, 67, "datasheet")
+    asked = []
+
+    def ceilings(measure=False):
+        asked.append(measure)
+        return measured if measure else datasheet
+    monkeypatch.setattr(gpu, "ceilings", ceilings)
+    mlp = {"shape": {"T": 2048, "H": 2048, "I": 5632}, "calls": 22}
+    the_plan = {"entries": [{"type": "fused_mlp", "shapes": [mlp]}]}
+    plan.add_floors(the_plan, torch.float16)
+    flops = 3 * 2 * 2048 * 2048 * 5632
+    assert asked == [True] and the_plan["ceilings"]["source"] == "measured"
+    assert the_plan["entries"][0]["floor_us"] == pytest.approx(22 * flops / 750e12 * 1e6)
+
+    def out_of_memory(measure=False):
+        if measure:
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        return datasheet
+    monkeypatch.setattr(gpu, "ceilings", out_of_memory)
+    plan.add_floors(the_plan, torch.float16)
+    assert the_plan["ceilings"]["source"] == "datasheet"
+    assert the_plan["entries"][0]["floor_us"] == pytest.approx(22 * flops / 989e12 * 1e6)
 
 
 def _run(repo_root, *args, cwd=None):

@@ -110,18 +110,30 @@ def build_plan(profile: dict, measured: dict[str, float] | None = None, source: 
 
 
 def add_floors(the_plan: dict, dtype) -> None:
-    """Give each entry and rival its floor_us: the roofline's time on this GPU (perf.roofline_s, the harness's
-    ceilings) for the calls its shapes make in one forward, the least time the night could bring the type's share
-    down to; the budget (loop/budget.py) spends the night by what lies between it and the time the model takes. A
-    type without a registered spec here (a region, whose kernel file extract.py writes later) gets none."""
-    from autokernel import registry  # here: torch and a GPU only where profile.py has both
-    from autokernel.harness import perf
+    """Give each entry and rival its floor_us: the roofline's time on this GPU (perf.roofline_s) for the calls its
+    shapes make in one forward, the least time the night could bring the type's share down to; the budget
+    (loop/budget.py) spends the night by what lies between it and the time the model takes. The ceilings are the
+    GPU's measured ones (gpu.measure_ceilings: a large copy and a large matmul, cached for the harness's children,
+    whose fractions of peak then hold the same ceilings), not the datasheet's: an H100's datasheet 989 TFLOP/s put
+    fused_mlp at 66% of its roofline and gave a 19-minute night's search five minutes there. The plan records them
+    ("ceilings"). A type without a registered spec here (a region, whose kernel file extract.py writes later) gets
+    none."""
+    import torch  # here: torch and a GPU only where profile.py has both
 
+    from autokernel import registry
+    from autokernel.harness import gpu, perf
+
+    try:
+        ceil = gpu.ceilings(measure=True)
+    except torch.OutOfMemoryError:  # the model leaves no room for the copy and the matmul: the datasheet's
+        ceil = gpu.ceilings()
+    the_plan["ceilings"] = {"source": ceil.source, "bandwidth_gb_s": ceil.bandwidth_gb_s,
+                            "fp16_tflops": ceil.fp16_tflops}
     for entry in the_plan["entries"] + the_plan.get("rivals", []):
         try:
             spec = registry.get_spec(entry["type"])
             floor = sum(int(s.get("calls") or 1) * perf.roofline_s(spec.bytes_moved(s["shape"], dtype),
-                                                                   spec.flops(s["shape"]), dtype)
+                                                                   spec.flops(s["shape"]), dtype, ceil)
                         for s in entry.get("shapes", []))
         except (KeyError, TypeError, ValueError):  # no spec, or a shape its formulas cannot read
             continue
