@@ -218,6 +218,7 @@ def test_after_a_table_of_the_models_shapes_is_kept_the_search_goes_on_at_those_
     kernel.write_text(apply_table(TABLE_KERNEL, {k: at_model for k in keys}, constants, "fp16"))
     assert position(kernel.read_text(), keys).best == at_model
     assert position(kernel.read_text(), keys[:1]).best == constants  # a table of other shapes: the constants
+    assert apply_table(TABLE_KERNEL, {k: constants for k in keys}, constants, "fp16") == TABLE_KERNEL  # no entry
     seen_files = []
 
     def screen_of(configs):

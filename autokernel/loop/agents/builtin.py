@@ -209,17 +209,15 @@ def launch_key(arg_shapes: list[list[int]]) -> tuple:
 def apply_table(source: str, table: dict, best: dict, dtype: str | None = None) -> str | None:
     """The source ending with the per-shape table and its dispatching kernel_fn, the table for calls whose first
     tensor is of `dtype` alone where one is given ("fp16"); None when the file's kernel_fn cannot be wrapped (no
-    torch import, *args or keyword-only parameters)."""
-    fn = next((n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == "kernel_fn"), None)
-    if fn is None or "import torch" not in source or TABLE_MARK in source or fn.args.vararg or fn.args.kwarg \
-            or fn.args.kwonlyargs or fn.body[0].lineno == fn.lineno:
+    torch import, *args or keyword-only parameters); the source as it is where no entry differs from `best`."""
+    found = _kernel_fn_header(source)
+    if found is None:
         return None
-    lines = source.splitlines(keepends=True)
-    header = "".join(lines[fn.lineno - 1:fn.body[0].lineno - 1]).rstrip()
-    if not header.endswith(":"):  # a comment after the colon, or a docstring on the def line
-        return None
+    fn, header = found
     params = ", ".join(a.arg for a in fn.args.posonlyargs + fn.args.args)
     names = sorted({n for config in table.values() for n in config if config[n] != best.get(n)})
+    if not names:
+        return source
     entries = "".join(f"    {launch_key(json.loads(key))!r}: {tuple(config[n] for n in names)!r},\n"
                       for key, config in table.items())
     saved = ", ".join(f"_saved_{i}" for i in range(len(names)))
@@ -257,6 +255,17 @@ def apply_table(source: str, table: dict, best: dict, dtype: str | None = None) 
         """)
     block = block.replace("{entries}", entries).replace("{header}", header.strip())
     return source.rstrip() + "\n\n\n" + block.strip("\n") + "\n"
+
+
+def _kernel_fn_header(source: str) -> tuple[ast.FunctionDef, str] | None:
+    """kernel_fn's node and its `def` line(s), where apply_table can wrap it (see there), else None."""
+    fn = next((n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == "kernel_fn"), None)
+    if fn is None or "import torch" not in source or TABLE_MARK in source or fn.args.vararg or fn.args.kwarg \
+            or fn.args.kwonlyargs or fn.body[0].lineno == fn.lineno:
+        return None
+    lines = source.splitlines(keepends=True)
+    header = "".join(lines[fn.lineno - 1:fn.body[0].lineno - 1]).rstrip()
+    return (fn, header) if header.endswith(":") else None  # not: a comment after the colon, a docstring on the line
 
 
 # ------------------------------------------------------------------------------ where the search stands
