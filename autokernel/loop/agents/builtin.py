@@ -52,7 +52,7 @@ import textwrap
 import time
 from typing import NamedTuple
 
-from autokernel.kernelfile import apply_config, tunable_space
+from autokernel.kernelfile import apply_config, declarations, tunable_space
 from autokernel.loop.agents import Agent, Proposal, Task, search
 from autokernel.results import objective_us
 
@@ -300,15 +300,8 @@ def position(source: str, shape_keys: list[str]) -> Position:
 
 def _table_at_model(source: str, shape_keys: list[str]) -> dict | None:
     """The tunables a per-shape table sets where it holds one configuration at exactly the model's shapes, else None."""
-    found = {}
-    for node in ast.parse(source).body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
-                and node.targets[0].id in ("SHAPE_TABLE_NAMES", "SHAPE_CONFIGS"):
-            try:
-                found[node.targets[0].id] = ast.literal_eval(node.value)
-            except ValueError:
-                return None
-    names, configs = found.get("SHAPE_TABLE_NAMES"), found.get("SHAPE_CONFIGS")
+    decl = declarations(source)
+    names, configs = decl.get("SHAPE_TABLE_NAMES"), decl.get("SHAPE_CONFIGS")
     if not shape_keys or not isinstance(configs, dict) or len(set(configs.values())) != 1 \
             or set(configs) != {launch_key(json.loads(k)) for k in shape_keys}:
         return None
@@ -379,13 +372,15 @@ class BuiltinAgent(Agent):
             return
         started, source = time.monotonic(), task.kernel_file.read_text()
         try:
-            task.kernel_file.write_text(pos.base)
+            if pos.base != source:  # a table of the model's shapes: the screen times the file without it
+                task.kernel_file.write_text(pos.base)
             screened = task.screen(configs)
         except Exception as e:  # noqa: BLE001  (the coordinate search goes on without it)
             memory["screens"], memory["screen_error"] = search.SCREEN_ROUNDS, str(e)[:300]
             return
         finally:
-            task.kernel_file.write_text(source)
+            if pos.base != source:
+                task.kernel_file.write_text(source)
         search.remember(memory, screened, pos.best)
         memory["screen_note"] = f"screen {memory['screens']}: {search.summary(screened, time.monotonic() - started)}"
         task.log_dir.mkdir(parents=True, exist_ok=True)
