@@ -31,16 +31,17 @@ Variants:
                  tensors whose rows a descriptor can walk (_tma_rows: dense [B, H, S, D]; [B, S, H, D] in
                  memory, as a model's transpose(1, 2) of its projections leaves them and as the output is
                  written; a packed qkv's slices); else (the interpreter, fp32, ragged S) "split", silently.
-  "auto"         "tma" where it applies and the call is large (TMA_MIN_FLOPS), else "split".
+  "auto"         "tma" where it applies, the call is large (TMA_MIN_FLOPS) and its grid not folded, else "split"
+                 (folded, "split" ran 1.17-1.22x faster than "tma" at D 128, S 2048-8192, 512-1024 programs).
 PACK_GQA (the pointer path): one program takes the H/Hkv query heads of one K/V head, its BLOCK_M rows those heads x
-BLOCK_M/(H/Hkv) positions, so each K and V tile is loaded once for the whole group instead of once per query head,
-and the causal diagonal is cut finer (a group that does not divide BLOCK_M runs unpacked). A night that turned on
-rope_attention's packing ran TinyLlama's attention 1.11x faster on an H100; here off until a screen finds it faster.
+BLOCK_M/(H/Hkv) positions: each K and V tile is loaded once for the whole group, not once per query head, and the
+causal diagonal is cut finer (a group that does not divide BLOCK_M runs unpacked). Off until a screen finds it faster.
 DESCRIPTORS: where "tma" makes its descriptors. "host": encoded by the launcher on every call (torch.compile cannot
 trace such a launch: traced, the file runs "device"). "device": each program makes its four (tl.make_tensor_descriptor,
 global scratch from triton's allocator): nothing encoded on the host, and Inductor launches the kernel itself.
 Tiles: 64x64, 4 warps, 3 stages beat the 128-row tiles for "tma" at the bench shape and "split" at TinyLlama's
-(BENCHMARKS.md, the starter defaults); Triton's warp specialization failed to compile at 4 warps on Triton 3.6.
+(BENCHMARKS.md, the starter defaults). Tried and slower on an H100 (Triton 3.6): warp specialization (no compile at 4
+warps); exp2 as ex2.approx.f16x2, two exponentials an instruction (1.01-1.07x slower at D 64 and 128).
 Q, K, V may be strided views: strides are passed, no copies. The [B, H, S, D] output is laid out as [B, S, H, D]: the
 model's transpose(1, 2) and reshape to [B, S, H * D] are then views, not a copy of it (a clone kernel a layer).
 """
@@ -64,11 +65,10 @@ BLOCK_M = 0  # query rows per program; 0 = by head dim and dtype (64 for 16-bit 
 BLOCK_N = 0  # keys per inner step; 0 = by head dim and dtype (64); capped at BLOCK_M
 NUM_WARPS = 0  # 0 = by tile (4 for 16-bit tiles)
 NUM_STAGES = 0  # K/V pipeline depth; 0 = by tile (3)
-CAUSAL_ORDER = "auto"  # causal: "longest_first" (the longest query blocks launched first, to shorten the tail) |
-# "launch" | "fold" (each program a block and its mirror: the same work for all) | "auto": fold where the causal
-# grid has at most FOLD_PER_SM programs an SM, else longest_first
-FOLD_PER_SM = 8  # H100, fp16 (BENCHMARKS.md, the causal orders): folded, 512 programs ran 1.30x (D 128) and 1.23x
-# (D 256), 1024 1.07x (D 64), 256 0.98x; 2048 and 4096 on TMA 0.75x
+CAUSAL_ORDER = "auto"  # causal: "longest_first" (the longest blocks launched first) | "launch" | "fold" (a block and
+# its mirror: the same work for all) | "auto": fold where the grid has at most FOLD_PER_SM programs an SM, else longest
+FOLD_PER_SM = 8  # H100, fp16 (BENCHMARKS.md, the causal orders): folded, 512 programs 1.30x (D 128), 1.23x (D 256),
+# 1024 1.07x (D 64), 256 0.98x; 2048 and 4096 on TMA 0.75x
 DESCRIPTORS = "host"  # "tma": "host" | "device" (made by each program; see the docstring)
 PACK_GQA = False  # the pointer path: one program takes the H/Hkv query heads of one K/V head (see the docstring)
 OVERLAP = False  # "tma": the next block's scores issued before this block's softmax (see the docstring)
@@ -401,8 +401,7 @@ def _tma_rows(t):
 
 
 def _address(t):
-    """t's data pointer; traced under torch.compile (a FakeTensor has none) its offset into an allocation,
-    which PyTorch's allocators align to at least 256 bytes."""
+    """t's data pointer; traced (a FakeTensor has none) its offset into an allocation: PyTorch aligns those to 256."""
     try:
         return t.data_ptr()
     except RuntimeError:
@@ -412,7 +411,8 @@ def _address(t):
 def _use_tma(q, k, v, causal, block_m, scale):
     batch, heads, seq, head_dim = q.shape
     flops = 4 * batch * heads * seq * seq * head_dim // (2 if causal else 1)
-    wanted = VARIANT == "tma" or (VARIANT == "auto" and flops >= TMA_MIN_FLOPS)
+    wanted = VARIANT == "tma" or (VARIANT == "auto" and flops >= TMA_MIN_FLOPS and
+                                  not _order(-(-seq // block_m), causal, batch * heads, q.device)[2])  # not folded
     return wanted and _tma_applies(q, k, v, block_m, scale)  # the cheap test first: small calls skip the rest
 
 

@@ -72,6 +72,28 @@ def test_auto_folds_small_causal_grids_and_launches_large_ones_longest_first(rep
     assert module._order(32, False, 16, cpu) == (32, False, False)
 
 
+def test_auto_takes_tma_for_large_calls_only_where_the_grid_is_not_folded(repo_root, monkeypatch):
+    """VARIANT "auto" on a GPU where TMA applies: a large causal call whose grid is folded runs the pointer loop (an
+    H100, D 128: "split" 1.17-1.22x faster there, B1 H8 S8192 and B1 H32 S2048, 1024 programs), a large grid and a
+    large non-causal call take TMA, a small call never does; "tma" takes it wherever it applies."""
+    from autokernel.kernelfile import import_kernel
+
+    module = import_kernel(repo_root / "kernels" / f"{TYPE}.py")
+    monkeypatch.setattr(module, "_tma_applies", lambda *args: True)
+
+    def takes_tma(batch, heads, seq, causal=True):
+        q = torch.empty(batch, heads, seq, 128, device="meta", dtype=torch.float16)  # counted as an H100's 132 SMs
+        return module._use_tma(q, q, q, causal, 64, 0.09)
+
+    assert module.VARIANT == "auto"
+    assert not takes_tma(1, 8, 8192) and not takes_tma(1, 32, 2048)  # 1024 programs: folded
+    assert takes_tma(1, 32, 8192) and takes_tma(2, 32, 2048)  # 4096 and 2048 programs: longest first
+    assert takes_tma(1, 8, 8192, causal=False)
+    assert not takes_tma(1, 8, 1024)  # 2^31 FLOPs: the launch's host descriptors cost more than TMA saves
+    monkeypatch.setattr(module, "VARIANT", "tma")
+    assert takes_tma(1, 8, 8192) and takes_tma(1, 8, 1024)
+
+
 def test_the_small_shapes_cover_grouped_heads_a_window_a_soft_cap_and_alibi():
     shapes = get_spec(TYPE).small_shapes
     assert any(s.get("Hkv", s["H"]) < s["H"] for s in shapes)
