@@ -34,7 +34,9 @@ HOST_CLOCK_MAX_CALLS = 200
 HOST_CLOCK_AGREEMENT = 0.85
 HOST_CLOCK_SLACK_US = 2.0
 ROOFLINE_SLACK = 0.8  # a time below 80% of the physical floor cannot be real
-COMPILE_MODE = "max-autotune-no-cudagraphs"
+# torch.compile's baseline is the faster of these modes at each shape: max-autotune's GEMM templates can lose to the
+# default's cuBLAS (TinyLlama's MLP on an H100: 259 us against 224), and a user runs whichever is faster.
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
 BASELINE_CACHE = Path(__file__).resolve().parents[2] / "workspace" / "baseline_cache.json"
 
 
@@ -70,18 +72,33 @@ def gpu_input_sets(spec: KernelSpec, shape: dict, dtype: torch.dtype, seed: int 
     return [spec.make_inputs(shape, dtype, "cuda", gen) for _ in range(INPUT_SETS)]
 
 
-def compiled_reference(spec: KernelSpec):
-    """torch.compile of the reference as the harness's "vs compile" column runs it."""
+def compiled_reference(spec: KernelSpec, mode: str = COMPILE_MODES[-1]):
+    """torch.compile of the reference in one of COMPILE_MODES (fastest_compiled times them all)."""
     import torch._dynamo
 
     torch._dynamo.config.cache_size_limit = 64
-    return torch.compile(spec.reference, mode=COMPILE_MODE, dynamic=False)
+    return torch.compile(spec.reference, mode=mode, dynamic=False)
+
+
+def fastest_compiled(spec: KernelSpec, time_us) -> tuple[float, str]:
+    """(us, mode) of the fastest of COMPILE_MODES' compilations of the reference, time_us(fn) timing each; a mode
+    that fails to compile or run is passed over, and where every mode fails the last failure is raised."""
+    times, failure = {}, None
+    for mode in COMPILE_MODES:
+        try:
+            times[mode] = time_us(compiled_reference(spec, mode))
+        except Exception as e:  # noqa: BLE001  (a compiler failure is the baseline's problem, not the kernel's)
+            failure = e
+    if not times:
+        raise failure
+    mode = min(times, key=times.get)
+    return times[mode], mode
 
 
 def _baseline_key(spec, shape, dtype) -> str:
     source = hashlib.sha1(inspect.getsource(spec.reference).encode()).hexdigest()[:12]
     return (f"{gpu.device_name()}|torch {torch.__version__}|{spec.name}|{shape_label(shape)}|{dtype}|{source}"
-            f"|timing {timing.PROTOCOL}")
+            f"|timing {timing.PROTOCOL}|compile {'+'.join(COMPILE_MODES)}")
 
 
 def _time_compile(spec, input_sets, device, shape, dtype, reuse: bool) -> tuple[float | None, str]:
@@ -91,17 +108,17 @@ def _time_compile(spec, input_sets, device, shape, dtype, reuse: bool) -> tuple[
     key = _baseline_key(spec, shape, dtype)
     cache = json.loads(BASELINE_CACHE.read_text()) if BASELINE_CACHE.is_file() else {}
     if reuse and key in cache:
-        return cache[key]["us"], f"{COMPILE_MODE}, reused from {cache[key]['date']}"
+        return cache[key]["us"], f"{cache[key].get('mode', 'torch.compile')}, reused from {cache[key]['date']}"
     try:
-        us = timing.time_fn(compiled_reference(spec), input_sets, device).median_us
+        us, mode = fastest_compiled(spec, lambda fn: timing.time_fn(fn, input_sets, device).median_us)
     except Exception as e:  # a compiler failure is the baseline's problem, not the kernel's
         return None, f"torch.compile failed: {type(e).__name__}: {str(e)[:200]}"
-    cache[key] = {"us": us, "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    cache[key] = {"us": us, "mode": mode, "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     BASELINE_CACHE.parent.mkdir(exist_ok=True)
     tmp = BASELINE_CACHE.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(cache, indent=1))
     tmp.replace(BASELINE_CACHE)  # atomic: a reader never sees half a file
-    return us, COMPILE_MODE
+    return us, f"{mode}, the faster of {', '.join(COMPILE_MODES)}"
 
 
 def _check_timed_outputs(fn, spec, input_sets, timed):
