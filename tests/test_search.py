@@ -62,8 +62,9 @@ def combination_time(config: dict) -> float:
     return 100.0 + (config["BLOCK"] != 64) * 5 + (config["WARPS"] != 4) * 5
 
 
-def fake_screen(time_of, calls=(3, 1), seen=None):
-    """A screen that times each configuration by time_of(config) -> us per call (or a (us, us) per shape)."""
+def fake_screen(time_of, calls=(3, 1), seen=None, reached=None):
+    """A screen that times each configuration by time_of(config) -> us per call (or a (us, us) per shape); with
+    `reached`, the configurations past the first `reached` are left unreached, as a screen out of time leaves them."""
     def run(configs):
         if seen is not None:
             seen.append(configs)
@@ -73,6 +74,8 @@ def fake_screen(time_of, calls=(3, 1), seen=None):
             us = list(us) if isinstance(us, tuple) else [us, us]
             results.append({"config": c, "status": "timed", "us": us, "rung": 0, "reason": "",
                             "model_us": sum(k * t for k, t in zip(calls, us))})
+        for r in results[reached:] if reached is not None else []:
+            r.update(status="unreached", us=[], model_us=None)
         return {"shapes": [{"key": a, "calls": k} for a, k in zip(ARGS, calls)], "results": results}
     return run
 
@@ -106,10 +109,8 @@ def test_the_coordinate_search_does_not_bench_what_the_screen_passed_over(tmp_pa
     (tmp_path / "kernel.py").write_text(KERNEL)
     def reached_four(configs):  # the file's own, one timed 0.5% faster, one that fails, one slower; rest unreached
         times = {0: 100.0, 1: 99.5, 3: 125.0}
-        out = fake_screen(lambda c: times.get(configs.index(c), 0.0))(configs)
+        out = fake_screen(lambda c: times.get(configs.index(c), 0.0), reached=4)(configs)
         out["results"][2].update(status="failed", us=[], model_us=None)
-        for r in out["results"][4:]:
-            r.update(status="unreached", us=[], model_us=None)
         return out
     task = Task(root=tmp_path, kernel_name="k", kernel_type="rmsnorm", experiment=1, memory={}, screen=reached_four)
     agent = make_agent("builtin")
@@ -243,13 +244,7 @@ def test_a_screen_that_found_nothing_is_followed_by_another_not_by_twelve_single
     proposal screens again, drawing what the first did not reach."""
     (tmp_path / "kernel.py").write_text(KERNEL)
     calls = []
-
-    def reached_three(configs):
-        calls.append(configs)
-        out = fake_screen(lambda c: 100.0)(configs)
-        for r in out["results"][3:]:
-            r.update(status="unreached", us=[], model_us=None)
-        return out
+    reached_three = fake_screen(lambda c: 100.0, seen=calls, reached=3)
     task = Task(root=tmp_path, kernel_name="k", kernel_type="rmsnorm", experiment=1, memory={}, screen=reached_three)
     agent = make_agent("builtin")
     agent.observe(task, None, "baseline")

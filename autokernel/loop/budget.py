@@ -154,15 +154,12 @@ def describe(jobs: list[dict], seconds_left: float) -> list[str]:
     lines = []
     for job in sorted((j for j in jobs if j["status"] != "done"), key=order(jobs)):
         name, p = job["name"], every[job["name"]]
-        why = waiting_reason(job, jobs) if name in waiting else \
+        idle = waiting_reason(job, jobs) if name in waiting else \
             f"plan gain {job.get('gain') or 1.0:.3f}x, nothing to gain over PyTorch"
         if p == 0.0 and split[name] == 0.0:
-            lines.append(f"  {name}: {why}: queued last, on the time the others leave")
+            lines.append(f"  {name}: {idle}: queued last, on the time the others leave")
             continue
-        if p:
-            why = f"may still save {p:.1%} of the model's time"
-        elif p is None:
-            why = "no plan share: even split"
+        why = f"may still save {p:.1%} of the model's time" if p else "no plan share: even split" if p is None else idle
         minutes = split[name] * seconds_left / 60
         lines.append(f"  {name}: {split[name]:.0%} of the time left (~{minutes:.0f} min; {why})")
     return lines

@@ -25,6 +25,8 @@ from __future__ import annotations
 import json
 import random
 
+from autokernel.kernelfile import tunable_space
+
 SCREEN_SIZE = 64  # configurations drawn per screen (48 took an H100 31-36 s at TinyLlama's shapes)
 # configurations screened, and seconds after which a screen's first rung stops starting them, per device: on the
 # CPU (Triton's interpreter) a screen shows that the path works, and its times rank nothing
@@ -75,8 +77,6 @@ def draw(space: dict, best: dict, seed: int, seen: set[str], n: int = SCREEN_SIZ
 def drawn_from(source: str, n: int) -> list[dict]:
     """A kernel file's configuration first, then n - 1 drawn from its TUNABLES (seed 0): the same n configurations in
     the same order for every tool that ranks them two ways (scripts/l2_regimes.py, scripts/region_profile.py)."""
-    from autokernel.kernelfile import tunable_space
-
     space, best = tunable_space(source)
     return draw(space, best, seed=0, seen=set(), n=n)
 
