@@ -6,7 +6,9 @@ kernels the model never ran."""
 
 import json
 import os
+import re
 import subprocess
+from pathlib import Path
 
 import pytest
 from helpers import FAKE_KERNEL, FakeBench, Lines, git_env, make_repo, repo_files, rows
@@ -37,10 +39,17 @@ def by_name(jobs: list[dict]) -> dict[str, dict]:
     return {j["name"]: j for j in jobs}
 
 
+def timed(jobs: list[dict]) -> list[dict]:
+    """Every kernel's baseline tried (on the CPU: the plan's s still decide)."""
+    for job in jobs:
+        job.update(baseline_sha="b", experiments=1)
+    return jobs
+
+
 def rivals_faster(jobs: list[dict]) -> list[dict]:
     """The baselines ran in the model on a GPU: the rival pair leaves far less of the time than rope_attention."""
     best = {"rope_attention": 3800.0, "flash_attention": 1500.0, "rotary_embedding": 400.0}
-    for job in jobs:
+    for job in timed(jobs):
         if job["name"] in best:
             job.update(measured_on="cuda", objective="model_us", best_us=best[job["name"]], best_vs_pytorch=1.0)
     return jobs
@@ -99,7 +108,7 @@ def test_a_done_opt_in_type_still_decides_and_its_rivals_wait_for_the_time_left(
 
 
 def test_describe_says_which_side_the_model_runs():
-    lines = budget.describe(night(), seconds_left=19 * 60)
+    lines = budget.describe(timed(night()), seconds_left=19 * 60)
     assert "  flash_attention: a rival of rope_attention, which the model runs faster now: queued last, on the " \
            "time the others leave" in lines
     assert "  rotary_embedding: a rival of rope_attention, which the model runs faster now: queued last, on the " \
@@ -113,8 +122,30 @@ def test_describe_says_which_side_the_model_runs():
         "a rival of rope_attention, which the model runs faster now"
 
 
-def test_the_queue_puts_the_waiting_side_last():
+def test_the_untimed_sides_of_a_rivalry_come_first_and_a_timed_side_waits_for_them():
     jobs = night()
+    assert budget.time_first(jobs) == {"rope_attention", "flash_attention", "rotary_embedding"}
+    names = [j["name"] for j in sorted(jobs, key=budget.order(jobs))]
+    assert names[:3] == ["rope_attention", "rotary_embedding", "flash_attention"] and names[3] == "fused_mlp"
+    assert budget.describe(jobs, seconds_left=60)[0].startswith(
+        "  first the baselines of flash_attention, rope_attention, rotary_embedding: their times at the model's shapes")
+    rope, flash = by_name(jobs)["rope_attention"], by_name(jobs)["flash_attention"]
+    rope.update(baseline_sha="b", experiments=1, status="active")
+    assert budget.undecided(rope, jobs) and not budget.undecided(by_name(jobs)["fused_mlp"], jobs)
+    assert next_job([{**rope, "status": "pending"}, *jobs[2:]])["name"] == "rotary_embedding"
+    flash["status"] = "parked"  # a side parked untimed (an earlier run's) holds nothing up until it is back
+    by_name(jobs)["rotary_embedding"].update(baseline_sha="b", experiments=1)
+    assert not budget.undecided(rope, jobs) and budget.time_first(jobs) == set()
+    flash["status"] = "pending"
+    assert budget.undecided(rope, jobs)
+    flash["status"] = "active"  # its baseline failed: tried, and the split goes on from the plan's guess for it
+    flash.update(experiments=1)
+    assert not budget.undecided(rope, jobs)
+    assert all(not budget.undecided(j, jobs) for j in night() if j["name"] in ("fused_mlp", "add_rmsnorm"))
+
+
+def test_the_queue_puts_the_waiting_side_last():
+    jobs = timed(night())
     names = [j["name"] for j in sorted(jobs, key=budget.order(jobs))]
     assert names == ["rope_attention", "fused_mlp", "linear_cross_entropy", "add_rmsnorm",
                      "rotary_embedding", "flash_attention"]  # the waiting side by plan gain, last
@@ -135,7 +166,19 @@ def test_parallel_minutes_run_the_waiting_side_last_until_the_end():
     assert minutes["fused_mlp"] == pytest.approx(budget.shares(night())["fused_mlp"] * 120)
 
 
-def test_the_loop_works_on_the_side_the_model_runs_and_parks_its_rivals(tmp_path, monkeypatch):
+class ModelBench(FakeBench):
+    """A GPU's bench at the model's shapes: each type's time in the model (MODEL_US, scaled by the file's LATENCY)."""
+    MODEL_US = {"rope_attention": 3800.0, "flash_attention": 1500.0, "rotary_embedding": 400.0}
+
+    def __call__(self, path, **options):
+        out = super().__call__(path, **options)
+        kind = re.search(r'^KERNEL_TYPE = "(\w+)"', Path(path).read_text(), re.M).group(1)
+        return {**out, "device": "cuda", "cpu_mode": True, "model_us": self.MODEL_US[kind] * out["latency_us"] / 100}
+
+
+def rivalry_night(tmp_path, monkeypatch, bench) -> tuple[Loop, Lines, list[str]]:
+    """A night of rope_attention and its rivals, as the plan of NIGHT ranks them: the loop, its lines, the kernel
+    file of each row of results.tsv."""
     git_env(monkeypatch)
     repo = make_repo(tmp_path / "repo", repo_files())
     entries = []
@@ -155,14 +198,41 @@ def test_the_loop_works_on_the_side_the_model_runs_and_parks_its_rivals(tmp_path
         subprocess.run(["git", *cmd], cwd=repo, env=env, check=True)
     ui = Lines()
     loop = Loop(repo, LoopConfig(tag="t", hours=1.0, max_reverts=1), make_agent("builtin"),
-                load_jobs(repo, plan, warn=ui.print), bench=FakeBench(), ui=ui)
+                load_jobs(repo, plan, warn=ui.print), bench=bench, ui=ui)
     loop.run()
-    files = [r["kernel_file"] for r in rows(repo)]
+    return loop, ui, [r["kernel_file"] for r in rows(repo)]
+
+
+def test_the_loop_times_every_side_then_works_on_the_one_the_model_runs(tmp_path, monkeypatch):
+    loop, ui, files = rivalry_night(tmp_path, monkeypatch, FakeBench())
+    # every side's baseline first, then the side the model runs (the plan's s decide on the CPU), its rivals after it
+    assert files[:3] == ["kernels/rope_attention.py", "kernels/rotary_embedding.py", "kernels/flash_attention.py"]
     rope_rows = files.count("kernels/rope_attention.py")
-    assert rope_rows > 1 and files[:rope_rows] == ["kernels/rope_attention.py"] * rope_rows  # its rivals after it
+    assert rope_rows > 2 and files[3:rope_rows + 2] == ["kernels/rope_attention.py"] * (rope_rows - 1)
+    assert "rope_attention waits for its rivals' baselines: the model's shapes decide which side gets the time" \
+        in ui.lines
+    decided = ui.lines.index("every side of the rivalries timed at the model's shapes; time by Amdahl now:")
+    assert ui.lines[decided + 1].startswith("  rope_attention: 100% of the time left")
     assert any(line.startswith("  flash_attention: a rival of rope_attention, which the model runs faster now: "
-                               "queued last") for line in ui.lines)
+                               "queued last") for line in ui.lines[decided:])
     assert any(line.startswith("flash_attention parked (a rival of rope_attention, which the model runs faster now: "
                                "waits for the time the others leave") for line in ui.lines)
     rope = next(j for j in loop.state.jobs if j["name"] == "rope_attention")
     assert rope["budget_s"] / 3600 == pytest.approx(1.0, rel=0.01)  # the group's time is all its own
+
+
+def test_rivals_faster_at_the_model_s_shapes_get_the_night_where_the_plan_guessed_the_other_side(tmp_path,
+                                                                                                  monkeypatch):
+    """The plan's s put rope_attention ahead (the H200 Qwen3 night's mistake); the baselines in the model say the
+    rival pair leaves less of the time, and the night goes to them."""
+    loop, ui, files = rivalry_night(tmp_path, monkeypatch, ModelBench())
+    assert files[:3] == ["kernels/rope_attention.py", "kernels/rotary_embedding.py", "kernels/flash_attention.py"]
+    again = files.index("kernels/rope_attention.py", 1)  # rope_attention again only once its rivals are done
+    assert again > 5 and set(files[3:again]) == {"kernels/flash_attention.py", "kernels/rotary_embedding.py"}
+    done = {j["name"]: j["status"] for j in loop.state.jobs}
+    assert done["flash_attention"] == done["rotary_embedding"] == "done"
+    decided = ui.lines.index("every side of the rivalries timed at the model's shapes; time by Amdahl now:")
+    assert ui.lines[decided + 1].startswith("  rotary_embedding: ") or ui.lines[decided + 1].startswith(
+        "  flash_attention: ")
+    assert any(line.startswith("  rope_attention: its rivals") and "run faster in the model now: queued last" in line
+               for line in ui.lines[decided:])

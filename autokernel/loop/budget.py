@@ -15,8 +15,13 @@ expects no gain from and whose roofline is unknown (a plan made on the CPU) has 
 until the others are done, and then gets the time they leave. An opt-in type and its rivals (extract.py writes them
 beside it: rope_attention, and flash_attention with rotary_embedding, which cover the same time) count once: the side
 the model would deploy now, as report.amdahl and verify's prune choose, gets its potential, and the other side waits
-as a no-gain type does, for the time the others leave; a rival whose opt-in type is not queued keeps its own. Kernels
-given by hand (--kernel, no plan share) split the time evenly.
+as a no-gain type does, for the time the others leave; a rival whose opt-in type is not queued keeps its own. Which
+side that is, the plan alone cannot say: its s are the starters' speedups at the bench's shapes, and on an H200 a
+Qwen3 night gave rope_attention 13 of its 18 minutes (1.31x at the model's shape) while the model ran flash_attention
+and rotary_embedding 1.11x faster than it (verify's prune). So every side of a rivalry is timed at the model's shapes
+(its baseline) before the split trusts it (time_first, undecided): the baselines of a rivalry come first in the queue,
+and a side timed waits for the others' before it works on. Kernels given by hand (--kernel, no plan share) split the
+time evenly.
 """
 
 from __future__ import annotations
@@ -61,6 +66,27 @@ def left_of(job: dict) -> float:
 def rivals_of(job: dict, jobs: list[dict]) -> list[dict]:
     """The jobs that rival the kernel's (opt-in) type: those whose rival_of names it."""
     return [r for r in jobs if r is not job and job.get("type") and job["type"] in (r.get("rival_of") or [])]
+
+
+def untimed(job: dict) -> bool:
+    """Whether the kernel is queued (pending or at work) with no baseline tried yet: its time at the model's shapes
+    is the plan's guess."""
+    return job["status"] in ("pending", "active") and job.get("baseline_sha") is None and not job.get("experiments")
+
+
+def rivalries(jobs: list[dict]) -> list[list[dict]]:
+    """Each queued opt-in type with its rivals (rivals_of), the opt-in type first."""
+    return [[job, *rivals_of(job, jobs)] for job in jobs if rivals_of(job, jobs)]
+
+
+def time_first(jobs: list[dict]) -> set[str]:
+    """The kernels whose baselines come before all else: the untimed sides of every rivalry."""
+    return {j["name"] for group in rivalries(jobs) for j in group if untimed(j)}
+
+
+def undecided(job: dict, jobs: list[dict]) -> bool:
+    """Whether a rivalry the kernel is in still has an untimed side: which side the model runs is not known yet."""
+    return any(any(j is job for j in group) and any(untimed(j) for j in group) for group in rivalries(jobs))
 
 
 def outrun(jobs: list[dict]) -> dict[str, list[str]]:
@@ -126,13 +152,13 @@ def parallel_minutes(jobs: list[dict], hours: float, slots: int, per_kernel: flo
 
 
 def order(jobs: list[dict]):
-    """Sort key of the queue `jobs` (or of any part of it): most potential first, no-gain types and the sides their
-    rivals outrun (potentials) last, then the plan's gain."""
-    every = potentials(jobs)
+    """Sort key of the queue `jobs` (or of any part of it): the untimed sides of rivalries first (time_first), then
+    most potential first, no-gain types and the sides their rivals outrun (potentials) last, then the plan's gain."""
+    every, first = potentials(jobs), time_first(jobs)
 
     def key(job: dict) -> tuple:
         p = every[job["name"]] if job["name"] in every else potential(job)
-        return (p == 0.0, -(p or 0.0), -(job.get("gain") or 0.0))
+        return (job["name"] not in first, p == 0.0, -(p or 0.0), -(job.get("gain") or 0.0))
 
     return key
 
@@ -151,7 +177,9 @@ def waiting_reason(job: dict, jobs: list[dict]) -> str | None:
 def describe(jobs: list[dict], seconds_left: float) -> list[str]:
     """What the run says about the split, one line per kernel not done."""
     split, every, waiting = shares(jobs), potentials(jobs), outrun(jobs)
-    lines = []
+    first = sorted(time_first(jobs))
+    lines = [f"  first the baselines of {', '.join(first)}: their times at the model's shapes decide which side of a "
+             "rivalry the model runs (until then, the plan's guess below)"] if first else []
     for job in sorted((j for j in jobs if j["status"] != "done"), key=order(jobs)):
         name, p = job["name"], every[job["name"]]
         idle = waiting_reason(job, jobs) if name in waiting else \

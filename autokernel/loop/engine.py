@@ -172,6 +172,8 @@ class Loop(Experiments, Recording):
             if reason and not self._finale_due(job):
                 self._finish(job, reason)
                 continue
+            if not (reason or closing) and self._waits_for_rivals(job):
+                continue
             parked = None if reason or closing else self._kernel_parked(job)
             if parked:
                 self._park(job, parked)
@@ -181,7 +183,10 @@ class Loop(Experiments, Recording):
                 return stop
             self._check_harness()  # before the agent too: an edit made meanwhile is not the agent's
             if job["baseline_sha"] is None:
+                deciding = job["name"] in budget.time_first(self.state.jobs)
                 self._baseline(job)
+                if deciding:
+                    self._say_if_rivals_timed()
             else:
                 self._experiment(job, final=bool(reason or closing))
 
@@ -246,12 +251,31 @@ class Loop(Experiments, Recording):
             return f"its {self.cfg.per_kernel_minutes:g} min (--per-kernel-minutes) are used"
         return None
 
+    def _waits_for_rivals(self, job: dict) -> bool:
+        """A kernel timed at the model's shapes whose rivalry still has an untimed side goes back to the queue, its
+        share unset: which side the model runs decides its time (budget.undecided), and the untimed sides' baselines
+        come first (budget.order)."""
+        if self.cfg.per_kernel_minutes is not None or job["baseline_sha"] is None or \
+                not budget.undecided(job, self.state.jobs):
+            return False
+        job.update(status="pending", budget_s=None)
+        self.state.save()
+        self._say(f"{job['name']} waits for its rivals' baselines: the model's shapes decide which side gets the time")
+        return True
+
+    def _say_if_rivals_timed(self) -> None:
+        """After a rivalry's baseline: once every side of every rivalry is timed, the split they decide."""
+        if self.cfg.per_kernel_minutes is None and not budget.time_first(self.state.jobs):
+            self._say("every side of the rivalries timed at the model's shapes; time by Amdahl now:")
+            for line in budget.describe(self.state.jobs, self._time_left()):
+                self._say(line)
+
     def _kernel_parked(self, job: dict) -> str | None:
         """Why the loop leaves the kernel for now (it goes on in the next round), or None."""
         if job["reverts_in_row"] >= self.cfg.max_reverts:
             return f"{job['reverts_in_row']} reverts in a row"
-        if self.cfg.per_kernel_minutes is not None:
-            return None
+        if self.cfg.per_kernel_minutes is not None or job["name"] in budget.time_first(self.state.jobs):
+            return None  # an untimed side of a rivalry: its baseline first, whatever the plan guessed
         if job.get("budget_s") is None and not budget.shares(self.state.jobs)[job["name"]]:
             if job["name"] in budget.outrun(self.state.jobs):  # its rival side is the one the model runs
                 return f"{budget.waiting_reason(job, self.state.jobs)}: waits for the time the others leave"
