@@ -1,0 +1,75 @@
+"""Kernel types as the model runs them (GPU): the forward's kernels with one set of types against another.
+
+verify.py's prune says which set the model runs faster with (Qwen3-0.6B under torch.compile on an H200: 1.108x with
+flash_attention and rotary_embedding in rope_attention's place, where the harness timed rope_attention's call 57 us);
+this says where the difference is, kernel by kernel, from a profile of the forward rather than one call's timing:
+
+    python scripts/types_profile.py benchmarks/hf/qwen3-0.6b --types rope_attention \
+        --against flash_attention,rotary_embedding [--kernels workspace/kernels] [--shape 1,2048] [--eager]
+
+Each set runs the model as verify.py runs it (model(ids), HF's cache as its config has it) under torch.compile
+(--eager: without), with the kernel files of --kernels (the starters for types without one there). It prints each
+set's kernel time a forward and the kernels whose calls or time a forward differ by more than --min-us (calls a
+forward and us a call on each side).
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from region_profile import kernels  # noqa: E402  (scripts/: the profile of FORWARDS forwards, kernel by kernel)
+
+from autokernel.verify.deploy import optimize  # noqa: E402
+
+
+def profiled(model, x, types: list[str], kernels_dir: str, eager: bool) -> dict[str, tuple[float, float]]:
+    """{kernel: (calls a forward, us a forward)} of the model with `types` deployed, compiled unless eager."""
+    torch._dynamo.reset()
+    optimized = optimize(model, kernels_dir, types=types, verified=None, quiet=True)
+    return kernels(optimized if eager else torch.compile(optimized), x)
+
+
+def differences(got: dict, against: dict, min_us: float) -> list[str]:
+    """One line per kernel whose calls or time a forward differ, the largest difference first."""
+    lines = []
+    for name in sorted({*got, *against}, key=lambda n: -abs(got.get(n, (0, 0.0))[1] - against.get(n, (0, 0.0))[1])):
+        (n, us), (n0, us0) = got.get(name, (0, 0.0)), against.get(name, (0, 0.0))
+        if n != n0 or abs(us - us0) > min_us:
+            side = lambda calls, t: f"x{calls:g} {t / calls:.2f} us" if calls else "none"  # noqa: E731
+            lines.append(f"  {us - us0:+8.1f} us  {side(n, us):20s} against {side(n0, us0):20s} {name[:100]}")
+    return lines
+
+
+def main() -> None:
+    import transformers
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("config", help="an HF config directory (benchmarks/hf/NAME)")
+    ap.add_argument("--types", required=True, help="the kernel types of the first set, comma-separated")
+    ap.add_argument("--against", required=True, help="the kernel types of the second set, comma-separated")
+    ap.add_argument("--kernels", default="workspace/kernels", help="the kernel files (default workspace/kernels)")
+    ap.add_argument("--shape", default="1,2048", help="the input ids' shape (default 1,2048)")
+    ap.add_argument("--eager", action="store_true", help="run the model as it is, not under torch.compile")
+    ap.add_argument("--min-us", type=float, default=1.0, help="show kernels whose time a forward differs by more")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("types_profile.py: needs a CUDA GPU")
+    config = transformers.AutoConfig.from_pretrained(args.config)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).to("cuda", torch.float16).eval()
+    x = torch.randint(0, config.vocab_size, tuple(int(s) for s in args.shape.split(",")), device="cuda")
+    sets = [s.split(",") for s in (args.types, args.against)]
+    with torch._inductor.config.patch(fx_graph_cache=False):
+        got, against = (profiled(model, x, types, args.kernels, args.eager) for types in sets)
+    total, total0 = (sum(us for _, us in k.values()) for k in (got, against))
+    print(f"{'+'.join(sets[0])}: {total:.1f} us of kernels a forward; {'+'.join(sets[1])}: {total0:.1f} us "
+          f"({total0 / total:.3f}x)")
+    print("\n".join(differences(got, against, args.min_us)))
+
+
+if __name__ == "__main__":
+    main()
