@@ -213,18 +213,20 @@ def show(the_plan: dict) -> None:
              f"{the_plan['dtype']}: {kind}, {the_plan['total_us'] / 1e3:.2f} ms per forward{how}")
     table = Table(title=title)
     eager_f = ["eager f"] if deploy in COMPILED else []  # beside the compiled share: what compiling took away
-    for col in ("rank", "type", "share f", *eager_f, "time ms", "from roof", "s", "gain", "top shape"):
+    room = ["room"] if any(e.get("room") is not None for e in the_plan["entries"]) else []  # the ranking (plan.py)
+    for col in ("rank", "type", "share f", *eager_f, "time ms", "from roof", *room, "s", "gain", "top shape"):
         table.add_column(col, justify="left" if col in ("type", "top shape") else "right")
     for e in the_plan["entries"]:
         top = e["shapes"][0]["shape"] if e["shapes"] else {}
         s = f"{e['s']:.2f}" + ("" if e["s_source"] == "default" else " (measured)")
         beside = [f"{e.get('f_eager', 0.0):.1%}"] if eager_f else []
+        saves = [f"{e['room']:.1%}" if e.get("room") is not None else "-"] if room else []
         table.add_row(str(e["rank"]), e["type"], f"{e['f']:.1%}", *beside, f"{e['time_us'] / 1e3:.3f}",
-                      _from_roof(e), s, f"{e['gain']:.3f}x", " ".join(f"{k}={v}" for k, v in top.items()))
+                      _from_roof(e), *saves, s, f"{e['gain']:.3f}x", " ".join(f"{k}={v}" for k, v in top.items()))
     other = the_plan["other"]
     ops = ", ".join(name.replace("aten::", "") for name in list(other["ops"])[:4])
-    table.add_row("", "other", f"{other['f']:.1%}", *[""] * len(eager_f), f"{other['time_us'] / 1e3:.3f}", "", "",
-                  "", ops, style="dim")
+    table.add_row("", "other", f"{other['f']:.1%}", *[""] * len(eager_f), f"{other['time_us'] / 1e3:.3f}", "",
+                  *[""] * len(room), "", "", ops, style="dim")
     Console(width=None if sys.stdout.isatty() else 140).print(table)  # logs: no wrapping at 80 columns
     ceiling = the_plan["amdahl_ceiling"]
     print(f"named types cover {the_plan['covered_f']:.1%} of the time; all at their s: "
@@ -234,6 +236,9 @@ def show(the_plan: dict) -> None:
     if ceil:
         print(f"the roofline (\"from roof\"): {ceil['fp16_tflops']:.0f} TFLOP/s fp16 and "
               f"{ceil['bandwidth_gb_s']:.0f} GB/s, {ceil['source']}")
+    if room:
+        print("ranked by room: the share of the model's time between what each type will take (its time over s) and "
+              "its roofline's, what a night could save there")
     rivals = the_plan.get("rivals") or []
     if rivals:
         print(f"rivals of {', '.join(rivals[0]['rival_of'])} (the time it takes is theirs without it; extract.py "

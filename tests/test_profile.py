@@ -212,6 +212,35 @@ def test_a_plan_made_on_a_gpu_holds_each_types_roofline_for_its_calls(monkeypatc
     assert the_plan["ceilings"] == {"source": "datasheet", "bandwidth_gb_s": 3350, "fp16_tflops": 989}
 
 
+def test_a_plan_with_its_rooflines_ranks_the_types_by_what_a_night_could_save():
+    """Issue 35: the night spends where share x distance to the roofline is largest, so extract.py's top N is taken by
+    that room too. Qwen3-0.6B's plan (compiled, 1x2048, an H200): ranked by gain its top 4 held add_rmsnorm (1.9% of
+    the forward, 1.6x from its roofline) and left out the matmul type (14.1%, s 0.96 against cuBLAS)."""
+    qwen3 = [  # type, f, s, time_us, floor_us
+        ("rope_attention", 0.388, 1.043, 3544.6, 602.8), ("linear_cross_entropy", 0.138, 1.104, 1264.8, 800.1),
+        ("fused_mlp", 0.218, 1.064, 1996.1, 1356.3), ("add_rmsnorm", 0.019, 1.012, 176.8, 113.0),
+        ("matmul", 0.141, 0.959, 1288.9, 904.2), ("rmsnorm", 0.018, 0.996, 166.7, 228.0)]
+    entries = [{"type": t, "f": f, "s": s, "gain": plan.amdahl_gain(f, s), "time_us": us, "floor_us": floor}
+               for t, f, s, us, floor in qwen3]
+    entries.sort(key=plan._rank_key)
+    for rank, e in enumerate(entries, start=1):
+        e["rank"] = rank
+    assert {e["type"] for e in entries[:4]} == {"rope_attention", "linear_cross_entropy", "fused_mlp", "add_rmsnorm"}
+    the_plan = {"entries": entries}
+    plan.rank_by_room(the_plan)
+    ranked = [e["type"] for e in the_plan["entries"]]
+    assert ranked == ["rope_attention", "fused_mlp", "matmul", "linear_cross_entropy", "add_rmsnorm", "rmsnorm"]
+    assert [e["rank"] for e in the_plan["entries"]] == [1, 2, 3, 4, 5, 6]
+    by_type = {e["type"]: e for e in the_plan["entries"]}
+    assert by_type["matmul"]["room"] == pytest.approx(0.141 * (1 - 904.2 / 1288.9))  # s < 1: all of its time left
+    assert by_type["rope_attention"]["room"] == pytest.approx(0.388 * (1 / 1.043 - 602.8 / 3544.6))
+    assert by_type["rmsnorm"]["room"] == pytest.approx(0.018 * 0.05)  # past its roofline: the noise floor alone
+    cpu = [{"type": t, "f": f, "s": s, "gain": plan.amdahl_gain(f, s), "time_us": us, "rank": i}
+           for i, (t, f, s, us, _) in enumerate(qwen3, start=1)]
+    plan.rank_by_room({"entries": cpu})  # no floors (a plan profiled on the CPU): its ranking stands
+    assert [e["rank"] for e in cpu] == [1, 2, 3, 4, 5, 6] and not any("room" in e for e in cpu)
+
+
 def test_the_plans_roofline_is_the_gpus_measured_one_and_the_datasheets_when_the_model_leaves_no_room(monkeypatch):
     """add_floors asks for the measured ceilings (a large copy and matmul, cached for the harness): an H100's
     datasheet rate put fused_mlp at 66% of a roofline no GEMM reaches. Out of memory there, the datasheet's."""

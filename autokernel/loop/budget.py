@@ -26,9 +26,8 @@ time evenly.
 
 from __future__ import annotations
 
-from autokernel.profile.plan import fraction_left
+from autokernel.profile.plan import fraction_left, room
 
-MAX_PCT_PEAK = 95.0  # % of the roofline; beyond this the room left is noise, not potential
 NO_GAIN = 1.0 + 1e-9  # a plan gain at or under this means the type cannot speed the model up
 
 
@@ -47,7 +46,7 @@ def potential(job: dict) -> float | None:
         if job.get("gain") is not None and job["gain"] <= NO_GAIN:
             return 0.0
         return f * left
-    return f * max(left - floor, left * (1 - MAX_PCT_PEAK / 100))
+    return room(f, left, floor)
 
 
 def _measured(job: dict) -> tuple[bool, bool, float | None]:
