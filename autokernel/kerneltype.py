@@ -133,6 +133,10 @@ class KernelSpec:
     adversarial: dict[str, Callable] = field(default_factory=dict)
     # inputs -> the same values laid out non-contiguously (a strided view); None if not applicable
     noncontiguous: Callable[[Inputs], Inputs] | None = None
+    # inputs -> the same values laid out as the type's model sites pass them (rope_attention: q, k and v as views of
+    # the [B, S, H, D] projections), where that differs from make_inputs': the time at the model's shapes, its
+    # baselines, the screen and the launch record take them so (Harness.model_inputs); None: make_inputs' layout
+    model_layout: Callable[[Inputs], Inputs] | None = None
     tolerances: dict = field(default_factory=dict)  # dtype -> (atol, rtol), overriding TOLERANCES
     # float64 inputs -> the magnitude a correct kernel's rounding error scales with, where that exceeds
     # |out|: for a matmul whose terms cancel, |A| @ |B|. rtol applies to max(|out|, this).

@@ -83,6 +83,11 @@ class Harness:
     def inputs(self, shape, dtype, maker=None):
         return (maker or self.spec.make_inputs)(shape, dtype, self.device, self.generator())
 
+    def model_inputs(self, shape, dtype):
+        """Inputs of a model shape, laid out as the type's model sites pass them (KernelSpec.model_layout)."""
+        inputs = self.inputs(shape, dtype)
+        return self.spec.model_layout(inputs) if self.spec.model_layout is not None else inputs
+
     def call(self, inputs, what: str, tol_scale: float = 1.0):
         try:
             out = checking.checked_call(self.fn, self.spec, inputs, what, tol_scale)
@@ -200,7 +205,7 @@ def _launch_digest(harness: Harness, module, dtype) -> str | None:
 
     shapes = [s for s, _ in modeltime.weighted_shapes(module, harness.model_shapes)] or [_timing_shape(harness)]
     try:
-        launched = launch_record.digest(module.kernel_fn, [harness.inputs(s, dtype) for s in shapes])
+        launched = launch_record.digest(module.kernel_fn, [harness.model_inputs(s, dtype) for s in shapes])
     except Exception:  # noqa: BLE001  (no digest: the timing runs the kernel and reports what fails)
         launched = None
     harness.check_integrity("after recording the launches")

@@ -208,6 +208,7 @@ def _compile_us(spec, input_sets, shape, dtype, device, reuse: bool) -> float | 
     key = f"{gpu.device_name()}|torch {torch.__version__}|{spec.name}|{shape_label(shape)}|{dtype_name(dtype)}|graph"
     key += "" if L2_FLUSH == "dirty" else f"|L2 {L2_FLUSH}"  # the cache's older keys: the dirty flush's
     key += f"|compile {'+'.join(perf.COMPILE_MODES)}"
+    key += "|model layout" if spec.model_layout is not None else ""  # inputs as the model's sites pass them
     cache = json.loads(GRAPH_CACHE.read_text()) if GRAPH_CACHE.is_file() else {}
     if reuse and key in cache:
         return cache[key]["us"]
@@ -234,7 +235,7 @@ def measure_model(harness, module, dtype, reuse_baselines: bool) -> dict:
     for shape, calls in pairs:
         after = lambda s=shape: harness.check_integrity(f"after the model timing of {shape_label(s)}",
                                                         ignore_threads=True)  # torch.compile's threads came before
-        model.shapes.append(time_shape(harness.fn, harness.spec, lambda s=shape: harness.inputs(s, dtype),
+        model.shapes.append(time_shape(harness.fn, harness.spec, lambda s=shape: harness.model_inputs(s, dtype),
                                        shape, calls, dtype, device, reuse_baselines, after))
     print_model_time(model, dtype)
     return model.to_result()

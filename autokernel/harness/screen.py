@@ -61,7 +61,7 @@ class _Screen:
         module, self.spec, _ = harness._load(path, device)
         runner = harness.Harness(module, self.spec, device, quick=False, seed=0)
         self.shapes = modeltime.weighted_shapes(module, runner.model_shapes)
-        self.inputs = [[runner.inputs(s, dtype) for _ in range(2)] for s, _ in self.shapes]
+        self.inputs = [[runner.model_inputs(s, dtype) for _ in range(2)] for s, _ in self.shapes]
         self.device, self.dir = device, tempfile.mkdtemp(prefix="autokernel-screen-")
         self.stem = Path(path).stem
 

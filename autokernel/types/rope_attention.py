@@ -173,6 +173,7 @@ SPEC = KernelSpec(
                  "long_positions": _rope_attention_inputs(offset=100_000)},
     adversarial_tolerance={"large_scores": 4.0},  # as flash_attention's: fp32 rounding of scores near 250
     noncontiguous=_rope_attention_noncontiguous,
+    model_layout=_rope_attention_noncontiguous,  # the sites pass projections' views: timed so at the model's shapes
     description="RoPE (rotate-half, on the first R features of a head: partial where R < D) on q and k, "
                 "grouped-query attention, [batch, heads, seq, head_dim]",
     profiling=Profiling(modules=re.compile(r"Attention"), module_needs=frozenset(ATTENTION_OPS),
