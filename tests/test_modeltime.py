@@ -224,6 +224,9 @@ def test_the_model_shapes_are_timed_on_the_layout_the_model_s_sites_pass(tmp_pat
         q, k, v, cos, sin = inputs[:5]
         assert all(not t.is_contiguous() and t.transpose(1, 2).is_contiguous() for t in (q, k, v))
         assert q.shape == (1, 4, 16, 16) and k.shape == v.shape == (1, 2, 16, 16) and cos.shape == (1, 16, 16)
+    flash = get_spec("flash_attention")  # HF hands SDPA q and k fresh from RoPE, v a view of its projection
+    q, k, v = flash.model_layout(flash.make_inputs({**shape, "H": 4}, torch.float32, "cpu", torch.Generator()))[:3]
+    assert q.is_contiguous() and k.is_contiguous() and not v.is_contiguous() and v.transpose(1, 2).is_contiguous()
     rmsnorm = extracted_rmsnorm(tmp_path, [7, 3])
     module, spec, _ = harness._load(str(rmsnorm), "cpu")
     with pytest.raises(Made) as made:

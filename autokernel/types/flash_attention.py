@@ -75,6 +75,13 @@ def _noncontiguous(inputs):
     return tuple(packed[:, :, i].transpose(1, 2) for i in range(3)) + tuple(inputs[3:])
 
 
+def _model_layout(inputs):
+    # as HF's attention modules hand SDPA (or the attention interface) their tensors: Q and K fresh from RoPE, V a view
+    # of its [B, S, H, D] projection
+    q, k, v = inputs[:3]
+    return (q, k, v.transpose(1, 2).contiguous().transpose(1, 2), *inputs[3:])
+
+
 def flex_attention_call(flex, Q, K, V, causal: bool = True, sm_scale: float | None = None, window: int = 0,
                         softcap: float = 0.0, alibi=None):
     """The reference's variant as torch's flex_attention computes it: the soft cap and the ALiBi slopes as a score
@@ -236,6 +243,7 @@ SPEC = KernelSpec(
     # 1e-4 fp32 tolerance; overflow still gives NaN or O(1) errors
     adversarial_tolerance={"large_scores": 4.0},
     noncontiguous=_noncontiguous,
+    model_layout=_model_layout,  # timed so at the model's shapes
     extra_baselines=_flex_baseline,
     description="scaled dot-product attention, causal or not, [batch, heads, seq, head_dim], K/V heads grouped or "
                 "not, with a sliding window, a logit soft cap and ALiBi slopes or not",
