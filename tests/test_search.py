@@ -102,6 +102,27 @@ def test_the_agent_proposes_the_combination_the_screen_ranks_first_where_no_sing
     assert tunable_space((tmp_path / "kernel.py").read_text())[1] == {"VARIANT": "b", "BLOCK": 128, "WARPS": 8}
 
 
+def test_once_the_screens_best_is_kept_its_slower_configurations_are_not_benched(tmp_path):
+    """A Qwen3 night on an H200 kept the screen's best (rope_attention folded, 23.8% faster there), then benched the
+    two next, which the same screen had timed 1% faster than the old configuration and 30% slower than the new: 90 s
+    for two reverts. Kept, the screen's best leaves the rest of its queue but the per-shape table."""
+    (tmp_path / "kernel.py").write_text(KERNEL)
+    task = Task(root=tmp_path, kernel_name="k", kernel_type="rmsnorm", experiment=1, memory={},
+                screen=fake_screen(combination_time))
+    agent = make_agent("builtin")
+    agent.observe(task, None, "baseline")
+    proposal = agent.propose(task)
+    assert tunable_space((tmp_path / "kernel.py").read_text())[1] == {"VARIANT": "b", "BLOCK": 128, "WARPS": 4}
+    assert [i["kind"] for i in task.memory["queue"]] == ["config", "table"]  # b, 128 with 8 warps: 60 us there too
+    agent.observe(task, proposal, "keep")
+    assert [i["kind"] for i in task.memory["queue"]] == ["table"]
+    assert search.key({"VARIANT": "b", "BLOCK": 128, "WARPS": 8}) in task.memory["passed_over"]
+    assert search.key({"VARIANT": "b", "BLOCK": 128, "WARPS": 4}) not in task.memory["passed_over"]
+    # the table has nothing to dispatch (one best at both shapes), and the screen timed the whole space of this file:
+    # nothing is left worth a bench, where the 8 warps the screen timed no faster came next before
+    assert agent.propose(task) is None
+
+
 def test_the_coordinate_search_does_not_bench_what_the_screen_passed_over(tmp_path):
     """A move the screen timed no faster than the file's configuration, or saw fail, is no experiment's worth: the
     coordinate search goes on with the moves it did not reach; with the whole space screened and nothing faster,

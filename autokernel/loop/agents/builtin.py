@@ -406,7 +406,8 @@ class BuiltinAgent(Agent):
         task.kernel_file.write_text(written(pos, config, task.dtype))
         gain = 100 * (item["anchor_us"] - item["screen_us"]) / item["anchor_us"]
         return Proposal(f"{describe_move(pos.best, config)} (from {note}: {gain:.1f}% faster there)",
-                        {"config": config, "directions": {}, "screened": pos.at_model is None})
+                        {"config": config, "directions": {}, "screened": pos.at_model is None,
+                         "screen_us": item["screen_us"]})
 
     def observe(self, task: Task, proposal: Proposal | None, status: str) -> None:
         if proposal is None:  # the baseline: its configuration counts as tried
@@ -423,6 +424,8 @@ class BuiltinAgent(Agent):
             task.memory.setdefault("queue", []).insert(0, {"kind": "model_shapes", "config": config, "why": why})
         if status == "keep" and proposal is not None:
             task.memory["momentum"] = proposal.meta.get("directions", {})
+            if proposal.meta.get("screen_us"):  # the screen's slower configurations cannot beat it now
+                search.outdone(task.memory, config, proposal.meta["screen_us"])
             # under the new configuration every tunable may matter again
             task.memory["flat"], task.memory["inert"] = [], []
         elif status == "unchanged" and proposal is not None and len(proposal.meta.get("directions", {})) == 1:

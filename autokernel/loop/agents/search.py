@@ -96,6 +96,20 @@ def proposals(screened: dict, best: dict) -> list[dict]:
     return queue + ([{"kind": "table"}] if len(screened.get("shapes", [])) > 1 else [])
 
 
+def outdone(memory: dict, kept: dict, kept_us: float) -> None:
+    """The agent's memory once `kept`, which the last screen timed at kept_us, is kept: the configurations that screen
+    timed no faster than it by MIN_SCREEN_GAIN_PCT leave the queue and join those passed over (a Qwen3 night benched
+    two after the screen's best was kept, 90 s for two foregone reverts); tables stay."""
+    limit = kept_us * (1 - MIN_SCREEN_GAIN_PCT / 100)
+    queue = memory.get("queue", [])
+    memory["queue"] = [item for item in queue if item["kind"] != "config" or item["screen_us"] < limit]
+    screen = memory.get("screen", {})
+    calls = [shape["calls"] for shape in screen.get("shapes", [])]
+    slower = {key(run["config"]) for run in screen.get("runs", [])
+              if sum(k * us for k, us in zip(calls, run["us"])) >= limit} - {key(kept)}
+    memory["passed_over"] = sorted(set(memory.get("passed_over", [])) | slower)
+
+
 def passed_over(screened: dict, best: dict) -> set[str]:
     """The keys of the configurations a screen showed to be no experiment's worth: wrong or failed there, or timed
     no faster in the model than `best` by MIN_SCREEN_GAIN_PCT (an H100 night spent one on a tile the screen had
