@@ -132,14 +132,18 @@ def describe_move(old: dict, new: dict) -> str:
 
 def next_move(pos: Position, memory: dict, seed: int) -> Proposal | None:
     """The configuration to try next from where `pos` stands, given what `memory` says was tried (and what a screen
-    passed over: search.passed_over)."""
+    passed over, search.passed_over; no move to a value the screens found hopeless, search.hopeless)."""
     space, current = pos.space, pos.best
     tried = {config_key(c) for c in memory.get("tried", [])} | {config_key(current)}
     tried |= set(memory.get("passed_over", ()))
     inert = set(memory.get("inert", ()))
     space = {n: values for n, values in space.items() if n not in inert}
+    screened = memory.get("hopeless") or {}  # single moves from here a screen timed far behind
+    here = screened.get("of") == config_key(current)
+    hopeless = {tuple(pair) for pair in screened.get("pairs", ())} if here else set()
     for config in candidates(space, current, seed, memory.get("momentum"), memory.get("flat", ())):
-        if config_key(config) not in tried:
+        if config_key(config) not in tried and not any(
+                (n, json.dumps(v)) in hopeless for n, v in config.items() if v != current[n]):
             moves = {n: _moves(space[n], current[n]) for n in space if config[n] != current[n]}
             onward = {n: next(m.direction for m in ms if m.value == config[n]) for n, ms in moves.items()}
             return Proposal(describe_move(current, config), {"config": config, "directions": onward})

@@ -36,6 +36,10 @@ SCREEN_EVERY = 12  # coordinate-search experiments between two screens when no k
 PROPOSALS = 3  # the screen's fastest configurations tried as experiments
 MIN_SCREEN_GAIN_PCT = 1.0  # faster than the current configuration by this much in the screen to be proposed
 ELITE = 6  # the best screened configurations the next screen mutates
+# a single move from the configuration screened that the screen timed HOPELESS_PCT slower or more: the coordinate
+# search makes no move to that value from it (a Qwen3 night's rope_attention moved to BLOCK_M 32, NUM_STAGES 1 and the
+# "fused" variant, 1.3-3x slower, seven experiments and 4.4 of its 18 minutes, after a screen had timed each alone)
+HOPELESS_PCT = 10.0
 
 
 def key(config: dict) -> str:
@@ -143,9 +147,27 @@ def remember(memory: dict, screened: dict, best: dict) -> None:
     memory["screen"] = {"shapes": screened.get("shapes", []),
                         "runs": [{"config": r["config"], "us": r["us"]} for r in timed]}
     memory["queue"] = proposals(screened, best)
+    earlier = memory.get("hopeless") or {}  # from the screens of this configuration: each times other single moves
+    pairs = set(map(tuple, earlier.get("pairs", []))) if earlier.get("of") == key(best) else set()
+    memory["hopeless"] = {"of": key(best), "pairs": sorted(pairs | hopeless(results, best))}
     memory["screens"] = memory.get("screens", 0) + 1
     memory["screened_at"], memory["since_screen"] = key(best), 0
     memory["fruitless"] = not any(item["kind"] == "config" for item in memory["queue"])
+
+
+def hopeless(results: list[dict], best: dict) -> set[tuple[str, str]]:
+    """(tunable, its value as JSON) for each single move from `best` the screen timed HOPELESS_PCT slower than `best`
+    or more (nothing where it did not time `best`)."""
+    line = _gain_line(results, best)
+    if line is None:
+        return set()
+    bar = line[0] * (1 + HOPELESS_PCT / 100)
+    found = set()
+    for r in results:
+        moved = [(name, value) for name, value in r["config"].items() if best.get(name) != value]
+        if r["status"] == "timed" and len(moved) == 1 and r["model_us"] >= bar:
+            found.add((moved[0][0], json.dumps(moved[0][1])))
+    return found
 
 
 def wants_screen(memory: dict, best: dict) -> bool:
