@@ -1,8 +1,9 @@
 """The night's budget with rivals (autokernel/loop/budget.py): an opt-in type (rope_attention) and the types it
 takes the time of (flash_attention, rotary_embedding: rival_of ["rope_attention"]) cover the same share of the
-model, so only the side the model would deploy now gets time; the other waits, queued last. The jobs are the plan of
-an H100 night under compile_graph, where the budget gave each side its own share and ~8.5 of 19 minutes went to
-kernels the model never ran."""
+model, so only the side the model would deploy now gets time; the other waits, queued last. Which side that is, each
+side's baseline at the model's shapes says: those come first. The jobs are the plan of an H100 night under
+compile_graph, where the budget gave each side its own share and ~8.5 of 19 minutes went to kernels the model never
+ran; an H200 Qwen3 night then gave 13 of 18 minutes to the side the plan guessed and the model did not run."""
 
 import json
 import os
