@@ -130,6 +130,7 @@ def run(args) -> int:
     the_plan = {**meta, **plan.build_plan(prof, measured, source=str(args.starters), deploy=args.deploy)}
     if device == "cuda":
         plan.add_floors(the_plan, dtype)
+        plan.rank_by_room(the_plan)
     if prof.get("regions"):
         from autokernel.profile.regions import uncovered
 

@@ -203,9 +203,10 @@ def _launch_digest(harness: Harness, module, dtype) -> str | None:
     """The launch record's digest at every timed shape (None where it cannot be made: the timing then runs)."""
     from autokernel.harness import launch_record, modeltime
 
-    shapes = [s for s, _ in modeltime.weighted_shapes(module, harness.model_shapes)] or [_timing_shape(harness)]
-    try:
-        launched = launch_record.digest(module.kernel_fn, [harness.model_inputs(s, dtype) for s in shapes])
+    shapes = [s for s, _ in modeltime.weighted_shapes(module, harness.model_shapes)]
+    try:  # each laid out as it is timed: the model's shapes as its sites pass them
+        inputs = [harness.model_inputs(s, dtype) for s in shapes] or [harness.inputs(_timing_shape(harness), dtype)]
+        launched = launch_record.digest(module.kernel_fn, inputs)
     except Exception:  # noqa: BLE001  (no digest: the timing runs the kernel and reports what fails)
         launched = None
     harness.check_integrity("after recording the launches")

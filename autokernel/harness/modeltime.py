@@ -20,10 +20,8 @@ path works, not performance.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
 
 import torch
 
@@ -207,21 +205,17 @@ def _compile_us(spec, input_sets, shape, dtype, device, reuse: bool) -> float | 
         return None
     key = f"{gpu.device_name()}|torch {torch.__version__}|{spec.name}|{shape_label(shape)}|{dtype_name(dtype)}|graph"
     key += "" if L2_FLUSH == "dirty" else f"|L2 {L2_FLUSH}"  # the cache's older keys: the dirty flush's
-    key += f"|compile {'+'.join(perf.COMPILE_MODES)}"
+    key += f"|{perf.compiled_as()}"
     key += "|model layout" if spec.model_layout is not None else ""  # inputs as the model's sites pass them
-    cache = json.loads(GRAPH_CACHE.read_text()) if GRAPH_CACHE.is_file() else {}
+    cache = perf.cached_baselines(GRAPH_CACHE)
     if reuse and key in cache:
         return cache[key]["us"]
     try:
-        us, _mode = perf.fastest_compiled(spec, lambda fn: _time(fn, input_sets, device)[0].median_us)
+        us, mode = perf.fastest_compiled(spec, lambda fn: _time(fn, input_sets, device)[0].median_us)
     except Exception as e:  # noqa: BLE001  (a compiler failure is the baseline's problem, not the kernel's)
         print(f"  note: torch.compile failed on {shape_label(shape)}: {type(e).__name__}: {str(e)[:120]}")
         return None
-    cache[key] = {"us": us, "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-    GRAPH_CACHE.parent.mkdir(exist_ok=True)
-    tmp = GRAPH_CACHE.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(cache, indent=1))
-    tmp.replace(GRAPH_CACHE)  # atomic: a reader never sees half a file
+    perf.cache_baseline(GRAPH_CACHE, key, us, mode)
     return us
 
 

@@ -98,7 +98,27 @@ def fastest_compiled(spec: KernelSpec, time_us) -> tuple[float, str]:
 def _baseline_key(spec, shape, dtype) -> str:
     source = hashlib.sha1(inspect.getsource(spec.reference).encode()).hexdigest()[:12]
     return (f"{gpu.device_name()}|torch {torch.__version__}|{spec.name}|{shape_label(shape)}|{dtype}|{source}"
-            f"|timing {timing.PROTOCOL}|compile {'+'.join(COMPILE_MODES)}")
+            f"|timing {timing.PROTOCOL}|{compiled_as()}")
+
+
+def compiled_as() -> str:
+    """The compile modes in a baseline cache's key: an entry measured under other modes is not read."""
+    return f"compile {'+'.join(COMPILE_MODES)}"
+
+
+def cached_baselines(path: Path) -> dict:
+    """A baseline cache (JSON: key -> {"us", "mode", "date"}), {} where there is none yet."""
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def cache_baseline(path: Path, key: str, us: float, mode: str) -> None:
+    """One baseline into the cache at path, written atomically: a reader never sees half a file."""
+    cache = cached_baselines(path)
+    cache[key] = {"us": us, "mode": mode, "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    path.parent.mkdir(exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(cache, indent=1))
+    tmp.replace(path)
 
 
 def _time_compile(spec, input_sets, device, shape, dtype, reuse: bool) -> tuple[float | None, str]:
@@ -106,18 +126,14 @@ def _time_compile(spec, input_sets, device, shape, dtype, reuse: bool) -> tuple[
     if device != "cuda":
         return None, "not timed in CPU mode"
     key = _baseline_key(spec, shape, dtype)
-    cache = json.loads(BASELINE_CACHE.read_text()) if BASELINE_CACHE.is_file() else {}
+    cache = cached_baselines(BASELINE_CACHE)
     if reuse and key in cache:
         return cache[key]["us"], f"{cache[key].get('mode', 'torch.compile')}, reused from {cache[key]['date']}"
     try:
         us, mode = fastest_compiled(spec, lambda fn: timing.time_fn(fn, input_sets, device).median_us)
     except Exception as e:  # a compiler failure is the baseline's problem, not the kernel's
         return None, f"torch.compile failed: {type(e).__name__}: {str(e)[:200]}"
-    cache[key] = {"us": us, "mode": mode, "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-    BASELINE_CACHE.parent.mkdir(exist_ok=True)
-    tmp = BASELINE_CACHE.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(cache, indent=1))
-    tmp.replace(BASELINE_CACHE)  # atomic: a reader never sees half a file
+    cache_baseline(BASELINE_CACHE, key, us, mode)
     return us, f"{mode}, the faster of {', '.join(COMPILE_MODES)}"
 
 

@@ -15,11 +15,11 @@ starter's measured speedup over the reference compiled (speedup_vs_compile): Tin
 eager forward and 2.3% of its compiled one on an H100, where Inductor's kernel is as fast as the starter (0.996x).
 A type torch.compile's kernels beat (s < 1: the prune leaves it out in that mode) ranks after every type that
 gains, by its time there: what it would save once the night makes it win. On a GPU each entry also holds floor_us, the
-roofline's time for its calls (add_floors), and the plan is ranked again by room: the share of the model's time
-between what the type will take (its profiled time over s, never above it) and that floor, the part a night could
-still save (the budget, loop/budget.py, spends the night by the same room). Ranked by gain, Qwen3-0.6B's plan on an
-H200 put add_rmsnorm (1.9% of the compiled forward, 1.6x from its roofline) in extract.py's top 4 and left out the
-matmul type (14.1%, s 0.96 against cuBLAS): room 0.7% against 4.2% of the model.
+roofline's time for its calls (add_floors), and the plan is ranked again by room (rank_by_room): the share of the
+model's time between what the type will take (its profiled time over s, never above it) and that floor, the part a
+night could still save (the budget, loop/budget.py, spends the night by the same room). Ranked by gain, Qwen3-0.6B's
+plan on an H200 put add_rmsnorm (1.9% of the compiled forward, 1.6x from its roofline) in extract.py's top 4 and left
+out the matmul type (14.1%, s 0.96 against cuBLAS): room 0.7% against 4.2% of the model.
 
 The plan also records the model profile.py ran (source, class, config, input shape, dtype), and the kernels
 extracted from it carry that record (MODEL_SOURCE): other_model() is the one comparison of two such records.
@@ -166,7 +166,6 @@ def add_floors(the_plan: dict, dtype) -> None:
             continue
         if floor > 0:
             entry["floor_us"] = floor * 1e6
-    rank_by_room(the_plan)
 
 
 def _entry(type_: str, info: dict, measured: dict[str, float], source: str) -> dict:

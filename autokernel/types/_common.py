@@ -42,6 +42,11 @@ def first_padded(inputs):
     return (padded_rows(inputs[0]),) + tuple(inputs[1:])
 
 
+def sequence_major(t: torch.Tensor) -> torch.Tensor:
+    """t [B, H, S, D] with the same values as a view of a [B, S, H, D] tensor: a model's projection, transposed."""
+    return t.transpose(1, 2).contiguous().transpose(1, 2)
+
+
 def numel(shape, *keys):
     return math.prod(shape.get(k, 1) for k in keys)
 

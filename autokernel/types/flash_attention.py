@@ -13,7 +13,7 @@ from autokernel import compat
 from autokernel.kerneltype import Deployment, KernelSpec, Profiling, SuiteTarget
 from autokernel.ops import attention_interface, attention_sites, customops
 from autokernel.ops.customops import CallSites, grad_reason, in_eager
-from autokernel.types._common import esize, numel, randn, sdpa_operands_unfit
+from autokernel.types._common import esize, numel, randn, sdpa_operands_unfit, sequence_major
 
 NAME = "flash_attention"
 
@@ -70,7 +70,7 @@ def _noncontiguous(inputs):
     # each in the [B, S, H, D] layout of its own projection
     q, k, v = inputs[:3]
     if k.shape != q.shape:
-        return tuple(t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v)) + tuple(inputs[3:])
+        return tuple(sequence_major(t) for t in (q, k, v)) + tuple(inputs[3:])
     packed = torch.stack([t.transpose(1, 2) for t in (q, k, v)], dim=2).contiguous()
     return tuple(packed[:, :, i].transpose(1, 2) for i in range(3)) + tuple(inputs[3:])
 
@@ -79,7 +79,7 @@ def _model_layout(inputs):
     # as HF's attention modules hand SDPA (or the attention interface) their tensors: Q and K fresh from RoPE, V a view
     # of its [B, S, H, D] projection
     q, k, v = inputs[:3]
-    return (q, k, v.transpose(1, 2).contiguous().transpose(1, 2), *inputs[3:])
+    return (q, k, sequence_major(v), *inputs[3:])
 
 
 def flex_attention_call(flex, Q, K, V, causal: bool = True, sm_scale: float | None = None, window: int = 0,

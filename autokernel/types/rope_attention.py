@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from autokernel.kerneltype import Deployment, KernelSpec, Profiling, SuiteTarget
 from autokernel.ops import attention_sites
-from autokernel.types._common import esize, numel, randn
+from autokernel.types._common import esize, numel, randn, sequence_major
 from autokernel.types.flash_attention import ATTENTION_OPS, attention_shape
 from autokernel.types.rotary_embedding import rope_tables
 
@@ -81,7 +81,7 @@ def _rope_attention_noncontiguous(inputs):
     # q, k, v as HF makes them (a [B, S, H, D] projection viewed as [B, H, S, D]); the tables as its rotary module
     # gives them, [1, S, D]
     q, k, v, cos, sin, *rest = inputs
-    return (*(t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v)), cos[None], sin[None], *rest)
+    return (*(sequence_major(t) for t in (q, k, v)), cos[None], sin[None], *rest)
 
 
 def _rope_attention_shape(hidden_shape, members) -> dict | None:

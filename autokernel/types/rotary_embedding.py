@@ -11,7 +11,7 @@ from autokernel.kerneltype import Deployment, KernelSpec, Profiling
 from autokernel.ops import customops
 from autokernel.ops.customops import KERNEL_DTYPES, CallSites, PerTables, Site, grad_reason, in_eager
 from autokernel.ops.swap import PROBE_SEQ, REL_L2_TOLERANCE, dtype_device, model_modules, rel_l2
-from autokernel.types._common import esize, numel, randn
+from autokernel.types._common import esize, numel, randn, sequence_major
 
 NAME = "rotary_embedding"
 K_HEADS = 8  # the k of a grouped-query model beside q's 32 heads (LLaMA-3 8B, TinyLlama), timed together
@@ -45,7 +45,7 @@ def _inputs(scale: float = 1.0, offset: int = 0):
 def _noncontiguous(inputs):
     # Models produce q as [B, S, H, D] and transpose it to [B, H, S, D]: a strided view.
     x = inputs[0]
-    return (x.transpose(1, 2).contiguous().transpose(1, 2),) + tuple(inputs[1:])
+    return (sequence_major(x),) + tuple(inputs[1:])
 
 
 def _time_q_and_k(liger, baselines) -> dict:

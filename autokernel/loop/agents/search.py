@@ -107,10 +107,8 @@ def outdone(memory: dict, kept: dict, kept_us: float) -> None:
     limit = kept_us * (1 - MIN_SCREEN_GAIN_PCT / 100)
     queue = memory.get("queue", [])
     memory["queue"] = [item for item in queue if item["kind"] != "config" or item["screen_us"] < limit]
-    screen = memory.get("screen", {})
-    calls = [shape["calls"] for shape in screen.get("shapes", [])]
-    slower = {key(run["config"]) for run in screen.get("runs", [])
-              if sum(k * us for k, us in zip(calls, run["us"])) >= limit} - {key(kept)}
+    slower = {key(run["config"]) for run in memory.get("screen", {}).get("runs", [])
+              if run.get("model_us", 0.0) >= limit} - {key(kept)}
     memory["passed_over"] = sorted(set(memory.get("passed_over", [])) | slower)
 
 
@@ -145,7 +143,7 @@ def remember(memory: dict, screened: dict, best: dict) -> None:
     timed = sorted((r for r in results if r["status"] == "timed"), key=lambda r: r["model_us"])
     memory["elite"] = [r["config"] for r in timed[:ELITE]]
     memory["screen"] = {"shapes": screened.get("shapes", []),
-                        "runs": [{"config": r["config"], "us": r["us"]} for r in timed]}
+                        "runs": [{"config": r["config"], "us": r["us"], "model_us": r["model_us"]} for r in timed]}
     memory["queue"] = proposals(screened, best)
     earlier = memory.get("hopeless") or {}  # from the screens of this configuration: each times other single moves
     pairs = set(map(tuple, earlier.get("pairs", []))) if earlier.get("of") == key(best) else set()
