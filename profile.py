@@ -88,7 +88,6 @@ def run(args) -> int:
     cli.check_model_arguments(args)  # before torch's import: bad input fails at once
     cli.check_limits(args, positive=("steps",))
     cli.check_output_files(export_trace=args.export_trace)
-    import torch
 
     from autokernel import registry
     from autokernel.harness import gpu
@@ -123,10 +122,7 @@ def run(args) -> int:
                            f"{','.join(map(str, shape))}: {str(e).splitlines()[0]}") from e
     if args.regions or args.deploy in COMPILED:
         prof["regions"] = compiled_regions(model, inputs, device, args.steps, types, args.with_loss)
-    meta = {"model": describe_model(model), "class_name": args.class_name, "source": args.model or args.module,
-            "config": args.config, "input_shape": list(shape), "dtype": str(dtype).replace("torch.", ""),
-            "device": gpu.device_name(device) if device == "cuda" else "cpu", "cpu_mode": device == "cpu",
-            "torch": torch.__version__, "command": "python " + shlex.join(sys.argv)}
+    meta = _meta(args, describe_model(model), shape, dtype, device)
     the_plan = {**meta, **plan.build_plan(prof, measured, source=str(args.starters), deploy=args.deploy)}
     if device == "cuda":
         plan.add_floors(the_plan, dtype)
@@ -160,6 +156,18 @@ def compiled_regions(model, inputs, device: str, steps: int, types, with_loss: b
         return None
     regions.unplaced(found, deployed.placed_modules(model))  # covered means deploy places it there
     return found
+
+
+def _meta(args, model: str, shape, dtype, device: str) -> dict:
+    """What profile.json and plan.json record of the run: the model, its input, the device, torch, the command."""
+    import torch
+
+    from autokernel.harness import gpu
+
+    return {"model": model, "class_name": args.class_name, "source": args.model or args.module,
+            "config": args.config, "input_shape": list(shape), "dtype": str(dtype).replace("torch.", ""),
+            "device": gpu.device_name(device) if device == "cuda" else "cpu", "cpu_mode": device == "cpu",
+            "torch": torch.__version__, "command": "python " + shlex.join(sys.argv)}
 
 
 def show_regions(found: dict | None, cpu_mode: bool) -> None:
