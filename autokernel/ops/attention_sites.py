@@ -17,9 +17,10 @@ At run time the replacement runs the kernel only for the prefill / loss-evaluati
 attention with no attention mask (HF passes None for a plain causal mask to SDPA), no past positions in a cache,
 no dropout, no attention weights asked for, and a sliding window (if any) no shorter than the sequence. An empty
 cache (HF creates one on every plain forward with use_cache=True) is filled as the original fills it: K is
-rotated once more, eagerly, for the cache, since the kernel rotates K only inside; callers that need no cache
-(loss evaluation) pass use_cache=False and save that. Everything else runs the original forward, and the site
-says why. The projections stay as they are (with matmul requested, F.linear's patch still takes them).
+rotated once more for the cache (one op under torch.compile: rotation.py), since the kernel rotates K only inside;
+callers that need no cache (loss evaluation) pass use_cache=False and save that. Everything else runs the original
+forward, and the site says why. The projections stay as they are (with matmul requested, F.linear's patch still
+takes them).
 
 Under torch.compile, and while a CUDA graph captures the forward, transformers (5.x with torch < 2.14) builds an
 explicit causal mask tensor even where it would pass None in eager mode, and a layer given a mask falls back. So
@@ -47,6 +48,7 @@ import torch.nn as nn
 
 from autokernel.ops import attention_interface
 from autokernel.ops.customops import KERNEL_DTYPES, PerTables, Site, grad_reason, in_eager
+from autokernel.ops.rotation import rotate_half
 from autokernel.ops.swap import PROBE_SEQ, REL_L2_TOLERANCE, KernelModule, dtype_device, f64, model_modules, rel_l2
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -141,19 +143,17 @@ _CACHE_TABLES = PerTables(_broadcast_tables)
 
 
 def _rotated(x, cos, sin, eager: bool):
-    """HF's apply_rotary_pos_emb on one tensor, bit for bit: what the original forward puts in the cache. In four
-    ops, x * cos + roll(x, D/2) * sin_signed: roll(x) is rotate_half(x) without the minus, which moves onto the
+    """HF's apply_rotary_pos_emb on one tensor, bit for bit: what the original forward puts in the cache. Eagerly in
+    four ops, x * cos + roll(x, D/2) * sin_signed: roll(x) is rotate_half(x) without the minus, which moves onto the
     first half of sin (the products are the same: a negation is exact). Every layer gets the same cos and sin, so
-    eagerly their broadcast forms are made once per forward (six host ops fewer a layer). Traced, HF's own ops: a
-    roll that Inductor fused with Qwen3's per-head norm and the tables' making made a kernel ptxas compiled for
-    over six minutes on an H100 (Qwen3-0.6B at 1x2048, whole model). Tables narrower than x: partial rotary, the
-    rest of each head passes."""
+    their broadcast forms are made once per forward (six host ops fewer a layer). Traced, one op a trace keeps whole
+    (rotation.py: Inductor fused HF's ops with the tables' making, 721 us a forward in one kernel of Qwen3-0.6B's).
+    Tables narrower than x: partial rotary, the rest of each head passes."""
+    if not eager:
+        return rotate_half(x, cos, sin)
     rotary = cos.shape[-1]
     if rotary < x.shape[-1]:
         return torch.cat((_rotated(x[..., :rotary], cos, sin, eager), x[..., rotary:]), dim=-1)
-    if not eager:
-        half = x.shape[-1] // 2
-        return x * _per_head(cos) + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * _per_head(sin)
     c, signed = _CACHE_TABLES(cos, sin, eager)
     return x * c + x.roll(x.shape[-1] // 2, -1) * signed
 

@@ -25,7 +25,7 @@ from autokernel import compat
 # autokernel modules optimize() runs on, flattened into _runtime (the rooms' modules side by side), and the packages
 # copied whole as _runtime/<package>: the type modules, which say how each type is plugged in, and compat
 RUNTIME = ("models", "ops/addnorm_sites", "ops/attention_interface", "ops/attention_sites", "ops/customops",
-           "verify/deploy", "kernelfile", "kerneltype", "ops/launchers", "ops/replay", "ops/swap")
+           "verify/deploy", "kernelfile", "kerneltype", "ops/launchers", "ops/replay", "ops/rotation", "ops/swap")
 PACKAGES = ("compat", "types")
 # What a CUDA C++ kernel file imports: the build helper, which runs the static check of CUDA C++ on every
 # source it compiles (sourcecheck, failing with guards.GuardFailed), in the user's process too.
