@@ -492,22 +492,29 @@ def test_the_default_plan_holds_the_types_optimize_swaps_into_the_model(repo_roo
     config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                                       num_key_value_heads=2, vocab_size=128)
     config.save_pretrained(tmp_path / "hf")
+    phi3 = transformers.Phi3Config(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, vocab_size=128, pad_token_id=0, bos_token_id=0,
+                                   eos_token_id=0, partial_rotary_factor=0.5)
+    phi3.save_pretrained(tmp_path / "phi3")  # qkv_proj and gate_up_proj: one Linear each
     torch.manual_seed(0)
-    hf = transformers.AutoModelForCausalLM.from_config(config).eval()
+    hf, hf_phi3 = (transformers.AutoModelForCausalLM.from_config(c).eval() for c in (config, phi3))
     shipped = load_model("LlamaModel", model_file=str(repo_root / "models" / "llama.py"), config="tiny")
-    hf_args = ["--module", "transformers", "--class-name", "AutoModelForCausalLM", "--config", str(tmp_path / "hf")]
-    cases = [(hf, hf_args, (1, 32)),
+    hf_args = ["--module", "transformers", "--class-name", "AutoModelForCausalLM", "--config"]
+    cases = [(hf, [*hf_args, str(tmp_path / "hf")], (1, 32)), (hf_phi3, [*hf_args, str(tmp_path / "phi3")], (1, 32)),
              (shipped, ["--model", "models/llama.py", "--class-name", "LlamaModel", "--config", "tiny"], (1, 64))]
     for model, args, shape in cases:
         r = _run(repo_root, "profile.py", *args, "--input-shape", ",".join(map(str, shape)), "--device", "cpu",
                  "--dtype", "float32", "--output-dir", str(tmp_path / "out"))
         assert r.returncode == 0, r.stderr
-        planned = sorted(e["type"] for e in json.loads((tmp_path / "out" / "plan.json").read_text())["entries"])
+        entries = json.loads((tmp_path / "out" / "plan.json").read_text())["entries"]
+        planned = sorted(e["type"] for e in entries)
         optimized = optimize(model, verified=None, quiet=True)
         with torch.no_grad():
             optimized(torch.randint(0, 100, shape))
         assert planned == sorted(optimized.autokernel.swapped_types())
-        assert {"add_rmsnorm", "rope_attention"} <= set(planned) or model is shipped
+        assert {"add_rmsnorm", "rope_attention", "fused_mlp"} <= set(planned) or model is shipped
+        if model is hf_phi3:  # gate_up_proj's 2I outputs run in the kernel as two projections of I
+            assert next(e for e in entries if e["type"] == "fused_mlp")["shapes"][0]["shape"]["I"] == 96
 
 
 @pytest.mark.slow(10)

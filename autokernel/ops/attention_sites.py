@@ -2,16 +2,17 @@
 call: the model sites of the RoPE-attention type (autokernel/types/rope_attention.py), which hands its name and
 reference to `module_site`.
 
-A candidate is a module with q_proj, k_proj, v_proj and o_proj (or dense) Linears, a head_dim, num_key_value_groups
-(Llama and its relatives, Phi), or with GPT-NeoX's query_key_value and dense and a head_size, and a forward that takes
-hidden_states, position_embeddings=(cos, sin) and attention_mask (transformers >= 4.48; the names are read from the
-forward's signature, not assumed). It is swapped when a probe agrees: the original forward on a random input, with
-no mask and no cache, must give the output projection of reference(q, k, v, cos, sin) computed in float64 from its
-own weights, q and k normalized per head first where the module has such norms (Qwen3's q_norm and k_norm, which the
-replacement runs as the module does), with tables as wide as its rotary_ndims where it has one (partial rotary: the
-kernel rotates the first features of a head, as wide as the tables it is given); one with another scaling fails the
-probe and is left alone. The probe also records what the forward returns (its tuple length: (out, weights) in 5.x,
-(out, weights, cache) in older 4.x), so the replacement returns the same.
+A candidate is a module with q_proj, k_proj, v_proj (or Phi-3's one qkv_proj) and o_proj (or dense) Linears, a
+head_dim and num_key_value_groups (Llama and its relatives, Phi), or with GPT-NeoX's query_key_value and dense and a
+head_size, and a forward that takes hidden_states, position_embeddings=(cos, sin) and attention_mask (transformers
+>= 4.48; the names are read from the forward's signature, not assumed). It is swapped when a probe agrees: the
+original forward on a random input, with no mask and no cache, must give the output projection of reference(q, k, v,
+cos, sin) computed in float64 from its own weights, q and k normalized per head first where the module has such
+norms (Qwen3's q_norm and k_norm, which the replacement runs as the module does), with tables as wide as its
+rotary_ndims where it has one (partial rotary: the kernel rotates the first features of a head, as wide as the
+tables it is given); one with another scaling fails the probe and is left alone. The probe also records what the
+forward returns (its tuple length: (out, weights) in 5.x, (out, weights, cache) in older 4.x), so the replacement
+returns the same.
 
 At run time the replacement runs the kernel only for the prefill / loss-evaluation case: full-sequence causal
 attention with no attention mask (HF passes None for a plain causal mask to SDPA), no past positions in a cache,
@@ -60,44 +61,58 @@ CACHE_NAMES = ("cache", "past_key_values", "past_key_value", "layer_past")
 
 @dataclass(frozen=True)
 class Projections:
-    """How an attention module makes q, k and v from its input, and its output from the attention's: q_proj, k_proj,
-    v_proj and o_proj (Phi: dense) with a head_dim (Llama and its relatives), or GPT-NeoX's query_key_value (each
-    head's q, k and v side by side) and dense with a head_size; rotary: the features of a head RoPE rotates (the
+    """How an attention module makes q, k and v from its input, and its output from the attention's. layout:
+    "separate", q_proj, k_proj and v_proj (Llama and its relatives); "per_head", GPT-NeoX's query_key_value (each
+    head's q, k and v side by side) with a head_size; "stacked", Phi-3's qkv_proj (every query head, then the kv
+    heads' keys, then their values). out: o_proj (Phi: dense); rotary: the features of a head RoPE rotates (the
     module's rotary_ndims where it has one: partial rotary), else head_dim."""
-    fused: bool
+    layout: str
     head_dim: int
     out: str  # the output projection's name
     rotary: int
+
+    INPUT = {"separate": "q_proj", "per_head": "query_key_value", "stacked": "qkv_proj"}  # the input weight's Linear
 
     @staticmethod
     def of(m) -> Projections | None:
         out = next((p for p in ("o_proj", "dense") if isinstance(getattr(m, p, None), nn.Linear)), None)
         rotary = getattr(m, "rotary_ndims", None)
-        if out and all(isinstance(getattr(m, p, None), nn.Linear) for p in PROJECTIONS[:3]) and isinstance(
-                getattr(m, "head_dim", None), int) and hasattr(m, "num_key_value_groups"):
-            fused, head_dim = False, m.head_dim
+        grouped = isinstance(getattr(m, "head_dim", None), int) and hasattr(m, "num_key_value_groups")
+        if out and grouped and all(isinstance(getattr(m, p, None), nn.Linear) for p in PROJECTIONS[:3]):
+            layout, head_dim = "separate", m.head_dim
+        elif out and grouped and isinstance(getattr(m, "qkv_proj", None), nn.Linear):
+            layout, head_dim = "stacked", m.head_dim
         elif isinstance(getattr(m, "query_key_value", None), nn.Linear) and isinstance(getattr(m, "dense", None),
                                                                                           nn.Linear) \
                 and isinstance(getattr(m, "head_size", None), int):
-            fused, head_dim, out = True, m.head_size, "dense"
+            layout, head_dim, out = "per_head", m.head_size, "dense"
         else:
             return None
-        return Projections(fused, head_dim, out, rotary if isinstance(rotary, int) and rotary > 0 else head_dim)
+        return Projections(layout, head_dim, out, rotary if isinstance(rotary, int) and rotary > 0 else head_dim)
 
     def qkv(self, m, x, project) -> tuple:
         """q, k, v [batch, seq, heads, head_dim] (views) of x [batch, seq, hidden]; project(linear, x) applies one."""
-        if self.fused:
-            return project(m.query_key_value, x).view(*x.shape[:2], -1, 3 * self.head_dim).split(self.head_dim, -1)
-        return tuple(project(getattr(m, p), x).view(*x.shape[:2], -1, self.head_dim) for p in PROJECTIONS[:3])
+        rows, d = x.shape[:2], self.head_dim
+        if self.layout == "per_head":
+            return project(m.query_key_value, x).view(*rows, -1, 3 * d).split(d, -1)
+        if self.layout == "stacked":
+            heads, kv_heads = self.heads(m)
+            widths = (heads * d, kv_heads * d, kv_heads * d)
+            return tuple(t.view(*rows, -1, d) for t in project(m.qkv_proj, x).split(widths, -1))
+        return tuple(project(getattr(m, p), x).view(*rows, -1, d) for p in PROJECTIONS[:3])
 
     def input_weight(self, m) -> torch.Tensor:
-        return (m.query_key_value if self.fused else m.q_proj).weight
+        return getattr(m, self.INPUT[self.layout]).weight
 
     def heads(self, m) -> tuple[int, int]:
         """(query heads, kv heads)."""
-        if self.fused:
-            return (m.query_key_value.out_features // (3 * self.head_dim),) * 2
-        return m.q_proj.out_features // self.head_dim, m.k_proj.out_features // self.head_dim
+        width = getattr(m, self.INPUT[self.layout]).out_features // self.head_dim
+        if self.layout == "per_head":
+            return (width // 3,) * 2
+        if self.layout == "stacked":  # width = (group + 2) x kv heads
+            kv_heads = width // (m.num_key_value_groups + 2)
+            return width - 2 * kv_heads, kv_heads
+        return width, m.k_proj.out_features // self.head_dim
 
 
 def _applied(linear, x):

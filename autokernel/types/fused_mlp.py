@@ -1,6 +1,8 @@
 """fused_mlp: a SwiGLU MLP, down(silu(x @ w_gate.T) * (x @ w_up.T)), and where a model runs it (a module of
-exactly three bias-free Linears that passes the probe)."""
+exactly three bias-free Linears, or of two with the gate and up projections as the halves of one (Phi-3's
+gate_up_proj), that passes the probe)."""
 
+import inspect
 import math
 import re
 
@@ -11,7 +13,7 @@ from autokernel.kerneltype import Deployment, KernelSpec, Profiling, SuiteTarget
 from autokernel.ops.customops import Site
 from autokernel.ops.swap import KernelModule, f64, probe
 from autokernel.types._common import esize, first_padded, numel, randn
-from autokernel.types.matmul import matmul_taking
+from autokernel.types.matmul import MATMUL_OPS, matmul_shape, matmul_taking
 
 NAME = "fused_mlp"
 
@@ -42,9 +44,16 @@ def _large_activations(shape, dtype, device, gen):
 
 
 def _shape(t_h, members) -> dict | None:
-    """The MLP's input [..., H] and its first matmul that takes H: [T, H] -> I."""
+    """The MLP's input [..., H] and its first matmul that takes H, [T, H] -> I; I the K of the matmul that gives H back
+    (down) where there is one, so that a gate and up made by one matmul of 2I outputs (Phi-3's gate_up_proj) count
+    as they run in the kernel, two of I."""
     found = matmul_taking(t_h, members)
-    return dict(zip(("T", "H", "I"), found)) if found else None
+    if not found:
+        return None
+    rows, hidden, outputs = found
+    mms = [matmul_shape(op) for op in members if op.name in MATMUL_OPS and op.shapes]
+    down = next((mm["K"] for mm in mms if mm["N"] == hidden and mm["K"] != hidden), outputs)
+    return {"T": rows, "H": hidden, "I": down}
 
 
 def _liger(liger) -> dict:
@@ -65,6 +74,57 @@ class KernelSwiGLU(KernelModule):
         if not self._fits(x, w_gate):
             return self._original(x)
         return self.op(x, w_gate, self._up.weight, self._down.weight)
+
+
+class KernelGateUpSwiGLU(KernelModule):
+    """The MLP with its gate and up projections stacked in one Linear (Phi-3's gate_up_proj): the kernel takes the
+    halves of its weight as two views, made again only when the weight is another tensor."""
+
+    def __init__(self, original, site, gate_up: nn.Linear, down: nn.Linear, gate_first: bool):
+        super().__init__(original, site, NAME)
+        self.gate_up, self.down, self.gate_first = gate_up, down, gate_first
+        self._direct("gate_up", "down")
+        self._halves = (None, None, None)  # (the weight they are views of, gate's, up's)
+
+    def forward(self, x):
+        weight = self._gate_up.weight
+        if not self._fits(x, weight):
+            return self._original(x)
+        if self._halves[0] is not weight:
+            first, second = weight.chunk(2, dim=0)
+            self._halves = (weight, *((first, second) if self.gate_first else (second, first)))
+        return self.op(x, self._halves[1], self._halves[2], self._down.weight)
+
+
+def _gate_up_site(name, m, linears: dict):
+    """A module with exactly two bias-free Linears, one H->2I and one I->H, computing down(silu(gate) * up) with gate
+    and up the halves of the first's output (which half is the gate is settled by the probe). None when the Linears
+    are not shaped so; a kept site when the module computes something else."""
+    (a, la), (b, lb) = linears.items()
+    (up_name, gate_up), (down_name, down) = ((a, la), (b, lb)) if la.out_features == 2 * lb.in_features else \
+        ((b, lb), (a, la))
+    if gate_up.out_features != 2 * down.in_features or gate_up.in_features != down.out_features \
+            or gate_up.bias is not None or down.bias is not None or not _takes_one_input(m):
+        return None
+    site = Site(name, f"{type(m).__name__}(two Linears)", NAME, False)
+    for gate_first in (True, False):
+        first, second = f64(gate_up.weight).chunk(2, dim=0)
+        w_gate, w_up = (first, second) if gate_first else (second, first)
+        expected = lambda x, g=w_gate, u=w_up: fused_mlp_ref(x, g, u, f64(down.weight))
+        reason = probe(m, down.out_features, expected)
+        if reason is None:
+            half = "first" if gate_first else "second"
+            site.what, site.swapped = f"{type(m).__name__}(gate={up_name}'s {half} half, down={down_name})", True
+            return site, KernelGateUpSwiGLU(m, site, gate_up, down, gate_first)
+    site.reason = reason
+    return site, None
+
+
+def _takes_one_input(m) -> bool:
+    """Whether m's forward needs one argument, as an MLP's does (an attention module of two Linears shaped alike,
+    Phi-3's qkv_proj and o_proj where Hq = 2 Hkv, needs its tables and mask too)."""
+    params = inspect.signature(m.forward).parameters.values()
+    return sum(p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params) == 1
 
 
 def _swiglu_site(name, m, linears: dict):
@@ -93,10 +153,12 @@ def _swiglu_site(name, m, linears: dict):
 
 
 def swiglu_module_site(name, m):
-    """A module holding exactly three bias-free Linears that computes SwiGLU."""
+    """A module holding exactly three bias-free Linears (or two, the gate's and up's stacked) that computes SwiGLU."""
     if isinstance(m, nn.Linear):
         return None
     linears = {n: c for n, c in m.named_children() if type(c) is nn.Linear}
+    if len(linears) == 2:
+        return _gate_up_site(name, m, linears)
     return _swiglu_site(name, m, linears) if len(linears) == 3 else None
 
 
