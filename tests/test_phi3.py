@@ -102,3 +102,17 @@ def test_two_linears_shaped_otherwise_are_no_candidate():
     biased.down_proj = nn.Linear(48, 32)
     assert fused_mlp.swiglu_module_site("m", biased) is None
 
+
+def test_a_decode_sized_call_runs_the_original_mlp(interpreter, tmp_path, monkeypatch):
+    """Fewer tokens a call than fused_mlp.DECODE_TOKENS (a decode step's GEMVs) run the original MLP on a GPU, the site
+    saying why; a prefill-sized call the kernel. Here with the CPU counted as such a device."""
+    monkeypatch.setattr(fused_mlp, "DECODE_DEVICES", ("cpu",))
+    model = _tiny_phi3()
+    with torch.no_grad():
+        optimized = autokernel.optimize(model, tmp_path / "none", ["fused_mlp"], verified=None, quiet=True)
+        for batch, seq in ((1, 1), (2, 31), (1, 64)):
+            ids = torch.randint(0, 256, (batch, seq), generator=torch.Generator().manual_seed(seq))
+            torch.testing.assert_close(optimized(ids, use_cache=False).logits, model(ids, use_cache=False).logits,
+                                       atol=1e-4, rtol=1e-4)
+    site = next(s for s in optimized.autokernel.sites() if s.where == "model.layers.0.mlp")
+    assert (site.calls, site.fallbacks) == (1, 2) and "decode step" in site.reason

@@ -10,7 +10,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from autokernel.kerneltype import Deployment, KernelSpec, Profiling, SuiteTarget
-from autokernel.ops.customops import Site
+from autokernel.ops.customops import Site, in_eager
 from autokernel.ops.swap import KernelModule, f64, probe
 from autokernel.types._common import esize, first_padded, numel, randn
 from autokernel.types.matmul import MATMUL_OPS, matmul_shape, matmul_taking
@@ -63,7 +63,28 @@ def _liger(liger) -> dict:
 
 
 # ------------------------------------------------------------------------------ where a model runs it
-class KernelSwiGLU(KernelModule):
+# Fewer tokens a call than one row tile of the kernel's (64) go to the original's GEMMs: a decode step's MLP is
+# three GEMVs bound by reading the weights, where the kernel's tiles are padding and its grid (I / BLOCK_N programs
+# for the gate and up, H / DOWN_BLOCK_N for the down projection: 8-16 at TinyLlama's H) leaves most SMs idle, while
+# cuBLAS splits K. TinyLlama's compiled, graphed generate() ran 0.846x of the original's with the kernel taking its
+# decode steps on an H200. Under torch.compile the branch is on a static shape: the prefill and the decode steps
+# are separate graphs anyway. A GPU's rule: on a CPU the kernel runs interpreted, for tests, at every size.
+DECODE_TOKENS = 64
+DECODE_DEVICES = ("cuda",)
+
+
+class _SwiGLU(KernelModule):
+    def _takes(self, x, weight) -> bool:
+        """Whether the kernel takes this call: _fits, and not a decode-sized one (DECODE_TOKENS)."""
+        if x.device.type not in DECODE_DEVICES or x.numel() >= DECODE_TOKENS * x.shape[-1]:
+            return self._fits(x, weight)
+        if in_eager():
+            self.site.fallbacks += 1
+            self.site.reason = f"fewer than {DECODE_TOKENS} tokens a call (a decode step: cuBLAS's GEMVs take it)"
+        return False
+
+
+class KernelSwiGLU(_SwiGLU):
     def __init__(self, original, site, gate: nn.Linear, up: nn.Linear, down: nn.Linear):
         super().__init__(original, site, NAME)
         self.gate, self.up, self.down = gate, up, down
@@ -71,12 +92,12 @@ class KernelSwiGLU(KernelModule):
 
     def forward(self, x):
         w_gate = self._gate.weight
-        if not self._fits(x, w_gate):
+        if not self._takes(x, w_gate):
             return self._original(x)
         return self.op(x, w_gate, self._up.weight, self._down.weight)
 
 
-class KernelGateUpSwiGLU(KernelModule):
+class KernelGateUpSwiGLU(_SwiGLU):
     """The MLP with its gate and up projections stacked in one Linear (Phi-3's gate_up_proj): the kernel takes the
     halves of its weight as two views, made again only when the weight is another tensor."""
 
@@ -88,7 +109,7 @@ class KernelGateUpSwiGLU(KernelModule):
 
     def forward(self, x):
         weight = self._gate_up.weight
-        if not self._fits(x, weight):
+        if not self._takes(x, weight):
             return self._original(x)
         if self._halves[0] is not weight:
             first, second = weight.chunk(2, dim=0)
