@@ -6,14 +6,19 @@ this says where the difference is, kernel by kernel, from a profile of the forwa
 
     python scripts/types_profile.py benchmarks/hf/qwen3-0.6b --types rope_attention \
         --against flash_attention,rotary_embedding [--kernels workspace/kernels] [--shape 1,2048] [--eager]
+    python scripts/types_profile.py benchmarks/hf/tinyllama --types add_rmsnorm,fused_mlp,rmsnorm,rope_attention \
+        --against none --generate 64 --shape 1,128        # generate()'s decode steps against the original's
 
 Each set runs the model as verify.py runs it (model(ids), HF's cache as its config has it) under torch.compile
-(--eager: without), with the kernel files of --kernels (the starters for types without one there). It prints each
-set's kernel time a forward and the kernels whose calls or time a forward differ by more than --min-us (calls a
-forward and us a call on each side).
+(--eager: without), with the kernel files of --kernels (the starters for types without one there); "none" is the
+original model. With --generate N, a call is generate() of N new tokens with a static cache after the --shape prompt,
+its decode steps compiled as transformers compiles them (CUDA graphs; --eager: not compiled), as verify.py --generate
+times it. It prints each set's kernel time a call and the kernels whose calls or time a call differ by more than
+--min-us (calls a call and us a kernel call on each side).
 """
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 
@@ -23,14 +28,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from region_profile import kernels  # noqa: E402  (scripts/: the profile of FORWARDS forwards, kernel by kernel)
 
+from autokernel.verify import generation  # noqa: E402
 from autokernel.verify.deploy import optimize  # noqa: E402
 
 
-def profiled(model, x, types: list[str], kernels_dir: str, eager: bool) -> dict[str, tuple[float, float]]:
-    """{kernel: (calls a forward, us a forward)} of the model with `types` deployed, compiled unless eager."""
+def profiled(model, x, types: list[str], kernels_dir: str, eager: bool, new_tokens: int) -> dict:
+    """{kernel: (calls a call, us a call)} of the model with `types` deployed (none: the original), compiled unless
+    eager; a call is a forward, or generate() of new_tokens tokens."""
     torch._dynamo.reset()
-    optimized = optimize(model, kernels_dir, types=types, verified=None, quiet=True)
-    return kernels(optimized if eager else torch.compile(optimized), x)
+    optimized = optimize(model, kernels_dir, types=types, verified=None, quiet=True) if types else model
+    if not new_tokens:
+        return kernels(optimized if eager else torch.compile(optimized), x)
+    compiled = contextlib.nullcontext() if eager else generation._compiled_by_transformers(optimized, "inductor", True)
+    with compiled as config:
+        return kernels(generation._generating(optimized, new_tokens, config), x)
 
 
 def differences(got: dict, against: dict, min_us: float) -> list[str]:
@@ -49,11 +60,14 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("config", help="an HF config directory (benchmarks/hf/NAME)")
-    ap.add_argument("--types", required=True, help="the kernel types of the first set, comma-separated")
-    ap.add_argument("--against", required=True, help="the kernel types of the second set, comma-separated")
+    for flag, which in (("--types", "first"), ("--against", "second")):
+        ap.add_argument(flag, required=True, help=f"the kernel types of the {which} set, comma-separated (none: the "
+                                                  "original model)")
     ap.add_argument("--kernels", default="workspace/kernels", help="the kernel files (default workspace/kernels)")
     ap.add_argument("--shape", default="1,2048", help="the input ids' shape (default 1,2048)")
     ap.add_argument("--eager", action="store_true", help="run the model as it is, not under torch.compile")
+    ap.add_argument("--generate", type=int, default=0, metavar="N",
+                    help="profile generate() of N new tokens (a static cache) instead of a forward")
     ap.add_argument("--min-us", type=float, default=1.0, help="show kernels whose time a forward differs by more")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -62,12 +76,13 @@ def main() -> None:
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config).to("cuda", torch.float16).eval()
     x = torch.randint(0, config.vocab_size, tuple(int(s) for s in args.shape.split(",")), device="cuda")
-    sets = [s.split(",") for s in (args.types, args.against)]
+    sets = [[] if s == "none" else s.split(",") for s in (args.types, args.against)]
     with torch._inductor.config.patch(fx_graph_cache=False):
-        got, against = (profiled(model, x, types, args.kernels, args.eager) for types in sets)
+        got, against = (profiled(model, x, types, args.kernels, args.eager, args.generate) for types in sets)
     total, total0 = (sum(us for _, us in k.values()) for k in (got, against))
-    print(f"{'+'.join(sets[0])}: {total:.1f} us of kernels a forward; {'+'.join(sets[1])}: {total0:.1f} us "
-          f"({total0 / total:.3f}x)")
+    names = ["+".join(types) or "the original" for types in sets]
+    call = f"generate() of {args.generate} tokens" if args.generate else "forward"
+    print(f"{names[0]}: {total:.1f} us of kernels a {call}; {names[1]}: {total0:.1f} us ({total0 / total:.3f}x)")
     print("\n".join(differences(got, against, args.min_us)))
 
 
