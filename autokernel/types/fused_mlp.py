@@ -111,10 +111,19 @@ class KernelGateUpSwiGLU(_SwiGLU):
         weight = self._gate_up.weight
         if not self._takes(x, weight):
             return self._original(x)
+        gate, up = self._gate_and_up(weight)
+        return self.op(x, gate, up, self._down.weight)
+
+    def _gate_and_up(self, weight):
+        if not in_eager():  # traced: the views cost nothing, and a trace keeps no tensors
+            return self._split(weight)
         if self._halves[0] is not weight:
-            first, second = weight.chunk(2, dim=0)
-            self._halves = (weight, *((first, second) if self.gate_first else (second, first)))
-        return self.op(x, self._halves[1], self._halves[2], self._down.weight)
+            self._halves = (weight, *self._split(weight))
+        return self._halves[1:]
+
+    def _split(self, weight):
+        first, second = weight.chunk(2, dim=0)
+        return (first, second) if self.gate_first else (second, first)
 
 
 def _gate_up_site(name, m, linears: dict):
@@ -122,20 +131,20 @@ def _gate_up_site(name, m, linears: dict):
     and up the halves of the first's output (which half is the gate is settled by the probe). None when the Linears
     are not shaped so; a kept site when the module computes something else."""
     (a, la), (b, lb) = linears.items()
-    (up_name, gate_up), (down_name, down) = ((a, la), (b, lb)) if la.out_features == 2 * lb.in_features else \
-        ((b, lb), (a, la))
+    (gate_up_name, gate_up), (down_name, down) = ((a, la), (b, lb)) if la.out_features == 2 * lb.in_features \
+        else ((b, lb), (a, la))
     if gate_up.out_features != 2 * down.in_features or gate_up.in_features != down.out_features \
             or gate_up.bias is not None or down.bias is not None or not _takes_one_input(m):
         return None
     site = Site(name, f"{type(m).__name__}(two Linears)", NAME, False)
+    first, second = f64(gate_up.weight).chunk(2, dim=0)
     for gate_first in (True, False):
-        first, second = f64(gate_up.weight).chunk(2, dim=0)
         w_gate, w_up = (first, second) if gate_first else (second, first)
         expected = lambda x, g=w_gate, u=w_up: fused_mlp_ref(x, g, u, f64(down.weight))
         reason = probe(m, down.out_features, expected)
         if reason is None:
             half = "first" if gate_first else "second"
-            site.what, site.swapped = f"{type(m).__name__}(gate={up_name}'s {half} half, down={down_name})", True
+            site.what, site.swapped = f"{type(m).__name__}(gate={gate_up_name}'s {half} half, down={down_name})", True
             return site, KernelGateUpSwiGLU(m, site, gate_up, down, gate_first)
     site.reason = reason
     return site, None
