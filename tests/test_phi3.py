@@ -116,3 +116,17 @@ def test_a_decode_sized_call_runs_the_original_mlp(interpreter, tmp_path, monkey
                                        atol=1e-4, rtol=1e-4)
     site = next(s for s in optimized.autokernel.sites() if s.where == "model.layers.0.mlp")
     assert (site.calls, site.fallbacks) == (1, 2) and "decode step" in site.reason
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_a_decode_step_s_mlp_is_the_original_s(tmp_path):
+    """The rule as deployed: a CUDA model's one-token call runs the original MLP, a 64-token call the kernel."""
+    model = _tiny_phi3().to("cuda", torch.float16)
+    with torch.no_grad():
+        optimized = autokernel.optimize(model, tmp_path / "none", ["fused_mlp"], verified=None, quiet=True)
+        for seq in (1, 64):
+            ids = torch.randint(0, 256, (1, seq), device="cuda")
+            torch.testing.assert_close(optimized(ids, use_cache=False).logits, model(ids, use_cache=False).logits,
+                                       atol=2e-2, rtol=2e-2)
+    site = next(s for s in optimized.autokernel.sites() if s.where == "model.layers.0.mlp")
+    assert (site.calls, site.fallbacks) == (1, 1) and "decode step" in site.reason
