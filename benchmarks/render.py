@@ -40,8 +40,8 @@ PROVENANCE = ("gpu", "torch", "triton", "dtype", "shapes", "date", "command", "c
 VERSIONS = ("cuda", "liger", "python")  # printed where a row has them, beside torch and triton (and the driver)
 # the topics in the order the reader wants them; a table file not named here comes after them, by name
 ORDER = ("end_to_end", "end_to_end_gpt2", "starters", "starters_extra", "starter_defaults", "shapes_add_norm",
-         "shapes_linear_gelu", "shapes_rope_attention", "rope_rivals", "rope_in_model", "causal_orders", "flash_causal_orders", "shapes_attention",
-         "shapes_linear_cross_entropy", "verify_runs", "any_model",
+         "shapes_linear_gelu", "shapes_rope_attention", "rope_rivals", "rope_in_model", "causal_orders",
+         "flash_causal_orders", "shapes_attention", "shapes_linear_cross_entropy", "verify_runs", "any_model",
          "traced_under_compile", "host_cost", "host_cost_breakdown", "tma_descriptors", "families", "nights",
          "night_kernels",
          "loop_rate", "harness_wall_time", "anti_cheat", "l2_flush", "workers", "profiles", "regions", "kernelbench",

@@ -39,9 +39,9 @@ def profiled(model, x, types: list[str], kernels_dir: str, eager: bool, new_toke
     optimized = optimize(model, kernels_dir, types=types, verified=None, quiet=True) if types else model
     if not new_tokens:
         return kernels(optimized if eager else torch.compile(optimized), x)
-    compiled = contextlib.nullcontext() if eager else generation._compiled_by_transformers(optimized, "inductor", True)
+    compiled = contextlib.nullcontext() if eager else generation.compiled_by_transformers(optimized, "inductor", True)
     with compiled as config:
-        return kernels(generation._generating(optimized, new_tokens, config), x)
+        return kernels(generation.generating(optimized, new_tokens, config), x)
 
 
 def differences(got: dict, against: dict, min_us: float) -> list[str]:

@@ -158,12 +158,13 @@ _CACHE_TABLES = PerTables(_broadcast_tables)
 
 
 def _rotated(x, cos, sin, eager: bool):
-    """HF's apply_rotary_pos_emb on one tensor, bit for bit: what the original forward puts in the cache. Eagerly in
+    """HF's apply_rotary_pos_emb on one tensor: what the original forward puts in the cache. Eagerly bit for bit, in
     four ops, x * cos + roll(x, D/2) * sin_signed: roll(x) is rotate_half(x) without the minus, which moves onto the
     first half of sin (the products are the same: a negation is exact). Every layer gets the same cos and sin, so
     their broadcast forms are made once per forward (six host ops fewer a layer). Traced, one op a trace keeps whole
-    (rotation.py: Inductor fused HF's ops with the tables' making, 721 us a forward in one kernel of Qwen3-0.6B's).
-    Tables narrower than x: partial rotary, the rest of each head passes."""
+    (rotation.py: Inductor fused HF's ops with the tables' making, 721 us a forward in one kernel of Qwen3-0.6B's;
+    on a GPU the op rounds once, as Inductor computes the compiled original's keys). Tables narrower than x: partial
+    rotary, the rest of each head passes."""
     if not eager:
         return rotate_half(x, cos, sin)
     rotary = cos.shape[-1]

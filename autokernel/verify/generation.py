@@ -44,7 +44,7 @@ def measure(model, optimized: torch.nn.Module, prompt: torch.Tensor, new_tokens:
     graphs = device == "cuda"
     if with_compile:
         backend = endtoend.backend_for(device)
-        modes["compile_graph" if graphs else "compile"] = lambda m: _compiled_by_transformers(m, backend, graphs)
+        modes["compile_graph" if graphs else "compile"] = lambda m: compiled_by_transformers(m, backend, graphs)
     rows = {}
     for mode, wrapped in modes.items():
         try:
@@ -60,8 +60,8 @@ def measure(model, optimized: torch.nn.Module, prompt: torch.Tensor, new_tokens:
 
 
 def _row(model, optimized, prompt, new_tokens: int, device: str, compile_config) -> dict:
-    fns = {"original": _generating(model, new_tokens, compile_config),
-           "optimized": _generating(optimized, new_tokens, compile_config)}
+    fns = {"original": generating(model, new_tokens, compile_config),
+           "optimized": generating(optimized, new_tokens, compile_config)}
     tokens = {name: fn(prompt) for name, fn in fns.items()}  # also the warm-up: a compile happens here
     samples, v = _timed_in_rounds(fns, prompt, device)
     per_s = {name: new_tokens / (statistics.median(us) / 1e6) for name, us in samples.items()}
@@ -110,7 +110,7 @@ def decide(model, kept, candidates: list[str], prompt: torch.Tensor, new_tokens:
     return dropped.get("eager", {}), compiled
 
 
-def _generating(model, new_tokens: int, compile_config=None):
+def generating(model, new_tokens: int, compile_config=None):
     """prompt -> the new tokens of a greedy generate() with a static cache, exactly new_tokens of them; its decode
     steps compiled by transformers with compile_config, or not compiled at all (None)."""
     options = {"disable_compile": True} if compile_config is None else {"compile_config": compile_config}
@@ -123,7 +123,7 @@ def _generating(model, new_tokens: int, compile_config=None):
 
 
 @contextlib.contextmanager
-def _compiled_by_transformers(model, backend, graphs: bool):
+def compiled_by_transformers(model, backend, graphs: bool):
     """The CompileConfig under which generate() compiles the model's __call__ for its decode steps (in CUDA graphs:
     transformers' default for a static cache; the prefill stays eager, as transformers runs it); the compiled call
     transformers keeps on the model is taken off after. Our forward (the optimized model's patches) is what the
