@@ -11,6 +11,7 @@ call saves the rotated q and k's round trip and two launches, and must not lose 
 
 import argparse
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -62,10 +63,11 @@ def compare(name: str, shape: tuple, configs: list[str]) -> None:
     print(f"== {name} B{shape[0]} Hq{heads} Hkv{shape[2]} S{seq} D{dim}: rotary q+k {t_rotary:.1f} us, flash "
           f"{t_flash:.1f} us ({flops / t_flash / 1e6:.0f} TFLOP/s): the rivals {rivals:.1f} us", flush=True)
     source = (KERNELS / "rope_attention.py").read_text()
-    for config in ["", *configs]:
-        path = Path(f"/tmp/rope_rivals_{abs(hash(config))}.py")
-        path.write_text(apply_config(source, _parsed(config)) if config else source)
-        rope = import_kernel(path).kernel_fn
+    for i, config in enumerate(["", *configs]):
+        with tempfile.TemporaryDirectory() as scratch:
+            path = Path(scratch) / f"rope_attention_{i}.py"
+            path.write_text(apply_config(source, _parsed(config)) if config else source)
+            rope = import_kernel(path).kernel_fn
         got = rope(q, k, v, cos, sin)
         err = ((got.float() - want.float()).norm() / want.float().norm()).item()
         t = _us(lambda rope=rope: rope(q, k, v, cos, sin))
