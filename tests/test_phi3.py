@@ -93,7 +93,8 @@ def test_the_probe_finds_which_half_is_the_gate_and_leaves_another_activation_al
             torch.testing.assert_close(replacement(x), mlp(x), atol=1e-5, rtol=1e-5)
 
 
-def test_two_linears_shaped_otherwise_are_no_candidate():
+def test_two_linears_shaped_otherwise_are_no_candidate(interpreter, install_starter):
+    install_starter("fused_mlp")
     assert fused_mlp.swiglu_module_site("mlp", StackedMLP(32, 48).requires_grad_(False)) is not None
     wide = nn.Module()
     wide.a, wide.b = nn.Linear(32, 144, bias=False), nn.Linear(48, 32, bias=False)  # 3I, not 2I (GPT-NeoX's qkv)
