@@ -3,7 +3,8 @@ grouped-query attention. Built from kernels/flash_attention.py's "split" loop (s
 BENCHMARKS.md for the tile choices this starts from).
 
 Q is [B, Hq, S, D], K and V [B, Hkv, S, D] with Hkv dividing Hq; cos and sin are [S, R] or, as HF's
-rotary module gives them, [1 or B, S, R] (rotate-half convention: q * cos + rotate_half(q) * sin). R is D or,
+rotary module gives them, [1 or B, S, R] (rotate-half convention: q * cos + rotate_half(q) * sin; interleaved:
+features 2i and 2i+1 turn together by the angle of the tables' entry i, as GLM and Cohere rotate). R is D or,
 for partial rotary (GPT-NeoX: D/4, Phi-2: 32 of 80), less: the first R features of each head are rotated and the
 rest pass (_halves takes each half as R/2 rotated features and (D-R)/2 that pass).
 Eager (HF Llama) runs RoPE as ~10 elementwise kernels over q and k, copies K and V to Hq heads
@@ -105,14 +106,19 @@ def _load_f32(ptrs, mask, ROW_MASK: tl.constexpr, EVEN_HALF: tl.constexpr):
 
 @triton.jit
 def _halves(base, cos_base, sin_base, offs_r, row_off, offs_h, stride_d, stride_cr, stride_sr, n_rows,
-            HALF: tl.constexpr, ROT_HALF: tl.constexpr, ROW_MASK: tl.constexpr, EVEN_HALF: tl.constexpr):
+            HALF: tl.constexpr, ROT_HALF: tl.constexpr, ROW_MASK: tl.constexpr, EVEN_HALF: tl.constexpr,
+            INTERLEAVED: tl.constexpr):
     """The rows at positions offs_r (at element offsets row_off from base) of a [rows, 2*HALF] tile as two halves
     in fp32, rotated (rotate-half RoPE). With partial rotary (ROT_HALF < HALF: the tables hold 2*ROT_HALF features)
     each half takes ROT_HALF rotated features (lo: x[:ROT_HALF], hi: x[ROT_HALF:2*ROT_HALF], the pairs RoPE rotates
     together) and then half of the features that pass unrotated; a dot over the halves sums every feature once,
-    whatever order they come in."""
+    whatever order they come in. INTERLEAVED: the rotated pairs are features 2i and 2i+1 (GLM's and Cohere's RoPE),
+    at the angles of the tables' first half."""
     mask = (offs_r[:, None] < n_rows) & (offs_h[None, :] < HALF)
-    if ROT_HALF == HALF:
+    if INTERLEAVED:
+        lo_cols = tl.where(offs_h < ROT_HALF, 2 * offs_h, offs_h + ROT_HALF)
+        hi_cols = tl.where(offs_h < ROT_HALF, 2 * offs_h + 1, offs_h + HALF)
+    elif ROT_HALF == HALF:
         lo_cols = offs_h
         hi_cols = offs_h + HALF
     else:
@@ -133,6 +139,8 @@ def _halves(base, cos_base, sin_base, offs_r, row_off, offs_h, stride_d, stride_
         c2 = tl.load(c_ptrs + ROT_HALF, mask=rot, other=1.0).to(tl.float32)
         s1 = tl.load(s_ptrs, mask=rot, other=0.0).to(tl.float32)
         s2 = tl.load(s_ptrs + ROT_HALF, mask=rot, other=0.0).to(tl.float32)
+    if INTERLEAVED:  # pair i turns by angle i, the first half's (HF's cat(freqs, freqs) tables hold it twice)
+        c2, s2 = c1, s1
     return x1 * c1 - x2 * s1, x2 * c2 + x1 * s2
 
 
@@ -159,14 +167,16 @@ def _attn_blocks(acc, l_i, m_i, q, k_base, v_base, cos_base, sin_base,
                  BLOCK_N: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr, K_ROT_HALF: tl.constexpr,
                  HEAD_DIM: tl.constexpr,
                  EVEN_HALF: tl.constexpr, EVEN_D: tl.constexpr, ROTATE_K: tl.constexpr, CAUSAL_MASK: tl.constexpr,
-                 KEY_MASK: tl.constexpr, DOT_PRECISION: tl.constexpr, TMA_KV: tl.constexpr):
+                 KEY_MASK: tl.constexpr, DOT_PRECISION: tl.constexpr, TMA_KV: tl.constexpr,
+                 INTERLEAVED: tl.constexpr):
     """Fold keys [lo, hi) into the running (acc, l, m); q is rotated and interleaved, the scores are scaled to exp2
     units in fp32. TMA_KV: k_base and v_base are tensor descriptors (rows past S come as zeros)."""
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         if ROTATE_K:
             k_lo, k_hi = _halves(k_base, cos_base, sin_base, offs_n, offs_n * stride_kn, offs_h,
-                                 stride_kd, stride_cs, stride_ss, S, HALF, K_ROT_HALF, KEY_MASK, EVEN_HALF)
+                                 stride_kd, stride_cs, stride_ss, S, HALF, K_ROT_HALF, KEY_MASK, EVEN_HALF,
+                                 INTERLEAVED)
             k = tl.interleave(k_lo.to(q.dtype), k_hi.to(q.dtype))
         elif TMA_KV:  # one bulk copy of the pre-pass's rows
             k = k_base.load([start_n, 0])
@@ -204,7 +214,7 @@ def _rope_attention_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, o_ptr, S, H, G
                            D_PAD: tl.constexpr, EVEN_HALF: tl.constexpr, EVEN_D: tl.constexpr, CAUSAL: tl.constexpr,
                            ROTATE_K: tl.constexpr, REVERSE: tl.constexpr, PAIRED: tl.constexpr, FOLD: tl.constexpr,
                            PACK: tl.constexpr,
-                           DOT_PRECISION: tl.constexpr, TMA_KV: tl.constexpr):
+                           DOT_PRECISION: tl.constexpr, TMA_KV: tl.constexpr, INTERLEAVED: tl.constexpr):
     """One program: BLOCK_M query rows against the keys of one kv head. Unpacked (H: the query heads) the rows are
     BLOCK_M positions of one query head; packed (PACK, H: the kv heads) they are the GROUP query heads of the kv
     head, BLOCK_POS = BLOCK_M / GROUP positions each, so each K and V tile is loaded once for the whole group."""
@@ -246,13 +256,13 @@ def _rope_attention_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, o_ptr, S, H, G
                          sin_base, head, offs_pos, S, qk_scale, stride_qh, stride_qs, stride_qd,
                          stride_ks, stride_kd, stride_vs, stride_vd, stride_oh, stride_os, stride_od, stride_cs,
                          stride_ss, BLOCK_M, BLOCK_POS, BLOCK_N, HALF, ROT_HALF, K_ROT_HALF, HALF_PAD, HEAD_DIM,
-                         D_PAD, EVEN_HALF, EVEN_D, CAUSAL, ROTATE_K, DOT_PRECISION, TMA_KV)
+                         D_PAD, EVEN_HALF, EVEN_D, CAUSAL, ROTATE_K, DOT_PRECISION, TMA_KV, INTERLEAVED)
     else:
         _query_block(start_m, q_base, k_base, v_base, o_base, cos_base, sin_base, head, offs_pos, S,
                      qk_scale, stride_qh, stride_qs, stride_qd, stride_ks, stride_kd, stride_vs, stride_vd,
                      stride_oh, stride_os, stride_od, stride_cs, stride_ss, BLOCK_M, BLOCK_POS, BLOCK_N, HALF,
                      ROT_HALF, K_ROT_HALF, HALF_PAD, HEAD_DIM, D_PAD, EVEN_HALF, EVEN_D, CAUSAL, ROTATE_K,
-                     DOT_PRECISION, TMA_KV)
+                     DOT_PRECISION, TMA_KV, INTERLEAVED)
 
 
 @triton.jit
@@ -262,14 +272,15 @@ def _query_block(start_m, q_base, k_base, v_base, o_base, cos_base, sin_base, he
                  BLOCK_M: tl.constexpr, BLOCK_POS: tl.constexpr, BLOCK_N: tl.constexpr, HALF: tl.constexpr,
                  ROT_HALF: tl.constexpr, K_ROT_HALF: tl.constexpr, HALF_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
                  D_PAD: tl.constexpr, EVEN_HALF: tl.constexpr, EVEN_D: tl.constexpr, CAUSAL: tl.constexpr,
-                 ROTATE_K: tl.constexpr, DOT_PRECISION: tl.constexpr, TMA_KV: tl.constexpr):
+                 ROTATE_K: tl.constexpr, DOT_PRECISION: tl.constexpr, TMA_KV: tl.constexpr,
+                 INTERLEAVED: tl.constexpr):
     """Query block start_m of one program's rows (offs_pos: each row's position in the block, head: its query head):
     its Q rotated, the keys folded in, its output stored."""
     offs_m = start_m * BLOCK_POS + offs_pos
     offs_h = tl.arange(0, HALF_PAD)
     offs_d = tl.arange(0, D_PAD)
     q_lo, q_hi = _halves(q_base, cos_base, sin_base, offs_m, head * stride_qh + offs_m.to(tl.int64) * stride_qs,
-                         offs_h, stride_qd, stride_cs, stride_ss, S, HALF, ROT_HALF, True, EVEN_HALF)
+                         offs_h, stride_qd, stride_cs, stride_ss, S, HALF, ROT_HALF, True, EVEN_HALF, INTERLEAVED)
     q = tl.interleave(q_lo.to(q_base.dtype.element_ty), q_hi.to(q_base.dtype.element_ty))
     offs_k = tl.arange(0, 2 * HALF_PAD)
     acc = tl.zeros((BLOCK_M, D_PAD), dtype=tl.float32)
@@ -286,12 +297,12 @@ def _query_block(start_m, q_base, k_base, v_base, o_base, cos_base, sin_base, he
                                  stride_ks, stride_kd, stride_vs, stride_vd, stride_cs, stride_ss,
                                  offs_m, offs_h, offs_k, offs_d, 0, free, S, qk_scale,
                                  BLOCK_N, HALF, HALF_PAD, K_ROT_HALF, HEAD_DIM, EVEN_HALF, EVEN_D, ROTATE_K, False, False,
-                                 DOT_PRECISION, TMA_KV)
+                                 DOT_PRECISION, TMA_KV, INTERLEAVED)
     acc, l_i, m_i = _attn_blocks(acc, l_i, m_i, q, k_base, v_base, cos_base, sin_base,
                                  stride_ks, stride_kd, stride_vs, stride_vd, stride_cs, stride_ss,
                                  offs_m, offs_h, offs_k, offs_d, free, end, S, qk_scale,
                                  BLOCK_N, HALF, HALF_PAD, K_ROT_HALF, HEAD_DIM, EVEN_HALF, EVEN_D, ROTATE_K, CAUSAL, True,
-                                 DOT_PRECISION, TMA_KV)
+                                 DOT_PRECISION, TMA_KV, INTERLEAVED)
     out = acc / l_i[:, None]
     o_rows = head * stride_oh + offs_m.to(tl.int64) * stride_os
     o_ptrs = o_base + o_rows[:, None] + offs_d[None, :] * stride_od
@@ -301,7 +312,8 @@ def _query_block(start_m, q_base, k_base, v_base, o_base, cos_base, sin_base, he
 @triton.jit
 def _rotate_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, S, H,
                    stride_xb, stride_xh, stride_xs, stride_xd, stride_cb, stride_cs, stride_sb, stride_ss,
-                   BLOCK_S: tl.constexpr, HALF: tl.constexpr, ROT_HALF: tl.constexpr, HALF_PAD: tl.constexpr):
+                   BLOCK_S: tl.constexpr, HALF: tl.constexpr, ROT_HALF: tl.constexpr, HALF_PAD: tl.constexpr,
+                   INTERLEAVED: tl.constexpr):
     """The "rotate_k_first" pre-pass: BLOCK_S positions of one (batch, head) of x, rotated into a contiguous out of
     rows 2*HALF_PAD wide: its two halves interleaved (with partial rotary, in _halves' order of the features), zero
     past HALF, the order and width of the attention's dot."""
@@ -311,7 +323,7 @@ def _rotate_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, S, H,
     offs_h = tl.arange(0, HALF_PAD)
     lo, hi = _halves(x_ptr + b * stride_xb + h * stride_xh, cos_ptr + b * stride_cb, sin_ptr + b * stride_sb,
                      offs_s, offs_s * stride_xs, offs_h, stride_xd, stride_cs, stride_ss, S, HALF,
-                     ROT_HALF, True, HALF == HALF_PAD)
+                     ROT_HALF, True, HALF == HALF_PAD, INTERLEAVED)
     offs_k = tl.arange(0, 2 * HALF_PAD)
     o_ptrs = out_ptr + (tl.program_id(1).to(tl.int64) * S + offs_s[:, None]) * (2 * HALF_PAD) + offs_k[None, :]
     rows = tl.interleave(lo.to(out_ptr.dtype.element_ty), hi.to(out_ptr.dtype.element_ty))  # zero past HALF
@@ -379,16 +391,17 @@ def _table(t):
     return t3, (0 if t3.shape[0] == 1 else t3.stride(0)), t3.stride(1)
 
 
-def _rotate_k(k, cos3, cb, cs, sin3, sb, ss, half, rot_half, half_pad):
+def _rotate_k(k, cos3, cb, cs, sin3, sb, ss, half, rot_half, half_pad, interleaved):
     batch, kv_heads, seq, head_dim = k.shape
     out = torch.empty((batch, kv_heads, seq, 2 * half_pad), dtype=k.dtype, device=k.device)
     grid = ((seq + ROTATE_BLOCK_S - 1) // ROTATE_BLOCK_S, batch * kv_heads)
     _rotate_kernel[grid](k, cos3, sin3, out, seq, kv_heads, *k.stride(), cb, cs, sb, ss,
-                         BLOCK_S=ROTATE_BLOCK_S, HALF=half, ROT_HALF=rot_half, HALF_PAD=half_pad)
+                         BLOCK_S=ROTATE_BLOCK_S, HALF=half, ROT_HALF=rot_half, HALF_PAD=half_pad,
+                         INTERLEAVED=interleaved)
     return out
 
 
-def kernel_fn(q, k, v, cos, sin, causal=True, sm_scale=None):
+def kernel_fn(q, k, v, cos, sin, causal=True, sm_scale=None, interleaved=False):
     batch, heads, seq, head_dim = q.shape
     kv_heads = k.shape[1]
     seq_major = (seq * heads * head_dim, head_dim, heads * head_dim, 1)  # [B, S, H, D] in memory: see the docstring
@@ -409,7 +422,7 @@ def kernel_fn(q, k, v, cos, sin, causal=True, sm_scale=None):
     block_m, block_n, warps, stages = (c or a for c, a in zip((BLOCK_M, BLOCK_N, NUM_WARPS, NUM_STAGES), auto))
     block_n = min(block_n, block_m)  # the causal diagonal is whole BLOCK_N steps
     if not rotate_k:
-        k = _rotate_k(k, cos3, cb, cs, sin3, sb, ss, half, rot_half, half_pad)
+        k = _rotate_k(k, cos3, cb, cs, sin3, sb, ss, half, rot_half, half_pad, bool(interleaved))
     wide = d_pad >= 256  # "auto": TMA loads and folded blocks at head dim 256 (Gemma-2's), as measured there
     loads = KV_LOADS if KV_LOADS != "auto" else ("tma" if wide else "pointers")
     tma_kv = loads == "tma" and not rotate_k and _tma_kv_ok(k, v)
@@ -433,6 +446,6 @@ def kernel_fn(q, k, v, cos, sin, causal=True, sm_scale=None):
         K_ROT_HALF=rot_half if rotate_k else half, HALF_PAD=half_pad, HEAD_DIM=head_dim, D_PAD=d_pad,
         EVEN_HALF=half == half_pad, EVEN_D=head_dim == d_pad, CAUSAL=bool(causal), ROTATE_K=rotate_k,
         REVERSE=order in ("longest_first", "paired"), PAIRED=paired, FOLD=order == "fold", PACK=pack, TMA_KV=tma_kv,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", INTERLEAVED=bool(interleaved),
         num_warps=warps, num_stages=stages)
     return out

@@ -24,6 +24,9 @@ BUGS = {
     "the wrong kv head": ("kv = (h // GROUP).to(tl.int64)", "kv = (h % (H // GROUP)).to(tl.int64)"),
     # partial rotary read as whole-head RoPE on the tables it is given: the small shape with R < D fails
     "partial rotary ignored": ("rot_half = cos3.shape[-1] // 2", "rot_half = head_dim // 2"),
+    # GLM's interleaved pairs turned as rotate-half's: the small shapes with interleaved pairs fail
+    "interleaved pairs ignored": ("sm_scale=None, interleaved=False):", "sm_scale=None, interleaved=False):\n"
+                                  "    interleaved = False"),
 }
 
 
@@ -65,6 +68,22 @@ def _tiny_neox():
     config = transformers.GPTNeoXConfig(hidden_size=128, intermediate_size=128, num_hidden_layers=1,
                                         num_attention_heads=2, vocab_size=256, rotary_pct=0.25)
     return transformers.GPTNeoXForCausalLM(config).eval()
+
+
+def _tiny_glm():
+    """GLM: interleaved RoPE pairs (2i, 2i+1) on half of each head, HF's cat(freqs, freqs) tables."""
+    torch.manual_seed(0)
+    config = transformers.GlmConfig(hidden_size=128, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+                                    num_key_value_heads=2, head_dim=32, vocab_size=256, pad_token_id=0)
+    return transformers.GlmForCausalLM(config).eval()
+
+
+def _tiny_cohere():
+    """Cohere: interleaved pairs on the whole head, with tables of its own order (repeat_interleave(freqs, 2))."""
+    torch.manual_seed(0)
+    config = transformers.CohereConfig(hidden_size=128, intermediate_size=128, num_hidden_layers=1,
+                                       num_attention_heads=4, num_key_value_heads=2, vocab_size=256, pad_token_id=0)
+    return transformers.CohereForCausalLM(config).eval()
 
 
 def _ids(batch=2, seq=24):
@@ -223,7 +242,8 @@ def _copy_cache(cache):
 def test_a_wrong_kernel_changes_the_models_output(interpreter, repo_root, tmp_path, bug):
     kernels = tmp_path / "kernels"
     _bugged(repo_root, tmp_path, bug, f"kernels/01_{TYPE}.py")
-    model, ids = (_tiny_neox() if "partial" in bug else _tiny_llama()), _ids()
+    family = _tiny_neox if "partial" in bug else _tiny_glm if "interleaved" in bug else _tiny_llama
+    model, ids = family(), _ids()
     with torch.no_grad():
         wrong = _optimize(model, kernels, [TYPE])
         err = (wrong(ids, use_cache=False).logits - model(ids, use_cache=False).logits).abs().max()
@@ -237,14 +257,17 @@ def _tiny_qwen3():
     return transformers.Qwen3ForCausalLM(config).eval()
 
 
-@pytest.mark.parametrize("family, what", [(_tiny_qwen3, "q/k norms"), (_tiny_neox, "D=64, rotary 16")],
-                         ids=["qwen3", "gpt_neox"])
+@pytest.mark.parametrize("family, what", [(_tiny_qwen3, "q/k norms"), (_tiny_neox, "D=64, rotary 16"),
+                                          (_tiny_glm, "interleaved pairs"), (_tiny_cohere, "interleaved pairs")],
+                         ids=["qwen3", "gpt_neox", "glm", "cohere"])
 def test_an_attention_s_prologue_runs_with_the_kernel_and_fills_the_cache_as_the_original(interpreter, tmp_path,
                                                                                           family, what):
     """Qwen3 normalizes q and k per head before RoPE: the module's own norms run, then RoPE and attention as one
     kernel call. GPT-NeoX projects q, k and v with one Linear and rotates a quarter of each head: the site splits the
-    fused projection as the module does and the kernel rotates only the features the tables cover. Either way the
-    original's output, and the same keys in its cache."""
+    fused projection as the module does and the kernel rotates only the features the tables cover. GLM turns
+    interleaved pairs (2i, 2i+1) of half of each head by HF's usual tables, Cohere the pairs of the whole head by
+    tables in its own order, which the site reorders. Each way the original's output, and the same keys in its
+    cache."""
     model = family()
     with torch.no_grad():
         optimized = _optimize(model, tmp_path / "none", [TYPE])
@@ -256,11 +279,12 @@ def test_an_attention_s_prologue_runs_with_the_kernel_and_fills_the_cache_as_the
 
 
 @pytest.mark.slow(3)
-def test_traced_the_keys_for_the_cache_are_rotated_by_one_op(interpreter, tmp_path):
+@pytest.mark.parametrize("family", [_tiny_qwen3, _tiny_glm], ids=["qwen3", "glm"])
+def test_traced_the_keys_for_the_cache_are_rotated_by_one_op(interpreter, tmp_path, family):
     """Compiled with a cache, the keys the site rotates for it are one op (autokernel::rotate_half), which Inductor
     cannot fuse with Qwen3's per-head norm and the tables' making: fused, a roll made a kernel ptxas compiled for over
-    six minutes on an H100, and HF's ops one that ran 721 us a forward on an H200."""
-    model = _tiny_qwen3()
+    six minutes on an H100, and HF's ops one that ran 721 us a forward on an H200. GLM's interleaved pairs alike."""
+    model = family()
     graphs = []
 
     def backend(gm, example):
@@ -272,6 +296,7 @@ def test_traced_the_keys_for_the_cache_are_rotated_by_one_op(interpreter, tmp_pa
         got = torch.compile(optimized, backend=backend, fullgraph=True)(_ids(), use_cache=True)
         want = model(_ids(), use_cache=True)
     torch.testing.assert_close(got.past_key_values.layers[0].keys, want.past_key_values.layers[0].keys)
+    torch.testing.assert_close(got.logits, want.logits, atol=1e-4, rtol=1e-4)
     ops = [str(n.target) for g in graphs for n in g.graph.nodes if n.op in ("call_function", "call_method")]
     assert any(f"autokernel.{TYPE}" in op for op in ops) and not any("roll" in op for op in ops)
     assert sum("autokernel.rotate_half" in op for op in ops) == 1  # the one layer's keys
@@ -329,6 +354,14 @@ def test_profile_gives_gpt_neox_s_attention_its_rotary_dim():
     asked = profile_model(_tiny_neox(), (_ids(batch=1, seq=32),), "cpu", steps=1, warmup=1, types=[TYPE])["types"]
     assert [s["shape"] for s in asked[TYPE]["shapes"]] == [{"B": 1, "Hq": 2, "Hkv": 2, "S": 32, "D": 64, "R": 16,
                                                             "causal": True}]
+
+
+def test_profile_gives_glm_s_attention_its_interleaved_pairs():
+    """GLM turns pairs (2i, 2i+1) of half of each head: the shape says so, so the extracted kernel is checked and
+    timed turning what the model turns."""
+    asked = profile_model(_tiny_glm(), (_ids(batch=1, seq=32),), "cpu", steps=1, warmup=1, types=[TYPE])["types"]
+    assert [s["shape"] for s in asked[TYPE]["shapes"]] == [{"B": 1, "Hq": 4, "Hkv": 2, "S": 32, "D": 32, "R": 16,
+                                                            "interleaved": True, "causal": True}]
 
 
 def _attention_ops(cls: str, with_rope: bool) -> list[Op]:

@@ -49,6 +49,7 @@ import torch.nn as nn
 
 from autokernel.ops import attention_interface
 from autokernel.ops.customops import KERNEL_DTYPES, PerTables, Site, grad_reason, in_eager
+from autokernel.ops.rotation import formula as rotation_formula
 from autokernel.ops.rotation import rotate_half
 from autokernel.ops.swap import PROBE_SEQ, REL_L2_TOLERANCE, KernelModule, dtype_device, f64, model_modules, rel_l2
 
@@ -57,6 +58,10 @@ QK_NORMS = ("q_norm", "k_norm")  # per-head norms of q and k before RoPE (Qwen3)
 # the KV cache argument by its name in transformers >= 5.24 ("cache"; past_key_values still accepted, deprecated),
 # earlier 5.x and 4.x, and GPT-NeoX's
 CACHE_NAMES = ("cache", "past_key_values", "past_key_value", "layer_past")
+# Which features a module's RoPE turns together, and the tables it takes (the probe finds which): "half", i and i + R/2
+# with HF's cat(freqs, freqs) tables (Llama and most); "pairs", 2i and 2i+1 with the same tables (GLM); "own_pairs",
+# 2i and 2i+1 with tables of its own order, repeat_interleave(freqs, 2) (Cohere), which the site puts in cat order.
+ROTATIONS = ("half", "pairs", "own_pairs")
 
 
 @dataclass(frozen=True)
@@ -155,18 +160,22 @@ def _broadcast_tables(cos, sin):
 
 
 _CACHE_TABLES = PerTables(_broadcast_tables)
+# tables in repeat_interleave(freqs, 2) order (Cohere's) in cat(freqs, freqs) order: the kernel's and the reference's
+_CAT_ORDER = PerTables(lambda cos, sin: tuple(torch.cat((t[..., 0::2],) * 2, dim=-1) for t in (cos, sin)))
 
 
-def _rotated(x, cos, sin, eager: bool):
+def _rotated(x, cos, sin, eager: bool, pairs: bool = False):
     """HF's apply_rotary_pos_emb on one tensor: what the original forward puts in the cache. Eagerly bit for bit, in
     four ops, x * cos + roll(x, D/2) * sin_signed: roll(x) is rotate_half(x) without the minus, which moves onto the
     first half of sin (the products are the same: a negation is exact). Every layer gets the same cos and sin, so
     their broadcast forms are made once per forward (six host ops fewer a layer). Traced, one op a trace keeps whole
     (rotation.py: Inductor fused HF's ops with the tables' making, 721 us a forward in one kernel of Qwen3-0.6B's;
     on a GPU the op rounds once, as Inductor computes the compiled original's keys). Tables narrower than x: partial
-    rotary, the rest of each head passes."""
+    rotary, the rest of each head passes. pairs: GLM's interleaved pairs, eagerly in its own ops."""
     if not eager:
-        return rotate_half(x, cos, sin)
+        return rotate_half(x, cos, sin, pairs)
+    if pairs:
+        return rotation_formula(x, cos, sin, True)
     rotary = cos.shape[-1]
     if rotary < x.shape[-1]:
         return torch.cat((_rotated(x[..., :rotary], cos, sin, eager), x[..., rotary:]), dim=-1)
@@ -178,9 +187,10 @@ class KernelRopeAttention(KernelModule):
     """The attention module with RoPE + repeat_kv + attention as one kernel call where the call fits (see the
     module docstring); the original forward otherwise."""
 
-    def __init__(self, original: nn.Module, site: Site, call: CallShape, kernel_type: str, projections: Projections):
+    def __init__(self, original: nn.Module, site: Site, call: CallShape, kernel_type: str, projections: Projections,
+                 rotation: str = "half"):
         super().__init__(original, site, kernel_type)
-        self.call, self.projections = call, projections
+        self.call, self.projections, self.rotation = call, projections, rotation
         self.norms = head_norms(original)
         # read once: a module without the attribute makes every lookup raise inside nn.Module.__getattr__
         self.window = getattr(original, "sliding_window", None) or getattr(getattr(original, "config", None),
@@ -200,17 +210,19 @@ class KernelRopeAttention(KernelModule):
             self.site.reason = reason or self.site.reason
         if reason:
             return m(*args, **kwargs)
-        cos, sin = tables
+        cos, sin = _CAT_ORDER(*tables, eager) if self.rotation == "own_pairs" else tables
+        pairs = self.rotation != "half"
         batch, seq = hidden.shape[:2]
         q, k, v = self.projections.qkv(m, hidden, _applied)
         if self.norms is not None:  # the module's own per-head norms, as its forward runs them
             q, k = self.norms[0](q), self.norms[1](k)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         if cache is not None:  # an empty cache (prefill): it gets the rotated keys, as from the original
-            extra = {"sin": sin, "cos": cos, "cache_position": kwargs["cache_position"]} \
+            extra = {"sin": tables[1], "cos": tables[0], "cache_position": kwargs["cache_position"]} \
                 if "cache_position" in kwargs else None
-            cache.update(_rotated(k, cos, sin, eager), v, m.layer_idx, *([extra] if extra else []))
-        out = self.op(q, k, v, cos, sin, True, float(getattr(m, "scaling", self.projections.head_dim ** -0.5)))
+            cache.update(_rotated(k, cos, sin, eager, pairs), v, m.layer_idx, *([extra] if extra else []))
+        scaling = float(getattr(m, "scaling", self.projections.head_dim ** -0.5))
+        out = self.op(q, k, v, cos, sin, True, scaling, pairs)
         return call.result(getattr(m, self.projections.out)(out.transpose(1, 2).reshape(batch, seq, -1)), cache)
 
 
@@ -246,11 +258,12 @@ def _cached_length(cache, layer_idx: int) -> int | None:
         return None
 
 
-def _probe_tables(rotary_dim: int, dtype, device):
-    """HF-style [1, seq, rotary_dim] cos and sin (cat(freqs, freqs)) at random frequencies."""
+def _probe_tables(rotary_dim: int, dtype, device, own_pairs: bool = False):
+    """HF-style [1, seq, rotary_dim] cos and sin (cat(freqs, freqs); own_pairs: repeat_interleave(freqs, 2)) at random
+    frequencies."""
     gen = torch.Generator().manual_seed(0)
     angles = torch.outer(torch.arange(PROBE_SEQ, dtype=torch.float64), torch.rand(rotary_dim // 2, generator=gen) * 2)
-    emb = torch.cat((angles, angles), dim=-1)[None]
+    emb = (angles.repeat_interleave(2, dim=-1) if own_pairs else torch.cat((angles, angles), dim=-1))[None]
     return emb.cos().to(device, dtype), emb.sin().to(device, dtype)
 
 
@@ -273,7 +286,7 @@ def _rms_normed(t, norm):
     return t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + eps) * f64(norm.weight)
 
 
-def _expected(m, projections: Projections, x, cos, sin, scaling, reference):
+def _expected(m, projections: Projections, x, cos, sin, scaling, reference, pairs: bool):
     """What the module must compute, in float64 from its own weights: projections (q and k normalized per head where
     the module has head_norms), the reference, the output projection."""
     x, cos, sin = x.double(), cos.double(), sin.double()
@@ -282,32 +295,37 @@ def _expected(m, projections: Projections, x, cos, sin, scaling, reference):
     if norms is not None:
         q, k = _rms_normed(q, norms[0]), _rms_normed(k, norms[1])
     q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-    out = reference(q, k, v, cos, sin, True, scaling).transpose(1, 2).reshape(*x.shape[:2], -1)
+    out = reference(q, k, v, cos, sin, True, scaling, pairs).transpose(1, 2).reshape(*x.shape[:2], -1)
     return _applied_f64(getattr(m, projections.out), out)
 
 
-def _probe(m, projections: Projections, reference) -> tuple[str | None, int | None]:
-    """(None or why not, the forward's output count) from one call of the original on a random input, with tables
-    as wide as the module's rotary dim (rotary_ndims, where it has one: partial rotary) or its head_dim."""
+def _probe(m, projections: Projections, reference) -> tuple[str | None, int | None, str]:
+    """(None or why not, the forward's output count, the rotation of ROTATIONS it computes) from calls of the original
+    on a random input, one a rotation until one agrees, with tables as wide as the module's rotary dim (rotary_ndims,
+    where it has one: partial rotary) or its head_dim; why not: the first rotation's reason."""
     dtype, device = dtype_device(m)
     hidden = projections.input_weight(m).shape[1]
     x = torch.randn(1, PROBE_SEQ, hidden, generator=torch.Generator().manual_seed(1)).to(device, dtype)
-    cos, sin = _probe_tables(projections.rotary, dtype, device)
     scaling = float(getattr(m, "scaling", projections.head_dim ** -0.5))
-    try:
-        with torch.no_grad():
-            got = m(hidden_states=x, position_embeddings=(cos, sin), attention_mask=None)
-            want = _expected(m, projections, x, cos, sin, scaling, reference)
-    except Exception as e:  # a forward that wants other arguments is not this kind of site
-        return f"probe raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", None
-    n_outputs = len(got) if isinstance(got, tuple) else None
-    out = got[0] if isinstance(got, tuple) else got
-    if not isinstance(out, torch.Tensor) or out.shape != want.shape:
-        return "probe output has another shape than the reference's", n_outputs
-    err = rel_l2(out, want)
-    if err > REL_L2_TOLERANCE.get(dtype, 1e-4):
-        return f"computes something else than RoPE + GQA causal attention (probe rel. error {err:.2g})", n_outputs
-    return None, n_outputs
+    tables = _probe_tables(projections.rotary, dtype, device)
+    first = None
+    for rotation in ROTATIONS:
+        given = _probe_tables(projections.rotary, dtype, device, True) if rotation == "own_pairs" else tables
+        try:
+            with torch.no_grad():
+                got = m(hidden_states=x, position_embeddings=given, attention_mask=None)
+                want = _expected(m, projections, x, *tables, scaling, reference, rotation != "half")
+        except Exception as e:  # a forward that wants other arguments is not this kind of site
+            return f"probe raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", None, rotation
+        n_outputs = len(got) if isinstance(got, tuple) else None
+        out = got[0] if isinstance(got, tuple) else got
+        if not isinstance(out, torch.Tensor) or out.shape != want.shape:
+            return "probe output has another shape than the reference's", n_outputs, rotation
+        err = rel_l2(out, want)
+        if err <= REL_L2_TOLERANCE.get(dtype, 1e-4):
+            return None, n_outputs, rotation
+        first = first or f"computes something else than RoPE + GQA causal attention (probe rel. error {err:.2g})"
+    return first, n_outputs, ROTATIONS[0]
 
 
 def module_site(name, m, kernel_type: str, reference):
@@ -327,13 +345,14 @@ def module_site(name, m, kernel_type: str, reference):
     if not getattr(m, "is_causal", True):
         site.reason = "not causal"
         return site, None
-    reason, n_outputs = _probe(m, projections, reference)
+    reason, n_outputs, rotation = _probe(m, projections, reference)
     if reason:
         site.reason = reason
         return site, None
     call = CallShape({n: i for i, n in enumerate(names)}, n_outputs)
     site.swapped = True
-    return site, KernelRopeAttention(m, site, call, kernel_type, projections)
+    site.what = what[:-1] + (", interleaved pairs)" if rotation != "half" else ")")
+    return site, KernelRopeAttention(m, site, call, kernel_type, projections, rotation)
 
 
 # ------------------------------------------------------------------------------ the causal mask under compile

@@ -24,15 +24,27 @@ def rotate_half(x):
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def _rotated(x, cos, sin):
-    """Rotate-half RoPE of x [batch, heads, seq, head_dim] by tables [seq, rotary_dim] or [batch or 1, seq,
-    rotary_dim] on its first rotary_dim features (all of them, or partial rotary); the rest pass."""
+def rotate_pairs(x):
+    """[x0, x1, x2, x3, ...] -> [-x1, x0, -x3, x2, ...] (GLM's and Cohere's rotate_half: interleaved pairs)."""
+    return torch.stack((-x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)
+
+
+def _rotated(x, cos, sin, interleaved=False):
+    """RoPE of x [batch, heads, seq, head_dim] by tables [seq, rotary_dim] or [batch or 1, seq, rotary_dim]
+    (cat(freqs, freqs), as HF's rotary modules make them) on its first rotary_dim features (all of them, or partial
+    rotary); the rest pass. Rotate-half pairs feature i with i + rotary_dim/2; interleaved pairs 2i with 2i+1, turned
+    by the tables' entry i, as GLM's apply_rotary_pos_emb turns them."""
     cos, sin = (t[None].unsqueeze(1) if t.dim() == 2 else t.unsqueeze(1) for t in (cos, sin))
     r = cos.shape[-1]
-    return torch.cat((x[..., :r] * cos + rotate_half(x[..., :r]) * sin, x[..., r:]), dim=-1)
+    part = x[..., :r]
+    if interleaved:
+        cos, sin = (t[..., : r // 2].repeat_interleave(2, dim=-1) for t in (cos, sin))
+        return torch.cat((part * cos + rotate_pairs(part) * sin, x[..., r:]), dim=-1)
+    return torch.cat((part * cos + rotate_half(part) * sin, x[..., r:]), dim=-1)
 
 
-def rope_attention_ref(q, k, v, cos, sin, causal: bool = True, sm_scale: float | None = None):
+def rope_attention_ref(q, k, v, cos, sin, causal: bool = True, sm_scale: float | None = None,
+                       interleaved: bool = False):
     """Attention with its prologue, as HF Llama's attention runs it: rotate-half RoPE on q and k
     (apply_rotary_pos_emb), K/V repeated for grouped-query attention (repeat_kv), then SDPA.
 
@@ -40,8 +52,10 @@ def rope_attention_ref(q, k, v, cos, sin, causal: bool = True, sm_scale: float |
     dividing heads; cos and sin are [seq, rotary_dim] or, as HF's rotary module gives them,
     [batch or 1, seq, rotary_dim] (both halves present: cat(freqs, freqs)). A rotary_dim under head_dim is
     partial rotary (GPT-NeoX, Phi): the first rotary_dim features of each head are rotated, the rest pass.
+    interleaved: the pairs RoPE turns are features 2i and 2i+1 (GLM; Cohere, whose own tables the site puts in this
+    layout), at the angle of the tables' entry i.
     """
-    q, k = _rotated(q, cos, sin), _rotated(k, cos, sin)
+    q, k = _rotated(q, cos, sin, interleaved), _rotated(k, cos, sin, interleaved)
     batch, kv_heads, seq, head_dim = k.shape
     repeated = (batch, q.shape[1], seq, head_dim)
     groups = q.shape[1] // kv_heads
@@ -73,7 +87,7 @@ def _rope_attention_inputs(scale: float = 1.0, offset: int = 0, quarter_turns: b
         r = shape.get("R", d)  # the rotary dim: partial rotary where under d
         tables = (_quarter_turn_tables(s, r, device, dtype) if quarter_turns
                   else _hfrope_tables(s, r, device, dtype, offset))
-        return (q, k, v, *tables, shape["causal"], shape.get("sm_scale"))
+        return (q, k, v, *tables, shape["causal"], shape.get("sm_scale"), shape.get("interleaved", False))
     return make
 
 
@@ -84,8 +98,14 @@ def _rope_attention_noncontiguous(inputs):
     return (*(sequence_major(t) for t in (q, k, v)), cos[None], sin[None], *rest)
 
 
+# ops by which a module's RoPE turns interleaved pairs (GLM, Cohere: stack((-x[1::2], x[::2]), -1)), where rotate-half
+# cats its halves
+PAIR_OPS = frozenset({"aten::stack", "aten::repeat_interleave"})
+
+
 def _rope_attention_shape(hidden_shape, members) -> dict | None:
-    """[B, Hq, S, D] from the module's SDPA, Hkv from the fewest heads a [B, H, S, D] tensor inside has (k rotated)."""
+    """[B, Hq, S, D] from the module's SDPA, Hkv from the fewest heads a [B, H, S, D] tensor inside has (k rotated);
+    R where the tables are narrower than the head; interleaved where the module stacks its pairs."""
     sdpa = next((op for op in members if op.name in ATTENTION_OPS and op.shapes), None)
     if sdpa is None:
         return None
@@ -97,22 +117,24 @@ def _rope_attention_shape(hidden_shape, members) -> dict | None:
         heads += [t[1] for t in four_d if (t[0], t[2], t[3]) == (b, s, d) and t[1] == max(o[1] for o in four_d)]
         # tables [1 or B, 1, S, R] narrower than the head: partial rotary on R features (a mask [B, 1, S, S] is not)
         rotary += [t[3] for t in four_d if t[1] == 1 and t[2] == s and 0 < t[3] < d and t[3] % 2 == 0 and t[3] != s]
+    interleaved = any(op.name in PAIR_OPS for op in members)
     return {"B": b, "Hq": shape["H"], "Hkv": min(heads, default=shape["H"]), "S": s, "D": d,
-            **({"R": max(rotary)} if rotary else {}), **{k: shape[k] for k in ("causal", "sm_scale") if k in shape}}
+            **({"R": max(rotary)} if rotary else {}), **({"interleaved": True} if interleaved else {}),
+            **{k: shape[k] for k in ("causal", "sm_scale") if k in shape}}
 
 
-def _sdpa_gqa_after_rope(q, k, v, cos, sin, causal=True, sm_scale=None):
+def _sdpa_gqa_after_rope(q, k, v, cos, sin, causal=True, sm_scale=None, interleaved=False):
     """The yardstick: RoPE as separate eager ops, then SDPA on the grouped K/V as they are (enable_gqa, no copy)."""
-    q, k = _rotated(q, cos, sin), _rotated(k, cos, sin)
+    q, k = _rotated(q, cos, sin, interleaved), _rotated(k, cos, sin, interleaved)
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=sm_scale, enable_gqa=True)
 
 
 def _rope_attention_baselines(liger) -> dict:
     found = {"sdpa_gqa+rope": _sdpa_gqa_after_rope}
     if liger:
-        def liger_rope_sdpa(q, k, v, cos, sin, causal=True, sm_scale=None):
-            if cos.shape[-1] != q.shape[-1]:
-                raise ValueError("Liger's RoPE rotates the whole head: no partial rotary")
+        def liger_rope_sdpa(q, k, v, cos, sin, causal=True, sm_scale=None, interleaved=False):
+            if cos.shape[-1] != q.shape[-1] or interleaved:
+                raise ValueError("Liger's RoPE turns a whole head's halves: no partial rotary, no interleaved pairs")
             q, k = liger.liger_rope(q, k, cos if cos.dim() == 3 else cos[None], sin if sin.dim() == 3 else sin[None])
             return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=sm_scale, enable_gqa=True)
         found["liger_rope+sdpa_gqa"] = liger_rope_sdpa
@@ -127,8 +149,10 @@ def _rope_attention_flops(s):
 # the models' attention shapes: TinyLlama (Hq 32, Hkv 4, D 64), Llama-3-8B (32, 8, 128), Qwen2-1.5B (12, 2, 128)
 _TINYLLAMA, _LLAMA3, _QWEN2 = ({"Hq": 32, "Hkv": 4, "D": 64}, {"Hq": 32, "Hkv": 8, "D": 128},
                                {"Hq": 12, "Hkv": 2, "D": 128})
-# and partial rotary (R: the rotary dim): Pythia-410M's GPT-NeoX attention (a quarter of D 64), Phi-2's (32 of 80)
+# and partial rotary (R: the rotary dim): Pythia-410M's GPT-NeoX attention (a quarter of D 64), Phi-2's (32 of 80);
+# interleaved pairs: GLM-4-9B's (half of D 128)
 _NEOX, _PHI2 = {"Hq": 16, "Hkv": 16, "D": 64, "R": 16}, {"Hq": 32, "Hkv": 32, "D": 80, "R": 32}
+_GLM4 = {"Hq": 32, "Hkv": 2, "D": 128, "R": 64, "interleaved": True}
 
 def rope_attention_module_site(name, m):
     """An HF attention module (see autokernel/ops/attention_sites.py) that passes the probe against the reference."""
@@ -141,7 +165,7 @@ SPEC = KernelSpec(
     make_inputs=_rope_attention_inputs(),
     shapes=[{"B": b, **model, "S": 2048, "causal": True}
             for model, batches in ((_TINYLLAMA, (1, 2, 4)), (_LLAMA3, (1, 2, 4)), (_QWEN2, (1,))) for b in batches]
-           + [{"B": 1, **model, "S": 2048, "causal": True} for model in (_NEOX, _PHI2)]
+           + [{"B": 1, **model, "S": 2048, "causal": True} for model in (_NEOX, _PHI2, _GLM4)]
            + [{"B": 2, "Hq": 16, "Hkv": 16, "S": 1024, "D": 64, "causal": False, "sm_scale": 0.1}],
     small_shapes=[{"B": 1, "Hq": 2, "Hkv": 2, "S": 32, "D": 64, "causal": True},
                   {"B": 2, "Hq": 4, "Hkv": 1, "S": 48, "D": 64, "causal": True},
@@ -151,14 +175,18 @@ SPEC = KernelSpec(
                   # eager's worst of 100 is 0.67 of it, the starter's of 150 0.66, and a kernel that ignores
                   # sm_scale is still off by 12x the tolerance or more
                   {"B": 1, "Hq": 4, "Hkv": 2, "S": 64, "D": 128, "causal": False, "sm_scale": 0.12},
-                  {"B": 1, "Hq": 2, "Hkv": 2, "S": 48, "D": 64, "R": 16, "causal": True}],
+                  {"B": 1, "Hq": 2, "Hkv": 2, "S": 48, "D": 64, "R": 16, "causal": True},
+                  {"B": 1, "Hq": 4, "Hkv": 2, "S": 40, "D": 64, "interleaved": True, "causal": True},
+                  {"B": 2, "Hq": 2, "Hkv": 1, "S": 24, "D": 32, "R": 16, "interleaved": True, "causal": True}],
     edge_shapes=[{"B": 1, **_TINYLLAMA, "S": 1023, "causal": True}, {"B": 1, **_QWEN2, "S": 1537, "causal": True},
                  {"B": 1, "Hq": 8, "Hkv": 2, "S": 1000, "D": 96, "causal": True},
+                 {"B": 1, **_GLM4, "S": 777, "causal": True},
                  {"B": 1, "Hq": 4, "Hkv": 1, "S": 4097, "D": 64, "causal": False}],
     small_edge_shapes=[{"B": 1, "Hq": 2, "Hkv": 1, "S": 37, "D": 96, "causal": True},
                        {"B": 1, "Hq": 4, "Hkv": 4, "S": 97, "D": 64, "causal": False},
                        {"B": 1, "Hq": 2, "Hkv": 1, "S": 129, "D": 32, "causal": True},
-                       {"B": 1, "Hq": 2, "Hkv": 2, "S": 37, "D": 80, "R": 32, "causal": True}],
+                       {"B": 1, "Hq": 2, "Hkv": 2, "S": 37, "D": 80, "R": 32, "causal": True},
+                       {"B": 1, "Hq": 2, "Hkv": 1, "S": 37, "D": 80, "R": 40, "interleaved": True, "causal": True}],
     bench_shape={"B": 1, **_TINYLLAMA, "S": 2048, "causal": True},
     small_bench_shape={"B": 1, "Hq": 2, "Hkv": 1, "S": 128, "D": 64, "causal": True},
     # q and the output once per query head, k and v once per kv head (no repeated copy), the two tables once
@@ -174,8 +202,8 @@ SPEC = KernelSpec(
     adversarial_tolerance={"large_scores": 4.0},  # as flash_attention's: fp32 rounding of scores near 250
     noncontiguous=_rope_attention_noncontiguous,
     model_layout=_rope_attention_noncontiguous,  # the sites pass projections' views: timed so at the model's shapes
-    description="RoPE (rotate-half, on the first R features of a head: partial where R < D) on q and k, "
-                "grouped-query attention, [batch, heads, seq, head_dim]",
+    description="RoPE (rotate-half, or interleaved pairs, on the first R features of a head: partial where R < D) "
+                "on q and k, grouped-query attention, [batch, heads, seq, head_dim]",
     profiling=Profiling(modules=re.compile(r"Attention"), module_needs=frozenset(ATTENTION_OPS),
                         module_needs_function=re.compile(r"rotary|rotate_half|(?<![a-z])rope(?![a-z])", re.I),
                         module_leaves=frozenset({"aten::linear"}), module_shape=_rope_attention_shape, opt_in=True),
@@ -183,8 +211,8 @@ SPEC = KernelSpec(
     default_speedup=1.5,
     suite_target=SuiteTarget("1.0x compile", lambda r, b: r["speedup_vs_compile"] or 0),
     extra_baselines=_rope_attention_baselines,
-    deployment=Deployment("(Tensor q, Tensor k, Tensor v, Tensor cos, Tensor sin, bool causal, float? sm_scale) "
-                          "-> Tensor", lambda q, k, v, cos, sin, causal, sm_scale: q.shape,
+    deployment=Deployment("(Tensor q, Tensor k, Tensor v, Tensor cos, Tensor sin, bool causal, float? sm_scale, "
+                          "bool interleaved) -> Tensor", lambda q, k, v, *_: q.shape,
                           module_site=rope_attention_module_site, model_functions=attention_sites.causal_mask_patches,
                           output_order=(0, 2, 1, 3)),  # [B, S, H, D] in memory: the site's transpose is a view
 )
