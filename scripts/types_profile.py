@@ -14,7 +14,8 @@ Each set runs the model as verify.py runs it (model(ids), HF's cache as its conf
 original model. With --generate N, a call is generate() of N new tokens with a static cache after the --shape prompt,
 its decode steps compiled as transformers compiles them (CUDA graphs; --eager: not compiled), as verify.py --generate
 times it. It prints each set's kernel time a call and the kernels whose calls or time a call differ by more than
---min-us (calls a call and us a kernel call on each side).
+--min-us (calls a call and us a kernel call on each side); --code DIR writes each set's compiled forward as Inductor
+generated it (what a fused kernel of the profile computes: its name lists only the ops it came from).
 """
 
 import argparse
@@ -23,6 +24,7 @@ import sys
 from pathlib import Path
 
 import torch
+from torch._inductor.utils import run_and_get_code
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -32,13 +34,17 @@ from autokernel.verify import generation  # noqa: E402
 from autokernel.verify.deploy import optimize  # noqa: E402
 
 
-def profiled(model, x, types: list[str], kernels_dir: str, eager: bool, new_tokens: int) -> dict:
+def profiled(model, x, types: list[str], kernels_dir: str, eager: bool, new_tokens: int, code: Path | None) -> dict:
     """{kernel: (calls a call, us a call)} of the model with `types` deployed (none: the original), compiled unless
-    eager; a call is a forward, or generate() of new_tokens tokens."""
+    eager; a call is a forward, or generate() of new_tokens tokens. code: a file for the compiled forward's code."""
     torch._dynamo.reset()
     optimized = optimize(model, kernels_dir, types=types, verified=None, quiet=True) if types else model
     if not new_tokens:
-        return kernels(optimized if eager else torch.compile(optimized), x)
+        fn = optimized if eager else torch.compile(optimized)
+        if code is not None and not eager:  # Inductor's code of the forward, what each kernel computes
+            with torch.no_grad():
+                code.write_text("\n\n".join(run_and_get_code(fn, x)[1]))
+        return kernels(fn, x)
     compiled = contextlib.nullcontext() if eager else generation.compiled_by_transformers(optimized, "inductor", True)
     with compiled as config:
         return kernels(generation.generating(optimized, new_tokens, config), x)
@@ -69,6 +75,8 @@ def main() -> None:
     ap.add_argument("--generate", type=int, default=0, metavar="N",
                     help="profile generate() of N new tokens (a static cache) instead of a forward")
     ap.add_argument("--min-us", type=float, default=1.0, help="show kernels whose time a forward differs by more")
+    ap.add_argument("--code", type=Path, metavar="DIR",
+                    help="write each set's compiled forward (Inductor's code) to DIR/<types>.py")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("types_profile.py: needs a CUDA GPU")
@@ -77,10 +85,14 @@ def main() -> None:
     model = transformers.AutoModelForCausalLM.from_config(config).to("cuda", torch.float16).eval()
     x = torch.randint(0, config.vocab_size, tuple(int(s) for s in args.shape.split(",")), device="cuda")
     sets = [[] if s == "none" else s.split(",") for s in (args.types, args.against)]
-    with torch._inductor.config.patch(fx_graph_cache=False):
-        got, against = (profiled(model, x, types, args.kernels, args.eager, args.generate) for types in sets)
-    total, total0 = (sum(us for _, us in k.values()) for k in (got, against))
     names = ["+".join(types) or "the original" for types in sets]
+    if args.code:
+        args.code.mkdir(parents=True, exist_ok=True)
+    with torch._inductor.config.patch(fx_graph_cache=False):
+        got, against = (profiled(model, x, types, args.kernels, args.eager, args.generate,
+                                 args.code / f"{name.replace(' ', '_')}.py" if args.code else None)
+                        for types, name in zip(sets, names))
+    total, total0 = (sum(us for _, us in k.values()) for k in (got, against))
     call = f"generate() of {args.generate} tokens" if args.generate else "forward"
     print(f"{names[0]}: {total:.1f} us of kernels a {call}; {names[1]}: {total0:.1f} us ({total0 / total:.3f}x)")
     print("\n".join(differences(got, against, args.min_us)))
