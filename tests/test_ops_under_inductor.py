@@ -105,8 +105,14 @@ def _two_files(tmp_path) -> tuple:
 
 def test_the_compile_caches_are_keyed_on_the_files_behind_the_ops(tmp_path, install_starter, monkeypatch):
     """Dynamo's graph names the op, not the file: torch.compile's cache key carries the installed files (beside the
-    user's own tag), anew for another file, the same again for the same file or a snapshot put back."""
-    monkeypatch.setattr(torch.compiler.config, "cache_key_tag", "users-own")
+    user's own tag), anew for another file, the same again for the same file or a snapshot put back. (The user's tag
+    set by the config's own patch: monkeypatch's undo of a torch config module hides the entry for good, and every
+    later compile in the process fails to read it.)"""
+    with torch.compiler.config.patch(cache_key_tag="users-own"):
+        _keyed_on_the_files(tmp_path, install_starter, monkeypatch)
+
+
+def _keyed_on_the_files(tmp_path, install_starter, monkeypatch):
     install_starter("rmsnorm")
     single, doubled = _two_files(tmp_path)
     deployment = get_spec("rmsnorm").deployment
