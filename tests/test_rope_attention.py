@@ -550,3 +550,31 @@ def test_the_untimed_switches_compile_for_hopper(repo_root):
     compiled = helpers.compiled_for(helpers.HOPPER, jobs, "test_rope_attention:hopper_args", "_rope_attention_kernel")
     assert [len(launches) for launches in compiled] == [1, 1, 1, 1, 1]
     assert [launches[0]["global_scratch_size"] > 0 for launches in compiled] == [True, True, False, True, False]
+
+
+def test_a_file_from_before_interleaved_still_runs_where_the_pairs_are_not_asked_for(interpreter, repo_root,
+                                                                                    tmp_path):
+    """A night's rope_attention winner written before the type took `interleaved` keeps running a rotate-half model
+    (the op calls it without the argument, at its default); a model that needs the pairs gets an error naming the
+    file, not a wrong result. Any other mismatch of the signature is still refused at load."""
+    from autokernel.kernelfile import KernelFileError, lacked_defaults
+    from autokernel.ops.customops import KernelCallError
+
+    source = (repo_root / "kernels" / f"{TYPE}.py").read_text()
+    old = ("sm_scale=None, interleaved=False):", "sm_scale=None):\n    interleaved = False")
+    assert old[0] in source
+    kernels = tmp_path / "kernels"
+    kernels.mkdir()
+    (kernels / f"{TYPE}_optimized.py").write_text(source.replace(*old))
+    with torch.no_grad():
+        model, ids = _tiny_llama(), _ids()
+        optimized = _optimize(model, kernels, [TYPE])
+        torch.testing.assert_close(optimized(ids, use_cache=False).logits, model(ids, use_cache=False).logits,
+                                   atol=1e-4, rtol=1e-4)
+        assert optimized.autokernel.choices[TYPE].source == "optimized"
+        with pytest.raises(KernelCallError, match="extract the type again"):
+            _optimize(_tiny_glm(), kernels, [TYPE])(ids, use_cache=False)
+    reference = get_spec(TYPE).reference
+    assert lacked_defaults(lambda q, k, v, cos, sin, causal=True, sm_scale=None: q, reference) == (False,)
+    with pytest.raises(KernelFileError, match="does not match"):
+        lacked_defaults(lambda q, k, v, cos, sin, sm_scale=None: q, reference)

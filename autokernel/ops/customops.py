@@ -124,28 +124,46 @@ def find_kernels(kernels_dir: Path, starters_dir: Path, types: list[str] | None,
 
 
 def load(choice: KernelChoice) -> Callable:
-    """Import the file, check kernel_fn's signature against the reference, and plug it into its op."""
+    """Import the file, check kernel_fn's signature against the reference, and plug it into its op (a file that
+    predates the reference's last parameters with defaults runs where a call passes those: lacked_defaults)."""
     try:
         module = kernelfile.import_kernel(choice.path)
     except kernelfile.KernelFileError:
         raise
     except Exception as e:  # a syntax error, a Triton API this version lacks, ...
         raise kernelfile.KernelFileError(f"cannot import {choice.path}: {type(e).__name__}: {e}") from e
-    kernelfile.check_signature(module.kernel_fn, choice.spec.reference)
-    install(choice.type, module.kernel_fn, str(choice.path), choice.spec.deployment)
+    lacked = kernelfile.lacked_defaults(module.kernel_fn, choice.spec.reference)
+    install(choice.type, module.kernel_fn, str(choice.path), choice.spec.deployment, lacked)
     return module.kernel_fn
 
 
-def install(kernel_type: str, kernel_fn: Callable, label: str, deployment) -> None:
+def install(kernel_type: str, kernel_fn: Callable, label: str, deployment, lacked: tuple = ()) -> None:
     """Make `autokernel::<type>` run kernel_fn from now on (defining the op on first use from the type's
-    Deployment, registry.get_spec(kernel_type).deployment)."""
+    Deployment, registry.get_spec(kernel_type).deployment); lacked: the defaults of the op's last arguments that
+    kernel_fn does not take (a file older than them)."""
     _DEPLOYMENTS.setdefault(kernel_type, deployment)
     _define(kernel_type)
-    _IMPLS[kernel_type] = launchers.fast(kernel_fn)
+    _IMPLS[kernel_type] = _older(launchers.fast(kernel_fn), lacked, kernel_type, label)
     _LABELS[kernel_type] = label
-    _TRACEABLE[kernel_type] = launchers.traceable(kernel_fn) if compat.native_compile_enabled() else None
+    traceable = launchers.traceable(kernel_fn) if compat.native_compile_enabled() else None
+    _TRACEABLE[kernel_type] = _older(traceable, lacked, kernel_type, label)
     _DIGESTS[kernel_type] = _digest(kernel_fn, label)
     _retag()
+
+
+def _older(fn: Callable | None, lacked: tuple, kernel_type: str, label: str) -> Callable | None:
+    """fn as the op calls it when its file lacks the op's last arguments: a call passing their defaults runs fn on
+    the others; another value is a KernelCallError saying the file must be extracted again."""
+    if not lacked or fn is None:
+        return fn
+    n = len(lacked)
+
+    def call(*args):
+        if any(a is not d and (isinstance(a, torch.Tensor) or a != d) for a, d in zip(args[-n:], lacked)):
+            raise KernelCallError(kernel_type, f"{label} predates {kernel_type}'s last {n} argument(s), which this "
+                                               f"call sets: extract the type again (python extract.py)")
+        return fn(*args[:-n])
+    return call
 
 
 def _digest(kernel_fn: Callable, label: str) -> str:
