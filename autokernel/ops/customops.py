@@ -232,6 +232,8 @@ def _run(kernel_type: str, *args, layout=None) -> torch.Tensor:
     promises that), or as `layout` has it (the kernel called eagerly: _dense)."""
     try:
         out = _IMPLS[kernel_type](*args)
+    except KernelCallError:  # already names the type and the file (a file older than the op's arguments)
+        raise
     except Exception as e:
         raise KernelCallError(kernel_type, f"the {kernel_type} kernel ({_LABELS[kernel_type]}) raised "
                                            f"{type(e).__name__}: {e}") from e
