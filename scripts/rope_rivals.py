@@ -20,6 +20,7 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from autokernel.kernelfile import apply_config, import_kernel  # noqa: E402
+from autokernel.registry import get_spec  # noqa: E402
 
 SHAPES = {"Qwen3-0.6B": (1, 16, 8, 2048, 128), "TinyLlama": (1, 32, 4, 2048, 64), "Llama-3.2-1B": (1, 32, 8, 2048, 64)}
 CONFIGS = ["CAUSAL_ORDER=fold", "PACK_GQA=True", "PACK_GQA=True,CAUSAL_ORDER=fold", "KV_LOADS=tma,CAUSAL_ORDER=fold",
@@ -32,13 +33,11 @@ def _us(fn) -> float:
 
 
 def _inputs(batch, heads, kv_heads, seq, dim):
-    """q, k, v as the model's sites pass them, and HF-style cos and sin [1, S, D] (and [S, D/2], rotary's)."""
-    q, k, v = (torch.randn(batch, seq, h, dim, device="cuda", dtype=torch.float16).transpose(1, 2)
-               for h in (heads, kv_heads, kv_heads))
-    inv = 1.0 / 10000 ** (torch.arange(0, dim, 2, device="cuda").float() / dim)
-    angles = torch.outer(torch.arange(seq, device="cuda").float(), inv)
-    emb = torch.cat((angles, angles), -1)[None]
-    return q, k, v, emb.cos().half(), emb.sin().half()
+    """q, k, v, cos and sin as the harness times rope_attention at a model shape (its make_inputs in its model_layout:
+    the projections' views, HF's [1, S, D] tables)."""
+    spec = get_spec("rope_attention")
+    shape = {"B": batch, "Hq": heads, "Hkv": kv_heads, "S": seq, "D": dim, "causal": True}
+    return spec.model_layout(spec.make_inputs(shape, torch.float16, "cuda", torch.Generator("cuda").manual_seed(0)))[:5]
 
 
 def _value(text: str):

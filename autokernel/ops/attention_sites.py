@@ -70,11 +70,13 @@ class Projections:
     "separate", q_proj, k_proj and v_proj (Llama and its relatives); "per_head", GPT-NeoX's query_key_value (each
     head's q, k and v side by side) with a head_size; "stacked", Phi-3's qkv_proj (every query head, then the kv
     heads' keys, then their values). out: o_proj (Phi: dense); rotary: the features of a head RoPE rotates (the
-    module's rotary_ndims where it has one: partial rotary), else head_dim."""
+    module's rotary_ndims where it has one: partial rotary), else head_dim. split: "stacked"'s widths of q, k and v
+    in qkv_proj's output, read once from the module (every call splits by them)."""
     layout: str
     head_dim: int
     out: str  # the output projection's name
     rotary: int
+    split: tuple[int, ...] = ()
 
     INPUT = {"separate": "q_proj", "per_head": "query_key_value", "stacked": "qkv_proj"}  # the input weight's Linear
 
@@ -83,17 +85,21 @@ class Projections:
         out = next((p for p in ("o_proj", "dense") if isinstance(getattr(m, p, None), nn.Linear)), None)
         rotary = getattr(m, "rotary_ndims", None)
         grouped = isinstance(getattr(m, "head_dim", None), int) and hasattr(m, "num_key_value_groups")
+        split = ()
         if out and grouped and all(isinstance(getattr(m, p, None), nn.Linear) for p in PROJECTIONS[:3]):
             layout, head_dim = "separate", m.head_dim
         elif out and grouped and isinstance(getattr(m, "qkv_proj", None), nn.Linear):
-            layout, head_dim = "stacked", m.head_dim
+            layout, head_dim, group = "stacked", m.head_dim, m.num_key_value_groups
+            kv_width = m.qkv_proj.out_features // (group + 2)  # qkv_proj: (group + 2) x kv heads x head_dim
+            split = (group * kv_width, kv_width, kv_width)
         elif isinstance(getattr(m, "query_key_value", None), nn.Linear) and isinstance(getattr(m, "dense", None),
                                                                                           nn.Linear) \
                 and isinstance(getattr(m, "head_size", None), int):
             layout, head_dim, out = "per_head", m.head_size, "dense"
         else:
             return None
-        return Projections(layout, head_dim, out, rotary if isinstance(rotary, int) and rotary > 0 else head_dim)
+        return Projections(layout, head_dim, out, rotary if isinstance(rotary, int) and rotary > 0 else head_dim,
+                           split)
 
     def qkv(self, m, x, project) -> tuple:
         """q, k, v [batch, seq, heads, head_dim] (views) of x [batch, seq, hidden]; project(linear, x) applies one."""
@@ -101,9 +107,7 @@ class Projections:
         if self.layout == "per_head":
             return project(m.query_key_value, x).view(*rows, -1, 3 * d).split(d, -1)
         if self.layout == "stacked":
-            heads, kv_heads = self.heads(m)
-            widths = (heads * d, kv_heads * d, kv_heads * d)
-            return tuple(t.view(*rows, -1, d) for t in project(m.qkv_proj, x).split(widths, -1))
+            return tuple(t.view(*rows, -1, d) for t in project(m.qkv_proj, x).split(self.split, -1))
         return tuple(project(getattr(m, p), x).view(*rows, -1, d) for p in PROJECTIONS[:3])
 
     def input_weight(self, m) -> torch.Tensor:
@@ -111,12 +115,11 @@ class Projections:
 
     def heads(self, m) -> tuple[int, int]:
         """(query heads, kv heads)."""
+        if self.layout == "stacked":
+            return self.split[0] // self.head_dim, self.split[1] // self.head_dim
         width = getattr(m, self.INPUT[self.layout]).out_features // self.head_dim
         if self.layout == "per_head":
             return (width // 3,) * 2
-        if self.layout == "stacked":  # width = (group + 2) x kv heads
-            kv_heads = width // (m.num_key_value_groups + 2)
-            return width - 2 * kv_heads, kv_heads
         return width, m.k_proj.out_features // self.head_dim
 
 

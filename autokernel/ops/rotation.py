@@ -59,7 +59,8 @@ def _rotate_half_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, H, S, D, ROT,
 
 def formula(x, cos, sin, interleaved=False):
     """HF's apply_rotary_pos_emb on x [B, H, S, D] with cos and sin [S, R] or [1 or B, S, R] (R < D: partial rotary,
-    the rest of each head passes), in torch ops; interleaved as GLM's (pairs 2i, 2i+1, the tables' first half)."""
+    the rest of each head passes), in torch ops; interleaved as GLM's (pairs 2i, 2i+1, the tables' first half). Also
+    rope_attention's reference rotation (in its inputs' precision: float64 there)."""
     rot = cos.shape[-1]
     cos, sin = (t[None] if t.dim() == 2 else t for t in (cos, sin))
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)

@@ -11,36 +11,12 @@ import torch.nn.functional as F
 
 from autokernel.kerneltype import Deployment, KernelSpec, Profiling, SuiteTarget
 from autokernel.ops import attention_sites
+from autokernel.ops.rotation import formula as rotated
 from autokernel.types._common import esize, numel, randn, sequence_major
 from autokernel.types.flash_attention import ATTENTION_OPS, attention_shape
 from autokernel.types.rotary_embedding import rope_tables
 
 NAME = "rope_attention"
-
-
-def rotate_half(x):
-    """[x1, x2] -> [-x2, x1] over the last dimension's halves (transformers' rotate_half)."""
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def rotate_pairs(x):
-    """[x0, x1, x2, x3, ...] -> [-x1, x0, -x3, x2, ...] (GLM's and Cohere's rotate_half: interleaved pairs)."""
-    return torch.stack((-x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)
-
-
-def _rotated(x, cos, sin, interleaved=False):
-    """RoPE of x [batch, heads, seq, head_dim] by tables [seq, rotary_dim] or [batch or 1, seq, rotary_dim]
-    (cat(freqs, freqs), as HF's rotary modules make them) on its first rotary_dim features (all of them, or partial
-    rotary); the rest pass. Rotate-half pairs feature i with i + rotary_dim/2; interleaved pairs 2i with 2i+1, turned
-    by the tables' entry i, as GLM's apply_rotary_pos_emb turns them."""
-    cos, sin = (t[None].unsqueeze(1) if t.dim() == 2 else t.unsqueeze(1) for t in (cos, sin))
-    r = cos.shape[-1]
-    part = x[..., :r]
-    if interleaved:
-        cos, sin = (t[..., : r // 2].repeat_interleave(2, dim=-1) for t in (cos, sin))
-        return torch.cat((part * cos + rotate_pairs(part) * sin, x[..., r:]), dim=-1)
-    return torch.cat((part * cos + rotate_half(part) * sin, x[..., r:]), dim=-1)
 
 
 def rope_attention_ref(q, k, v, cos, sin, causal: bool = True, sm_scale: float | None = None,
@@ -55,7 +31,7 @@ def rope_attention_ref(q, k, v, cos, sin, causal: bool = True, sm_scale: float |
     interleaved: the pairs RoPE turns are features 2i and 2i+1 (GLM; Cohere, whose own tables the site puts in this
     layout), at the angle of the tables' entry i.
     """
-    q, k = _rotated(q, cos, sin, interleaved), _rotated(k, cos, sin, interleaved)
+    q, k = rotated(q, cos, sin, interleaved), rotated(k, cos, sin, interleaved)
     batch, kv_heads, seq, head_dim = k.shape
     repeated = (batch, q.shape[1], seq, head_dim)
     groups = q.shape[1] // kv_heads
@@ -125,7 +101,7 @@ def _rope_attention_shape(hidden_shape, members) -> dict | None:
 
 def _sdpa_gqa_after_rope(q, k, v, cos, sin, causal=True, sm_scale=None, interleaved=False):
     """The yardstick: RoPE as separate eager ops, then SDPA on the grouped K/V as they are (enable_gqa, no copy)."""
-    q, k = _rotated(q, cos, sin, interleaved), _rotated(k, cos, sin, interleaved)
+    q, k = rotated(q, cos, sin, interleaved), rotated(k, cos, sin, interleaved)
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=sm_scale, enable_gqa=True)
 
 
